@@ -1,0 +1,1 @@
+"""The Gradio demo (`build_demo(pipes) -> gr.Blocks`, `main()`): it calls pipelines only."""

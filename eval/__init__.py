@@ -1,0 +1,1 @@
+"""Benchmarks and quality evaluation: speed next to the AR baseline on the same model, seeds and prompts."""

@@ -1,0 +1,184 @@
+"""Text speculative decoding benchmark on the embedded pair (mmspec/zoo/pycode), in one process.
+
+    python -m eval.bench_text            # full: 16 held-out prompts, 128 new tokens
+    python -m eval.bench_text --quick    # < 3 minutes: 4 prompts, 64 new tokens
+    python -m eval.bench_text --json bench_text.json
+
+Prompts come from the held-out split of the corpus. Every method runs on the same target, prompts and seeds, after a
+warm-up, at temperature 0 and 1 (no top-k/top-p): the AR baseline (`target.generate` with its KV cache), transformers
+assisted generation with the same draft (its defaults, and with our draft length), transformers prompt lookup, and
+ours (model drafter, n-gram, layer skip, adaptive length) at batch 1; ours and AR at batch 8.
+
+Target forwards are counted by a forward hook on the target for every method (transformers' included). Columns:
+target forwards per token, tokens per target forward (tau-like, bonus included), tokens/s, speedup vs AR at the same
+batch size and temperature. Wall clock is the median over repeats of the whole prompt set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
+from mmspec.core.text import speculative_generate
+from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
+from mmspec.zoo.text_corpus import held_out_prompts
+
+DRAFT_LENGTH = 4
+
+
+@dataclass
+class Row:
+    method: str
+    batch_size: int
+    temperature: float
+    new_tokens: int
+    target_forwards: int
+    seconds: float
+    mean_accepted_length: float | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds
+
+
+class ForwardCounter:
+    def __init__(self, model):
+        self.count = 0
+        model.register_forward_hook(lambda *_: self._hit())
+
+    def _hit(self):
+        self.count += 1
+
+
+def batches(prompts: list[str], batch_size: int) -> list[list[str]]:
+    return [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+
+
+def sampling_kwargs(temperature: float) -> dict:
+    if temperature == 0:
+        return dict(do_sample=False)
+    return dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+
+
+def make_methods(target, draft, tokenizer, max_new_tokens: int):
+    """name -> fn(encoded batch, temperature, seed) -> (sequences, mean accepted length or None)."""
+    common = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+
+    def hf(**extra):
+        def run(enc, temperature, seed):
+            torch.manual_seed(seed)  # transformers' generate draws from the global RNG
+            return target.generate(**enc, **common, **sampling_kwargs(temperature), **extra), None
+        return run
+
+    def ours(make_drafter, schedule=lambda: DraftLengthSchedule(DRAFT_LENGTH)):
+        def run(enc, temperature, seed):
+            sequences, stats = speculative_generate(
+                target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(), temperature=temperature,
+                draft_length=schedule(), generator=torch.Generator().manual_seed(seed), **common,
+            )
+            return sequences, stats.mean_accepted_length
+        return run
+
+    exit_layer = target.config.early_exit_layer
+    return {
+        "ar": hf(),
+        "hf_assisted": hf(assistant_model=draft),
+        "hf_assisted_len4": hf(assistant_model=draft, num_assistant_tokens=DRAFT_LENGTH,
+                               num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0),
+        "hf_prompt_lookup": hf(prompt_lookup_num_tokens=DRAFT_LENGTH),
+        "ours_model": ours(lambda: ModelDrafter(draft)),
+        "ours_ngram": ours(lambda: NGramDrafter()),
+        "ours_layerskip": ours(lambda: LayerSkipDrafter(target, exit_layer)),
+        "ours_adaptive": ours(lambda: ModelDrafter(draft, confidence_threshold=0.3),
+                              lambda: DraftLengthSchedule(DRAFT_LENGTH, kind="heuristic", max_length=8)),
+    }
+
+
+def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repeats) -> Row:
+    encoded = [tokenizer(b, return_tensors="pt", padding=True) for b in batches(prompts, batch_size)]
+    fn(encoded[0], temperature, seed=12345)  # warm-up
+    times, tokens, forwards, taus = [], 0, 0, []
+    for repeat in range(repeats):
+        counter.count = 0
+        new, start = 0, time.perf_counter()
+        for i, enc in enumerate(encoded):
+            sequences, tau = fn(enc, temperature, seed=1000 * repeat + i)
+            generated = sequences[:, enc["input_ids"].shape[1] :]
+            new += int((generated != tokenizer.pad_token_id).sum())
+            if tau is not None:
+                taus.append(tau)
+        times.append(time.perf_counter() - start)
+        tokens, forwards = new, counter.count
+    return Row(name, batch_size, temperature, tokens, forwards, statistics.median(times),
+               statistics.mean(taus) if taus else None)
+
+
+def format_table(rows: list[Row]) -> str:
+    baseline = {(r.batch_size, r.temperature): r.tokens_per_second for r in rows if r.method == "ar"}
+    header = "| method | bs | T | target fwd / token | tokens / target fwd | mean accepted length | tokens/s | speedup vs AR |"
+    lines = [header, "|" + "---|" * 8]
+    for r in rows:
+        tau = "" if r.mean_accepted_length is None else f"{r.mean_accepted_length:.2f}"
+        speedup = r.tokens_per_second / baseline[(r.batch_size, r.temperature)]
+        lines.append(f"| {r.method} | {r.batch_size} | {r.temperature:g} | {r.target_forwards / r.new_tokens:.3f} | "
+                     f"{r.new_tokens / r.target_forwards:.2f} | {tau} | {r.tokens_per_second:.1f} | {speedup:.2f}x |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[Row]) -> dict:
+    def tps(method, bs, t):
+        return next(r.tokens_per_second for r in rows if (r.method, r.batch_size, r.temperature) == (method, bs, t))
+
+    best_ours_t1 = max(r.tokens_per_second for r in rows if r.method.startswith("ours") and r.batch_size == 1 and r.temperature == 1)
+    best_hf_assisted_t1 = max(tps("hf_assisted", 1, 1.0), tps("hf_assisted_len4", 1, 1.0))
+    return {
+        "ours_vs_hf_assisted_bs1": best_ours_t1 / best_hf_assisted_t1,
+        "ours_bs8_vs_ar_bs8": tps("ours_model", 8, 1.0) / tps("ar", 8, 1.0),
+        "ours_bs8_vs_ar_bs8_greedy": tps("ours_model", 8, 0.0) / tps("ar", 8, 0.0),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="4 prompts (8 at batch 8), 64 new tokens, 1 repeat")
+    parser.add_argument("--json", default=None, help="write rows and summary ratios to this path")
+    parser.add_argument("--target", default=TEXT_TARGET)
+    parser.add_argument("--draft", default=TEXT_DRAFT)
+    args = parser.parse_args(argv)
+
+    n_prompts, max_new_tokens, repeats = (4, 64, 1) if args.quick else (16, 128, 3)
+    target, tokenizer = load_causal_lm(args.target)
+    draft, _ = load_causal_lm(args.draft)
+    tokenizer.padding_side = "left"
+    counter = ForwardCounter(target)
+    prompts = held_out_prompts(max(n_prompts, 8) if args.quick else n_prompts)
+    methods = make_methods(target, draft, tokenizer, max_new_tokens)
+    rows = []
+    with torch.no_grad():
+        for temperature in (0.0, 1.0):
+            for name, fn in methods.items():
+                rows.append(measure(name, fn, prompts[:n_prompts], tokenizer, counter, 1, temperature, repeats))
+                print(f"{name} bs=1 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
+            for name in ("ar", "ours_model"):
+                rows.append(measure(name, methods[name], prompts[: max(n_prompts, 8)], tokenizer, counter, 8, temperature, repeats))
+                print(f"{name} bs=8 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
+    table, ratios = format_table(rows), summary(rows)
+    print(table)
+    print(json.dumps(ratios, indent=2))
+    if args.json:
+        payload = {"config": {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats,
+                              "draft_length": DRAFT_LENGTH, "threads": torch.get_num_threads()},
+                   "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows], **ratios}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
+    return ratios
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Per-row KV-cache state for transformers causal LMs, with rollback that never makes a row wait.
+
+A batch whose rows accept different numbers of draft tokens cannot share one cache length. We keep the transformers
+cache rectangular and give every slot a validity bit instead: rolling a row back clears the bits of its rejected slots,
+and the attention mask hides them. RoPE positions come from the count of valid slots, so a row's tokens see exactly
+the positions and keys they would have seen without speculation. Trailing slots that no row uses are cropped with
+`DynamicCache.crop(-n)` (transformers 5 takes the count to remove, negative).
+
+Slots: S = cache length. `slot_mask: [B, S]` bool. A row's committed tokens are its valid slots, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RaggedCacheState:
+    """Decoding state of one causal LM over a batch with ragged per-row lengths.
+
+    cache: the transformers cache (None before the first forward).
+    slot_mask: [B, S] bool, which cache slots hold a token of the row's sequence.
+    """
+
+    cache: object | None
+    slot_mask: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch_size: int, device: torch.device) -> RaggedCacheState:
+        return cls(cache=None, slot_mask=torch.zeros(batch_size, 0, dtype=torch.bool, device=device))
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B] long, number of tokens each row has in the cache."""
+        return self.slot_mask.sum(-1)
+
+
+def forward_window(model, state: RaggedCacheState, tokens: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Append a window of tokens to every row and return its logits.
+
+    tokens: [B, W] long. valid: [B, W] bool, False for padding slots that must stay invisible (None = all valid).
+    Returns logits [B, W, V] in the model's dtype. Logits at invalid slots are meaningless.
+    """
+    from transformers import DynamicCache
+
+    B, W = tokens.shape
+    if valid is None:
+        valid = torch.ones_like(tokens, dtype=torch.bool)
+    positions = state.lengths[:, None] + valid.long().cumsum(-1) - 1  # [B, W]
+    slot_mask = torch.cat([state.slot_mask, valid], dim=1)  # [B, S + W]
+    if state.cache is None:
+        state.cache = DynamicCache(config=model.config)
+    # An invalid slot with no valid slot before it is a fully masked query; transformers' masks handle that (no NaN).
+    out = model(
+        input_ids=tokens,
+        attention_mask=slot_mask.long(),
+        position_ids=positions.clamp(min=0),
+        past_key_values=state.cache,
+        use_cache=True,
+    )
+    state.slot_mask = slot_mask
+    return out.logits
+
+
+def truncate(state: RaggedCacheState, keep: torch.Tensor) -> None:
+    """Roll each row back to its first `keep[b]` tokens (rows with fewer keep all).
+
+    keep: [B] long. Rejected slots become invalid; trailing slots no row uses are cropped from the cache.
+    """
+    rank = state.slot_mask.long().cumsum(-1)  # [B, S], 1-based index of each valid slot
+    state.slot_mask = state.slot_mask & (rank <= keep[:, None])
+    used = state.slot_mask.any(0)
+    # One host sync: the crop length must be a Python int.
+    n_unused_tail = int((~used).flip(0).long().cumprod(0).sum())
+    if n_unused_tail and state.cache is not None:
+        state.cache.crop(-n_unused_tail)
+        state.slot_mask = state.slot_mask[:, : state.slot_mask.shape[1] - n_unused_tail]

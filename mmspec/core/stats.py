@@ -1,0 +1,105 @@
+"""SpecStats: what every speculative generate call returns next to its output (DESIGN.md §2.6).
+
+Counters accumulate as device tensors inside the decoding loop (no host sync) and are read once at the end.
+tau (mean accepted length) counts the bonus/residual token, as Spec-Bench does: tau = 1.0 for plain AR decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SpecStats:
+    """Counters of one generate call.
+
+    target_forwards: target model calls, prefill included; prefill_forwards: those that only prefilled. draft_forwards: draft model calls (0 for model-free drafters).
+    steps: [B] long, verification steps each row took part in. new_tokens: [B] long, tokens generated per row.
+    accept_hist: [L_max + 1] long, how often n draft tokens were accepted in a row-step.
+    drafted: total draft tokens proposed; accepted: total draft tokens accepted.
+    timings: seconds spent per phase ("draft", "target", "verify", "total").
+    """
+
+    target_forwards: int = 0
+    prefill_forwards: int = 0
+    draft_forwards: int = 0
+    steps: torch.Tensor | None = None
+    new_tokens: torch.Tensor | None = None
+    accept_hist: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.long))
+    drafted: int = 0
+    accepted: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    _pending: list = field(default_factory=list, repr=False)
+
+    def record_step(self, n_accepted: torch.Tensor, draft_lengths: torch.Tensor, active: torch.Tensor) -> None:
+        """n_accepted, draft_lengths: [B] long; active: [B] bool, rows still generating before this step."""
+        if self.steps is None:
+            self.steps = torch.zeros_like(n_accepted)
+        self.steps += active.long()
+        self._pending.append((n_accepted, draft_lengths, active.clone()))
+
+    def finalize(self) -> None:
+        """Fold the per-step records into the histogram and totals (one host transfer)."""
+        if not self._pending:
+            return
+        n, lengths, active = (torch.stack(t).cpu() for t in zip(*self._pending))  # [steps, B]
+        self._pending.clear()
+        self.accept_hist = torch.bincount(n[active], minlength=int(lengths.max()) + 1)
+        self.drafted += int(lengths[active].sum())
+        self.accepted += int(n[active].sum())
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        """Generated tokens per target forward a row took part in (prefill included); 1.0 for AR with `generate`."""
+        forwards = int(self.steps.sum()) + self.prefill_forwards * self.new_tokens.numel()
+        return float(self.new_tokens.sum()) / max(1, forwards)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: tokens emitted per verification step per row, bonus included (1.0 for AR)."""
+        return float(self.new_tokens.sum()) / max(1, int(self.steps.sum()))
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / max(1, self.drafted)
+
+    def as_dict(self) -> dict:
+        return {
+            "target_forwards": self.target_forwards,
+            "draft_forwards": self.draft_forwards,
+            "new_tokens": int(self.new_tokens.sum()),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "accept_hist": self.accept_hist.tolist(),
+            "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
+        }
+
+    def table(self) -> str:
+        """A two-column text table for the CLI."""
+        d = self.as_dict()
+        rows = [(k, v) for k, v in d.items() if k != "timings_s"] + [(f"time {k} (s)", v) for k, v in d["timings_s"].items()]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+class PhaseTimer:
+    """Accumulates wall-clock seconds per phase into a dict: `with timer("draft"): ...`."""
+
+    def __init__(self, timings: dict[str, float]):
+        self.timings = timings
+        self._phase: str | None = None
+
+    def __call__(self, phase: str) -> PhaseTimer:
+        self._phase = phase
+        return self
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.timings[self._phase] = self.timings.get(self._phase, 0.0) + time.perf_counter() - self._start

@@ -1,0 +1,171 @@
+"""speculative_generate: speculative decoding for any transformers causal LM, batch > 1 with ragged acceptance.
+
+Each step: the drafter proposes up to L tokens per row (with their law q), the target scores the pending token and the
+draft in one forward over L + 1 positions, the acceptance rule keeps a prefix of each row's draft and draws one more
+token, and both caches roll back per row (`mmspec.core.cache`). Rows advance by their own accepted counts and stop at
+their own EOS; no row waits for another. With temperature 0 the greedy rule is used, which gives token-for-token the
+target's greedy output.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mmspec.core.cache import RaggedCacheState, forward_window, truncate
+from mmspec.core.drafts import Drafter, DraftLengthSchedule
+from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.rng import Generators, check_generators
+from mmspec.core.stats import PhaseTimer, SpecStats
+from mmspec.core.verify import ACCEPTANCE_RULES, verify
+
+TEXT_ACCEPTANCE = ("exact", "typical")
+
+
+def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, draft_length, eos_token_id):
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
+        raise TypeError("input_ids must be a [B, T] torch.long tensor")
+    if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have at least one row and one token, got shape {tuple(input_ids.shape)}")
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
+    if attention_mask is not None and not bool((attention_mask.sum(-1) > 0).all()):
+        raise ValueError("every row of attention_mask needs at least one prompt token")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if acceptance not in TEXT_ACCEPTANCE:
+        raise ValueError(f"acceptance must be one of {TEXT_ACCEPTANCE}, got {acceptance!r}")
+    if not all(hasattr(drafter, m) for m in ("propose", "rollback", "reset")):
+        raise TypeError(f"drafter must implement the Drafter protocol (reset/propose/rollback), got {type(drafter).__name__}")
+    vocab = target.config.vocab_size
+    if drafter.vocab_size is not None and drafter.vocab_size != vocab:
+        raise ValueError(f"draft vocabulary size {drafter.vocab_size} does not match the target's {vocab}")
+    if not isinstance(draft_length, (int, DraftLengthSchedule)) or isinstance(draft_length, bool):
+        raise TypeError(f"draft_length must be an int or a DraftLengthSchedule, got {type(draft_length).__name__}")
+    max_length = draft_length if isinstance(draft_length, int) else draft_length.max_length
+    context = getattr(target.config, "max_position_embeddings", None)
+    if context is not None and input_ids.shape[1] + max_new_tokens + max_length + 1 > context:
+        raise ValueError(
+            f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} + draft length {max_length} + 1 "
+            f"exceeds the target's context of {context} positions"
+        )
+    if eos_token_id is not None and not isinstance(eos_token_id, (int, list, tuple)):
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {type(eos_token_id).__name__}")
+
+
+def _left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt tokens of each row moved to the front of a [B, width] buffer; returns (buffer, lengths [B])."""
+    mask = attention_mask.bool()
+    order = (~mask).long().argsort(dim=1, stable=True)  # valid positions first, in order
+    buffer = torch.zeros(input_ids.shape[0], width, dtype=torch.long, device=input_ids.device)
+    buffer[:, : input_ids.shape[1]] = input_ids.gather(1, order)
+    return buffer, mask.sum(-1)
+
+
+@torch.no_grad()
+def speculative_generate(
+    target,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    drafter: Drafter,
+    acceptance: str = "exact",
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    draft_length: int | DraftLengthSchedule = 4,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    generator: Generators = None,
+) -> tuple[torch.Tensor, SpecStats]:
+    """Generate with speculative decoding.
+
+    target: a transformers causal LM. input_ids: [B, T] long, prompts (left or right padded).
+    attention_mask: [B, T], 1 for prompt tokens (None = all). drafter: a `Drafter` (ModelDrafter, LayerSkipDrafter,
+    NGramDrafter). acceptance: "exact" (lossless) or "typical" (lossy, opt-in). draft_length: tokens drafted per step,
+    or a `DraftLengthSchedule`. generator: a torch.Generator or one per row.
+    Returns (sequences, stats): sequences [B, T + N] = the prompts as given followed by the new tokens, N = the longest
+    row's new tokens, rows padded with pad_token_id after their EOS (as `generate` does).
+    """
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, draft_length, eos_token_id)
+    B, T = input_ids.shape
+    check_generators(generator, B)
+    device = input_ids.device
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    schedule = DraftLengthSchedule(draft_length) if isinstance(draft_length, int) else draft_length
+    rule = "greedy" if sampling.greedy and acceptance == "exact" else acceptance
+    assert rule in ACCEPTANCE_RULES
+    eos = None if eos_token_id is None else torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
+    if pad_token_id is None:
+        pad_token_id = getattr(target.generation_config, "pad_token_id", None) if hasattr(target, "generation_config") else None
+    if pad_token_id is None:
+        pad_token_id = 0 if eos is None else int(eos[0])
+
+    stats = SpecStats()
+    timer = PhaseTimer(stats.timings)
+    start_time = time.perf_counter()
+    L_max = schedule.max_length
+    tokens, lengths = _left_align(input_ids, attention_mask, T + max_new_tokens + L_max + 1)
+    prompt_lengths = lengths.clone()
+    generated = torch.zeros(B, dtype=torch.long, device=device)
+    active = torch.ones(B, dtype=torch.bool, device=device)
+
+    # 1. Prefill the target with all but each row's last prompt token (that one is scored with the first draft).
+    state = RaggedCacheState.empty(B, device)
+    with timer("target"):
+        if T > 1:
+            forward_window(target, state, tokens[:, : T - 1], torch.arange(T - 1, device=device) < lengths[:, None] - 1)
+            stats.target_forwards += 1
+            stats.prefill_forwards += 1
+    drafter.reset(B, device)
+    schedule.reset(B, device)
+    draft_forwards_before = getattr(drafter, "forwards", 0)
+
+    # 2. Draft, verify, commit, roll back.
+    while True:
+        with timer("draft"):
+            draft = drafter.propose(tokens, lengths, schedule.budget, sampling, generator)
+        L = draft.tokens.shape[1]
+        with timer("target"):
+            window = torch.cat([tokens.gather(1, (lengths - 1)[:, None]), draft.tokens], dim=1)  # [B, L + 1]
+            logits = forward_window(target, state, window)
+            stats.target_forwards += 1
+        with timer("verify"):
+            p = process_logits(logits, sampling)  # [B, L + 1, V]
+            result = verify(p, draft, generator, rule)
+            n = result.n_accepted
+            emitted = torch.cat([draft.tokens, torch.zeros_like(draft.tokens[:, :1])], 1)
+            emitted = emitted.scatter(1, n[:, None], result.next_token[:, None])  # [B, L + 1]
+            count = torch.minimum(n + 1, max_new_tokens - generated)
+            hit_eos = torch.zeros_like(active)
+            if eos is not None:
+                is_eos = torch.isin(emitted, eos) & (torch.arange(L + 1, device=device) < count[:, None])
+                hit_eos = is_eos.any(-1)
+                count = torch.where(hit_eos, is_eos.long().argmax(-1) + 1, count)
+            count = torch.where(active, count, 0)
+            positions = lengths[:, None] + torch.arange(L + 1, device=device)
+            keep_old = torch.arange(L + 1, device=device) >= count[:, None]
+            tokens.scatter_(1, positions, torch.where(keep_old, tokens.gather(1, positions), emitted))
+            lengths += count
+            generated += count
+            truncate(state, lengths - 1)
+            drafter.rollback(lengths - 1)
+            schedule.update(n, draft.lengths)
+            stats.record_step(n, draft.lengths, active)
+            active &= ~hit_eos & (generated < max_new_tokens)
+        if not bool(active.any()):  # host sync: loop exit
+            break
+
+    # 3. Prompts as given, then each row's new tokens, padded to the longest row.
+    N = int(generated.max())
+    index = prompt_lengths[:, None] + torch.arange(N, device=device)
+    new = torch.where(torch.arange(N, device=device) < generated[:, None], tokens.gather(1, index), pad_token_id)
+    stats.new_tokens = generated
+    stats.draft_forwards = getattr(drafter, "forwards", 0) - draft_forwards_before
+    stats.timings["total"] = time.perf_counter() - start_time
+    stats.finalize()
+    return torch.cat([input_ids, new], dim=1), stats

@@ -1,0 +1,37 @@
+"""The embedded default models: tiny checkpoints trained offline by the scripts in this folder.
+
+`mmspec/zoo/README.md` is the model card: data, sizes, training commands and held-out metrics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ZOO_DIR = Path(__file__).resolve().parent
+TEXT_TARGET = "pycode/target"
+TEXT_DRAFT = "pycode/draft"
+
+
+def zoo_path(name: str) -> Path:
+    """Folder of the shipped zoo model `name` (e.g. "pycode/target"); raises if it is not installed."""
+    path = ZOO_DIR / name
+    if not (path / "config.json").exists():
+        available = sorted(p.parent.relative_to(ZOO_DIR).as_posix() for p in ZOO_DIR.rglob("config.json"))
+        raise ValueError(f"no zoo model named {name!r}; available: {available}")
+    return path
+
+
+def load_causal_lm(name_or_path: str | Path, dtype=None):
+    """(model, tokenizer) from a zoo name ("pycode/target") or a local transformers folder, in eval mode.
+
+    The zoo stores fp16 weights; they are loaded as float32 (CPU kernels are fastest and exact there) unless `dtype`
+    says otherwise.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(name_or_path)
+    if not path.exists():
+        path = zoo_path(str(name_or_path))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,37 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest
+import torch
+
+
+def tiny_llama(vocab_size: int = 48, hidden_size: int = 32, num_layers: int = 2, seed: int = 0, dtype=torch.float64):
+    """A random tiny `LlamaForCausalLM` built in code (no hub), float64 by default so greedy ties cannot flip."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return LlamaForCausalLM(config).to(dtype).eval()
+
+
+@pytest.fixture
+def tiny_target():
+    return tiny_llama(num_layers=3, seed=0)
+
+
+@pytest.fixture
+def tiny_draft():
+    return tiny_llama(num_layers=1, hidden_size=16, seed=1)

@@ -1,0 +1,75 @@
+"""Lookup-table causal LMs whose exact joint law is computable, run through the real cache and decoding loop.
+
+`TableLM` is a second-order Markov model: the logits of the next token are `table[prev2, prev1]`, where prev1 and
+prev2 are the last two *valid* tokens of the row up to the query slot. It reads its history from the transformers
+cache (keys are one-hot token ids) and the attention mask, exactly as a transformer would, so a missing cache rollback
+or a wrong position changes its output law.
+"""
+
+import torch
+from transformers import DynamicCache, PretrainedConfig
+
+NONE = -1  # "no token" in the history (sequence start)
+
+
+class TableLM(torch.nn.Module):
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        V = table.shape[-1]
+        assert table.shape == (V + 1, V + 1, V), "table: [V + 1, V + 1, V], index V = no token"
+        self.table = table
+        self.config = PretrainedConfig(num_hidden_layers=1, vocab_size=V, max_position_embeddings=1024)
+
+    def forward(self, input_ids, attention_mask, position_ids=None, past_key_values=None, use_cache=True):
+        V = self.table.shape[-1]
+        B, W = input_ids.shape
+        one_hot = torch.nn.functional.one_hot(input_ids, V).double()[:, None]  # [B, 1, W, V]
+        keys, _ = past_key_values.update(one_hot, one_hot, 0)
+        history = keys[:, 0].argmax(-1)  # [B, S]
+        S = history.shape[1]
+        valid = attention_mask.bool()  # [B, S]
+        slots = torch.arange(S)
+        query_slots = slots[S - W :]  # [W]
+        visible = valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])  # [B, W, S]
+        rank = visible.long().cumsum(-1)
+        count = rank[..., -1:]  # [B, W, 1] tokens visible to each query
+        def last(k):  # token with rank count - k, or NONE
+            hit = visible & (rank == count - k)
+            idx = hit.long().argmax(-1)
+            return torch.where(hit.any(-1), history.gather(1, idx), NONE)
+        prev1, prev2 = last(0), last(1)
+        logits = self.table[prev2.clamp(min=0) + (prev2 < 0) * V, prev1.clamp(min=0) + (prev1 < 0) * V]
+        return type("Output", (), {"logits": logits})()
+
+
+def random_table(V: int, seed: int, sharpness: float = 1.5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(V + 1, V + 1, V, generator=g, dtype=torch.float64) * sharpness
+
+
+def reference_probs(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """Independent implementation of temperature + top-k (not mmspec's process_logits)."""
+    if top_k:
+        kth = logits.sort(descending=True).values[top_k - 1]
+        logits = torch.where(logits >= kth, logits, torch.tensor(float("-inf"), dtype=logits.dtype))
+    return torch.softmax(logits / temperature, -1)
+
+
+def exact_joint_law(table, prompt, n_new, temperature, top_k, eos):
+    """{continuation tuple: probability} for AR sampling of n_new tokens after prompt (stopping at eos)."""
+    V = table.shape[-1]
+    law = {}
+
+    def recurse(seq, new, prob):
+        if len(new) == n_new or (new and new[-1] == eos):
+            law[tuple(new)] = law.get(tuple(new), 0.0) + prob
+            return
+        prev1 = seq[-1] if len(seq) >= 1 else V
+        prev2 = seq[-2] if len(seq) >= 2 else V
+        probs = reference_probs(table[prev2, prev1], temperature, top_k)
+        for x in range(V):
+            if probs[x] > 0:
+                recurse(seq + [x], new + [x], prob * probs[x].item())
+
+    recurse(list(prompt), [], 1.0)
+    return law

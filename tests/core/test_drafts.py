@@ -1,0 +1,90 @@
+import pytest
+import torch
+from scipy.stats import chi2
+
+from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
+from mmspec.core.probs import SamplingConfig
+from tests.conftest import tiny_llama
+
+
+@pytest.mark.parametrize("drafter_kind", ["model", "layerskip"])
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.8, top_k=5)])
+def test_drafter_tokens_follow_the_q_it_returns(drafter_kind, sampling):
+    """HF #47932: a drafter must return the law it actually sampled from. Chi-square of 20,000 first and second draft
+    tokens (same context in every row) against the q rows returned; false-failure rate < 1e-5 per position."""
+    target = tiny_llama(vocab_size=16, num_layers=2)
+    drafter = ModelDrafter(tiny_llama(vocab_size=16, num_layers=1, seed=3)) if drafter_kind == "model" else LayerSkipDrafter(target, 1)
+    N = 20_000
+    tokens = torch.tensor([[3, 4, 5, 6]]).repeat(N, 1)
+    drafter.reset(N, torch.device("cpu"))
+    draft = drafter.propose(tokens, torch.full((N,), 4), torch.full((N,), 2), sampling, torch.Generator().manual_seed(0))
+    assert draft.q.shape == (N, 2, 16)
+    q1 = draft.q[0, 0].double()
+    torch.testing.assert_close(draft.q[:, 0].double(), q1.expand(N, 16))  # same context, same law
+    counts = torch.bincount(draft.tokens[:, 0], minlength=16).double()
+    keep = q1 * N >= 5
+    assert counts[q1 == 0].sum() == 0
+    stat = ((counts[keep] - N * q1[keep]) ** 2 / (N * q1[keep])).sum()
+    assert chi2.sf(stat.item(), int(keep.sum()) - 1) > 1e-5
+    # Second position: its law depends on the first token; the mean of the returned q rows is its marginal.
+    marginal = draft.q[:, 1].double().mean(0)
+    counts = torch.bincount(draft.tokens[:, 1], minlength=16).double()
+    keep = marginal * N >= 5
+    stat = ((counts[keep] - N * marginal[keep]) ** 2 / (N * marginal[keep])).sum()
+    assert chi2.sf(stat.item(), int(keep.sum()) - 1) > 1e-5
+
+
+def test_ngram_drafter_is_deterministic_and_copies_latest_match():
+    drafter = NGramDrafter(max_ngram=2)
+    tokens = torch.tensor([[1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 0, 0], [7, 8, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    lengths = torch.tensor([10, 3])
+    draft = drafter.propose(tokens, lengths, torch.tensor([3, 3]), SamplingConfig(), None)
+    assert draft.q is None
+    assert draft.tokens[0].tolist() == [5, 6, 1] and draft.lengths.tolist() == [3, 0]  # latest "1 2" is followed by 5 6 1
+
+
+def test_ngram_draft_is_cut_at_the_sequence_end():
+    tokens = torch.tensor([[4, 5, 6, 4, 5, 0]])
+    draft = NGramDrafter(max_ngram=2).propose(tokens, torch.tensor([5]), torch.tensor([4]), SamplingConfig(), None)
+    assert draft.lengths.tolist() == [3] and draft.tokens[0, :3].tolist() == [6, 4, 5]  # 3 known tokens, budget 4
+
+
+def test_early_exit_view_shares_weights_and_equals_truncated_model():
+    target = tiny_llama(num_layers=3)
+    view = early_exit_view(target, 2)
+    assert view.model.embed_tokens.weight is target.model.embed_tokens.weight
+    assert target.config.num_hidden_layers == 3 and view.config.num_hidden_layers == 2
+    ids = torch.tensor([[4, 5, 6, 7]])
+    with torch.no_grad():
+        hidden = target.model(ids, output_hidden_states=True).hidden_states[2]
+        expected = target.lm_head(target.model.norm(hidden))
+        torch.testing.assert_close(view(ids).logits, expected)
+        assert not torch.allclose(target(ids).logits, expected)  # the target itself is untouched
+    calls = []
+    target.register_forward_hook(lambda *_: calls.append(1))
+    view(ids)
+    assert calls == []  # hooks on the target (forward counters) do not fire for draft calls
+    with pytest.raises(ValueError, match="exit_layer"):
+        early_exit_view(target, 3)
+
+
+def test_confidence_stop_shortens_drafts():
+    draft_model = tiny_llama(num_layers=1, seed=5)
+    tokens = torch.tensor([[3, 4, 5]]).repeat(8, 1)
+    drafter = ModelDrafter(draft_model, confidence_threshold=0.99)
+    drafter.reset(8, torch.device("cpu"))
+    draft = drafter.propose(tokens, torch.full((8,), 3), torch.full((8,), 5), SamplingConfig(), torch.Generator().manual_seed(0))
+    assert draft.lengths.tolist() == [1] * 8  # a random tiny model is never 99% sure
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        ModelDrafter(draft_model, confidence_threshold=1.5)
+
+
+def test_heuristic_schedule_plus_two_minus_one():
+    schedule = DraftLengthSchedule(3, kind="heuristic", max_length=6)
+    schedule.reset(3, torch.device("cpu"))
+    schedule.update(torch.tensor([3, 1, 0]), torch.tensor([3, 3, 3]))
+    assert schedule.budget.tolist() == [5, 2, 2]
+    schedule.update(torch.tensor([5, 0, 0]), torch.tensor([5, 2, 2]))
+    assert schedule.budget.tolist() == [6, 1, 1]
+    with pytest.raises(ValueError, match="schedule"):
+        DraftLengthSchedule(3, kind="exponential")

@@ -1,0 +1,106 @@
+"""Sequence-level exactness: speculative_generate's output law equals the target's AR joint law.
+
+Lookup-table target and draft LMs over V = 5 (token 4 = EOS), 4 new tokens, two prompts of different lengths in one
+left-padded batch of 200,000 rows, through the real loop (drafters, cache rollback, per-row EOS). Each configuration
+gets a chi-square test per prompt against the exact joint law (cells with expected count < 5 pooled). A correct
+implementation fails a configuration with probability < 2e-5 (two prompts at alpha = 1e-5). Mutation companions
+break one piece of the algorithm and must be rejected by the same test.
+"""
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+from mmspec.core import text, verify
+from mmspec.core.drafts import DraftLengthSchedule, ModelDrafter, NGramDrafter
+from mmspec.core.text import speculative_generate
+from tests.core.table_lm import TableLM, exact_joint_law, random_table
+
+V, EOS, N_NEW, ROWS, ALPHA = 5, 4, 4, 200_000, 1e-5
+PROMPTS = torch.tensor([[0, 3, 1], [0, 0, 2]])
+PROMPT_MASK = torch.tensor([[1, 1, 1], [0, 0, 1]])
+
+
+def encode(continuations: torch.Tensor) -> torch.Tensor:
+    """Continuations [N, N_NEW] (padded with EOS after EOS) -> one integer per sequence, base V."""
+    return (continuations * V ** torch.arange(N_NEW - 1, -1, -1)).sum(-1)
+
+
+def chi_square_p_value(samples: torch.Tensor, law: dict) -> float:
+    counts = torch.bincount(encode(samples), minlength=V**N_NEW).double()
+    n = samples.shape[0]
+    keys = torch.tensor([list(k) + [EOS] * (N_NEW - len(k)) for k in law])
+    expected = torch.zeros(V**N_NEW, dtype=torch.float64)
+    expected[encode(keys)] = torch.tensor(list(law.values()), dtype=torch.float64) * n
+    impossible = counts[expected == 0].sum()
+    if impossible > 0:
+        return 0.0
+    small = (expected > 0) & (expected < 5)
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[small].sum()[None]])
+    exp = torch.cat([expected[big], expected[small].sum()[None]])
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    stat = ((obs - exp) ** 2 / exp).sum().item()
+    return chi2.sf(stat, len(obs) - 1)
+
+
+def run_and_test(drafter_kind, draft_length, temperature, top_k, seed=0):
+    """Min p-value over the two prompts."""
+    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
+    drafter = {"model": lambda: ModelDrafter(draft), "ngram": lambda: NGramDrafter(max_ngram=2),
+               "adaptive": lambda: ModelDrafter(draft, confidence_threshold=0.3)}[drafter_kind]()
+    ids = PROMPTS.repeat(ROWS // 2, 1)
+    mask = PROMPT_MASK.repeat(ROWS // 2, 1)
+    out, stats = speculative_generate(
+        target, ids, mask, drafter=drafter, max_new_tokens=N_NEW, draft_length=draft_length, temperature=temperature,
+        top_k=top_k, eos_token_id=EOS, pad_token_id=EOS, generator=torch.Generator().manual_seed(seed),
+    )
+    new = out[:, PROMPTS.shape[1]:]
+    new = torch.cat([new, torch.full((ROWS, N_NEW - new.shape[1]), EOS)], 1)  # all rows may stop before N_NEW
+    p_values = []
+    for r in range(2):
+        prompt = PROMPTS[r][PROMPT_MASK[r].bool()].tolist()
+        law = exact_joint_law(target.table, prompt, N_NEW, temperature, top_k, EOS)
+        p_values.append(chi_square_p_value(new[r::2], law))
+    return min(p_values), stats
+
+
+CONFIGS = [
+    ("model", 1, 1.0, 0),
+    ("model", 2, 0.7, 3),
+    ("model", 3, 1.3, 0),
+    ("model", 4, 1.0, 2),
+    ("ngram", 3, 1.0, 0),
+    ("adaptive", DraftLengthSchedule(3, kind="heuristic", max_length=5), 1.0, 3),
+]
+
+
+@pytest.mark.parametrize("drafter_kind,draft_length,temperature,top_k", CONFIGS, ids=lambda x: str(getattr(x, "kind", x)))
+def test_speculative_generate_matches_exact_joint_law(drafter_kind, draft_length, temperature, top_k):
+    p_value, stats = run_and_test(drafter_kind, draft_length, temperature, top_k)
+    assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
+    if drafter_kind != "ngram":
+        assert stats.accepted > 0 and stats.accepted < stats.drafted  # both branches of the rule were exercised
+
+
+def off_by_one_bonus(p, draft, generator, rule):
+    """Mutation: the bonus token is drawn from the law one position too early."""
+    shifted = p.clone()
+    shifted[:, -1] = p[:, -2]
+    return verify.verify(shifted, draft, generator, rule)
+
+
+MUTATIONS = {  # (module, attribute, replacement)
+    "resample_from_p": (verify, "residual_law", lambda p, q: p),
+    "accept_always": (verify, "accept_probability", lambda p_x, q_x: torch.ones_like(p_x)),  # HF #28508
+    "off_by_one_bonus": (text, "verify", off_by_one_bonus),
+    "no_cache_rollback": (text, "truncate", lambda state, keep: None),  # the target cache keeps rejected tokens
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_mutations_are_rejected(mutation, monkeypatch):
+    module, attribute, replacement = MUTATIONS[mutation]
+    monkeypatch.setattr(module, attribute, replacement)
+    p_value, _ = run_and_test("model", 2, 1.0, 0)
+    assert p_value < ALPHA, f"mutation {mutation} was not detected (p = {p_value:.2e})"
