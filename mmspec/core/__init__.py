@@ -8,10 +8,10 @@ from mmspec.core.drafts import Draft, DraftLengthSchedule, LayerSkipDrafter, Mod
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
 from mmspec.core.text import speculative_generate
-from mmspec.core.verify import ACCEPTANCE_RULES, LOSSLESS_RULES, VerifyResult, verify
+from mmspec.core.verify import ACCEPTANCE_RULES, LOSSLESS_RULES, VerifyResult
 
 __all__ = [
     "ACCEPTANCE_RULES", "LOSSLESS_RULES", "Draft", "DraftLengthSchedule", "LayerSkipDrafter", "ModelDrafter",
     "NGramDrafter", "SamplingConfig", "SpecStats", "VerifyResult", "early_exit_view", "process_logits",
-    "speculative_generate", "verify",
+    "speculative_generate",
 ]

@@ -20,6 +20,8 @@ class SpecStats:
     steps: [B] long, verification steps each row took part in. new_tokens: [B] long, tokens generated per row.
     accept_hist: [L_max + 1] long, how often n draft tokens were accepted in a row-step.
     drafted: total draft tokens proposed; accepted: total draft tokens accepted.
+    excess_acceptance: lossy rules only, the mean over accepted draft tokens of 1 - min(1, p/q): how much more often
+        than the exact rule the lossy rule accepted (0 = no distortion).
     timings: seconds spent per phase ("draft", "target", "verify", "total").
     """
 
@@ -31,25 +33,31 @@ class SpecStats:
     accept_hist: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.long))
     drafted: int = 0
     accepted: int = 0
+    excess_acceptance: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     _pending: list = field(default_factory=list, repr=False)
 
-    def record_step(self, n_accepted: torch.Tensor, draft_lengths: torch.Tensor, active: torch.Tensor) -> None:
-        """n_accepted, draft_lengths: [B] long; active: [B] bool, rows still generating before this step."""
+    def record_step(self, result, draft_lengths: torch.Tensor, active: torch.Tensor) -> None:
+        """result: the step's VerifyResult; draft_lengths: [B] long; active: [B] bool, rows generating before it."""
         if self.steps is None:
-            self.steps = torch.zeros_like(n_accepted)
+            self.steps = torch.zeros_like(result.n_accepted)
         self.steps += active.long()
-        self._pending.append((n_accepted, draft_lengths, active.clone()))
+        excess = result.excess_acceptance
+        excess = torch.zeros(draft_lengths.shape, dtype=torch.float64, device=active.device) if excess is None else excess
+        self._pending.append((result.n_accepted, draft_lengths, active.clone(), excess.double(), result.excess_acceptance is not None))
 
     def finalize(self) -> None:
         """Fold the per-step records into the histogram and totals (one host transfer)."""
         if not self._pending:
             return
-        n, lengths, active = (torch.stack(t).cpu() for t in zip(*self._pending))  # [steps, B]
+        n, lengths, active, excess = (torch.stack(t).cpu() for t in list(zip(*self._pending))[:4])  # [steps, B]
+        lossy = any(record[4] for record in self._pending)
         self._pending.clear()
         self.accept_hist = torch.bincount(n[active], minlength=int(lengths.max()) + 1)
         self.drafted += int(lengths[active].sum())
         self.accepted += int(n[active].sum())
+        if lossy:
+            self.excess_acceptance = float(excess[active].sum()) / max(1, self.accepted)
 
     @property
     def tokens_per_target_forward(self) -> float:
@@ -74,6 +82,7 @@ class SpecStats:
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
+            **({} if self.excess_acceptance is None else {"lossy_excess_acceptance": round(self.excess_acceptance, 4)}),
             "accept_hist": self.accept_hist.tolist(),
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
         }

@@ -155,7 +155,7 @@ def speculative_generate(
             truncate(state, lengths - 1)
             drafter.rollback(lengths - 1)
             schedule.update(n, draft.lengths)
-            stats.record_step(n, draft.lengths, active)
+            stats.record_step(result, draft.lengths, active)
             active &= ~hit_eos & (generated < max_new_tokens)
         if not bool(active.any()):  # host sync: loop exit
             break

@@ -34,11 +34,14 @@ RESIDUAL_EPS = 1e-12  # below this residual mass, rejection had (numerically) ze
 class VerifyResult:
     """n_accepted: [B] long, accepted draft tokens per row. next_token: [B] long, the residual or bonus token.
     accept_mask: [B, L] bool, per-position acceptance before the first-rejection cut (acceptance maps, stats).
+    excess_acceptance: [B] float, lossy rules only: summed over the kept draft tokens, the probability 1 - min(1, p/q)
+    with which the exact rule would have rejected them (the realised distortion); None for lossless rules.
     """
 
     n_accepted: torch.Tensor
     next_token: torch.Tensor
     accept_mask: torch.Tensor
+    excess_acceptance: torch.Tensor | None = None
 
 
 def draft_law_at_tokens(draft: Draft, dtype: torch.dtype) -> torch.Tensor:
@@ -67,6 +70,11 @@ def residual_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > RESIDUAL_EPS, residual / mass.clamp(min=RESIDUAL_EPS), p)
 
 
+def _at(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows[b, index[b]] for rows: [B, L, V], index: [B] -> [B, V]."""
+    return rows.gather(1, index[:, None, None].expand(-1, 1, rows.shape[-1])).squeeze(1)
+
+
 def _first_rejection(accept: torch.Tensor) -> torch.Tensor:
     """Length of the all-accepted prefix of each row of accept: [B, L] bool -> [B] long."""
     return accept.long().cumprod(-1).sum(-1)
@@ -89,10 +97,12 @@ def verify_exact(p: torch.Tensor, draft: Draft, generator: Generators) -> Verify
     u = uniform((B, L), generator, p.device, p.dtype)  # drawn for every position, so the stream never depends on acceptance
     accept = (u < accept_probability(p_x, draft_law_at_tokens(draft, p.dtype))) & in_draft
     n = _first_rejection(accept)
-    p_n = p.gather(1, n[:, None, None].expand(B, 1, V)).squeeze(1)  # [B, V]
-    q_n = draft_law(draft, V, p.dtype).gather(1, n.clamp(max=L - 1)[:, None, None].expand(B, 1, V)).squeeze(1) if L else p_n
-    rejected = n < draft.lengths  # else every real draft token was accepted: bonus from p_n
-    next_law = torch.where(rejected[:, None], residual_law(p_n, q_n), p_n)
+    p_n = _at(p, n)  # [B, V]
+    rejected = n < draft.lengths  # else every real draft token was accepted: the bonus comes from p_n
+    if L:
+        next_law = torch.where(rejected[:, None], residual_law(p_n, _at(draft_law(draft, V, p.dtype), n.clamp(max=L - 1))), p_n)
+    else:
+        next_law = p_n
     return VerifyResult(n_accepted=n, next_token=sample(next_law, generator), accept_mask=accept)
 
 
@@ -118,8 +128,9 @@ def verify_typical(
     entropy = -(p[:, :L] * p[:, :L].clamp(min=1e-30).log()).sum(-1)
     accept = (p_x > torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))) & in_draft
     n = _first_rejection(accept)
-    p_n = p.gather(1, n[:, None, None].expand(B, 1, V)).squeeze(1)
-    return VerifyResult(n_accepted=n, next_token=sample(p_n, generator), accept_mask=accept)
+    kept = torch.arange(L, device=p.device) < n[:, None]
+    excess = ((1 - accept_probability(p_x, draft_law_at_tokens(draft, p.dtype))) * kept).sum(-1)
+    return VerifyResult(n_accepted=n, next_token=sample(_at(p, n), generator), accept_mask=accept, excess_acceptance=excess)
 
 
 def verify(p: torch.Tensor, draft: Draft, generator: Generators, rule: str = "exact") -> VerifyResult:

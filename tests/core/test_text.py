@@ -109,3 +109,6 @@ def test_typical_acceptance_runs_and_reports(tiny_target, tiny_draft):
     out, stats = speculative_generate(tiny_target, ids, mask, drafter=ModelDrafter(tiny_draft), acceptance="typical",
                                       max_new_tokens=8, generator=torch.Generator().manual_seed(0))
     assert out.shape == (2, ids.shape[1] + 8) and stats.drafted > 0
+    assert 0 <= stats.excess_acceptance <= 1 and "lossy_excess_acceptance" in stats.as_dict()
+    _, exact_stats = speculative_generate(tiny_target, ids, mask, drafter=ModelDrafter(tiny_draft), max_new_tokens=8)
+    assert exact_stats.excess_acceptance is None
