@@ -191,7 +191,7 @@ class NGramDrafter:
 
 class DraftLengthSchedule:
     """Per-row draft budgets. "constant": always `length`. "heuristic" (HF `num_assistant_tokens_schedule`): +2 after a
-    fully accepted draft, else -1, never below 1 or above `max_length`.
+    fully accepted draft, else -1, never below 1 or above `max_length`. budget: [B] long after `reset`.
     """
 
     KINDS = ("constant", "heuristic")
@@ -201,7 +201,8 @@ class DraftLengthSchedule:
             raise ValueError(f"draft length must be an int >= 1, got {length!r}")
         if kind not in self.KINDS:
             raise ValueError(f"draft length schedule must be one of {self.KINDS}, got {kind!r}")
-        self.length, self.kind, self.max_length = length, kind, max(max_length, length)
+        self.length, self.kind = length, kind
+        self.max_length = length if kind == "constant" else max(max_length, length)
         self.budget: torch.Tensor | None = None
 
     def reset(self, batch_size: int, device: torch.device) -> None:

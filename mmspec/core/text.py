@@ -23,7 +23,7 @@ from mmspec.core.verify import ACCEPTANCE_RULES, verify
 TEXT_ACCEPTANCE = ("exact", "typical")
 
 
-def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, draft_length, eos_token_id):
+def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, schedule, eos_token_id):
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
         raise TypeError("input_ids must be a [B, T] torch.long tensor")
     if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
@@ -41,13 +41,10 @@ def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_ne
     vocab = target.config.vocab_size
     if drafter.vocab_size is not None and drafter.vocab_size != vocab:
         raise ValueError(f"draft vocabulary size {drafter.vocab_size} does not match the target's {vocab}")
-    if not isinstance(draft_length, (int, DraftLengthSchedule)) or isinstance(draft_length, bool):
-        raise TypeError(f"draft_length must be an int or a DraftLengthSchedule, got {type(draft_length).__name__}")
-    max_length = draft_length if isinstance(draft_length, int) else draft_length.max_length
     context = getattr(target.config, "max_position_embeddings", None)
-    if context is not None and input_ids.shape[1] + max_new_tokens + max_length + 1 > context:
+    if context is not None and input_ids.shape[1] + max_new_tokens + schedule.max_length + 1 > context:
         raise ValueError(
-            f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} + draft length {max_length} + 1 "
+            f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} + draft length {schedule.max_length} + 1 "
             f"exceeds the target's context of {context} positions"
         )
     if eos_token_id is not None and not isinstance(eos_token_id, (int, list, tuple)):
@@ -90,13 +87,15 @@ def speculative_generate(
     row's new tokens, rows padded with pad_token_id after their EOS (as `generate` does).
     """
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, draft_length, eos_token_id)
+    if isinstance(draft_length, bool) or not isinstance(draft_length, (int, DraftLengthSchedule)):
+        raise TypeError(f"draft_length must be an int or a DraftLengthSchedule, got {type(draft_length).__name__}")
+    schedule = DraftLengthSchedule(draft_length) if isinstance(draft_length, int) else draft_length
+    _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, schedule, eos_token_id)
     B, T = input_ids.shape
     check_generators(generator, B)
     device = input_ids.device
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    schedule = DraftLengthSchedule(draft_length) if isinstance(draft_length, int) else draft_length
     rule = "greedy" if sampling.greedy and acceptance == "exact" else acceptance
     assert rule in ACCEPTANCE_RULES
     eos = None if eos_token_id is None else torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)

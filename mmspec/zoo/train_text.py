@@ -216,24 +216,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus-root", default=None, help="train on .py files under this folder (default: the stdlib)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
+    root = None if args.corpus_root is None else Path(args.corpus_root)
     tokenizer_dir = work / "tokenizer"
     if tokenizer_dir.exists():
         from transformers import PreTrainedTokenizerFast
 
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
     else:
-        tokenizer = train_tokenizer(read_texts(corpus_files("train")))
+        tokenizer = train_tokenizer(read_texts(corpus_files("train", root)))
         tokenizer.save_pretrained(tokenizer_dir)
     streams = {}
     for split in ("train", "held_out"):
         cache = work / f"{split}.npy"
         if not cache.exists():
-            np.save(cache, tokenize_corpus(tokenizer, read_texts(corpus_files(split))))
+            np.save(cache, tokenize_corpus(tokenizer, read_texts(corpus_files(split, root))))
         streams[split] = torch.from_numpy(np.load(cache).astype(np.int32))
         logger.info("%s split: %d tokens", split, streams[split].numel())
 

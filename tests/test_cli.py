@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from mmspec.cli import main
+from mmspec.core.drafts import LayerSkipDrafter, ModelDrafter, NGramDrafter
+from mmspec.core.text import speculative_generate
+from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm, zoo_path
+
+
+@pytest.mark.parametrize("method", ["model", "ngram", "layerskip", "ar"])
+def test_mmspec_text_prints_completion_and_stats(method, capsys):
+    assert main(["text", "def fibonacci(n):\n", "--method", method, "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("def fibonacci(n):\n") and f"method  {method}" in out and "tokens/s" in out
+    if method != "ar":
+        assert "mean_accepted_length" in out and "target_forwards" in out
+
+
+def test_mmspec_text_reports_bad_arguments():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["text", "x = 1", "--max-new-tokens", "0"])
+    assert exit_info.value.code == 2
+
+
+def test_unknown_zoo_model_names_the_available_ones():
+    with pytest.raises(ValueError, match="pycode/target"):
+        zoo_path("pycode/nope")
+
+
+def test_embedded_pair_greedy_equals_target_generate_for_every_drafter():
+    """The shipped pair, in float64 (no near-tie flips): every drafter reproduces target.generate token for token."""
+    target, tokenizer = load_causal_lm(TEXT_TARGET, dtype=torch.float64)
+    draft, _ = load_causal_lm(TEXT_DRAFT, dtype=torch.float64)
+    tokenizer.padding_side = "left"
+    batch = tokenizer(["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def push(self, item):\n"],
+                      return_tensors="pt", padding=True)
+    kwargs = dict(max_new_tokens=24, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    expected = target.generate(**batch, do_sample=False, **kwargs)
+    drafters = [ModelDrafter(draft), NGramDrafter(), LayerSkipDrafter(target, target.config.early_exit_layer)]
+    for drafter in drafters:
+        out, stats = speculative_generate(target, batch["input_ids"], batch["attention_mask"], drafter=drafter,
+                                          temperature=0, **kwargs)
+        assert torch.equal(out, expected), type(drafter).__name__
+    assert stats.mean_accepted_length > 1
