@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
+from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.core.text import speculative_generate
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
 from mmspec.zoo.text_corpus import held_out_prompts
@@ -54,6 +54,20 @@ class ForwardCounter:
 
     def _hit(self):
         self.count += 1
+
+
+@torch.no_grad()
+def forward_latency(model, context: int = 64, repeats: int = 50) -> float:
+    """Median seconds of one cached 1-token forward at batch 1 after `context` tokens."""
+    ids = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    cache = model(ids, use_cache=True).past_key_values
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(ids[:, -1:], past_key_values=cache, use_cache=True)
+        times.append(time.perf_counter() - start)
+        cache.crop(-1)
+    return statistics.median(times)
 
 
 def batches(prompts: list[str], batch_size: int) -> list[list[str]]:
@@ -169,6 +183,9 @@ def main(argv: list[str] | None = None) -> dict:
                 rows.append(measure(name, methods[name], prompts[: max(n_prompts, 8)], tokenizer, counter, 8, temperature, repeats))
                 print(f"{name} bs=8 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
     table, ratios = format_table(rows), summary(rows)
+    target_latency = forward_latency(target)
+    ratios["draft_target_cost_ratio"] = forward_latency(draft) / target_latency
+    ratios["layerskip_target_cost_ratio"] = forward_latency(early_exit_view(target, target.config.early_exit_layer)) / target_latency
     print(table)
     print(json.dumps(ratios, indent=2))
     if args.json:

@@ -77,3 +77,10 @@ def truncate(state: RaggedCacheState, keep: torch.Tensor) -> None:
     if n_unused_tail and state.cache is not None:
         state.cache.crop(-n_unused_tail)
         state.slot_mask = state.slot_mask[:, : state.slot_mask.shape[1] - n_unused_tail]
+
+
+def select_rows(state: RaggedCacheState, index: torch.Tensor) -> None:
+    """Keep only the batch rows `index` ([B'] long), in that order (finished rows leaving the batch)."""
+    state.slot_mask = state.slot_mask[index]
+    if state.cache is not None:
+        state.cache.batch_select_indices(index)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from mmspec.core.cache import RaggedCacheState, forward_window, truncate
+from mmspec.core.cache import RaggedCacheState, forward_window, select_rows, truncate
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, sample
 
@@ -60,6 +60,9 @@ class Drafter(Protocol):
 
     def rollback(self, keep: torch.Tensor) -> None:
         """Only the first `keep[b]` tokens of row b are still part of its sequence."""
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only batch rows `index` ([B'] long), in that order: finished rows left the batch."""
 
 
 class ModelDrafter:
@@ -116,6 +119,9 @@ class ModelDrafter:
     def rollback(self, keep: torch.Tensor) -> None:
         truncate(self.state, keep)
 
+    def select(self, index: torch.Tensor) -> None:
+        select_rows(self.state, index)
+
 
 def early_exit_view(model, exit_layer: int):
     """The first `exit_layer` layers of a transformers decoder LM plus its final norm and head, sharing all weights.
@@ -167,6 +173,9 @@ class NGramDrafter:
     def rollback(self, keep: torch.Tensor) -> None:
         pass
 
+    def select(self, index: torch.Tensor) -> None:
+        pass
+
     @torch.no_grad()
     def propose(self, tokens, lengths, budget, sampling, generator) -> Draft:
         B, T = tokens.shape
@@ -207,6 +216,9 @@ class DraftLengthSchedule:
 
     def reset(self, batch_size: int, device: torch.device) -> None:
         self.budget = torch.full((batch_size,), self.length, dtype=torch.long, device=device)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.budget = self.budget[index]
 
     def update(self, n_accepted: torch.Tensor, draft_lengths: torch.Tensor) -> None:
         if self.kind == "heuristic":

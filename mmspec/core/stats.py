@@ -37,27 +37,25 @@ class SpecStats:
     timings: dict[str, float] = field(default_factory=dict)
     _pending: list = field(default_factory=list, repr=False)
 
-    def record_step(self, result, draft_lengths: torch.Tensor, active: torch.Tensor) -> None:
-        """result: the step's VerifyResult; draft_lengths: [B] long; active: [B] bool, rows generating before it."""
-        if self.steps is None:
-            self.steps = torch.zeros_like(result.n_accepted)
-        self.steps += active.long()
+    def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor) -> None:
+        """result: the step's VerifyResult over the rows still generating; draft_lengths: [B'] long;
+        rows: [B'] long, their indices in the caller's batch."""
+        self.steps.index_add_(0, rows, torch.ones_like(rows))
         excess = result.excess_acceptance
-        excess = torch.zeros(draft_lengths.shape, dtype=torch.float64, device=active.device) if excess is None else excess
-        self._pending.append((result.n_accepted, draft_lengths, active.clone(), excess.double(), result.excess_acceptance is not None))
+        self._pending.append((result.n_accepted, draft_lengths, None if excess is None else excess.double()))
 
     def finalize(self) -> None:
         """Fold the per-step records into the histogram and totals (one host transfer)."""
         if not self._pending:
             return
-        n, lengths, active, excess = (torch.stack(t).cpu() for t in list(zip(*self._pending))[:4])  # [steps, B]
-        lossy = any(record[4] for record in self._pending)
+        n, lengths = (torch.cat(t).cpu() for t in list(zip(*self._pending))[:2])  # [row-steps]
+        excess = [record[2] for record in self._pending if record[2] is not None]
         self._pending.clear()
-        self.accept_hist = torch.bincount(n[active], minlength=int(lengths.max()) + 1)
-        self.drafted += int(lengths[active].sum())
-        self.accepted += int(n[active].sum())
-        if lossy:
-            self.excess_acceptance = float(excess[active].sum()) / max(1, self.accepted)
+        self.accept_hist = torch.bincount(n, minlength=int(lengths.max()) + 1)
+        self.drafted += int(lengths.sum())
+        self.accepted += int(n.sum())
+        if excess:
+            self.excess_acceptance = float(torch.cat(excess).sum()) / max(1, self.accepted)
 
     @property
     def tokens_per_target_forward(self) -> float:

@@ -4,7 +4,8 @@ Each step: the drafter proposes up to L tokens per row (with their law q), the t
 draft in one forward over L + 1 positions, the acceptance rule keeps a prefix of each row's draft and draws one more
 token, and both caches roll back per row (`mmspec.core.cache`). Rows advance by their own accepted counts and stop at
 their own EOS; no row waits for another. With temperature 0 the greedy rule is used, which gives token-for-token the
-target's greedy output.
+target's greedy output. Rows that finish (EOS or max_new_tokens) are written out and leave the batch, so the
+remaining rows' steps get cheaper.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 
 import torch
 
-from mmspec.core.cache import RaggedCacheState, forward_window, truncate
+from mmspec.core.cache import RaggedCacheState, forward_window, select_rows, truncate
 from mmspec.core.drafts import Drafter, DraftLengthSchedule
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, check_generators
@@ -36,8 +37,8 @@ def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_ne
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if acceptance not in TEXT_ACCEPTANCE:
         raise ValueError(f"acceptance must be one of {TEXT_ACCEPTANCE}, got {acceptance!r}")
-    if not all(hasattr(drafter, m) for m in ("propose", "rollback", "reset")):
-        raise TypeError(f"drafter must implement the Drafter protocol (reset/propose/rollback), got {type(drafter).__name__}")
+    if not all(hasattr(drafter, m) for m in ("reset", "propose", "rollback", "select")):
+        raise TypeError(f"drafter must implement the Drafter protocol (reset/propose/rollback/select), got {type(drafter).__name__}")
     vocab = target.config.vocab_size
     if drafter.vocab_size is not None and drafter.vocab_size != vocab:
         raise ValueError(f"draft vocabulary size {drafter.vocab_size} does not match the target's {vocab}")
@@ -104,14 +105,14 @@ def speculative_generate(
     if pad_token_id is None:
         pad_token_id = 0 if eos is None else int(eos[0])
 
-    stats = SpecStats()
+    stats = SpecStats(steps=torch.zeros(B, dtype=torch.long, device=device))
     timer = PhaseTimer(stats.timings)
     start_time = time.perf_counter()
-    L_max = schedule.max_length
-    tokens, lengths = _left_align(input_ids, attention_mask, T + max_new_tokens + L_max + 1)
+    tokens, lengths = _left_align(input_ids, attention_mask, T + max_new_tokens + schedule.max_length + 1)
     prompt_lengths = lengths.clone()
     generated = torch.zeros(B, dtype=torch.long, device=device)
-    active = torch.ones(B, dtype=torch.bool, device=device)
+    rows = torch.arange(B, device=device)  # batch position -> output row; finished rows leave the batch
+    final_tokens, final_generated = tokens.clone(), generated.clone()
 
     # 1. Prefill the target with all but each row's last prompt token (that one is scored with the first draft).
     state = RaggedCacheState.empty(B, device)
@@ -124,7 +125,7 @@ def speculative_generate(
     schedule.reset(B, device)
     draft_forwards_before = getattr(drafter, "forwards", 0)
 
-    # 2. Draft, verify, commit, roll back.
+    # 2. Draft, verify, commit, roll back; rows that finish are written out and dropped from the batch.
     while True:
         with timer("draft"):
             draft = drafter.propose(tokens, lengths, schedule.budget, sampling, generator)
@@ -140,30 +141,41 @@ def speculative_generate(
             emitted = torch.cat([draft.tokens, torch.zeros_like(draft.tokens[:, :1])], 1)
             emitted = emitted.scatter(1, n[:, None], result.next_token[:, None])  # [B, L + 1]
             count = torch.minimum(n + 1, max_new_tokens - generated)
-            hit_eos = torch.zeros_like(active)
+            finished = count == max_new_tokens - generated
             if eos is not None:
                 is_eos = torch.isin(emitted, eos) & (torch.arange(L + 1, device=device) < count[:, None])
-                hit_eos = is_eos.any(-1)
-                count = torch.where(hit_eos, is_eos.long().argmax(-1) + 1, count)
-            count = torch.where(active, count, 0)
+                count = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, count)
+                finished |= is_eos.any(-1)
             positions = lengths[:, None] + torch.arange(L + 1, device=device)
             keep_old = torch.arange(L + 1, device=device) >= count[:, None]
             tokens.scatter_(1, positions, torch.where(keep_old, tokens.gather(1, positions), emitted))
             lengths += count
             generated += count
+            stats.record_step(result, draft.lengths, rows)
+            done = finished.tolist()  # host sync: which rows leave the batch
+            if any(done):
+                final_tokens[rows[finished]] = tokens[finished]
+                final_generated[rows[finished]] = generated[finished]
+            if all(done):
+                break
             truncate(state, lengths - 1)
             drafter.rollback(lengths - 1)
             schedule.update(n, draft.lengths)
-            stats.record_step(result, draft.lengths, active)
-            active &= ~hit_eos & (generated < max_new_tokens)
-        if not bool(active.any()):  # host sync: loop exit
-            break
+            if any(done):
+                keep = [i for i, d in enumerate(done) if not d]
+                index = torch.tensor(keep, device=device)
+                tokens, lengths, generated, rows = tokens[index], lengths[index], generated[index], rows[index]
+                select_rows(state, index)
+                drafter.select(index)
+                schedule.select(index)
+                if isinstance(generator, (list, tuple)):
+                    generator = [generator[i] for i in keep]
 
     # 3. Prompts as given, then each row's new tokens, padded to the longest row.
-    N = int(generated.max())
+    N = int(final_generated.max())
     index = prompt_lengths[:, None] + torch.arange(N, device=device)
-    new = torch.where(torch.arange(N, device=device) < generated[:, None], tokens.gather(1, index), pad_token_id)
-    stats.new_tokens = generated
+    new = torch.where(torch.arange(N, device=device) < final_generated[:, None], final_tokens.gather(1, index), pad_token_id)
+    stats.new_tokens = final_generated
     stats.draft_forwards = getattr(drafter, "forwards", 0) - draft_forwards_before
     stats.timings["total"] = time.perf_counter() - start_time
     stats.finalize()

@@ -135,20 +135,32 @@ def held_out_losses(model, stream: torch.Tensor, exit_layer: int | None, seq_len
     return result
 
 
-def train_model(name: str, spec: TextModelSpec, tokenizer, train: torch.Tensor, held_out: torch.Tensor, args) -> dict:
-    torch.manual_seed(args.seed)
-    model = build_model(spec, tokenizer)
-    steps = args.target_steps if name == "target" else args.draft_steps
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+STAGE_SEED_OFFSETS = {"target": 0, "draft": 1, "draft-distill": 2}  # data-order seeds of the training stages
+
+
+def distill_loss(student, teacher, tokens: torch.Tensor) -> torch.Tensor:
+    """Forward KL to the teacher's next-token laws (soft cross-entropy; DistillSpec, arXiv 2310.08461): a draft closer
+    to the target in distribution has a higher acceptance rate 1 - TV(p, q)."""
+    inputs = tokens[:, :-1]
+    with torch.no_grad():
+        p = teacher(input_ids=inputs).logits.float().softmax(-1)
+    log_q = student(input_ids=inputs).logits.float().log_softmax(-1)
+    return -(p * log_q).sum(-1).mean()
+
+
+def run_stage(name: str, model, steps: int, lr: float, loss_fn, train: torch.Tensor, args) -> float:
+    """Train `model` for `steps` with AdamW (warm-up, cosine to 10%), resuming from `<work_dir>/ckpt-<name>.pt`.
+    loss_fn(model, tokens [B, seq_len + 1]) -> (loss to optimise, loss to display). Returns CPU seconds spent."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = min(100, steps // 10)
 
     def lr_at(step: int) -> float:
         if step < warmup:
-            return args.lr * (step + 1) / warmup
+            return lr * (step + 1) / warmup
         progress = (step - warmup) / max(1, steps - warmup)
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
-    generator = torch.Generator().manual_seed(args.seed + (0 if name == "target" else 1))
+    generator = torch.Generator().manual_seed(args.seed + STAGE_SEED_OFFSETS[name])
     ckpt_path = Path(args.work_dir) / f"ckpt-{name}.pt"
     start, elapsed = 0, 0.0
     if ckpt_path.exists():
@@ -165,43 +177,73 @@ def train_model(name: str, spec: TextModelSpec, tokenizer, train: torch.Tensor, 
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        tokens = sample_windows(train, args.batch_size, args.seq_len, generator)
-        loss, exit_loss = lm_losses(model, tokens, spec.exit_layer)
-        total = loss if exit_loss is None else loss + spec.exit_loss_weight * exit_loss
+        total, shown = loss_fn(model, sample_windows(train, args.batch_size, args.seq_len, generator))
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.set_postfix(loss=f"{shown.item():.3f}")
         done = step + 1
         if done % args.ckpt_every == 0 or done == steps:
-            state = {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "generator": generator.get_state(),
-                "step": done,
-                "elapsed_s": elapsed + time.perf_counter() - t0,
-            }
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                     "step": done, "elapsed_s": elapsed + time.perf_counter() - t0}
             torch.save(state, ckpt_path)
-    elapsed += time.perf_counter() - t0
+    return elapsed + time.perf_counter() - t0
 
-    metrics = held_out_losses(model, held_out, spec.exit_layer, args.seq_len)
-    metrics.update(
-        parameters=sum(p.numel() for p in model.parameters()),
-        steps=steps,
-        tokens_seen=steps * args.batch_size * args.seq_len,
-        train_cpu_seconds=round(elapsed, 1),
-        spec=asdict(spec),
-    )
-    out_dir = Path(args.out_dir) / name
+
+def lm_loss_fn(spec: TextModelSpec):
+    def loss_fn(model, tokens):
+        loss, exit_loss = lm_losses(model, tokens, spec.exit_layer)
+        return (loss if exit_loss is None else loss + spec.exit_loss_weight * exit_loss), loss
+    return loss_fn
+
+
+def distill_loss_fn(teacher):
+    def loss_fn(model, tokens):
+        loss = distill_loss(model, teacher, tokens)
+        return loss, loss
+    return loss_fn
+
+
+def save_model(model, tokenizer, out_dir: Path, metrics: dict, exit_layer: int | None) -> None:
     model.config.dtype = "float16"
-    if spec.exit_layer is not None:
-        model.config.early_exit_layer = spec.exit_layer  # read by LayerSkipDrafter users (`mmspec text --method layerskip`)
+    if exit_layer is not None:
+        model.config.early_exit_layer = exit_layer  # read by LayerSkipDrafter users (`mmspec text --method layerskip`)
     model.to(torch.float16).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     (out_dir / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    logger.info("%s: %s", name, metrics)
-    return metrics
+    logger.info("%s: %s", out_dir.name, metrics)
+
+
+def train_target(tokenizer, streams, args) -> None:
+    torch.manual_seed(args.seed)
+    model = build_model(TARGET_SPEC, tokenizer)
+    seconds = run_stage("target", model, args.target_steps, args.lr, lm_loss_fn(TARGET_SPEC), streams["train"], args)
+    metrics = held_out_losses(model, streams["held_out"], TARGET_SPEC.exit_layer, args.seq_len)
+    metrics.update(parameters=sum(p.numel() for p in model.parameters()), steps=args.target_steps,
+                   tokens_seen=args.target_steps * args.batch_size * args.seq_len, train_cpu_seconds=round(seconds, 1),
+                   spec=asdict(TARGET_SPEC))
+    save_model(model, tokenizer, Path(args.out_dir) / "target", metrics, TARGET_SPEC.exit_layer)
+
+
+def train_draft(tokenizer, streams, args) -> None:
+    """Stage 1: next-token cross-entropy on the corpus. Stage 2: distillation from the saved target."""
+    torch.manual_seed(args.seed)
+    model = build_model(DRAFT_SPEC, tokenizer)
+    seconds = run_stage("draft", model, args.draft_steps, args.lr, lm_loss_fn(DRAFT_SPEC), streams["train"], args)
+    metrics = {"pretrain": held_out_losses(model, streams["held_out"], None, args.seq_len)}
+    if args.draft_distill_steps:
+        from mmspec.zoo import load_causal_lm
+
+        teacher, _ = load_causal_lm(Path(args.out_dir) / "target")
+        seconds += run_stage("draft-distill", model, args.draft_distill_steps, args.lr / 2,
+                             distill_loss_fn(teacher), streams["train"], args)
+    metrics.update(held_out_losses(model, streams["held_out"], None, args.seq_len))
+    steps = args.draft_steps + args.draft_distill_steps
+    metrics.update(parameters=sum(p.numel() for p in model.parameters()), steps=args.draft_steps,
+                   distill_steps=args.draft_distill_steps, tokens_seen=steps * args.batch_size * args.seq_len,
+                   train_cpu_seconds=round(seconds, 1), spec=asdict(DRAFT_SPEC))
+    save_model(model, tokenizer, Path(args.out_dir) / "draft", metrics, None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -209,8 +251,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "mmspec" / "train_text"))
     parser.add_argument("--out-dir", default=str(ZOO_DIR / "pycode"))
     parser.add_argument("--only", choices=["target", "draft"], default=None)
-    parser.add_argument("--target-steps", type=int, default=1800)
-    parser.add_argument("--draft-steps", type=int, default=1800)
+    parser.add_argument("--target-steps", type=int, default=1300)
+    parser.add_argument("--draft-steps", type=int, default=1500)
+    parser.add_argument("--draft-distill-steps", type=int, default=500, help="distil the draft from the saved target")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -239,9 +282,10 @@ def main(argv: list[str] | None = None) -> None:
         streams[split] = torch.from_numpy(np.load(cache).astype(np.int32))
         logger.info("%s split: %d tokens", split, streams[split].numel())
 
-    for name, spec in (("target", TARGET_SPEC), ("draft", DRAFT_SPEC)):
-        if args.only in (None, name):
-            train_model(name, spec, tokenizer, streams["train"], streams["held_out"], args)
+    if args.only in (None, "target"):
+        train_target(tokenizer, streams, args)
+    if args.only in (None, "draft"):
+        train_draft(tokenizer, streams, args)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def test_train_save_resume_and_reload(tmp_path):
     root = small_corpus(tmp_path)
     assert corpus_files("held_out", root) and corpus_files("train", root)
     args = ["--corpus-root", str(root), "--work-dir", str(tmp_path / "work"), "--out-dir", str(tmp_path / "out"),
-            "--batch-size", "2", "--seq-len", "32", "--ckpt-every", "1"]
+            "--batch-size", "2", "--seq-len", "32", "--ckpt-every", "1", "--draft-distill-steps", "1"]
     main(args + ["--target-steps", "1", "--draft-steps", "1"])
     main(args + ["--target-steps", "2", "--draft-steps", "1", "--only", "target"])  # resumes at step 1
     assert torch.load(tmp_path / "work" / "ckpt-target.pt", weights_only=False)["step"] == 2
@@ -36,3 +36,6 @@ def test_train_save_resume_and_reload(tmp_path):
         assert tokenizer.decode(tokenizer("def f(x):\n    return x")["input_ids"]) == "def f(x):\n    return x"
     target, _ = load_causal_lm(tmp_path / "out" / "target")
     assert target.config.early_exit_layer == 3
+    draft_metrics = json.loads((tmp_path / "out" / "draft" / "training_metrics.json").read_text())
+    assert draft_metrics["distill_steps"] == 1 and draft_metrics["pretrain"]["held_out_ppl"] > 1
+    assert (tmp_path / "work" / "ckpt-draft-distill.pt").exists()
