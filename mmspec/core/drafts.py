@@ -49,6 +49,7 @@ class Drafter(Protocol):
     """What `speculative_generate` asks of a drafter."""
 
     vocab_size: int | None  # None: works with any vocabulary (n-gram)
+    forwards: int  # model calls so far (SpecStats.draft_forwards)
 
     def reset(self, batch_size: int, device: torch.device) -> None:
         """Forget the previous batch."""

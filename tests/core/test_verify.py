@@ -74,16 +74,32 @@ def test_exact_rule_mutations_are_rejected(name, p, q):
 
 @pytest.mark.parametrize("name,p,q", CASES, ids=IDS)
 def test_deterministic_draft_law(name, p, q):
-    """q = one-hot at the drafted token x: accept with p(x), residual = p without x (verify_exact with q=None)."""
+    """q = one-hot at the drafted token x: accept with p(x), residual = p without x."""
     for x in range(V):
-        draft = Draft(tokens=torch.tensor([[x]]), lengths=torch.tensor([1]))
-        p_rows = torch.stack([p, q])[None]  # [1, 2, V]: p at the draft position, q as the (unused) bonus law
         a = accept_probability(p[x], torch.tensor(1.0, dtype=torch.float64))
-        torch.testing.assert_close(a, p[x])
         residual = residual_law(p[None], torch.nn.functional.one_hot(torch.tensor([x]), V).double())[0]
         out = a * torch.nn.functional.one_hot(torch.tensor(x), V).double() + (1 - a) * residual
         torch.testing.assert_close(out, p, rtol=0, atol=1e-12)
-        assert verify_exact(p_rows, draft, torch.Generator().manual_seed(0)).n_accepted.shape == (1,)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_verify_exact_first_token_follows_p(deterministic):
+    """Monte Carlo through verify_exact itself: the first emitted token (accepted draft or residual) has law p.
+    200,000 rows, chi-square at alpha = 1e-5."""
+    from scipy.stats import chi2
+
+    _, p, q = CASES[1]
+    N = 200_000
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.full((N, 1), 3) if deterministic else torch.multinomial(q, N, replacement=True, generator=g)[:, None]
+    draft = Draft(tokens=tokens, lengths=torch.ones(N, dtype=torch.long), q=None if deterministic else q.expand(N, 1, V))
+    result = verify_exact(torch.stack([p, q]).expand(N, 2, V), draft, g)
+    first = torch.where(result.n_accepted > 0, tokens[:, 0], result.next_token)
+    counts = torch.bincount(first, minlength=V).double()
+    keep = p > 0
+    assert counts[~keep].sum() == 0
+    stat = ((counts[keep] - N * p[keep]) ** 2 / (N * p[keep])).sum()
+    assert chi2.sf(stat.item(), int(keep.sum()) - 1) > 1e-5
 
 
 def draft_tuples_without_replacement(q, k):
