@@ -56,7 +56,7 @@ def run_text(args) -> int:
         )
         elapsed = time.perf_counter() - start
         table = f"method  {args.method}\n{stats.table()}\ntokens/s  {int(stats.new_tokens.sum()) / elapsed:.1f}"
-    for prompt, row in zip(args.prompt, sequences):
+    for prompt, row in zip(args.prompt, sequences, strict=True):
         completion = tokenizer.decode(row[encoded["input_ids"].shape[1] :], skip_special_tokens=True)
         print(prompt + completion)
         print("-" * 60)

@@ -97,7 +97,6 @@ class ModelDrafter:
 
     @torch.no_grad()
     def propose(self, tokens, lengths, budget, sampling, generator) -> Draft:
-        B = tokens.shape[0]
         L = int(budget.max())  # host sync: number of draft steps
         logits = self._catch_up(tokens, lengths)
         drafted, laws = [], []

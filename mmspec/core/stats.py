@@ -48,7 +48,7 @@ class SpecStats:
         """Fold the per-step records into the histogram and totals (one host transfer)."""
         if not self._pending:
             return
-        n, lengths = (torch.cat(t).cpu() for t in list(zip(*self._pending))[:2])  # [row-steps]
+        n, lengths = (torch.cat(t).cpu() for t in list(zip(*self._pending, strict=True))[:2])  # [row-steps]
         excess = [record[2] for record in self._pending if record[2] is not None]
         self._pending.clear()
         self.accept_hist = torch.bincount(n, minlength=int(lengths.max()) + 1)

@@ -7,7 +7,7 @@ or a wrong position changes its output law.
 """
 
 import torch
-from transformers import DynamicCache, PretrainedConfig
+from transformers import PretrainedConfig
 
 NONE = -1  # "no token" in the history (sequence start)
 
