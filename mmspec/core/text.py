@@ -130,6 +130,7 @@ def speculative_generate(
         with timer("draft"):
             draft = drafter.propose(tokens, lengths, schedule.budget, sampling, generator)
         L = draft.tokens.shape[1]
+        window_slots = torch.arange(L + 1, device=device)
         with timer("target"):
             window = torch.cat([tokens.gather(1, (lengths - 1)[:, None]), draft.tokens], dim=1)  # [B, L + 1]
             logits = forward_window(target, state, window)
@@ -143,11 +144,11 @@ def speculative_generate(
             count = torch.minimum(n + 1, max_new_tokens - generated)
             finished = count == max_new_tokens - generated
             if eos is not None:
-                is_eos = torch.isin(emitted, eos) & (torch.arange(L + 1, device=device) < count[:, None])
+                is_eos = torch.isin(emitted, eos) & (window_slots < count[:, None])
                 count = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, count)
                 finished |= is_eos.any(-1)
-            positions = lengths[:, None] + torch.arange(L + 1, device=device)
-            keep_old = torch.arange(L + 1, device=device) >= count[:, None]
+            positions = lengths[:, None] + window_slots
+            keep_old = window_slots >= count[:, None]
             tokens.scatter_(1, positions, torch.where(keep_old, tokens.gather(1, positions), emitted))
             lengths += count
             generated += count

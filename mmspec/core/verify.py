@@ -75,6 +75,16 @@ def _at(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return rows.gather(1, index[:, None, None].expand(-1, 1, rows.shape[-1])).squeeze(1)
 
 
+def _in_draft(draft: Draft) -> torch.Tensor:
+    """[B, L] bool, True at the real draft positions of each row (j < lengths[b])."""
+    return torch.arange(draft.tokens.shape[1], device=draft.tokens.device) < draft.lengths[:, None]
+
+
+def _target_at_tokens(p: torch.Tensor, draft: Draft) -> torch.Tensor:
+    """p_j(x_j) for every draft token: [B, L]."""
+    return p[:, : draft.tokens.shape[1]].gather(-1, draft.tokens[..., None]).squeeze(-1)
+
+
 def _first_rejection(accept: torch.Tensor) -> torch.Tensor:
     """Length of the all-accepted prefix of each row of accept: [B, L] bool -> [B] long."""
     return accept.long().cumprod(-1).sum(-1)
@@ -92,10 +102,8 @@ def _check(p: torch.Tensor, draft: Draft) -> tuple[int, int, int]:
 def verify_exact(p: torch.Tensor, draft: Draft, generator: Generators) -> VerifyResult:
     """Speculative sampling over a chain. p: [B, L + 1, V], the target law at each draft position and after it."""
     B, L, V = _check(p, draft)
-    in_draft = torch.arange(L, device=p.device) < draft.lengths[:, None]  # [B, L]
-    p_x = p[:, :L].gather(-1, draft.tokens[..., None]).squeeze(-1)
     u = uniform((B, L), generator, p.device, p.dtype)  # drawn for every position, so the stream never depends on acceptance
-    accept = (u < accept_probability(p_x, draft_law_at_tokens(draft, p.dtype))) & in_draft
+    accept = (u < accept_probability(_target_at_tokens(p, draft), draft_law_at_tokens(draft, p.dtype))) & _in_draft(draft)
     n = _first_rejection(accept)
     p_n = _at(p, n)  # [B, V]
     rejected = n < draft.lengths  # else every real draft token was accepted: the bonus comes from p_n
@@ -110,8 +118,7 @@ def verify_greedy(p: torch.Tensor, draft: Draft, generator: Generators = None) -
     """Accept the longest prefix of draft tokens equal to argmax p; the next token is argmax p after it."""
     B, L, V = _check(p, draft)
     target_tokens = p.argmax(-1)  # [B, L + 1]
-    in_draft = torch.arange(L, device=p.device) < draft.lengths[:, None]
-    accept = (draft.tokens == target_tokens[:, :L]) & in_draft
+    accept = (draft.tokens == target_tokens[:, :L]) & _in_draft(draft)
     n = _first_rejection(accept)
     return VerifyResult(n_accepted=n, next_token=target_tokens.gather(1, n[:, None]).squeeze(1), accept_mask=accept)
 
@@ -123,10 +130,9 @@ def verify_typical(
     if not (0 < epsilon <= 1 and 0 < delta):
         raise ValueError(f"typical acceptance needs epsilon in (0, 1] and delta > 0, got epsilon={epsilon}, delta={delta}")
     B, L, V = _check(p, draft)
-    in_draft = torch.arange(L, device=p.device) < draft.lengths[:, None]
-    p_x = p[:, :L].gather(-1, draft.tokens[..., None]).squeeze(-1)
+    p_x = _target_at_tokens(p, draft)
     entropy = -(p[:, :L] * p[:, :L].clamp(min=1e-30).log()).sum(-1)
-    accept = (p_x > torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))) & in_draft
+    accept = (p_x > torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))) & _in_draft(draft)
     n = _first_rejection(accept)
     kept = torch.arange(L, device=p.device) < n[:, None]
     excess = ((1 - accept_probability(p_x, draft_law_at_tokens(draft, p.dtype))) * kept).sum(-1)
