@@ -17,17 +17,16 @@ import argparse
 import json
 import logging
 import math
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.text_corpus import corpus_files, read_texts
+from mmspec.zoo.training import train_loop
 
 logger = logging.getLogger(__name__)
 
@@ -149,46 +148,12 @@ def distill_loss(student, teacher, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def run_stage(name: str, model, steps: int, lr: float, loss_fn, train: torch.Tensor, args) -> float:
-    """Train `model` for `steps` with AdamW (warm-up, cosine to 10%), resuming from `<work_dir>/ckpt-<name>.pt`.
-    loss_fn(model, tokens [B, seq_len + 1]) -> (loss to optimise, loss to display). Returns CPU seconds spent."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warmup = min(100, steps // 10)
-
-    def lr_at(step: int) -> float:
-        if step < warmup:
-            return lr * (step + 1) / warmup
-        progress = (step - warmup) / max(1, steps - warmup)
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-    generator = torch.Generator().manual_seed(args.seed + STAGE_SEED_OFFSETS[name])
-    ckpt_path = Path(args.work_dir) / f"ckpt-{name}.pt"
-    start, elapsed = 0, 0.0
-    if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        generator.set_state(ckpt["generator"])
-        start, elapsed = ckpt["step"], ckpt["elapsed_s"]
-        logger.info("resuming %s from step %d", name, start)
-
-    model.train()
-    t0 = time.perf_counter()
-    bar = tqdm(range(start, steps), desc=f"train {name}", initial=start, total=steps)
-    for step in bar:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        total, shown = loss_fn(model, sample_windows(train, args.batch_size, args.seq_len, generator))
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        bar.set_postfix(loss=f"{shown.item():.3f}")
-        done = step + 1
-        if done % args.ckpt_every == 0 or done == steps:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                     "step": done, "elapsed_s": elapsed + time.perf_counter() - t0}
-            torch.save(state, ckpt_path)
-    return elapsed + time.perf_counter() - t0
+    """Train `model` on random windows of `train` (resumable, see `train_loop`). Returns seconds spent."""
+    return train_loop(
+        name, model, steps=steps, lr=lr, loss_fn=loss_fn,
+        batch_fn=lambda generator: sample_windows(train, args.batch_size, args.seq_len, generator),
+        work_dir=args.work_dir, seed=args.seed + STAGE_SEED_OFFSETS[name], ckpt_every=args.ckpt_every,
+    )
 
 
 def lm_loss_fn(spec: TextModelSpec):

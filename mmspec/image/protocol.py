@@ -1,0 +1,50 @@
+"""What a discrete image AR decoder may ask of a model (DESIGN.md §3). Decoders never import a model family.
+
+A model adapter holds the generation state outside the `nn.Module`: `prefill` returns it, `forward` appends a window of
+tokens to it, `rollback` truncates it per row. With classifier-free guidance the adapter runs the conditional and the
+unconditional rows of each sample in lockstep and returns both logits; they are combined by
+`mmspec.core.process_logits` (the one probability function), never by the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class ImageLogits:
+    """cond: [B, W, V] float32 conditional logits; uncond: [B, W, V] unconditional logits, or None without CFG."""
+
+    cond: torch.Tensor
+    uncond: torch.Tensor | None = None
+
+    def at(self, index: int | slice) -> ImageLogits:
+        """The logits of window position(s) `index` (an int drops the window dim: [B, V])."""
+        return ImageLogits(self.cond[:, index], None if self.uncond is None else self.uncond[:, index])
+
+
+class DiscreteImageModel(Protocol):
+    """Adapter protocol of a discrete-token AR image model.
+
+    grid: (h, w) token grid, tokens in raster order; vocab_size: V, image-token ids are 0..V-1.
+    """
+
+    grid: tuple[int, int]
+    vocab_size: int
+
+    def prefill(self, condition: Any, cfg: bool) -> tuple[Any, ImageLogits]:
+        """Run the condition prefix of B samples (with their unconditional rows when `cfg`); returns the state and the
+        logits [B, 1, V] of image token 0."""
+
+    def forward(self, tokens: torch.Tensor, state: Any) -> ImageLogits:
+        """Append tokens [B, W] after each row's kept tokens; logits [B, W, V], position w predicting the token after
+        tokens[:, w]."""
+
+    def rollback(self, state: Any, keep: torch.Tensor) -> None:
+        """Keep the first keep[b] image tokens of row b in the state (keep: [B] long)."""
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [B, h*w] -> images [B, 3, H, W], roughly in [-1, 1]."""

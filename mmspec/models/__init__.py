@@ -1,0 +1,1 @@
+"""Model code and adapters, one family per subpackage (`llamagen`, ...). Decoders reach them only through adapters."""

@@ -1,0 +1,78 @@
+"""`LlamaGenAdapter`: the `mmspec.image.DiscreteImageModel` protocol over a LlamaGen GPT + VQ tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.image.protocol import ImageLogits
+from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer
+from mmspec.models.llamagen.vq import LlamaGenVQModel
+
+
+@dataclass(frozen=True)
+class LlamaGenCondition:
+    """states: c2i class labels [B] long, or t2i text-encoder states [B, T, caption_dim], left-padded (valid tokens
+    last); mask: t2i [B, T] bool, True for real text tokens (None = all real)."""
+
+    states: torch.Tensor
+    mask: torch.Tensor | None = None
+
+
+@dataclass
+class LlamaGenState:
+    """The KV cache of B samples: rows [0, B) conditional, rows [B, 2B) their unconditional twins when cfg."""
+
+    cache: KVCache
+    batch_size: int
+    cfg: bool
+
+
+class LlamaGenAdapter:
+    def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel):
+        if transformer.config.vocab_size != vqvae.config.codebook_size:
+            raise ValueError(
+                f"transformer vocab_size ({transformer.config.vocab_size}) != vqvae codebook_size "
+                f"({vqvae.config.codebook_size})"
+            )
+        self.transformer, self.vqvae = transformer, vqvae
+        self.grid = (transformer.config.grid_size, transformer.config.grid_size)
+        self.vocab_size = transformer.config.vocab_size
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def prefill(self, condition: LlamaGenCondition, cfg: bool) -> tuple[LlamaGenState, ImageLogits]:
+        model = self.transformer
+        B = condition.states.shape[0]
+        prefix = model.embed_condition(condition.states)  # [B, T, dim]
+        if cfg:
+            prefix = torch.cat([prefix, model.embed_condition(model.unconditional(B, prefix.device))])  # [2B, T, dim]
+        cache = model.new_cache(prefix.shape[0], device=prefix.device, dtype=prefix.dtype)
+        if condition.mask is not None:
+            cache.key_valid[:B, : prefix.shape[1]] = condition.mask
+        logits = model.forward_window(prefix, cache)[:, -1:]  # [B or 2B, 1, V]
+        state = LlamaGenState(cache, B, cfg)
+        return state, self._split(logits, state)
+
+    def forward(self, tokens: torch.Tensor, state: LlamaGenState) -> ImageLogits:
+        if tokens.ndim != 2 or tokens.shape[0] != state.batch_size:
+            raise ValueError(f"tokens must have shape [{state.batch_size}, W], got {tuple(tokens.shape)}")
+        rows = torch.cat([tokens, tokens]) if state.cfg else tokens  # both halves see the same image tokens
+        logits = self.transformer.forward_window(self.transformer.tok_embeddings(rows), state.cache)
+        return self._split(logits, state)
+
+    def rollback(self, state: LlamaGenState, keep: torch.Tensor) -> None:
+        lengths = keep + self.transformer.config.cls_token_num
+        state.cache.rollback(torch.cat([lengths, lengths]) if state.cfg else lengths)
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.vqvae.decode(tokens, self.grid)
+
+    @staticmethod
+    def _split(logits: torch.Tensor, state: LlamaGenState) -> ImageLogits:
+        if not state.cfg:
+            return ImageLogits(logits)
+        return ImageLogits(logits[: state.batch_size], logits[state.batch_size :])

@@ -1,0 +1,280 @@
+"""LlamaGen's VQ image tokenizer (Sun et al., "Autoregressive Model Beats Diffusion", arXiv 2406.06525, §2.2) as a
+diffusers `ModelMixin, ConfigMixin`.
+
+Architecture as in LlamaGen's `tokenizer/tokenizer_image/vq_model.py` (itself from taming-transformers / MaskGIT): a conv
+encoder (ResNet blocks, attention at the lowest resolution and in the middle, GroupNorm(32), swish), a 1x1 projection
+to a low-dimensional code space (8 dims) with an l2-normalised codebook (nearest code by cosine), a 1x1 projection back
+and a mirrored conv decoder. Module and parameter names follow the official checkpoints (`encoder.conv_blocks.0.res.0
+.norm1.weight`, `quantize.embedding.weight`, ...), so `from_llamagen_checkpoint` loads `vq_ds16_c2i.pt` /
+`vq_ds16_t2i.pt` with no key renaming.
+
+Shapes: images [B, 3, H, W] in [-1, 1]; latents [B, C, h, w] with h = H / 2**(len(ch_mult) - 1); token ids [B, h*w]
+in raster order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from torch import nn
+
+from mmspec.models.llamagen.checkpoint import load_official_state_dict
+
+
+def _norm(channels: int) -> nn.GroupNorm:
+    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+
+
+class ResnetBlock(nn.Module):
+    def __init__(self, in_channels: int, out_channels: int):
+        super().__init__()
+        self.norm1 = _norm(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.norm2 = _norm(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        if in_channels != out_channels:
+            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        shortcut = self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x
+        return shortcut + h
+
+
+class AttnBlock(nn.Module):
+    """Single-head self-attention over the h*w positions of a feature map."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.norm = _norm(channels)
+        self.q = nn.Conv2d(channels, channels, 1)
+        self.k = nn.Conv2d(channels, channels, 1)
+        self.v = nn.Conv2d(channels, channels, 1)
+        self.proj_out = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, h, w = x.shape
+        y = self.norm(x)
+        q, k, v = (proj(y).flatten(2).transpose(1, 2) for proj in (self.q, self.k, self.v))  # [B, h*w, C]
+        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+        return x + self.proj_out(out.transpose(1, 2).reshape(B, C, h, w))
+
+
+class Downsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1)))  # asymmetric padding, as in the official model
+
+
+class Upsample(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class _Level(nn.Module):
+    """One resolution level: `res` blocks, `attn` blocks (lowest resolution only) and an optional resampler."""
+
+    def __init__(self, res: list[nn.Module], attn: list[nn.Module], resample: tuple[str, nn.Module] | None):
+        super().__init__()
+        self.res = nn.ModuleList(res)
+        self.attn = nn.ModuleList(attn)
+        if resample is not None:
+            self.add_module(*resample)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for i, block in enumerate(self.res):
+            h = block(h)
+            if len(self.attn) > 0:
+                h = self.attn[i](h)
+        for name in ("downsample", "upsample"):
+            if hasattr(self, name):
+                h = getattr(self, name)(h)
+        return h
+
+
+def _mid(channels: int) -> nn.ModuleList:
+    return nn.ModuleList([ResnetBlock(channels, channels), AttnBlock(channels), ResnetBlock(channels, channels)])
+
+
+class Encoder(nn.Module):
+    def __init__(self, ch: int, ch_mult: tuple[int, ...], num_res_blocks: int, z_channels: int):
+        super().__init__()
+        self.conv_in = nn.Conv2d(3, ch, 3, padding=1)
+        levels, block_in = [], ch
+        for i, mult in enumerate(ch_mult):
+            last = i == len(ch_mult) - 1
+            res = []
+            for _ in range(num_res_blocks):
+                res.append(ResnetBlock(block_in, ch * mult))
+                block_in = ch * mult
+            attn = [AttnBlock(block_in) for _ in range(num_res_blocks)] if last else []
+            levels.append(_Level(res, attn, None if last else ("downsample", Downsample(block_in))))
+        self.conv_blocks = nn.ModuleList(levels)
+        self.mid = _mid(block_in)
+        self.norm_out = _norm(block_in)
+        self.conv_out = nn.Conv2d(block_in, z_channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(x)
+        for block in (*self.conv_blocks, *self.mid):
+            h = block(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class Decoder(nn.Module):
+    def __init__(self, ch: int, ch_mult: tuple[int, ...], num_res_blocks: int, z_channels: int):
+        super().__init__()
+        block_in = ch * ch_mult[-1]
+        self.conv_in = nn.Conv2d(z_channels, block_in, 3, padding=1)
+        self.mid = _mid(block_in)
+        levels = []
+        for i in reversed(range(len(ch_mult))):
+            res = []
+            for _ in range(num_res_blocks + 1):
+                res.append(ResnetBlock(block_in, ch * ch_mult[i]))
+                block_in = ch * ch_mult[i]
+            attn = [AttnBlock(block_in) for _ in range(num_res_blocks + 1)] if i == len(ch_mult) - 1 else []
+            levels.append(_Level(res, attn, ("upsample", Upsample(block_in)) if i != 0 else None))
+        self.conv_blocks = nn.ModuleList(levels)
+        self.norm_out = _norm(block_in)
+        self.conv_out = nn.Conv2d(block_in, 3, 3, padding=1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        h = self.conv_in(z)
+        for block in (*self.mid, *self.conv_blocks):
+            h = block(h)
+        return self.conv_out(F.silu(self.norm_out(h)))
+
+
+class VectorQuantizer(nn.Module):
+    """Nearest-code quantiser with an l2-normalised codebook (cosine similarity in the 8-dim code space)."""
+
+    def __init__(self, codebook_size: int, embed_dim: int, l2_norm: bool):
+        super().__init__()
+        self.l2_norm = l2_norm
+        self.embedding = nn.Embedding(codebook_size, embed_dim)
+        nn.init.uniform_(self.embedding.weight, -1.0 / codebook_size, 1.0 / codebook_size)
+
+    def codebook(self) -> torch.Tensor:
+        """[K, C] code vectors (normalised when l2_norm)."""
+        weight = self.embedding.weight
+        return F.normalize(weight, dim=-1) if self.l2_norm else weight
+
+    def nearest(self, z: torch.Tensor) -> torch.Tensor:
+        """z: [N, C] -> [N] index of the nearest code."""
+        codebook = self.codebook()
+        if self.l2_norm:
+            z = F.normalize(z, dim=-1)
+        distance = z.pow(2).sum(-1, keepdim=True) - 2 * z @ codebook.T + codebook.pow(2).sum(-1)
+        return distance.argmin(-1)
+
+
+class LlamaGenVQModel(ModelMixin, ConfigMixin):
+    """LlamaGen VQ tokenizer: `encode(images) -> ids`, `decode(ids) -> images`.
+
+    The defaults are the official `VQ-16` (ds16, 16384 codes of dim 8); the embedded model uses a 4x-downsampling
+    variant so that 64x64 images become 16x16 = 256 tokens.
+    """
+
+    @register_to_config
+    def __init__(
+        self,
+        codebook_size: int = 16384,
+        codebook_embed_dim: int = 8,
+        codebook_l2_norm: bool = True,
+        ch: int = 128,
+        ch_mult: tuple[int, ...] = (1, 1, 2, 2, 4),
+        num_res_blocks: int = 2,
+        z_channels: int = 256,
+        commit_loss_beta: float = 0.25,
+    ):
+        super().__init__()
+        ch_mult = tuple(ch_mult)
+        if ch % 32 or any((ch * m) % 32 for m in ch_mult):
+            raise ValueError(f"ch * ch_mult must be multiples of 32 (GroupNorm(32)), got ch={ch}, ch_mult={ch_mult}")
+        self.encoder = Encoder(ch, ch_mult, num_res_blocks, z_channels)
+        self.decoder = Decoder(ch, ch_mult, num_res_blocks, z_channels)
+        self.quantize = VectorQuantizer(codebook_size, codebook_embed_dim, codebook_l2_norm)
+        self.quant_conv = nn.Conv2d(z_channels, codebook_embed_dim, 1)
+        self.post_quant_conv = nn.Conv2d(codebook_embed_dim, z_channels, 1)
+
+    @property
+    def downsample_factor(self) -> int:
+        return 2 ** (len(self.config.ch_mult) - 1)
+
+    def encode_latents(self, images: torch.Tensor) -> torch.Tensor:
+        """images: [B, 3, H, W] in [-1, 1] -> continuous code-space latents [B, C, h, w] (before quantisation)."""
+        return self.quant_conv(self.encoder(images))
+
+    def quantize_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """latents: [B, C, h, w] -> token ids [B, h*w] (raster order)."""
+        B, C, h, w = latents.shape
+        return self.quantize.nearest(latents.permute(0, 2, 3, 1).reshape(-1, C)).view(B, h * w)
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """images: [B, 3, H, W] in [-1, 1] -> token ids [B, h*w]."""
+        return self.quantize_latents(self.encode_latents(images))
+
+    def codes_to_latents(self, ids: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """ids: [B, h*w] -> code vectors [B, C, h, w]."""
+        h, w = grid
+        if ids.ndim != 2 or ids.shape[1] != h * w:
+            raise ValueError(f"ids must have shape [B, {h * w}] for a {h}x{w} grid, got {tuple(ids.shape)}")
+        if ids.numel() and (ids.min() < 0 or ids.max() >= self.config.codebook_size):
+            raise ValueError(f"ids must be in [0, {self.config.codebook_size}), got [{ids.min()}, {ids.max()}]")
+        codes = self.quantize.codebook()[ids]  # [B, h*w, C]
+        return codes.view(ids.shape[0], h, w, -1).permute(0, 3, 1, 2)
+
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """latents: [B, C, h, w] -> images [B, 3, H, W], roughly in [-1, 1] (not clamped)."""
+        return self.decoder(self.post_quant_conv(latents))
+
+    def decode(self, ids: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """ids: [B, h*w] token ids -> images [B, 3, H, W], roughly in [-1, 1] (not clamped)."""
+        return self.decode_latents(self.codes_to_latents(ids, grid))
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Training pass: (reconstruction [B, 3, H, W], VQ + commitment loss, ids [B, h*w]).
+
+        Straight-through estimator as in the official model: codes get the codebook loss, the encoder the commitment
+        loss, and the decoder's gradient passes through the quantiser unchanged.
+        """
+        latents = self.encode_latents(images)
+        B, C, h, w = latents.shape
+        ids = self.quantize_latents(latents.detach())
+        z = latents.permute(0, 2, 3, 1)  # [B, h, w, C]
+        if self.config.codebook_l2_norm:
+            z = F.normalize(z, dim=-1)
+        z_q = self.quantize.codebook()[ids].view(B, h, w, C)
+        vq_loss = (z_q - z.detach()).pow(2).mean() + self.config.commit_loss_beta * (z_q.detach() - z).pow(2).mean()
+        z_q = z + (z_q - z).detach()
+        return self.decode_latents(z_q.permute(0, 3, 1, 2)), vq_loss, ids
+
+    @classmethod
+    def from_llamagen_checkpoint(cls, path: str | Path, **config) -> LlamaGenVQModel:
+        """Load an official LlamaGen VQ `.pt` file (`vq_ds16_c2i.pt`, `vq_ds16_t2i.pt`, `vq_ds8_c2i.pt`).
+
+        The codebook size and dimension are read from the weights; `config` overrides the rest (default: the official
+        VQ-16 layout; pass `ch_mult=(1, 2, 2, 4)` for the ds8 tokenizer).
+        """
+        state = load_official_state_dict(path)
+        state.pop("quantize.codebook_used", None)  # training-time usage statistics, not a weight
+        if "quantize.embedding.weight" not in state:
+            raise ValueError(f"{path} has no 'quantize.embedding.weight': not a LlamaGen VQ checkpoint")
+        codebook_size, embed_dim = state["quantize.embedding.weight"].shape
+        model = cls(codebook_size=codebook_size, codebook_embed_dim=embed_dim, **config)
+        model.load_state_dict(state, strict=True)
+        return model.eval()

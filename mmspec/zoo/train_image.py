@@ -1,0 +1,274 @@
+"""Train the embedded text-to-image model (LlamaGen VQ tokenizer + LlamaGen GPT + a small T5 text encoder) on the
+synthetic captioned scenes of `mmspec.zoo.shapes`, offline, on CPU.
+
+    python -m mmspec.zoo.train_image                      # all stages, default budget, writes mmspec/zoo/shapes
+    python -m mmspec.zoo.train_image --only vq            # one stage; re-running resumes from its checkpoint
+
+Stages: (1) render the scene pools once (cached in the work dir), (2) `vq`: train the VQ tokenizer (MSE + codebook /
+commitment loss, dead codes re-seeded from the batch), (3) `tokenize`: encode every scene to 16x16 code ids,
+(4) `ar`: train the text encoder and the GPT jointly on (caption, ids) with 10% caption dropout for classifier-free
+guidance, (5) save the pipeline (fp16 safetensors) with `training_metrics.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mmspec.models.llamagen.gpt import LlamaGenTransformer
+from mmspec.models.llamagen.vq import LlamaGenVQModel
+from mmspec.zoo import ZOO_DIR
+from mmspec.zoo.shapes import CAPTION_WORDS, scenes
+from mmspec.zoo.training import train_loop
+
+logger = logging.getLogger(__name__)
+
+IMAGE_SIZE = 64
+VQ_CONFIG = {"codebook_size": 1024, "codebook_embed_dim": 8, "ch": 32, "ch_mult": (1, 1, 2), "num_res_blocks": 1, "z_channels": 64}
+TEXT_CONTEXT = 16  # caption tokens (words); the longest caption has 14
+TEXT_ENCODER_CONFIG = {"d_model": 128, "d_kv": 32, "d_ff": 256, "num_layers": 2, "num_heads": 4,
+                       "relative_attention_num_buckets": 16, "relative_attention_max_distance": 32, "dropout_rate": 0.0}
+TRANSFORMER_CONFIG = {"vocab_size": 1024, "dim": 256, "n_layer": 6, "n_head": 8, "model_type": "t2i",
+                      "caption_dim": 128, "cls_token_num": TEXT_CONTEXT, "grid_size": 16, "class_dropout_prob": 0.1,
+                      "token_dropout_p": 0.0, "resid_dropout_p": 0.0, "ffn_dropout_p": 0.0}
+STAGE_SEEDS = {"vq": 10, "ar": 20}
+
+
+def load_pool(work: Path, split: str, n: int) -> tuple[torch.Tensor, list[str]]:
+    """Scenes 0..n-1 of `split` as (uint8 images [n, 64, 64, 3], captions), rendered once and cached."""
+    images_path, captions_path = work / f"{split}-{n}.npy", work / f"{split}-{n}.json"
+    if not images_path.exists():
+        images, captions = scenes(0, n, split, IMAGE_SIZE)
+        np.save(images_path, images)
+        captions_path.write_text(json.dumps(captions))
+    return torch.from_numpy(np.load(images_path)), json.loads(captions_path.read_text())
+
+
+def to_model_range(images: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, H, W, 3] -> float [N, 3, H, W] in [-1, 1]."""
+    return images.permute(0, 3, 1, 2).float() / 127.5 - 1
+
+
+class CodebookReviver:
+    """Re-seeds codes unused for `every` steps with random encoder outputs of the latest batch (the dead-code restart
+    of Jukebox / SoundStream), so that the small codebook is fully used. A training-time device only."""
+
+    def __init__(self, model: LlamaGenVQModel, every: int = 50):
+        self.model, self.every = model, every
+        self.used = torch.zeros(model.config.codebook_size, dtype=torch.bool)
+        self.latest: torch.Tensor | None = None  # [N, C] code-space vectors of the latest batch
+
+    def observe(self, latents: torch.Tensor, ids: torch.Tensor) -> None:
+        self.used[ids.flatten()] = True
+        self.latest = latents.detach().permute(0, 2, 3, 1).reshape(-1, latents.shape[1])
+
+    def __call__(self, step: int) -> None:
+        if (step + 1) % self.every:
+            return
+        dead = (~self.used).nonzero().squeeze(-1)
+        if len(dead) and self.latest is not None:
+            pick = torch.randint(0, len(self.latest), (len(dead),))
+            with torch.no_grad():
+                self.model.quantize.embedding.weight[dead] = F.normalize(self.latest[pick], dim=-1)
+        self.used.zero_()
+
+
+@torch.no_grad()
+def reconstruction_metrics(vq: LlamaGenVQModel, images: torch.Tensor) -> dict:
+    """Held-out PSNR (dB, on [0, 255] after clamping) and codebook usage."""
+    vq.eval()
+    mse, used = [], torch.zeros(vq.config.codebook_size, dtype=torch.bool)
+    grid = (IMAGE_SIZE // vq.downsample_factor,) * 2
+    for chunk in images.split(64):
+        x = to_model_range(chunk)
+        ids = vq.encode(x)
+        used[ids.flatten()] = True
+        recon = ((vq.decode(ids, grid).clamp(-1, 1) + 1) * 127.5).round()
+        mse.append((recon - chunk.permute(0, 3, 1, 2).float()).pow(2).flatten(1).mean(1))
+    mse = torch.cat(mse)
+    psnr = 10 * torch.log10(255.0**2 / mse.clamp_min(1e-10))
+    return {"held_out_psnr_db": round(psnr.mean().item(), 2), "codebook_usage": round(used.float().mean().item(), 4)}
+
+
+def train_vq(work: Path, pool: torch.Tensor, held_out: torch.Tensor, args) -> LlamaGenVQModel:
+    torch.manual_seed(args.seed)
+    vq = LlamaGenVQModel(**VQ_CONFIG)
+    reviver = CodebookReviver(vq)
+
+    def batch_fn(generator):
+        return to_model_range(pool[torch.randint(0, len(pool), (args.vq_batch_size,), generator=generator)])
+
+    def loss_fn(model, x):
+        recon, vq_loss, ids = model(x)
+        reviver.observe(model.encode_latents(x[:8]), ids[:8])
+        mse = F.mse_loss(recon, x)
+        return mse + vq_loss, mse
+
+    seconds = train_loop("vq", vq, steps=args.vq_steps, lr=args.vq_lr, loss_fn=loss_fn, batch_fn=batch_fn,
+                         work_dir=work, seed=args.seed + STAGE_SEEDS["vq"], ckpt_every=args.ckpt_every,
+                         weight_decay=0.0, after_step=reviver)
+    metrics = reconstruction_metrics(vq, held_out)
+    metrics.update(parameters=sum(p.numel() for p in vq.parameters()), steps=args.vq_steps,
+                   batch_size=args.vq_batch_size, train_cpu_seconds=round(seconds, 1))
+    logger.info("vq: %s", metrics)
+    vq.save_pretrained(work / "vqvae")
+    (work / "vqvae" / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return vq
+
+
+@torch.no_grad()
+def tokenize(vq: LlamaGenVQModel, images: torch.Tensor) -> torch.Tensor:
+    """uint8 images [N, 64, 64, 3] -> int16 code ids [N, 256]."""
+    vq.eval()
+    return torch.cat([vq.encode(to_model_range(chunk)) for chunk in images.split(256)]).to(torch.int16)
+
+
+def build_tokenizer():
+    """Word-level tokenizer over the caption grammar's words (+ [PAD], [UNK]); pads on the left, as LlamaGen lays out
+    its text states."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {word: i for i, word in enumerate(["[PAD]", "[UNK]", *CAPTION_WORDS])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", padding_side="left",
+                                   model_max_length=TEXT_CONTEXT)
+
+
+class TextToImageModel(torch.nn.Module):
+    """Training wrapper: text encoder and GPT optimised jointly (LlamaGen freezes its T5; ours is trained from scratch
+    on the captions)."""
+
+    def __init__(self, text_encoder, transformer: LlamaGenTransformer):
+        super().__init__()
+        self.text_encoder, self.transformer = text_encoder, transformer
+
+    def forward(self, input_ids, attention_mask, tokens, drop=None):
+        states = self.text_encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.transformer(tokens, states, attention_mask.bool(), drop)
+
+
+def encode_captions(tokenizer, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    encoded = tokenizer(captions, padding="max_length", max_length=TEXT_CONTEXT, return_tensors="pt")
+    if (encoded.input_ids == tokenizer.unk_token_id).any():
+        raise ValueError("a caption has a word outside CAPTION_WORDS")
+    return encoded.input_ids, encoded.attention_mask
+
+
+@torch.no_grad()
+def held_out_loss(model: TextToImageModel, text: tuple, ids: torch.Tensor) -> float:
+    model.eval()
+    total = 0.0
+    for start in range(0, len(ids), 64):
+        chunk = slice(start, start + 64)
+        logits = model(text[0][chunk], text[1][chunk], ids[chunk])
+        total += F.cross_entropy(logits.flatten(0, 1), ids[chunk].flatten(), reduction="sum").item()
+    return total / ids.numel()
+
+
+def train_ar(work: Path, captions: dict, args) -> None:
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(args.seed)
+    tokenizer = build_tokenizer()
+    text_encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                           **TEXT_ENCODER_CONFIG))
+    model = TextToImageModel(text_encoder, LlamaGenTransformer(**TRANSFORMER_CONFIG))
+    ids = {split: torch.from_numpy(np.load(work / f"{split}-ids.npy")).long() for split in ("train", "heldout")}
+    text = {split: encode_captions(tokenizer, captions[split]) for split in ("train", "heldout")}
+    drop_prob = model.transformer.config.class_dropout_prob
+
+    def batch_fn(generator):
+        rows = torch.randint(0, len(ids["train"]), (args.ar_batch_size,), generator=generator)
+        drop = torch.rand(args.ar_batch_size, generator=generator) < drop_prob
+        return text["train"][0][rows], text["train"][1][rows], ids["train"][rows], drop
+
+    def loss_fn(model, batch):
+        input_ids, mask, tokens, drop = batch
+        loss = F.cross_entropy(model(input_ids, mask, tokens, drop).flatten(0, 1), tokens.flatten())
+        return loss, loss
+
+    seconds = train_loop("ar", model, steps=args.ar_steps, lr=args.ar_lr, loss_fn=loss_fn, batch_fn=batch_fn,
+                         work_dir=work, seed=args.seed + STAGE_SEEDS["ar"], ckpt_every=args.ckpt_every)
+    loss = held_out_loss(model, text["heldout"], ids["heldout"])
+    metrics = {
+        "held_out_loss": round(loss, 4),
+        "held_out_ppl": round(math.exp(loss), 2),
+        "transformer_parameters": sum(p.numel() for p in model.transformer.parameters()),
+        "text_encoder_parameters": sum(p.numel() for p in model.text_encoder.parameters()),
+        "steps": args.ar_steps,
+        "batch_size": args.ar_batch_size,
+        "image_tokens_seen": args.ar_steps * args.ar_batch_size * model.transformer.num_image_tokens,
+        "train_cpu_seconds": round(seconds, 1),
+    }
+    logger.info("ar: %s", metrics)
+    save_pipeline(Path(args.out_dir), work, model, tokenizer, metrics)
+
+
+def save_pipeline(out: Path, work: Path, model: TextToImageModel, tokenizer, metrics: dict) -> None:
+    """Write the `LlamaGenPipeline.from_pretrained` layout with fp16 weights. `model_index.json` is written here
+    because the engine does not import `pipelines` (DESIGN.md §1)."""
+    import diffusers
+
+    out.mkdir(parents=True, exist_ok=True)
+    vq = LlamaGenVQModel.from_pretrained(work / "vqvae")
+    vq.to(torch.float16).save_pretrained(out / "vqvae")
+    model.transformer.to(torch.float16).save_pretrained(out / "transformer")
+    model.text_encoder.to(torch.float16).save_pretrained(out / "text_encoder")
+    tokenizer.save_pretrained(out / "tokenizer")
+    index = {
+        "_class_name": "LlamaGenPipeline",
+        "_diffusers_version": diffusers.__version__,
+        "text_encoder": ["transformers", type(model.text_encoder).__name__],
+        "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+        "transformer": [type(model.transformer).__module__, type(model.transformer).__name__],
+        "vqvae": [type(vq).__module__, type(vq).__name__],
+    }
+    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    vq_metrics = json.loads((work / "vqvae" / "training_metrics.json").read_text())
+    (out / "training_metrics.json").write_text(json.dumps({"vqvae": vq_metrics, "ar": metrics}, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "mmspec" / "train_image"))
+    parser.add_argument("--out-dir", default=str(ZOO_DIR / "shapes"))
+    parser.add_argument("--only", choices=["vq", "tokenize", "ar"], default=None)
+    parser.add_argument("--train-scenes", type=int, default=30000)
+    parser.add_argument("--held-out-scenes", type=int, default=1024)
+    parser.add_argument("--vq-steps", type=int, default=1800)
+    parser.add_argument("--vq-batch-size", type=int, default=32)
+    parser.add_argument("--vq-lr", type=float, default=1e-3)
+    parser.add_argument("--ar-steps", type=int, default=1600)
+    parser.add_argument("--ar-batch-size", type=int, default=32)
+    parser.add_argument("--ar-lr", type=float, default=1.5e-3)
+    parser.add_argument("--ckpt-every", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    pool, train_captions = load_pool(work, "train", args.train_scenes)
+    held_out, held_out_captions = load_pool(work, "heldout", args.held_out_scenes)
+    if args.only in (None, "vq"):
+        train_vq(work, pool, held_out, args)
+    if args.only in (None, "tokenize"):
+        vq = LlamaGenVQModel.from_pretrained(work / "vqvae")
+        for split, images in (("train", pool), ("heldout", held_out)):
+            np.save(work / f"{split}-ids.npy", tokenize(vq, images).numpy())
+            logger.info("tokenized %s: %d scenes", split, len(images))
+    if args.only in (None, "ar"):
+        train_ar(work, {"train": train_captions, "heldout": held_out_captions}, args)
+
+
+if __name__ == "__main__":
+    main()

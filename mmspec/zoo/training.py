@@ -1,0 +1,84 @@
+"""The resumable training loop shared by the zoo's training scripts (text and image models)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+
+def cosine_lr(lr: float, steps: int, warmup: int) -> Callable[[int], float]:
+    """Linear warm-up over `warmup` steps, then cosine decay to 10% of `lr` at `steps`."""
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    return lr_at
+
+
+def train_loop(
+    name: str,
+    model: torch.nn.Module,
+    *,
+    steps: int,
+    lr: float,
+    loss_fn: Callable[[torch.nn.Module, object], tuple[torch.Tensor, torch.Tensor]],
+    batch_fn: Callable[[torch.Generator], object],
+    work_dir: str | Path,
+    seed: int,
+    ckpt_every: int = 100,
+    weight_decay: float = 0.1,
+    after_step: Callable[[int], None] | None = None,
+) -> float:
+    """Train `model` for `steps` AdamW steps (warm-up, cosine to 10%, grad-norm clip 1), resuming from
+    `<work_dir>/ckpt-<name>.pt`, which is rewritten every `ckpt_every` steps with the model, optimiser, data RNG and
+    elapsed time.
+
+    batch_fn(generator) -> batch draws the next batch from the loop's data generator (seeded by `seed`, restored on
+    resume); loss_fn(model, batch) -> (loss to optimise, loss to display); after_step(step) runs after each update.
+    Returns the seconds spent training in total, across resumptions.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    lr_at = cosine_lr(lr, steps, warmup=min(100, steps // 10))
+    generator = torch.Generator().manual_seed(seed)
+    ckpt_path = Path(work_dir) / f"ckpt-{name}.pt"
+    start, elapsed = 0, 0.0
+    if ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        generator.set_state(ckpt["generator"])
+        start, elapsed = ckpt["step"], ckpt["elapsed_s"]
+        logger.info("resuming %s from step %d", name, start)
+
+    model.train()
+    t0 = time.perf_counter()
+    bar = tqdm(range(start, steps), desc=f"train {name}", initial=start, total=steps)
+    for step in bar:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        total, shown = loss_fn(model, batch_fn(generator))
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if after_step is not None:
+            after_step(step)
+        bar.set_postfix(loss=f"{shown.item():.4f}")
+        done = step + 1
+        if done % ckpt_every == 0 or done == steps:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                     "step": done, "elapsed_s": elapsed + time.perf_counter() - t0}
+            torch.save(state, ckpt_path)
+    model.eval()
+    return elapsed + time.perf_counter() - t0

@@ -1,0 +1,246 @@
+"""Text-to-image generation with a LlamaGen-architecture AR model: text encoder -> GPT over VQ tokens -> VQ decoder.
+
+Structure and call conventions follow diffusers' pipelines (`GlmImagePipeline`, `AmusedPipeline`); decoding runs in
+`mmspec.image` and is chosen per call with `decoding=` ("ar" = plain sampling with a KV cache).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+from diffusers.image_processor import VaeImageProcessor
+from diffusers.utils import replace_example_docstring
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.rng import Generators, check_generators
+from mmspec.core.stats import SpecStats
+from mmspec.image.decoding import PAD_ID, ImageDecoding, get_decoding
+from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
+from mmspec.models.llamagen.gpt import LlamaGenTransformer
+from mmspec.models.llamagen.vq import LlamaGenVQModel
+from pipelines.llamagen.pipeline_output import ARImagePipelineOutput
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+EXAMPLE_DOC_STRING = """
+    Examples:
+        ```py
+        >>> import torch
+        >>> from mmspec.zoo import zoo_path
+        >>> from pipelines.llamagen import LlamaGenPipeline
+
+        >>> pipe = LlamaGenPipeline.from_pretrained(zoo_path("shapes"))
+        >>> out = pipe("two small red triangles above a blue circle on a striped background",
+        ...            generator=torch.Generator().manual_seed(0))
+        >>> out.images[0].save("shapes.png")
+        >>> print(out.stats.table())
+        ```
+"""
+
+
+class LlamaGenPipeline(DiffusionPipeline):
+    r"""Text-to-image AR generation: prompt -> text states -> image tokens (GPT, classifier-free guidance) -> pixels.
+
+    Components:
+        transformer ([`LlamaGenTransformer`]): the t2i GPT over VQ codes.
+        vqvae ([`LlamaGenVQModel`]): the VQ tokenizer whose decoder turns codes into pixels.
+        tokenizer ([`PreTrainedTokenizerBase`]): the text encoder's tokenizer.
+        text_encoder ([`PreTrainedModel`]): an encoder whose `last_hidden_state` [B, T, caption_dim] conditions the
+            GPT (the embedded model uses a small T5 encoder; LlamaGen's FLAN-T5-XL plugs in the same way).
+    """
+
+    model_cpu_offload_seq = "text_encoder->transformer->vqvae"
+    _callback_tensor_inputs = ["tokens", "n_committed"]
+
+    transformer: LlamaGenTransformer
+    vqvae: LlamaGenVQModel
+    tokenizer: PreTrainedTokenizerBase
+    text_encoder: PreTrainedModel
+
+    def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, tokenizer: PreTrainedTokenizerBase,
+                 text_encoder: PreTrainedModel):
+        super().__init__()
+        if transformer.config.model_type != "t2i":
+            raise ValueError(f"LlamaGenPipeline needs a t2i transformer, got model_type={transformer.config.model_type!r}")
+        self.register_modules(transformer=transformer, vqvae=vqvae, tokenizer=tokenizer, text_encoder=text_encoder)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=vqvae.downsample_factor, do_normalize=True)
+
+    @property
+    def guidance_scale(self) -> float:
+        return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        return self._guidance_scale != 1.0
+
+    @property
+    def num_timesteps(self) -> int:
+        return self.transformer.num_image_tokens
+
+    @property
+    def interrupt(self) -> bool:
+        return self._interrupt
+
+    @property
+    def text_context(self) -> int:
+        """Text tokens the transformer's condition prefix holds."""
+        return self.transformer.config.cls_token_num
+
+    def check_inputs(self, prompt, num_images_per_prompt, generator, output_type, callback_on_step_end_tensor_inputs):
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not all(isinstance(p, str) for p in prompt):
+            raise TypeError(f"prompt must be a str or a list of str, got {type(prompt).__name__}")
+        if not prompt:
+            raise ValueError("prompt is an empty list; pass at least one prompt")
+        if isinstance(num_images_per_prompt, bool) or not isinstance(num_images_per_prompt, int):
+            raise TypeError(f"num_images_per_prompt must be an int, got {type(num_images_per_prompt).__name__}")
+        if num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be >= 1, got {num_images_per_prompt}")
+        check_generators(generator, len(prompt) * num_images_per_prompt)
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
+        unknown = set(callback_on_step_end_tensor_inputs or ()) - set(self._callback_tensor_inputs)
+        if unknown:
+            raise ValueError(
+                f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not in {self._callback_tensor_inputs}"
+            )
+        return prompt
+
+    def encode_prompt(self, prompt: list[str], device: torch.device) -> LlamaGenCondition:
+        """Text states [B, T, caption_dim] left-padded to the transformer's T condition slots, with their mask."""
+        lengths = [len(ids) for ids in self.tokenizer(prompt)["input_ids"]]
+        for text, length in zip(prompt, lengths, strict=True):
+            if length > self.text_context:
+                raise ValueError(
+                    f"prompt {text!r} is {length} tokens long; the model's text context holds {self.text_context}"
+                )
+        encoded = self.tokenizer(prompt, padding="max_length", max_length=self.text_context, padding_side="left",
+                                 return_tensors="pt")
+        unk = self.tokenizer.unk_token_id
+        if unk is not None and (encoded.input_ids == unk).any():
+            logger.warning("some prompt words are not in the text encoder's vocabulary and were read as %s",
+                           self.tokenizer.unk_token)
+        input_ids, mask = encoded.input_ids.to(device), encoded.attention_mask.to(device)
+        states = self.text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        return LlamaGenCondition(states.to(self.transformer.dtype), mask.bool())
+
+    def _decode_partial(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Pixels [B, 3, H, W] in [-1, 1] of tokens [B, N] with PAD_ID where not generated (an interrupted run):
+        generated cells are decoded, the rest shown mid-grey."""
+        h, w = self.transformer.config.grid_size, self.transformer.config.grid_size
+        missing = tokens == PAD_ID
+        images = self.vqvae.decode(tokens.masked_fill(missing, 0), (h, w))
+        if missing.any():
+            scale = images.shape[-1] // w
+            cell_mask = missing.view(-1, 1, h, w).repeat_interleave(scale, 2).repeat_interleave(scale, 3)
+            images = images.masked_fill(cell_mask, 0.0)
+        return images
+
+    @torch.no_grad()
+    @replace_example_docstring(EXAMPLE_DOC_STRING)
+    def __call__(
+        self,
+        prompt: str | list[str],
+        num_images_per_prompt: int = 1,
+        guidance_scale: float = 3.0,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: Generators = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
+        decoding: str | ImageDecoding = "ar",
+    ) -> ARImagePipelineOutput | tuple:
+        r"""Generate images from text.
+
+        Args:
+            prompt (`str` or `list[str]`): what to draw; every prompt must fit the text context (`self.text_context`
+                tokens).
+            num_images_per_prompt (`int`, defaults to 1): images per prompt; the batch is prompts x this.
+            guidance_scale (`float`, defaults to 3.0): classifier-free guidance scale s >= 0, combined on logits as
+                `uncond + s * (cond - uncond)` before temperature / top-k / top-p; 1.0 turns guidance off (no
+                unconditional rows are run).
+            temperature (`float`, defaults to 1.0): softmax temperature; 0 = greedy.
+            top_k (`int`, defaults to 0): keep the k most likely codes; 0 = all.
+            top_p (`float`, defaults to 1.0): nucleus sampling mass; 1.0 = off.
+            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator for the batch, or one
+                per image (prompts x num_images_per_prompt), which makes each image depend on its own seed only.
+            output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (NHWC in [0, 1]), `"pt"` (NCHW in [0, 1]) or
+                `"latent"` (the image token ids [B, h*w]).
+            return_dict (`bool`, defaults to `True`): return an [`ARImagePipelineOutput`] instead of a tuple
+                `(images, stats)`.
+            callback_on_step_end (`Callable`, *optional*): called after every target forward as
+                `callback_on_step_end(pipe, step, n_generated, callback_kwargs)`; `callback_kwargs` holds the tensors
+                named in `callback_on_step_end_tensor_inputs` (`"tokens"`: [B, N] with -1 where not generated yet,
+                `"n_committed"`: [B]). They are read-only: committed tokens already sit in the KV cache. Set
+                `pipe._interrupt = True` to stop early; unfinished cells are then shown grey (or -1 in latents).
+            callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["tokens"]`.
+            decoding (`str` or decoding object, defaults to `"ar"`): how tokens are generated; see
+                `mmspec.image.DECODINGS`.
+
+        Examples:
+        """
+        # 1. Check inputs
+        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        tensor_inputs = callback_on_step_end_tensor_inputs or ["tokens"]
+        prompts = self.check_inputs(prompt, num_images_per_prompt, generator, output_type, tensor_inputs)
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        decoder = get_decoding(decoding)
+        self._guidance_scale, self._interrupt = guidance_scale, False
+        device = self._execution_device
+
+        # 2. Encode the prompts, one condition row per image
+        condition = self.encode_prompt(prompts, device)
+        condition = LlamaGenCondition(
+            condition.states.repeat_interleave(num_images_per_prompt, 0),
+            condition.mask.repeat_interleave(num_images_per_prompt, 0),
+        )
+
+        # 3. Decode image tokens
+        adapter = LlamaGenAdapter(self.transformer, self.vqvae)
+        stats = SpecStats()
+        tokens = None
+        with self.progress_bar(total=self.num_timesteps) as progress:
+            done = 0
+            for step in decoder(adapter, condition, sampling, generator, stats):
+                tokens = step.tokens
+                if callback_on_step_end is not None:
+                    self._run_callback(callback_on_step_end, step, tensor_inputs)
+                committed = int(step.n_committed.min())
+                progress.update(committed - done)
+                done = committed
+                if self._interrupt:
+                    break
+
+        # 4. Post-process
+        if output_type == "latent":
+            images = tokens
+        else:
+            images = self.image_processor.postprocess(self._decode_partial(tokens).float(), output_type=output_type)
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return images, stats
+        return ARImagePipelineOutput(images=images, stats=stats)
+
+    def _run_callback(self, callback, step, tensor_inputs: list[str]) -> None:
+        callback_kwargs = {name: getattr(step, name) for name in tensor_inputs}
+        returned = callback(self, step.step, int(step.n_committed.min()), dict(callback_kwargs)) or {}
+        replaced = [name for name, value in returned.items() if name in callback_kwargs and value is not callback_kwargs[name]]
+        if replaced:
+            raise ValueError(
+                f"callback_on_step_end returned new {replaced}: an AR pipeline's committed tokens are read-only "
+                "(they already sit in the KV cache)"
+            )
+
+
