@@ -1,6 +1,9 @@
 """The `mmspec` command.
 
     mmspec text "def fibonacci(n):" --method model|ngram|layerskip|ar [--max-new-tokens 64 --temperature 0 ...]
+    mmspec generate "a red circle above a blue square on a striped background" --out out.png [--n 4 --seed 0 ...]
+
+This is the top of the stack (like `apps/`): it may import `pipelines`; the engine below it does not.
 """
 
 from __future__ import annotations
@@ -64,8 +67,55 @@ def run_text(args) -> int:
     return 0
 
 
+def load_image_pipeline(name_or_path: str):
+    """The t2i pipeline from a zoo name ("shapes") or a saved pipeline folder, in float32."""
+    from pathlib import Path
+
+    import torch
+
+    from mmspec.zoo import zoo_path
+    from pipelines.llamagen import LlamaGenPipeline
+
+    path = Path(name_or_path)
+    if not path.exists():
+        path = zoo_path(name_or_path)
+    return LlamaGenPipeline.from_pretrained(path, dtype=torch.float32, low_cpu_mem_usage=False)
+
+
+def image_grid(images: list, columns: int):
+    """One PIL image with `images` (equal sizes) laid out `columns` wide."""
+    from PIL import Image
+
+    w, h = images[0].size
+    rows = -(-len(images) // columns)
+    grid = Image.new("RGB", (columns * w, rows * h), "white")
+    for i, image in enumerate(images):
+        grid.paste(image, ((i % columns) * w, (i // columns) * h))
+    return grid
+
+
+def run_generate(args) -> int:
+    import torch
+
+    pipe = load_image_pipeline(args.model)
+    generator = [torch.Generator().manual_seed(args.seed + i) for i in range(len(args.prompt) * args.n)]
+    start = time.perf_counter()
+    out = pipe(args.prompt, num_images_per_prompt=args.n, guidance_scale=args.guidance_scale,
+               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=generator,
+               decoding=args.decoding)
+    elapsed = time.perf_counter() - start
+    images = out.images
+    if args.upscale > 1:
+        images = [im.resize((im.width * args.upscale, im.height * args.upscale), 0) for im in images]  # 0 = nearest
+    image_grid(images, columns=args.n).save(args.out)
+    print(f"wrote {args.out}: {len(args.prompt)} prompt(s) x {args.n} image(s), one row per prompt")
+    print(f"decoding  {args.decoding}\n{out.stats.table()}")
+    print(f"latency (s)  {elapsed:.3f}\nseconds per image  {elapsed / len(out.images):.3f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
+    from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET
 
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for AR generation.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -85,9 +135,22 @@ def main(argv: list[str] | None = None) -> int:
     text.add_argument("--exit-layer", type=int, default=None, help="layer skip: draft with the first N target layers")
     text.add_argument("--max-ngram", type=int, default=3)
     text.add_argument("--seed", type=int, default=0)
+
+    image = commands.add_parser("generate", help="text-to-image generation (default: the embedded shapes model)")
+    image.add_argument("prompt", nargs="+", help="one or more prompts (decoded as one batch)")
+    image.add_argument("--out", default="out.png", help="PNG to write: one row per prompt, --n images per row")
+    image.add_argument("--n", type=int, default=1, help="images per prompt")
+    image.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
+    image.add_argument("--guidance-scale", type=float, default=3.0, help="classifier-free guidance; 1 = off")
+    image.add_argument("--temperature", type=float, default=1.0)
+    image.add_argument("--top-k", type=int, default=0)
+    image.add_argument("--top-p", type=float, default=1.0)
+    image.add_argument("--decoding", default="ar", help="decoding method (see mmspec.image.DECODINGS)")
+    image.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
+    image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
     args = parser.parse_args(argv)
     try:
-        return run_text(args)
+        return run_text(args) if args.command == "text" else run_generate(args)
     except (ValueError, TypeError) as error:
         parser.exit(2, f"mmspec: error: {error}\n")
 

@@ -42,3 +42,29 @@ def test_embedded_pair_greedy_equals_target_generate_for_every_drafter():
                                           temperature=0, **kwargs)
         assert torch.equal(out, expected), type(drafter).__name__
     assert stats.mean_accepted_length > 1
+
+
+def test_mmspec_generate_writes_a_png_and_prints_stats(tmp_path, capsys):
+    from PIL import Image
+
+    out = tmp_path / "out.png"
+    prompts = ["a large red circle on a plain background", "two small blue squares on a striped background"]
+    assert main(["generate", *prompts, "--out", str(out), "--n", "2", "--seed", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "target_forwards" in printed and "seconds per image" in printed
+    with Image.open(out) as image:
+        assert image.size == (2 * 64, 2 * 64)  # one row per prompt, --n columns
+
+
+def test_mmspec_generate_reports_a_prompt_outside_the_text_context(tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "a red circle " * 10, "--out", str(tmp_path / "x.png")])
+    assert exit_info.value.code == 2
+
+
+def test_embedded_image_pipeline_loads_with_one_call():
+    from pipelines.llamagen import LlamaGenPipeline
+
+    pipe = LlamaGenPipeline.from_pretrained(zoo_path("shapes"))
+    assert pipe.transformer.num_image_tokens == 256 and pipe.vqvae.config.codebook_size >= 1024
+    assert pipe.transformer.dtype == pipe.text_encoder.dtype == torch.float32

@@ -26,7 +26,8 @@ PAD_ID = -1  # not-yet-generated positions of DecodeStep.tokens
 class DecodeStep:
     """Progress after one target forward.
 
-    step: 0-based iteration index; tokens: [B, N] long, committed image tokens, PAD_ID where not generated yet;
+    step: 0-based iteration index; tokens: [B, N] long, a snapshot of the committed image tokens, PAD_ID where not
+    generated yet;
     n_committed: [B] long, committed tokens per row (tokens[b, :n_committed[b]] are final).
     """
 
@@ -77,7 +78,7 @@ class ARDecoding:
                 with timer("target"):
                     logits = model.forward(tokens[:, i : i + 1], state)
                 stats.target_forwards += 1
-            yield DecodeStep(i, tokens, torch.full((B,), i + 1, dtype=torch.long, device=device))
+            yield DecodeStep(i, tokens.clone(), torch.full((B,), i + 1, dtype=torch.long, device=device))
         stats.steps = torch.full((B,), N - 1, dtype=torch.long)
         stats.new_tokens = torch.full((B,), N, dtype=torch.long)
         stats.timings["total"] = time.perf_counter() - start

@@ -10,13 +10,16 @@ from pathlib import Path
 ZOO_DIR = Path(__file__).resolve().parent
 TEXT_TARGET = "pycode/target"
 TEXT_DRAFT = "pycode/draft"
+IMAGE_T2I = "shapes"  # LlamaGenPipeline layout (model_index.json + components)
 
 
 def zoo_path(name: str) -> Path:
     """Folder of the shipped zoo model `name` (e.g. "pycode/target"); raises if it is not installed."""
     path = ZOO_DIR / name
-    if not (path / "config.json").exists():
-        available = sorted(p.parent.relative_to(ZOO_DIR).as_posix() for p in ZOO_DIR.rglob("config.json"))
+    if not (path / "config.json").exists() and not (path / "model_index.json").exists():
+        pipelines = [p.parent for p in ZOO_DIR.glob("*/model_index.json")]
+        models = [p.parent for p in ZOO_DIR.glob("*/*/config.json") if p.parent.parent not in pipelines]
+        available = sorted(p.relative_to(ZOO_DIR).as_posix() for p in pipelines + models)
         raise ValueError(f"no zoo model named {name!r}; available: {available}")
     return path
 

@@ -86,6 +86,28 @@ class SceneSpec:
         return f"{text} on a {self.background} background"
 
 
+def parse_caption(caption: str) -> SceneSpec:
+    """The `SceneSpec` a caption of this grammar describes (inverse of `SceneSpec.caption`)."""
+    words = caption.split()
+    counts = {word: n for n, word in COUNTS.items()}
+    singular = {plural(s, n): s for s in SHAPES for n in (1, 2)}
+
+    def group(at: int) -> tuple[ObjectGroup, int]:
+        count, size, color, shape = words[at : at + 4]
+        if count not in counts or size not in SIZES or color not in COLORS or shape not in singular:
+            raise ValueError(f"caption {caption!r} does not follow the scene grammar at word {at}")
+        return ObjectGroup(counts[count], size, color, singular[shape]), at + 4
+
+    first, at = group(0)
+    second = relation = None
+    if words[at] != "on":
+        relation = " ".join(words[at : at + 2]) if words[at + 1] == "of" else words[at]
+        second, at = group(at + len(relation.split()))
+    if words[at : at + 2] != ["on", "a"] or words[at + 2] not in BACKGROUNDS or words[at + 3 :] != ["background"]:
+        raise ValueError(f"caption {caption!r} does not end with 'on a <background> background'")
+    return SceneSpec(first, words[at + 2], second, relation)
+
+
 def is_held_out(caption: str) -> bool:
     digest = hashlib.sha256(caption.encode()).digest()
     return int.from_bytes(digest[:4], "little") % HELD_OUT_FRACTION == 0

@@ -223,6 +223,10 @@ def save_pipeline(out: Path, work: Path, model: TextToImageModel, tokenizer, met
     vq.to(torch.float16).save_pretrained(out / "vqvae")
     model.transformer.to(torch.float16).save_pretrained(out / "transformer")
     model.text_encoder.to(torch.float16).save_pretrained(out / "text_encoder")
+    # transformers loads with dtype="auto" by default: record float32 so a plain from_pretrained computes in float32,
+    # as the diffusers components do (the file still holds fp16 weights).
+    config_path = out / "text_encoder" / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "dtype": "float32"}, indent=2) + "\n")
     tokenizer.save_pretrained(out / "tokenizer")
     index = {
         "_class_name": "LlamaGenPipeline",

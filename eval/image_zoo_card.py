@@ -1,0 +1,187 @@
+"""Measure the embedded text-to-image model for its model card: VQ reconstruction PSNR, AR latency per image, mean
+per-token entropy of the sampling law, held-out caption match, and a sample grid.
+
+    python -m eval.image_zoo_card                       # full run (~10 min on 2 CPU cores)
+    python -m eval.image_zoo_card --quick               # fewer captions and repeats
+
+Caption match: a small CNN probe is trained (a few minutes, seeded) on rendered *training* scenes to read four
+attributes back from pixels: background kind, and count, colour and shape of the first object group. It is then
+applied to real held-out scenes (its own accuracy, the ceiling) and to images generated for the same held-out
+captions; an attribute matches when the probe reads back what the caption says. Chance is 1/6, 1/3, 1/8, 1/5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmspec.cli import image_grid, load_image_pipeline
+from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.zoo import IMAGE_T2I
+from mmspec.zoo.shapes import BACKGROUNDS, COLORS, SHAPES, parse_caption, scenes
+
+RESULTS = Path(__file__).resolve().parent / "results"
+GRID_PATH = Path(__file__).resolve().parents[1] / "docs" / "images" / "shapes_samples.png"
+ATTRIBUTES = {
+    "background": (BACKGROUNDS, lambda spec: spec.background),
+    "count": ((1, 2, 3), lambda spec: spec.first.count),
+    "color": (tuple(COLORS), lambda spec: spec.first.color),
+    "shape": (SHAPES, lambda spec: spec.first.shape),
+}
+
+
+def labels_of(captions: list[str]) -> torch.Tensor:
+    """[N, 4] class indices of the probed attributes."""
+    rows = []
+    for caption in captions:
+        spec = parse_caption(caption)
+        rows.append([choices.index(read(spec)) for choices, read in ATTRIBUTES.values()])
+    return torch.tensor(rows)
+
+
+def to_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 [N, 64, 64, 3] -> float [N, 3, 64, 64] in [-1, 1]."""
+    return torch.as_tensor(np.asarray(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
+
+
+class CaptionProbe(nn.Module):
+    """A small CNN with one classification head per attribute."""
+
+    def __init__(self):
+        super().__init__()
+        layers, channels = [], 3
+        for width in (32, 64, 128, 128):
+            layers += [nn.Conv2d(channels, width, 3, stride=2, padding=1), nn.GroupNorm(8, width), nn.SiLU()]
+            channels = width
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.heads = nn.ModuleList(nn.Linear(channels, len(choices)) for choices, _ in ATTRIBUTES.values())
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        h = self.features(x)
+        return [head(h) for head in self.heads]
+
+
+def train_probe(n_scenes: int, steps: int, seed: int = 0) -> CaptionProbe:
+    torch.manual_seed(seed)
+    images, captions = scenes(0, n_scenes, "train")
+    x, y = to_input(images), labels_of(captions)
+    probe = CaptionProbe()
+    optimizer = torch.optim.AdamW(probe.parameters(), lr=2e-3)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        rows = torch.randint(0, len(x), (64,), generator=generator)
+        logits = probe(x[rows])
+        loss = sum(F.cross_entropy(out, y[rows, i]) for i, out in enumerate(logits))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return probe.eval()
+
+
+@torch.no_grad()
+def probe_accuracy(probe: CaptionProbe, images, captions: list[str]) -> dict[str, float]:
+    predictions = [out.argmax(-1) for out in probe(to_input(images))]
+    labels = labels_of(captions)
+    return {name: round((pred == labels[:, i]).float().mean().item(), 3) for i, (name, pred) in
+            enumerate(zip(ATTRIBUTES, predictions, strict=True))}
+
+
+@torch.no_grad()
+def vq_psnr(vqvae, images: np.ndarray) -> float:
+    x = to_input(images)
+    grid = (x.shape[-1] // vqvae.downsample_factor,) * 2
+    recon = ((vqvae.decode(vqvae.encode(x), grid).clamp(-1, 1) + 1) * 127.5).round()
+    mse = (recon - torch.as_tensor(images).permute(0, 3, 1, 2).float()).pow(2).flatten(1).mean(1)
+    return round((10 * torch.log10(255.0**2 / mse)).mean().item(), 2)
+
+
+@torch.no_grad()
+def mean_token_entropy(pipe, captions: list[str], tokens: torch.Tensor, guidance_scale: float) -> float:
+    """Mean entropy (nats) of the temperature-1 sampling law at each generated position (teacher-forced)."""
+    condition = pipe.encode_prompt(captions, torch.device("cpu"))
+    model = pipe.transformer
+    cond = model(tokens, condition.states, condition.mask)
+    uncond = None
+    if guidance_scale != 1.0:
+        uncond = model(tokens, model.unconditional(len(captions), tokens.device), None)
+    p = process_logits(cond, SamplingConfig(guidance_scale=guidance_scale), uncond)
+    return (-(p * p.clamp_min(1e-30).log()).sum(-1)).mean().item()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=IMAGE_T2I)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--guidance-scale", type=float, default=3.0)
+    parser.add_argument("--json", default=str(RESULTS / "image_zoo_card.json"))
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    n_captions, repeats = (16, 2) if args.quick else (64, 5)
+
+    pipe = load_image_pipeline(args.model)
+    pipe.set_progress_bar_config(disable=True)
+    held_images, held_captions = scenes(0, max(n_captions, 256), "heldout")
+    report = {"model": args.model, "guidance_scale": args.guidance_scale}
+    report["vq_held_out_psnr_db"] = vq_psnr(pipe.vqvae, held_images)
+
+    # latency: batch 1, default sampling, warm-up first
+    prompt = held_captions[0]
+    pipe(prompt, guidance_scale=args.guidance_scale, generator=torch.Generator().manual_seed(0))
+    times = []
+    for seed in range(repeats):
+        start = time.perf_counter()
+        pipe(prompt, guidance_scale=args.guidance_scale, generator=torch.Generator().manual_seed(seed))
+        times.append(time.perf_counter() - start)
+    report["ar_seconds_per_image_bs1"] = round(statistics.median(times), 3)
+
+    # generate for held-out captions (one image each), batches of 8
+    captions = held_captions[:n_captions]
+    generated, tokens = [], []
+    for start in range(0, n_captions, 8):
+        chunk = captions[start : start + 8]
+        gens = [torch.Generator().manual_seed(start + i) for i in range(len(chunk))]
+        out = pipe(chunk, guidance_scale=args.guidance_scale, generator=gens, output_type="latent")
+        tokens.append(out.images)
+        pixels = pipe.vqvae.decode(out.images, (pipe.transformer.config.grid_size,) * 2)
+        generated.append(((pixels.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy())
+    tokens, generated = torch.cat(tokens), np.concatenate(generated)
+    report["mean_token_entropy_nats"] = {
+        f"cfg_{args.guidance_scale:g}": round(mean_token_entropy(pipe, captions, tokens, args.guidance_scale), 3),
+        "cfg_off": round(mean_token_entropy(pipe, captions, tokens, 1.0), 3),
+    }
+
+    probe = train_probe(n_scenes=2000 if args.quick else 8000, steps=150 if args.quick else 800)
+    report["caption_match"] = {
+        "real_held_out_images": probe_accuracy(probe, held_images[:n_captions], captions),
+        "generated_for_held_out_captions": probe_accuracy(probe, generated, captions),
+        "chance": {name: round(1 / len(choices), 3) for name, (choices, _) in ATTRIBUTES.items()},
+    }
+
+    if not args.quick:  # sample grid: a real held-out scene, then 4 samples for its caption
+        from PIL import Image
+
+        rows = []
+        for i in range(6):
+            gens = [torch.Generator().manual_seed(100 + 4 * i + j) for j in range(4)]
+            samples = pipe(captions[i], num_images_per_prompt=4, guidance_scale=args.guidance_scale, generator=gens).images
+            rows += [Image.fromarray(held_images[i]), *samples]
+        GRID_PATH.parent.mkdir(parents=True, exist_ok=True)
+        grid = image_grid(rows, columns=5)
+        grid.resize((grid.width * 2, grid.height * 2), Image.NEAREST).save(GRID_PATH)
+        report["grid_captions"] = captions[:6]
+
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""LlamaGenPipeline: diffusers call conventions, reproducibility, save/load, CFG, callbacks and input errors."""
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+from mmspec.image.decoding import PAD_ID
+from pipelines.llamagen import ARImagePipelineOutput, LlamaGenPipeline
+from tests.image.test_decoding import recompute_sampling
+from tests.models.llamagen_tiny import tiny_pipeline
+
+PROMPTS = ["a red circle", "a blue square on the left"]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return tiny_pipeline()
+
+
+def seeded(*seeds):
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    return generators[0] if len(generators) == 1 else generators
+
+
+@pytest.mark.parametrize(
+    ("output_type", "check"),
+    [
+        ("pil", lambda im: isinstance(im, list) and len(im) == 4 and all(isinstance(i, PIL.Image.Image) and i.size == (8, 8) for i in im)),
+        ("np", lambda im: isinstance(im, np.ndarray) and im.shape == (4, 8, 8, 3) and 0 <= im.min() and im.max() <= 1),
+        ("pt", lambda im: isinstance(im, torch.Tensor) and im.shape == (4, 3, 8, 8) and 0 <= im.min() and im.max() <= 1),
+        ("latent", lambda im: im.dtype == torch.long and im.shape == (4, 16) and 0 <= im.min() and im.max() < 24),
+    ],
+)
+def test_output_types(pipe, output_type, check):
+    out = pipe(PROMPTS, num_images_per_prompt=2, generator=seeded(0), output_type=output_type)
+    assert isinstance(out, ARImagePipelineOutput) and check(out.images)
+    assert out.stats.target_forwards == 16 and int(out.stats.new_tokens.sum()) == 4 * 16
+
+
+def test_return_dict_false_gives_images_and_stats(pipe):
+    images, stats = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", return_dict=False)
+    assert torch.equal(images, pipe(PROMPTS[0], generator=seeded(0), output_type="latent").images)
+    assert stats.target_forwards == 16
+
+
+def test_seeded_reproducibility_and_seed_sensitivity(pipe):
+    a = pipe(PROMPTS, generator=seeded(5), output_type="latent").images
+    assert torch.equal(a, pipe(PROMPTS, generator=seeded(5), output_type="latent").images)
+    assert not torch.equal(a, pipe(PROMPTS, generator=seeded(6), output_type="latent").images)
+
+
+def test_list_of_generators_gives_per_image_seeds(pipe):
+    """Image b of a batch with generators [g_0, g_1, ...] equals a batch-1 call of its prompt with g_b alone."""
+    batch = pipe(PROMPTS, num_images_per_prompt=2, generator=seeded(1, 2, 3, 4), output_type="latent").images
+    for b, seed in enumerate([1, 2, 3, 4]):
+        single = pipe(PROMPTS[b // 2], generator=seeded(seed), output_type="latent").images
+        assert torch.equal(batch[b], single[0])
+
+
+def test_save_load_round_trip_gives_identical_images(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    loaded = LlamaGenPipeline.from_pretrained(tmp_path, torch_dtype=torch.float64)
+    loaded.set_progress_bar_config(disable=True)
+    a = pipe(PROMPTS, generator=seeded(3), output_type="pt").images
+    b = loaded(PROMPTS, generator=seeded(3), output_type="pt").images
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
+def test_pipeline_equals_sampling_from_the_recomputed_model(pipe, guidance_scale):
+    """guidance_scale = 1 is the conditional model alone; otherwise logits are CFG-combined before the warpers."""
+    from mmspec.core.probs import SamplingConfig
+
+    sampling = SamplingConfig(temperature=0.9, top_k=6, guidance_scale=guidance_scale)
+    condition = pipe.encode_prompt(PROMPTS, torch.device("cpu"))
+    with torch.no_grad():
+        expected = recompute_sampling(pipe.transformer, condition.states, condition.mask, sampling, seeded(7, 8))
+    got = pipe(PROMPTS, guidance_scale=guidance_scale, temperature=0.9, top_k=6, generator=seeded(7, 8),
+               output_type="latent").images
+    assert torch.equal(got, expected)
+
+
+def test_callback_sees_every_step_and_interrupt_stops_early(pipe):
+    seen = []
+
+    def callback(p, step, n_generated, kwargs):
+        seen.append((step, n_generated, kwargs["tokens"]))
+        if step == 4:
+            p._interrupt = True
+        return kwargs
+
+    out = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", callback_on_step_end=callback,
+               callback_on_step_end_tensor_inputs=["tokens", "n_committed"])
+    assert [s[:2] for s in seen] == [(i, i + 1) for i in range(5)]
+    assert (out.images[0, :5] != PAD_ID).all() and (out.images[0, 5:] == PAD_ID).all()
+    pil = pipe(PROMPTS[0], generator=seeded(0), output_type="np", callback_on_step_end=callback).images
+    assert np.allclose(pil[0, 4:, :, :], 0.5)  # the ungenerated lower rows of cells are shown mid-grey
+
+
+def test_callback_cannot_replace_committed_tokens(pipe):
+    def callback(p, step, n_generated, kwargs):
+        return {"tokens": torch.zeros_like(kwargs["tokens"])}
+
+    with pytest.raises(ValueError, match="read-only"):
+        pipe(PROMPTS[0], generator=seeded(0), callback_on_step_end=callback)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"prompt": []}, ValueError, "empty list"),
+        ({"prompt": 3}, TypeError, "prompt must be"),
+        ({"prompt": "a red circle " * 3}, ValueError, "text context holds 6"),
+        ({"guidance_scale": -1.0}, ValueError, "guidance_scale"),
+        ({"temperature": -0.5}, ValueError, "temperature"),
+        ({"num_images_per_prompt": 0}, ValueError, "num_images_per_prompt"),
+        ({"generator": [torch.Generator()] * 3}, ValueError, "3 generators but the batch size is 2"),
+        ({"output_type": "jpeg"}, ValueError, "output_type must be one of"),
+        ({"callback_on_step_end_tensor_inputs": ["logits"]}, ValueError, "logits"),
+        ({"decoding": "nope"}, ValueError, "decoding must be one of"),
+    ],
+)
+def test_bad_inputs_raise_clear_errors(pipe, kwargs, error, match):
+    call = {"prompt": "a red circle", "num_images_per_prompt": 2, **kwargs}
+    with pytest.raises(error, match=match):
+        pipe(**call)
+
+
+def test_pipeline_rejects_a_c2i_transformer():
+    from tests.models.llamagen_tiny import tiny_text_encoder, tiny_tokenizer, tiny_transformer, tiny_vq
+
+    with pytest.raises(ValueError, match="t2i"):
+        LlamaGenPipeline(tiny_transformer("c2i"), tiny_vq(), tiny_tokenizer(), tiny_text_encoder())
