@@ -1,11 +1,21 @@
-"""The README's Python example runs as written."""
+"""The README's Python examples run as written."""
 
 import re
 from pathlib import Path
 
+import pytest
 
-def test_readme_python_example_runs(capsys):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (example,) = re.findall(r"```python\n(.*?)```", readme, re.S)
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+EXAMPLES = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
+EXPECTED_OUTPUT = ["target_forwards", "mean_accepted_length"]  # what each example prints, in order
+
+
+def test_readme_has_one_example_per_expected_output():
+    assert len(EXAMPLES) == len(EXPECTED_OUTPUT)
+
+
+@pytest.mark.parametrize(("example", "expected"), zip(EXAMPLES, EXPECTED_OUTPUT, strict=True), ids=["image", "text"])
+def test_readme_python_example_runs(example, expected, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # examples may write files
     exec(compile(example, "README.md", "exec"), {})
-    assert "mean_accepted_length" in capsys.readouterr().out
+    assert expected in capsys.readouterr().out

@@ -28,12 +28,14 @@ class DecodeStep:
 
     step: 0-based iteration index; tokens: [B, N] long, a snapshot of the committed image tokens, PAD_ID where not
     generated yet;
-    n_committed: [B] long, committed tokens per row (tokens[b, :n_committed[b]] are final).
+    n_committed: [B] long, committed tokens per row (tokens[b, :n_committed[b]] are final); min_committed: the
+    smallest of them as a host int (for progress bars, without a device sync).
     """
 
     step: int
     tokens: torch.Tensor
     n_committed: torch.Tensor
+    min_committed: int
 
 
 class ImageDecoding(Protocol):
@@ -78,7 +80,7 @@ class ARDecoding:
                 with timer("target"):
                     logits = model.forward(tokens[:, i : i + 1], state)
                 stats.target_forwards += 1
-            yield DecodeStep(i, tokens.clone(), torch.full((B,), i + 1, dtype=torch.long, device=device))
+            yield DecodeStep(i, tokens.clone(), torch.full((B,), i + 1, dtype=torch.long, device=device), i + 1)
         stats.steps = torch.full((B,), N - 1, dtype=torch.long)
         stats.new_tokens = torch.full((B,), N, dtype=torch.long)
         stats.timings["total"] = time.perf_counter() - start

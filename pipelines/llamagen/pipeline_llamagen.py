@@ -217,9 +217,8 @@ class LlamaGenPipeline(DiffusionPipeline):
                 tokens = step.tokens
                 if callback_on_step_end is not None:
                     self._run_callback(callback_on_step_end, step, tensor_inputs)
-                committed = int(step.n_committed.min())
-                progress.update(committed - done)
-                done = committed
+                progress.update(step.min_committed - done)
+                done = step.min_committed
                 if self._interrupt:
                     break
 
@@ -235,7 +234,7 @@ class LlamaGenPipeline(DiffusionPipeline):
 
     def _run_callback(self, callback, step, tensor_inputs: list[str]) -> None:
         callback_kwargs = {name: getattr(step, name) for name in tensor_inputs}
-        returned = callback(self, step.step, int(step.n_committed.min()), dict(callback_kwargs)) or {}
+        returned = callback(self, step.step, step.min_committed, dict(callback_kwargs)) or {}
         replaced = [name for name, value in returned.items() if name in callback_kwargs and value is not callback_kwargs[name]]
         if replaced:
             raise ValueError(

@@ -60,7 +60,7 @@ def test_list_of_generators_gives_per_image_seeds(pipe):
 
 def test_save_load_round_trip_gives_identical_images(pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
-    loaded = LlamaGenPipeline.from_pretrained(tmp_path, torch_dtype=torch.float64)
+    loaded = LlamaGenPipeline.from_pretrained(tmp_path, dtype=torch.float64)
     loaded.set_progress_bar_config(disable=True)
     a = pipe(PROMPTS, generator=seeded(3), output_type="pt").images
     b = loaded(PROMPTS, generator=seeded(3), output_type="pt").images
