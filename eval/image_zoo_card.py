@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for i in range(6):
             gens = [torch.Generator().manual_seed(100 + 4 * i + j) for j in range(4)]
-            samples = pipe(captions[i], num_images_per_prompt=4, guidance_scale=args.guidance_scale, generator=gens).images
+            samples = pipe(captions[i], num_images_per_prompt=4, guidance_scale=args.guidance_scale,
+                           generator=gens).images
             rows += [Image.fromarray(held_images[i]), *samples]
         GRID_PATH.parent.mkdir(parents=True, exist_ok=True)
         grid = image_grid(rows, columns=5)

@@ -1,5 +1,6 @@
-"""diffusers-style pipelines (`DiffusionPipeline` subclasses): validate, set up, call the engine in `mmspec`, post-process.
+"""diffusers-style pipelines (`DiffusionPipeline` subclasses): validate, set up, call the engine in `mmspec`,
+post-process.
 
-The discrete image AR pipeline arrives with the embedded image model; text generation is served by
-`mmspec.core.text.speculative_generate` and the `mmspec text` command.
+`llamagen.LlamaGenPipeline`: text-to-image with a LlamaGen-architecture AR model (decoding chosen by `decoding=`).
+Text generation is served by `mmspec.core.text.speculative_generate` and the `mmspec text` command.
 """

@@ -176,7 +176,9 @@ def _region(relation: str | None, which: int) -> tuple[float, float, float, floa
     """(x0, y0, x1, y1) in [0, 1] where group `which` (0 = first) is placed."""
     if relation is None:
         return (0.0, 0.0, 1.0, 1.0)
-    first_side = {"above": (0, 0, 1, 0.5), "below": (0, 0.5, 1, 1), "left of": (0, 0, 0.5, 1), "right of": (0.5, 0, 1, 1)}
+    first_side = {
+        "above": (0, 0, 1, 0.5), "below": (0, 0.5, 1, 1), "left of": (0, 0, 0.5, 1), "right of": (0.5, 0, 1, 1)
+    }
     x0, y0, x1, y1 = first_side[relation]
     if which == 0:
         return (x0, y0, x1, y1)
@@ -197,8 +199,8 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: 
     start = {"square": math.pi / 4, "triangle": -math.pi / 2, "diamond": 0.0}[shape] + rotation
     radius = r * (1.2 if shape == "triangle" else 1.0) * (1.3 if shape == "square" else 1.0)
     points = [
-        (cx + radius * math.cos(start + 2 * math.pi * k / corners), cy + radius * math.sin(start + 2 * math.pi * k / corners))
-        for k in range(corners)
+        (cx + radius * math.cos(angle), cy + radius * math.sin(angle))
+        for angle in (start + 2 * math.pi * k / corners for k in range(corners))
     ]
     draw.polygon(points, fill=fill)
 

@@ -31,7 +31,8 @@ from mmspec.zoo.training import train_loop
 logger = logging.getLogger(__name__)
 
 IMAGE_SIZE = 64
-VQ_CONFIG = {"codebook_size": 1024, "codebook_embed_dim": 8, "ch": 32, "ch_mult": (1, 1, 2), "num_res_blocks": 1, "z_channels": 64}
+VQ_CONFIG = {"codebook_size": 1024, "codebook_embed_dim": 8, "ch": 32, "ch_mult": (1, 1, 2), "num_res_blocks": 1,
+             "z_channels": 64}
 TEXT_CONTEXT = 16  # caption tokens (words); the longest caption has 14
 TEXT_ENCODER_CONFIG = {"d_model": 128, "d_kv": 32, "d_ff": 256, "num_layers": 2, "num_heads": 4,
                        "relative_attention_num_buckets": 16, "relative_attention_max_distance": 32, "dropout_rate": 0.0}

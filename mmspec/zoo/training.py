@@ -77,8 +77,8 @@ def train_loop(
         bar.set_postfix(loss=f"{shown.item():.4f}")
         done = step + 1
         if done % ckpt_every == 0 or done == steps:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                     "step": done, "elapsed_s": elapsed + time.perf_counter() - t0}
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "generator": generator.get_state(), "step": done, "elapsed_s": elapsed + time.perf_counter() - t0}
             torch.save(state, ckpt_path)
     model.eval()
     return elapsed + time.perf_counter() - t0

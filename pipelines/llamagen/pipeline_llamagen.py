@@ -68,7 +68,9 @@ class LlamaGenPipeline(DiffusionPipeline):
                  text_encoder: PreTrainedModel):
         super().__init__()
         if transformer.config.model_type != "t2i":
-            raise ValueError(f"LlamaGenPipeline needs a t2i transformer, got model_type={transformer.config.model_type!r}")
+            raise ValueError(
+                f"LlamaGenPipeline needs a t2i transformer, got model_type={transformer.config.model_type!r}"
+            )
         self.register_modules(transformer=transformer, vqvae=vqvae, tokenizer=tokenizer, text_encoder=text_encoder)
         self.image_processor = VaeImageProcessor(vae_scale_factor=vqvae.downsample_factor, do_normalize=True)
 
@@ -235,7 +237,8 @@ class LlamaGenPipeline(DiffusionPipeline):
     def _run_callback(self, callback, step, tensor_inputs: list[str]) -> None:
         callback_kwargs = {name: getattr(step, name) for name in tensor_inputs}
         returned = callback(self, step.step, step.min_committed, dict(callback_kwargs)) or {}
-        replaced = [name for name, value in returned.items() if name in callback_kwargs and value is not callback_kwargs[name]]
+        replaced = [name for name, value in returned.items()
+                    if name in callback_kwargs and value is not callback_kwargs[name]]
         if replaced:
             raise ValueError(
                 f"callback_on_step_end returned new {replaced}: an AR pipeline's committed tokens are read-only "

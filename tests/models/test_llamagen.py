@@ -80,7 +80,8 @@ def official_gpt_keys(n_layer: int, model_type: str) -> set[str]:
     if model_type == "c2i":
         keys.add("cls_embedding.embedding_table.weight")
     else:
-        keys |= {"cls_embedding.cap_proj.fc1.weight", "cls_embedding.cap_proj.fc2.weight", "cls_embedding.uncond_embedding"}
+        keys |= {"cls_embedding.cap_proj.fc1.weight", "cls_embedding.cap_proj.fc2.weight",
+                 "cls_embedding.uncond_embedding"}
     for i in range(n_layer):
         keys |= {f"layers.{i}.{name}.weight" for name in ("attention.wqkv", "attention.wo", "feed_forward.w1",
                                                           "feed_forward.w2", "feed_forward.w3", "attention_norm",

@@ -26,9 +26,9 @@ def seeded(*seeds):
 @pytest.mark.parametrize(
     ("output_type", "check"),
     [
-        ("pil", lambda im: isinstance(im, list) and len(im) == 4 and all(isinstance(i, PIL.Image.Image) and i.size == (8, 8) for i in im)),
-        ("np", lambda im: isinstance(im, np.ndarray) and im.shape == (4, 8, 8, 3) and 0 <= im.min() and im.max() <= 1),
-        ("pt", lambda im: isinstance(im, torch.Tensor) and im.shape == (4, 3, 8, 8) and 0 <= im.min() and im.max() <= 1),
+        ("pil", lambda im: len(im) == 4 and all(isinstance(i, PIL.Image.Image) and i.size == (8, 8) for i in im)),
+        ("np", lambda im: isinstance(im, np.ndarray) and im.shape == (4, 8, 8, 3) and 0 <= im.min() <= im.max() <= 1),
+        ("pt", lambda im: isinstance(im, torch.Tensor) and im.shape == (4, 3, 8, 8) and 0 <= im.min() <= im.max() <= 1),
         ("latent", lambda im: im.dtype == torch.long and im.shape == (4, 16) and 0 <= im.min() and im.max() < 24),
     ],
 )

@@ -268,7 +268,9 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         """
         if self.config.model_type == "c2i":
             if condition.ndim != 1 or condition.dtype != torch.long:
-                raise ValueError(f"c2i condition must be class labels [B] long, got {tuple(condition.shape)} {condition.dtype}")
+                raise ValueError(
+                    f"c2i condition must be class labels [B] long, got {tuple(condition.shape)} {condition.dtype}"
+                )
             labels = condition if drop is None else condition.masked_fill(drop, self.config.num_classes)
             return self.cls_embedding.embedding_table(labels)[:, None]
         T = self.config.cls_token_num
@@ -277,7 +279,8 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
                 f"t2i condition must be text states [B, {T}, {self.config.caption_dim}], got {tuple(condition.shape)}"
             )
         if drop is not None:
-            condition = torch.where(drop[:, None, None], self.cls_embedding.uncond_embedding.to(condition.dtype), condition)
+            uncond = self.cls_embedding.uncond_embedding.to(condition.dtype)
+            condition = torch.where(drop[:, None, None], uncond, condition)
         return self.cls_embedding.cap_proj(condition)
 
     def unconditional(self, batch_size: int, device: torch.device) -> torch.Tensor:
@@ -333,7 +336,8 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         W = x.shape[1]
         if cache.max_length + W > cache.capacity:
             raise ValueError(
-                f"a window of {W} after up to {cache.max_length} filled slots overflows the cache ({cache.capacity} slots)"
+                f"a window of {W} after up to {cache.max_length} filled slots overflows the cache "
+                f"({cache.capacity} slots)"
             )
         slots = cache.lengths[:, None] + torch.arange(W, device=x.device)  # [R, W]
         mask = self._mask(slots, cache.key_valid, cache.capacity)
@@ -355,11 +359,11 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
             x = layer(x, rope, mask, None if cache is None else (cache.k[i], cache.v[i]), slots)
         return x
 
-    # ---- official checkpoints -----------------------------------------------------------------------------------------
+    # ---- official checkpoints ---------------------------------------------------------------------------------------
     @classmethod
     def from_llamagen_checkpoint(cls, path: str | Path, image_size: int = 256, downsample: int = 16,
                                  **config) -> LlamaGenTransformer:
-        """Load an official LlamaGen GPT `.pt` file (`c2i_B_256.pt`, `c2i_L_384.pt`, `c2i_XL_384.pt`, `t2i_XL_*.pt`, ...).
+        """Load an official LlamaGen GPT `.pt` file (`c2i_B_256.pt`, `c2i_L_384.pt`, `c2i_XL_384.pt`, `t2i_XL_*.pt`).
 
         Width, depth, vocabulary, class count / caption width and prefix length are read from the weights; the head
         count follows from the width (official sizes); `image_size / downsample` is the token grid (the checkpoint

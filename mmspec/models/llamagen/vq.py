@@ -1,10 +1,10 @@
 """LlamaGen's VQ image tokenizer (Sun et al., "Autoregressive Model Beats Diffusion", arXiv 2406.06525, §2.2) as a
 diffusers `ModelMixin, ConfigMixin`.
 
-Architecture as in LlamaGen's `tokenizer/tokenizer_image/vq_model.py` (itself from taming-transformers / MaskGIT): a conv
-encoder (ResNet blocks, attention at the lowest resolution and in the middle, GroupNorm(32), swish), a 1x1 projection
-to a low-dimensional code space (8 dims) with an l2-normalised codebook (nearest code by cosine), a 1x1 projection back
-and a mirrored conv decoder. Module and parameter names follow the official checkpoints (`encoder.conv_blocks.0.res.0
+Architecture as in LlamaGen's `tokenizer/tokenizer_image/vq_model.py` (itself from taming-transformers / MaskGIT): a
+conv encoder (ResNet blocks, attention at the lowest resolution and in the middle, GroupNorm(32), swish), a 1x1
+projection to a low-dimensional code space (8 dims) with an l2-normalised codebook (nearest code by cosine), a 1x1
+projection back and a mirrored conv decoder. Module and parameter names follow the official checkpoints (`encoder.conv_blocks.0.res.0
 .norm1.weight`, `quantize.embedding.weight`, ...), so `from_llamagen_checkpoint` loads `vq_ds16_c2i.pt` /
 `vq_ds16_t2i.pt` with no key renaming.
 
