@@ -95,12 +95,18 @@ def probe_accuracy(probe: CaptionProbe, images, captions: list[str]) -> dict[str
 
 
 @torch.no_grad()
-def vq_psnr(vqvae, images: np.ndarray) -> float:
+def vq_reconstruct(vqvae, images: np.ndarray) -> np.ndarray:
+    """uint8 [N, H, W, 3] -> encoded, decoded, rounded back to uint8."""
     x = to_input(images)
     grid = (x.shape[-1] // vqvae.downsample_factor,) * 2
     recon = ((vqvae.decode(vqvae.encode(x), grid).clamp(-1, 1) + 1) * 127.5).round()
-    mse = (recon - torch.as_tensor(images).permute(0, 3, 1, 2).float()).pow(2).flatten(1).mean(1)
-    return round((10 * torch.log10(255.0**2 / mse)).mean().item(), 2)
+    return recon.byte().permute(0, 2, 3, 1).numpy()
+
+
+def psnr(images: np.ndarray, reference: np.ndarray) -> float:
+    """Mean PSNR (dB) over images, on the [0, 255] scale."""
+    mse = ((images.astype(np.float64) - reference.astype(np.float64)) ** 2).reshape(len(images), -1).mean(1)
+    return round(float((10 * np.log10(255.0**2 / mse)).mean()), 2)
 
 
 @torch.no_grad()
@@ -114,6 +120,20 @@ def mean_token_entropy(pipe, captions: list[str], tokens: torch.Tensor, guidance
         uncond = model(tokens, model.unconditional(len(captions), tokens.device), None)
     p = process_logits(cond, SamplingConfig(guidance_scale=guidance_scale), uncond)
     return (-(p * p.clamp_min(1e-30).log()).sum(-1)).mean().item()
+
+
+@torch.no_grad()
+def generate_for(pipe, captions: list[str], guidance_scale: float) -> tuple[torch.Tensor, np.ndarray]:
+    """One image per caption (seed = its index), in batches of 8: (tokens [N, h*w], uint8 images [N, H, W, 3])."""
+    tokens, images = [], []
+    for start in range(0, len(captions), 8):
+        chunk = captions[start : start + 8]
+        gens = [torch.Generator().manual_seed(start + i) for i in range(len(chunk))]
+        out = pipe(chunk, guidance_scale=guidance_scale, generator=gens, output_type="latent")
+        pixels = pipe.vqvae.decode(out.images, (pipe.transformer.config.grid_size,) * 2)
+        tokens.append(out.images)
+        images.append(((pixels.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy())
+    return torch.cat(tokens), np.concatenate(images)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     pipe.set_progress_bar_config(disable=True)
     held_images, held_captions = scenes(0, max(n_captions, 256), "heldout")
     report = {"model": args.model, "guidance_scale": args.guidance_scale}
-    report["vq_held_out_psnr_db"] = vq_psnr(pipe.vqvae, held_images)
+    reconstructed = vq_reconstruct(pipe.vqvae, held_images)
+    report["vq_held_out_psnr_db"] = psnr(reconstructed, held_images)
 
     # latency: batch 1, default sampling, warm-up first
     prompt = held_captions[0]
@@ -142,28 +163,20 @@ def main(argv: list[str] | None = None) -> None:
         times.append(time.perf_counter() - start)
     report["ar_seconds_per_image_bs1"] = round(statistics.median(times), 3)
 
-    # generate for held-out captions (one image each), batches of 8
+    # generate one image per held-out caption, with and without guidance; probe what the images show
     captions = held_captions[:n_captions]
-    generated, tokens = [], []
-    for start in range(0, n_captions, 8):
-        chunk = captions[start : start + 8]
-        gens = [torch.Generator().manual_seed(start + i) for i in range(len(chunk))]
-        out = pipe(chunk, guidance_scale=args.guidance_scale, generator=gens, output_type="latent")
-        tokens.append(out.images)
-        pixels = pipe.vqvae.decode(out.images, (pipe.transformer.config.grid_size,) * 2)
-        generated.append(((pixels.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy())
-    tokens, generated = torch.cat(tokens), np.concatenate(generated)
-    report["mean_token_entropy_nats"] = {
-        f"cfg_{args.guidance_scale:g}": round(mean_token_entropy(pipe, captions, tokens, args.guidance_scale), 3),
-        "cfg_off": round(mean_token_entropy(pipe, captions, tokens, 1.0), 3),
-    }
-
     probe = train_probe(n_scenes=2000 if args.quick else 8000, steps=150 if args.quick else 800)
+    report["mean_token_entropy_nats"] = {}
     report["caption_match"] = {
         "real_held_out_images": probe_accuracy(probe, held_images[:n_captions], captions),
-        "generated_for_held_out_captions": probe_accuracy(probe, generated, captions),
+        "vq_reconstructed_held_out_images": probe_accuracy(probe, reconstructed[:n_captions], captions),
         "chance": {name: round(1 / len(choices), 3) for name, (choices, _) in ATTRIBUTES.items()},
     }
+    for guidance_scale in sorted({args.guidance_scale, 1.0}, reverse=True):
+        tokens, images = generate_for(pipe, captions, guidance_scale)
+        key = f"cfg_{guidance_scale:g}" if guidance_scale != 1.0 else "cfg_off"
+        report["mean_token_entropy_nats"][key] = round(mean_token_entropy(pipe, captions, tokens, guidance_scale), 3)
+        report["caption_match"][f"generated_{key}"] = probe_accuracy(probe, images, captions)
 
     if not args.quick:  # sample grid: a real held-out scene, then 4 samples for its caption
         from PIL import Image

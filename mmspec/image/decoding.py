@@ -73,18 +73,22 @@ class ARDecoding:
         check_generators(generator, B)
         device = logits.cond.device
         tokens = torch.full((B, N), PAD_ID, dtype=torch.long, device=device)
-        for i in range(N):
-            with timer("sample"):
-                tokens[:, i] = sample(probs_of(logits.at(-1), sampling), generator)
-            if i + 1 < N:
-                with timer("target"):
-                    logits = model.forward(tokens[:, i : i + 1], state)
-                stats.target_forwards += 1
-            yield DecodeStep(i, tokens.clone(), torch.full((B,), i + 1, dtype=torch.long, device=device), i + 1)
-        stats.steps = torch.full((B,), N - 1, dtype=torch.long)
-        stats.new_tokens = torch.full((B,), N, dtype=torch.long)
-        stats.timings["total"] = time.perf_counter() - start
-        stats.finalize()
+        done = 0
+        try:
+            for i in range(N):
+                with timer("sample"):
+                    tokens[:, i] = sample(probs_of(logits.at(-1), sampling), generator)
+                done = i + 1
+                if done < N:
+                    with timer("target"):
+                        logits = model.forward(tokens[:, i : i + 1], state)
+                    stats.target_forwards += 1
+                yield DecodeStep(i, tokens.clone(), torch.full((B,), done, dtype=torch.long, device=device), done)
+        finally:  # also when the caller stops early (closes this generator): count what was generated
+            stats.steps = torch.full((B,), max(done - 1, 0), dtype=torch.long)
+            stats.new_tokens = torch.full((B,), done, dtype=torch.long)
+            stats.timings["total"] = time.perf_counter() - start
+            stats.finalize()
 
 
 DECODINGS: dict[str, type] = {"ar": ARDecoding}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import closing
 
 import torch
 from diffusers import DiffusionPipeline
@@ -213,9 +214,10 @@ class LlamaGenPipeline(DiffusionPipeline):
         adapter = LlamaGenAdapter(self.transformer, self.vqvae)
         stats = SpecStats()
         tokens = None
-        with self.progress_bar(total=self.num_timesteps) as progress:
+        steps = decoder(adapter, condition, sampling, generator, stats)
+        with self.progress_bar(total=self.num_timesteps) as progress, closing(steps):
             done = 0
-            for step in decoder(adapter, condition, sampling, generator, stats):
+            for step in steps:
                 tokens = step.tokens
                 if callback_on_step_end is not None:
                     self._run_callback(callback_on_step_end, step, tensor_inputs)

@@ -57,20 +57,22 @@ def test_cached_windows_and_per_row_rollback_equal_full_recompute(model_type):
     assert torch.allclose(got[filled], reference[filled], atol=1e-5, rtol=0)
 
 
-def test_adapter_cfg_rows_match_separate_conditional_and_unconditional_passes():
+@pytest.mark.parametrize("model_type", ["t2i", "c2i"])
+def test_adapter_cfg_rows_match_separate_conditional_and_unconditional_passes(model_type):
     g = torch.Generator().manual_seed(1)
-    model = tiny_transformer("t2i", dtype=torch.float32)
+    model = tiny_transformer(model_type, dtype=torch.float32)
     adapter = LlamaGenAdapter(model, tiny_vq(dtype=torch.float32))
     B, N = 2, model.num_image_tokens
-    states, mask = t2i_condition(B, g)
+    states, mask = t2i_condition(B, g) if model_type == "t2i" else (torch.tensor([1, 4]), None)
     tokens = torch.randint(0, 24, (B, N), generator=g)
     with torch.no_grad():
         state, first = adapter.prefill(LlamaGenCondition(states, mask), cfg=True)
         rest = adapter.forward(tokens[:, : N - 1], state)
         cond = model(tokens, states, mask)
-        uncond = model(tokens, model.unconditional(B, states.device), None)
+        uncond = model(tokens, model.unconditional(B, tokens.device), None)
     assert torch.allclose(torch.cat([first.cond, rest.cond], 1), cond, atol=1e-5, rtol=0)
     assert torch.allclose(torch.cat([first.uncond, rest.uncond], 1), uncond, atol=1e-5, rtol=0)
+    assert not torch.allclose(cond, uncond, atol=1e-2)
 
 
 # ---- official checkpoints -----------------------------------------------------------------------------------------
