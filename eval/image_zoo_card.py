@@ -27,6 +27,7 @@ from mmspec.cli import image_grid, load_image_pipeline
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.zoo import IMAGE_T2I
 from mmspec.zoo.shapes import BACKGROUNDS, COLORS, SHAPES, parse_caption, scenes
+from mmspec.zoo.train_image import psnr, reconstruct, to_model_range, to_uint8
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRID_PATH = Path(__file__).resolve().parents[1] / "docs" / "images" / "shapes_samples.png"
@@ -45,11 +46,6 @@ def labels_of(captions: list[str]) -> torch.Tensor:
         spec = parse_caption(caption)
         rows.append([choices.index(read(spec)) for choices, read in ATTRIBUTES.values()])
     return torch.tensor(rows)
-
-
-def to_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """uint8 [N, 64, 64, 3] -> float [N, 3, 64, 64] in [-1, 1]."""
-    return torch.as_tensor(np.asarray(images)).permute(0, 3, 1, 2).float() / 127.5 - 1
 
 
 class CaptionProbe(nn.Module):
@@ -72,7 +68,7 @@ class CaptionProbe(nn.Module):
 def train_probe(n_scenes: int, steps: int, seed: int = 0) -> CaptionProbe:
     torch.manual_seed(seed)
     images, captions = scenes(0, n_scenes, "train")
-    x, y = to_input(images), labels_of(captions)
+    x, y = to_model_range(images), labels_of(captions)
     probe = CaptionProbe()
     optimizer = torch.optim.AdamW(probe.parameters(), lr=2e-3)
     generator = torch.Generator().manual_seed(seed)
@@ -88,25 +84,10 @@ def train_probe(n_scenes: int, steps: int, seed: int = 0) -> CaptionProbe:
 
 @torch.no_grad()
 def probe_accuracy(probe: CaptionProbe, images, captions: list[str]) -> dict[str, float]:
-    predictions = [out.argmax(-1) for out in probe(to_input(images))]
+    predictions = [out.argmax(-1) for out in probe(to_model_range(images))]
     labels = labels_of(captions)
     return {name: round((pred == labels[:, i]).float().mean().item(), 3) for i, (name, pred) in
             enumerate(zip(ATTRIBUTES, predictions, strict=True))}
-
-
-@torch.no_grad()
-def vq_reconstruct(vqvae, images: np.ndarray) -> np.ndarray:
-    """uint8 [N, H, W, 3] -> encoded, decoded, rounded back to uint8."""
-    x = to_input(images)
-    grid = (x.shape[-1] // vqvae.downsample_factor,) * 2
-    recon = ((vqvae.decode(vqvae.encode(x), grid).clamp(-1, 1) + 1) * 127.5).round()
-    return recon.byte().permute(0, 2, 3, 1).numpy()
-
-
-def psnr(images: np.ndarray, reference: np.ndarray) -> float:
-    """Mean PSNR (dB) over images, on the [0, 255] scale."""
-    mse = ((images.astype(np.float64) - reference.astype(np.float64)) ** 2).reshape(len(images), -1).mean(1)
-    return round(float((10 * np.log10(255.0**2 / mse)).mean()), 2)
 
 
 @torch.no_grad()
@@ -132,7 +113,7 @@ def generate_for(pipe, captions: list[str], guidance_scale: float) -> tuple[torc
         out = pipe(chunk, guidance_scale=guidance_scale, generator=gens, output_type="latent")
         pixels = pipe.vqvae.decode(out.images, (pipe.transformer.config.grid_size,) * 2)
         tokens.append(out.images)
-        images.append(((pixels.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy())
+        images.append(to_uint8(pixels).numpy())
     return torch.cat(tokens), np.concatenate(images)
 
 
@@ -150,8 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     pipe.set_progress_bar_config(disable=True)
     held_images, held_captions = scenes(0, max(n_captions, 256), "heldout")
     report = {"model": args.model, "guidance_scale": args.guidance_scale}
-    reconstructed = vq_reconstruct(pipe.vqvae, held_images)
-    report["vq_held_out_psnr_db"] = psnr(reconstructed, held_images)
+    _, reconstructed = reconstruct(pipe.vqvae, torch.from_numpy(held_images))
+    report["vq_held_out_psnr_db"] = round(psnr(reconstructed, torch.from_numpy(held_images)).mean().item(), 2)
 
     # latency: batch 1, default sampling, warm-up first
     prompt = held_captions[0]

@@ -52,9 +52,32 @@ def load_pool(work: Path, split: str, n: int) -> tuple[torch.Tensor, list[str]]:
     return torch.from_numpy(np.load(images_path)), json.loads(captions_path.read_text())
 
 
-def to_model_range(images: torch.Tensor) -> torch.Tensor:
+def to_model_range(images: np.ndarray | torch.Tensor) -> torch.Tensor:
     """uint8 [N, H, W, 3] -> float [N, 3, H, W] in [-1, 1]."""
-    return images.permute(0, 3, 1, 2).float() / 127.5 - 1
+    return torch.as_tensor(images).permute(0, 3, 1, 2).float() / 127.5 - 1
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """float [N, 3, H, W], roughly in [-1, 1] -> uint8 [N, H, W, 3] (clamped, rounded)."""
+    return ((images.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1)
+
+
+def psnr(images: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per-image PSNR [N] in dB between uint8 images [N, H, W, 3], on the [0, 255] scale."""
+    mse = (images.double() - reference.double()).pow(2).flatten(1).mean(1)
+    return 10 * torch.log10(255.0**2 / mse.clamp_min(1e-10))
+
+
+@torch.no_grad()
+def reconstruct(vq: LlamaGenVQModel, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images [N, H, W, 3] -> (code ids [N, h*w], uint8 reconstructions [N, H, W, 3]) through the VQ."""
+    vq.eval()
+    grid = (images.shape[1] // vq.downsample_factor, images.shape[2] // vq.downsample_factor)
+    ids, recon = [], []
+    for chunk in images.split(64):
+        ids.append(vq.encode(to_model_range(chunk)))
+        recon.append(to_uint8(vq.decode(ids[-1], grid)))
+    return torch.cat(ids), torch.cat(recon)
 
 
 class CodebookReviver:
@@ -81,21 +104,13 @@ class CodebookReviver:
         self.used.zero_()
 
 
-@torch.no_grad()
 def reconstruction_metrics(vq: LlamaGenVQModel, images: torch.Tensor) -> dict:
     """Held-out PSNR (dB, on [0, 255] after clamping) and codebook usage."""
-    vq.eval()
-    mse, used = [], torch.zeros(vq.config.codebook_size, dtype=torch.bool)
-    grid = (IMAGE_SIZE // vq.downsample_factor,) * 2
-    for chunk in images.split(64):
-        x = to_model_range(chunk)
-        ids = vq.encode(x)
-        used[ids.flatten()] = True
-        recon = ((vq.decode(ids, grid).clamp(-1, 1) + 1) * 127.5).round()
-        mse.append((recon - chunk.permute(0, 3, 1, 2).float()).pow(2).flatten(1).mean(1))
-    mse = torch.cat(mse)
-    psnr = 10 * torch.log10(255.0**2 / mse.clamp_min(1e-10))
-    return {"held_out_psnr_db": round(psnr.mean().item(), 2), "codebook_usage": round(used.float().mean().item(), 4)}
+    ids, recon = reconstruct(vq, images)
+    used = torch.zeros(vq.config.codebook_size, dtype=torch.bool)
+    used[ids.flatten()] = True
+    return {"held_out_psnr_db": round(psnr(recon, images).mean().item(), 2),
+            "codebook_usage": round(used.float().mean().item(), 4)}
 
 
 def train_vq(work: Path, pool: torch.Tensor, held_out: torch.Tensor, args) -> LlamaGenVQModel:

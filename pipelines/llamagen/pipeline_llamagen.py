@@ -119,19 +119,19 @@ class LlamaGenPipeline(DiffusionPipeline):
 
     def encode_prompt(self, prompt: list[str], device: torch.device) -> LlamaGenCondition:
         """Text states [B, T, caption_dim] left-padded to the transformer's T condition slots, with their mask."""
-        lengths = [len(ids) for ids in self.tokenizer(prompt)["input_ids"]]
-        for text, length in zip(prompt, lengths, strict=True):
-            if length > self.text_context:
+        # max_length padding neither truncates nor pads a longer prompt, so its row length exposes it
+        encoded = self.tokenizer(prompt, padding="max_length", max_length=self.text_context, padding_side="left")
+        for text, ids in zip(prompt, encoded["input_ids"], strict=True):
+            if len(ids) > self.text_context:
                 raise ValueError(
-                    f"prompt {text!r} is {length} tokens long; the model's text context holds {self.text_context}"
+                    f"prompt {text!r} is {len(ids)} tokens long; the model's text context holds {self.text_context}"
                 )
-        encoded = self.tokenizer(prompt, padding="max_length", max_length=self.text_context, padding_side="left",
-                                 return_tensors="pt")
+        input_ids, mask = torch.tensor(encoded["input_ids"]), torch.tensor(encoded["attention_mask"])
         unk = self.tokenizer.unk_token_id
-        if unk is not None and (encoded.input_ids == unk).any():
+        if unk is not None and (input_ids == unk).any():
             logger.warning("some prompt words are not in the text encoder's vocabulary and were read as %s",
                            self.tokenizer.unk_token)
-        input_ids, mask = encoded.input_ids.to(device), encoded.attention_mask.to(device)
+        input_ids, mask = input_ids.to(device), mask.to(device)
         states = self.text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
         return LlamaGenCondition(states.to(self.transformer.dtype), mask.bool())
 

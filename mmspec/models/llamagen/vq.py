@@ -4,9 +4,9 @@ diffusers `ModelMixin, ConfigMixin`.
 Architecture as in LlamaGen's `tokenizer/tokenizer_image/vq_model.py` (itself from taming-transformers / MaskGIT): a
 conv encoder (ResNet blocks, attention at the lowest resolution and in the middle, GroupNorm(32), swish), a 1x1
 projection to a low-dimensional code space (8 dims) with an l2-normalised codebook (nearest code by cosine), a 1x1
-projection back and a mirrored conv decoder. Module and parameter names follow the official checkpoints (`encoder.conv_blocks.0.res.0
-.norm1.weight`, `quantize.embedding.weight`, ...), so `from_llamagen_checkpoint` loads `vq_ds16_c2i.pt` /
-`vq_ds16_t2i.pt` with no key renaming.
+projection back and a mirrored conv decoder. Module and parameter names follow the official checkpoints
+(`encoder.conv_blocks.0.res.0.norm1.weight`, `quantize.embedding.weight`, ...), so `from_llamagen_checkpoint` loads
+`vq_ds16_c2i.pt` / `vq_ds16_t2i.pt` with no key renaming.
 
 Shapes: images [B, 3, H, W] in [-1, 1]; latents [B, C, h, w] with h = H / 2**(len(ch_mult) - 1); token ids [B, h*w]
 in raster order.
@@ -84,14 +84,18 @@ class Upsample(nn.Module):
 
 
 class _Level(nn.Module):
-    """One resolution level: `res` blocks, `attn` blocks (lowest resolution only) and an optional resampler."""
+    """One resolution level: `depth` ResNet blocks (the first maps in_channels -> out_channels), each followed by an
+    attention block when `attention` (lowest resolution only), then an optional resampler named "downsample" or
+    "upsample" (the official parameter names)."""
 
-    def __init__(self, res: list[nn.Module], attn: list[nn.Module], resample: tuple[str, nn.Module] | None):
+    def __init__(self, in_channels: int, out_channels: int, depth: int, attention: bool,
+                 resample: tuple[str, type[nn.Module]] | None):
         super().__init__()
-        self.res = nn.ModuleList(res)
-        self.attn = nn.ModuleList(attn)
+        self.res = nn.ModuleList(ResnetBlock(c, out_channels) for c in [in_channels] + [out_channels] * (depth - 1))
+        self.attn = nn.ModuleList(AttnBlock(out_channels) for _ in range(depth if attention else 0))
         if resample is not None:
-            self.add_module(*resample)
+            name, module = resample
+            self.add_module(name, module(out_channels))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         for i, block in enumerate(self.res):
@@ -115,12 +119,9 @@ class Encoder(nn.Module):
         levels, block_in = [], ch
         for i, mult in enumerate(ch_mult):
             last = i == len(ch_mult) - 1
-            res = []
-            for _ in range(num_res_blocks):
-                res.append(ResnetBlock(block_in, ch * mult))
-                block_in = ch * mult
-            attn = [AttnBlock(block_in) for _ in range(num_res_blocks)] if last else []
-            levels.append(_Level(res, attn, None if last else ("downsample", Downsample(block_in))))
+            downsample = None if last else ("downsample", Downsample)
+            levels.append(_Level(block_in, ch * mult, num_res_blocks, last, downsample))
+            block_in = ch * mult
         self.conv_blocks = nn.ModuleList(levels)
         self.mid = _mid(block_in)
         self.norm_out = _norm(block_in)
@@ -141,12 +142,10 @@ class Decoder(nn.Module):
         self.mid = _mid(block_in)
         levels = []
         for i in reversed(range(len(ch_mult))):
-            res = []
-            for _ in range(num_res_blocks + 1):
-                res.append(ResnetBlock(block_in, ch * ch_mult[i]))
-                block_in = ch * ch_mult[i]
-            attn = [AttnBlock(block_in) for _ in range(num_res_blocks + 1)] if i == len(ch_mult) - 1 else []
-            levels.append(_Level(res, attn, ("upsample", Upsample(block_in)) if i != 0 else None))
+            first = i == len(ch_mult) - 1
+            upsample = ("upsample", Upsample) if i != 0 else None
+            levels.append(_Level(block_in, ch * ch_mult[i], num_res_blocks + 1, first, upsample))
+            block_in = ch * ch_mult[i]
         self.conv_blocks = nn.ModuleList(levels)
         self.norm_out = _norm(block_in)
         self.conv_out = nn.Conv2d(block_in, 3, 3, padding=1)
