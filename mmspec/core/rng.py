@@ -32,12 +32,17 @@ def uniform(shape: tuple[int, ...], generator: Generators, device: torch.device,
 
 
 def sample(probs: torch.Tensor, generator: Generators) -> torch.Tensor:
-    """One token per row from `probs: [B, V]` by inverse CDF with a single uniform per row. Returns `[B]` long.
+    """One token per law from `probs: [B, ..., V]` with a single uniform per law. Returns `[B, ...]` long; with a
+    list of generators, row b's draws come from generator[b]."""
+    return inverse_cdf(probs, uniform(probs.shape[:-1], generator, probs.device, probs.dtype))
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token at which each law's CDF passes u: probs [..., V], u [...] in [0, 1) -> [...] long.
 
     Zero-probability tokens are never drawn (the CDF is flat there and the search is right-sided); the law is exact up
     to the floating-point CDF. Rows need not be normalised.
     """
-    B, V = probs.shape
     cdf = probs.cumsum(-1)
-    u = uniform((B, 1), generator, probs.device, cdf.dtype) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=V - 1)
+    threshold = u.to(cdf.dtype)[..., None] * cdf[..., -1:]
+    return torch.searchsorted(cdf, threshold, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)

@@ -23,6 +23,7 @@ class SpecStats:
     excess_acceptance: lossy rules only, the mean over accepted draft tokens of 1 - min(1, p/q): how much more often
         than the exact rule the lossy rule accepted (0 = no distortion).
     timings: seconds spent per phase ("draft", "target", "verify", "total").
+    acceptance_map: image decodings: [B, N] long, the target forward that committed each token (0 = the prefill).
     """
 
     target_forwards: int = 0
@@ -35,23 +36,33 @@ class SpecStats:
     accepted: int = 0
     excess_acceptance: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    acceptance_map: torch.Tensor | None = None
     _pending: list = field(default_factory=list, repr=False)
 
-    def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor) -> None:
-        """result: the step's VerifyResult over the rows still generating; draft_lengths: [B'] long;
-        rows: [B'] long, their indices in the caller's batch."""
-        self.steps.index_add_(0, rows, torch.ones_like(rows))
+    def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor | None = None,
+                    active: torch.Tensor | None = None) -> None:
+        """result: the step's VerifyResult; draft_lengths: [B'] long. Either `rows`: [B'] long, the indices in the
+        caller's batch of the rows still generating, or `active`: [B] bool, which rows of a full batch took part
+        (the others' entries are ignored; no host sync)."""
+        if active is None:
+            self.steps.index_add_(0, rows, torch.ones_like(rows))
+        else:
+            self.steps += active.long()
         excess = result.excess_acceptance
-        self._pending.append((result.n_accepted, draft_lengths, None if excess is None else excess.double()))
+        self._pending.append((result.n_accepted, draft_lengths, None if excess is None else excess.double(), active))
 
     def finalize(self) -> None:
         """Fold the per-step records into the histogram and totals (one host transfer)."""
         if not self._pending:
             return
         n, lengths = (torch.cat(t).cpu() for t in list(zip(*self._pending, strict=True))[:2])  # [row-steps]
+        taking_part = torch.cat([
+            torch.ones_like(record[0], dtype=torch.bool) if record[3] is None else record[3] for record in self._pending
+        ]).cpu()
+        n, lengths = n[taking_part], lengths[taking_part]
         excess = [record[2] for record in self._pending if record[2] is not None]
         self._pending.clear()
-        self.accept_hist = torch.bincount(n, minlength=int(lengths.max()) + 1)
+        self.accept_hist = torch.bincount(n, minlength=int(lengths.max()) + 1 if lengths.numel() else 1)
         self.drafted += int(lengths.sum())
         self.accepted += int(n.sum())
         if excess:

@@ -85,7 +85,7 @@ def _target_at_tokens(p: torch.Tensor, draft: Draft) -> torch.Tensor:
     return p[:, : draft.tokens.shape[1]].gather(-1, draft.tokens[..., None]).squeeze(-1)
 
 
-def _first_rejection(accept: torch.Tensor) -> torch.Tensor:
+def first_rejection(accept: torch.Tensor) -> torch.Tensor:
     """Length of the all-accepted prefix of each row of accept: [B, L] bool -> [B] long."""
     return accept.long().cumprod(-1).sum(-1)
 
@@ -104,7 +104,7 @@ def verify_exact(p: torch.Tensor, draft: Draft, generator: Generators) -> Verify
     B, L, V = _check(p, draft)
     u = uniform((B, L), generator, p.device, p.dtype)  # drawn for every position, so the stream never depends on acceptance
     accept = (u < accept_probability(_target_at_tokens(p, draft), draft_law_at_tokens(draft, p.dtype))) & _in_draft(draft)
-    n = _first_rejection(accept)
+    n = first_rejection(accept)
     p_n = _at(p, n)  # [B, V]
     rejected = n < draft.lengths  # else every real draft token was accepted: the bonus comes from p_n
     if L:
@@ -119,7 +119,7 @@ def verify_greedy(p: torch.Tensor, draft: Draft, generator: Generators = None) -
     B, L, V = _check(p, draft)
     target_tokens = p.argmax(-1)  # [B, L + 1]
     accept = (draft.tokens == target_tokens[:, :L]) & _in_draft(draft)
-    n = _first_rejection(accept)
+    n = first_rejection(accept)
     return VerifyResult(n_accepted=n, next_token=target_tokens.gather(1, n[:, None]).squeeze(1), accept_mask=accept)
 
 
@@ -133,7 +133,7 @@ def verify_typical(
     p_x = _target_at_tokens(p, draft)
     entropy = -(p[:, :L] * p[:, :L].clamp(min=1e-30).log()).sum(-1)
     accept = (p_x > torch.minimum(torch.full_like(entropy, epsilon), delta * torch.exp(-entropy))) & _in_draft(draft)
-    n = _first_rejection(accept)
+    n = first_rejection(accept)
     kept = torch.arange(L, device=p.device) < n[:, None]
     excess = ((1 - accept_probability(p_x, draft_law_at_tokens(draft, p.dtype))) * kept).sum(-1)
     return VerifyResult(n_accepted=n, next_token=sample(_at(p, n), generator), accept_mask=accept, excess_acceptance=excess)

@@ -2,7 +2,7 @@
 
 A decoding is called with a model adapter, the condition, the sampling settings and the caller's generator, and yields
 a `DecodeStep` after every target forward, so a pipeline can drive progress bars, callbacks and interruption. This
-module holds the plain AR baseline; speculative methods register beside it.
+module holds the plain AR baseline; `mmspec.image.registry` names every method.
 """
 
 from __future__ import annotations
@@ -50,9 +50,36 @@ class ImageDecoding(Protocol):
     ) -> Iterator[DecodeStep]: ...
 
 
-def probs_of(logits: ImageLogits, sampling: SamplingConfig) -> torch.Tensor:
-    """Processed probabilities [..., V] of (CFG-paired) logits."""
-    return process_logits(logits.cond, sampling, logits.uncond)
+def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None]:
+    """(N image tokens, V image-token ids, forced tokens [N] long or None) of a model adapter."""
+    grid, V = getattr(model, "grid", None), getattr(model, "vocab_size", None)
+    if not (isinstance(grid, tuple) and len(grid) == 2 and all(isinstance(x, int) and x > 0 for x in grid)):
+        raise TypeError(
+            f"model must be an image adapter exposing its image span as `grid` = (h, w) positive ints, got "
+            f"{type(model).__name__} with grid={grid!r}"
+        )
+    if not (isinstance(V, int) and V > 0):
+        raise TypeError(f"model must expose `vocab_size` (image-token ids 0..V-1) as a positive int, got {V!r}")
+    N = grid[0] * grid[1]
+    forced = getattr(model, "forced_tokens", None)
+    if forced is not None and (forced.shape != (N,) or forced.max() >= V):
+        raise ValueError(f"model.forced_tokens must be [{N}] long with ids < {V} (-1 = free), got {tuple(forced.shape)}")
+    return N, V, forced
+
+
+def probs_of(
+    logits: ImageLogits, sampling: SamplingConfig, positions: torch.Tensor, forced: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Processed probabilities [B, W, V] of (CFG-paired) logits [B, W, V] that predict the image tokens at
+    `positions` [B, W]; where `forced` [N] names a token the law is that token's one-hot (positions >= N are
+    scratch and left as they are)."""
+    p = process_logits(logits.cond, sampling, logits.uncond)
+    if forced is None:
+        return p
+    N = forced.shape[0]
+    token = torch.where(positions < N, forced[positions.clamp(max=N - 1)], -1)  # [B, W]
+    one_hot = torch.nn.functional.one_hot(token.clamp(min=0), p.shape[-1]).to(p.dtype)
+    return torch.where((token >= 0)[..., None], one_hot, p)
 
 
 class ARDecoding:
@@ -65,11 +92,12 @@ class ARDecoding:
     def __call__(self, model, condition, sampling, generator, stats):
         start = time.perf_counter()
         timer = PhaseTimer(stats.timings)
+        N, _, forced = image_span(model)
         with timer("target"):
             state, logits = model.prefill(condition, cfg=sampling.guidance_scale != 1.0)
         stats.target_forwards += 1
         stats.prefill_forwards += 1
-        B, N = logits.cond.shape[0], model.grid[0] * model.grid[1]
+        B = logits.cond.shape[0]
         check_generators(generator, B)
         device = logits.cond.device
         tokens = torch.full((B, N), PAD_ID, dtype=torch.long, device=device)
@@ -77,7 +105,8 @@ class ARDecoding:
         try:
             for i in range(N):
                 with timer("sample"):
-                    tokens[:, i] = sample(probs_of(logits.at(-1), sampling), generator)
+                    p = probs_of(logits.at(slice(-1, None)), sampling, torch.full((B, 1), i, device=device), forced)
+                    tokens[:, i] = sample(p[:, 0], generator)
                 done = i + 1
                 if done < N:
                     with timer("target"):
@@ -87,19 +116,6 @@ class ARDecoding:
         finally:  # also when the caller stops early (closes this generator): count what was generated
             stats.steps = torch.full((B,), max(done - 1, 0), dtype=torch.long)
             stats.new_tokens = torch.full((B,), done, dtype=torch.long)
+            stats.acceptance_map = torch.arange(N).expand(B, N)  # forward i (0 = the prefill) commits token i
             stats.timings["total"] = time.perf_counter() - start
             stats.finalize()
-
-
-DECODINGS: dict[str, type] = {"ar": ARDecoding}
-
-
-def get_decoding(decoding: str | ImageDecoding) -> ImageDecoding:
-    """A decoding instance from its name (see `DECODINGS`) or an already-built decoding object."""
-    if isinstance(decoding, str):
-        if decoding not in DECODINGS:
-            raise ValueError(f"decoding must be one of {sorted(DECODINGS)} or a decoding object, got {decoding!r}")
-        return DECODINGS[decoding]()
-    if not callable(decoding) or not hasattr(decoding, "name"):
-        raise TypeError(f"decoding must be a name or an ImageDecoding object, got {type(decoding).__name__}")
-    return decoding

@@ -29,15 +29,18 @@ class ImageLogits:
 class DiscreteImageModel(Protocol):
     """Adapter protocol of a discrete-token AR image model.
 
-    grid: (h, w) token grid, tokens in raster order; vocab_size: V, image-token ids are 0..V-1.
+    The image span: `grid` (h, w), its N = h * w tokens in raster order, and `vocab_size` V (image-token ids
+    0..V-1). An adapter may also expose `forced_tokens`: [N] long, the token every sample has at a position (e.g. an
+    end-of-line column) or -1 where the position is free; decoders then treat those positions as one-hot laws.
     """
 
     grid: tuple[int, int]
     vocab_size: int
 
-    def prefill(self, condition: Any, cfg: bool) -> tuple[Any, ImageLogits]:
+    def prefill(self, condition: Any, cfg: bool, max_window: int = 1) -> tuple[Any, ImageLogits]:
         """Run the condition prefix of B samples (with their unconditional rows when `cfg`); returns the state and the
-        logits [B, 1, V] of image token 0."""
+        logits [B, 1, V] of image token 0. `max_window`: the widest window `forward` will get; the state keeps room
+        for a window that starts at any row's last image token."""
 
     def forward(self, tokens: torch.Tensor, state: Any) -> ImageLogits:
         """Append tokens [B, W] after each row's kept tokens; logits [B, W, V], position w predicting the token after

@@ -20,7 +20,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import SpecStats
-from mmspec.image.decoding import PAD_ID, ImageDecoding, get_decoding
+from mmspec.image.decoding import PAD_ID, ImageDecoding
+from mmspec.image.registry import get_decoding
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel

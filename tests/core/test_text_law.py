@@ -9,12 +9,12 @@ break one piece of the algorithm and must be rejected by the same test.
 
 import pytest
 import torch
-from scipy.stats import chi2
 
 from mmspec.core import text, verify
 from mmspec.core.drafts import DraftLengthSchedule, ModelDrafter, NGramDrafter
 from mmspec.core.text import speculative_generate
 from tests.core.table_lm import TableLM, exact_joint_law, random_table
+from tests.law import chi_square_p_value as law_p_value
 
 V, EOS, N_NEW, ROWS, ALPHA = 5, 4, 4, 200_000, 1e-5
 PROMPTS = torch.tensor([[0, 3, 1], [0, 0, 2]])
@@ -27,21 +27,10 @@ def encode(continuations: torch.Tensor) -> torch.Tensor:
 
 
 def chi_square_p_value(samples: torch.Tensor, law: dict) -> float:
-    counts = torch.bincount(encode(samples), minlength=V**N_NEW).double()
-    n = samples.shape[0]
     keys = torch.tensor([list(k) + [EOS] * (N_NEW - len(k)) for k in law])
-    expected = torch.zeros(V**N_NEW, dtype=torch.float64)
-    expected[encode(keys)] = torch.tensor(list(law.values()), dtype=torch.float64) * n
-    impossible = counts[expected == 0].sum()
-    if impossible > 0:
-        return 0.0
-    small = (expected > 0) & (expected < 5)
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[small].sum()[None]])
-    exp = torch.cat([expected[big], expected[small].sum()[None]])
-    obs, exp = obs[exp > 0], exp[exp > 0]
-    stat = ((obs - exp) ** 2 / exp).sum().item()
-    return chi2.sf(stat, len(obs) - 1)
+    probs = torch.zeros(V**N_NEW, dtype=torch.float64)
+    probs[encode(keys)] = torch.tensor(list(law.values()), dtype=torch.float64)
+    return law_p_value(torch.bincount(encode(samples), minlength=V**N_NEW), probs)
 
 
 def run_and_test(drafter_kind, draft_length, temperature, top_k, seed=0):
@@ -75,7 +64,9 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("drafter_kind,draft_length,temperature,top_k", CONFIGS, ids=lambda x: str(getattr(x, "kind", x)))
+@pytest.mark.parametrize(
+    "drafter_kind,draft_length,temperature,top_k", CONFIGS, ids=lambda x: str(getattr(x, "kind", x))
+)
 def test_speculative_generate_matches_exact_joint_law(drafter_kind, draft_length, temperature, top_k):
     p_value, stats = run_and_test(drafter_kind, draft_length, temperature, top_k)
     assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"

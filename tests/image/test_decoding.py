@@ -66,7 +66,10 @@ def test_cfg_off_runs_no_unconditional_rows():
 
 def test_get_decoding_names_the_choices():
     assert isinstance(get_decoding("ar"), ARDecoding)
-    with pytest.raises(ValueError, match=r"\['ar'\]"):
+    with pytest.raises(ValueError, match=r"\['ar', 'sjd'\]"):
         get_decoding("jacobi")
+    with pytest.raises(ValueError, match=r"'ar'.*does not take \['window'\]"):
+        get_decoding("ar", window=4)
+    assert get_decoding("ar", window=None).name == "ar"  # None = the method's default
     with pytest.raises(TypeError, match="decoding"):
         get_decoding(3)

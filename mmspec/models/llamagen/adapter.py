@@ -44,13 +44,13 @@ class LlamaGenAdapter:
     def num_image_tokens(self) -> int:
         return self.grid[0] * self.grid[1]
 
-    def prefill(self, condition: LlamaGenCondition, cfg: bool) -> tuple[LlamaGenState, ImageLogits]:
+    def prefill(self, condition: LlamaGenCondition, cfg: bool, max_window: int = 1) -> tuple[LlamaGenState, ImageLogits]:
         model = self.transformer
         B = condition.states.shape[0]
         prefix = model.embed_condition(condition.states)  # [B, T, dim]
         if cfg:
             prefix = torch.cat([prefix, model.embed_condition(model.unconditional(B, prefix.device))])  # [2B, T, dim]
-        cache = model.new_cache(prefix.shape[0], device=prefix.device, dtype=prefix.dtype)
+        cache = model.new_cache(prefix.shape[0], device=prefix.device, dtype=prefix.dtype, extra_slots=max_window - 1)
         if condition.mask is not None:
             cache.key_valid[:B, : prefix.shape[1]] = condition.mask
         logits = model.forward_window(prefix, cache)[:, -1:]  # [B or 2B, 1, V]

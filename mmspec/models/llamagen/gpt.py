@@ -315,10 +315,13 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         return self.output(self.norm(h[:, T - 1 :])).float()
 
     # ---- cached windows (inference) ---------------------------------------------------------------------------------
-    def new_cache(self, rows: int, device=None, dtype=None) -> KVCache:
-        """An empty cache for `rows` sequences: one slot per condition position and image token."""
+    def new_cache(self, rows: int, device=None, dtype=None, extra_slots: int = 0) -> KVCache:
+        """An empty cache for `rows` sequences: one slot per condition position and image token, plus `extra_slots`
+        past the image for speculative windows of rows that are ahead of others (their contents are never read by a
+        committed token)."""
         c = self.config
-        shape = (c.n_layer, rows, c.n_kv_head or c.n_head, c.cls_token_num + self.num_image_tokens, c.dim // c.n_head)
+        slots = c.cls_token_num + self.num_image_tokens + extra_slots
+        shape = (c.n_layer, rows, c.n_kv_head or c.n_head, slots, c.dim // c.n_head)
         device, dtype = device or self.device, dtype or self.dtype
         return KVCache(
             k=torch.zeros(shape, device=device, dtype=dtype),
@@ -354,7 +357,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         return ((causal & key_valid[:, None, :]) | (keys[None, None, :] == slots[:, :, None]))[:, None]
 
     def _blocks(self, x: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        rope = self.rope[slots]  # [R, W, D/2, 2]
+        rope = self.rope[slots.clamp(max=self.rope.shape[0] - 1)]  # [R, W, D/2, 2]; slots past the image are scratch
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, None if cache is None else (cache.k[i], cache.v[i]), slots)
         return x

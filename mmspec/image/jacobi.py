@@ -1,0 +1,252 @@
+"""Speculative Jacobi decoding (SJD) for discrete image AR models, with its exact successors.
+
+- SJD (Teng et al. 2024, arXiv 2410.01699): a window of L tokens after the committed prefix is scored in one target
+  forward; every draft is accepted with min(1, p/q), where q is the law it was drawn from, and the first rejected
+  position is resampled from norm(max(p - q, 0)). The drafts of the next iteration are fresh samples of this
+  iteration's outputs (`coupling="none"`).
+- Coupled redrafting (MC-SJD, So et al. 2025, arXiv 2510.24211): a position's next draft is coupled to its current
+  one so that it changes only when it must. `coupling="maximal"` keeps the current draft x with probability
+  min(1, p_t(x)/q(x)) and otherwise draws from norm(max(p_t - q, 0)); this is the same operator as SJD-PAC's
+  *adaptive continuation* (Kang et al. 2026, arXiv 2603.18599: verification goes on past the first rejection and
+  only the rejected positions are resampled). `coupling="gumbel"` shares one Gumbel vector per position across
+  iterations and drafts argmax(log p_t + g).
+- Draft initialisation of positions no window has reached yet: `"random"` (uniform over the image tokens, carrying
+  the uniform law, which accepts with min(1, V p(x)) where the one-hot bookkeeping of the official code accepts with
+  p(x)), `"horizontal"` (the token to the left) or `"vertical"` (the token one grid row above), both deterministic
+  given earlier positions, so they carry a one-hot law.
+
+One iteration for a row with c committed tokens and window W = min(L, N - c):
+    inputs  [x_{c-1}, d_c, ..., d_{c+W-2}]     x_{c-1} is the last committed token, whose key/value is not cached yet
+    outputs p_c, ..., p_{c+W-1}                  target laws, after CFG / temperature / top-k / top-p (`process_logits`)
+The accepted drafts plus one token (the residual at the first rejection, or a sample of p after the last draft) are
+committed; the cache keeps the keys/values of x_{c-1} and the accepted drafts; the new last token opens the next
+window. Rows advance independently: every row keeps its own committed length, window position and cache length.
+
+Why every mode is exact. Attach to each image position i the randomness drawn *for* it: its draft initialisation,
+the uniforms and samples of its acceptance test and redrafts, its Gumbel vector. Nothing computed for a position
+< i ever reads randomness of position i: outputs are causal, and which iteration verifies i and which window covers
+it depend only on the tests at positions < i. Let F_i be everything drawn for positions < i. By induction over
+iterations, the draft at i has law q given F_i, where q is the law stored with it: an initial draft is uniform or a
+function of F_i; a fresh redraft is a sample of p_t, whose value is fixed by F_i; a maximally coupled redraft is
+MRS(x, q, p_t) with x ~ q given F_i, which is distributed as p_t (the speculative-sampling lemma, applied to the
+draft rather than to the output); a Gumbel redraft argmax(log p_t + g_i) is distributed as p_t because g_i is
+independent of F_i. When i is verified, all of x_{<i} is committed and the target law there is the model's
+conditional p(. | x_{<i}), so accept-with-min(1, p/q)-else-residual emits x_i ~ p(. | x_{<i}) given F_i: the
+committed sequence has the AR joint law. Storing the stale q with a kept token, resampling from p instead of the
+residual, verifying draft i against the law of i - 1, or forcing an acceptance each break one step of this argument;
+`tests/image/test_jacobi_law.py` shows the law test rejecting each.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.rng import Generators, check_generators, inverse_cdf, sample, uniform
+from mmspec.core.stats import PhaseTimer, SpecStats
+from mmspec.core.verify import VerifyResult, accept_probability, first_rejection, residual_law
+from mmspec.image.decoding import PAD_ID, DecodeStep, image_span, probs_of
+from mmspec.image.protocol import DiscreteImageModel
+
+INITS = ("random", "horizontal", "vertical")
+COUPLINGS = ("none", "maximal", "gumbel")
+
+
+@dataclass(frozen=True)
+class JacobiStep:
+    """One window's verification and redraft.
+
+    verify: n_accepted [B], next_token [B] (the residual or bonus token that closes the committed run) and
+    accept_mask [B, W - 1]. tokens: [B, W], the token at each output position: committed for j <= n_accepted, the
+    next draft after it. laws: [B, W, V], the law each next draft was drawn from (this iteration's p).
+    """
+
+    verify: VerifyResult
+    tokens: torch.Tensor
+    laws: torch.Tensor
+
+
+def jacobi_step(
+    p: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor,
+    lengths: torch.Tensor,
+    uniforms: torch.Tensor,
+    coupling: str,
+    gumbel: torch.Tensor | None = None,
+) -> JacobiStep:
+    """Verify a window of drafts and draw the next drafts; pure tensor code, no host sync.
+
+    p: [B, W, V] target laws at the window's output positions; drafts: [B, W - 1] the drafts at the first W - 1 of
+    them, drawn from q: [B, W - 1, V]; lengths: [B] long, how many drafts of each row are real (the rest lie past
+    the image); uniforms: [B, 3, >= W] U[0, 1) draws for the acceptance tests, the residual samples and the fresh
+    samples of p (the caller draws a fixed number per row, so a row's random stream depends on nothing else);
+    gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel".
+    """
+    B, W, V = p.shape
+    has_draft = torch.arange(W - 1, device=p.device) < lengths[:, None]  # [B, W - 1]
+    p_draft = p[:, :-1]  # p_j scores the draft at output position j
+    p_x = p_draft.gather(-1, drafts[..., None]).squeeze(-1)
+    q_x = q.gather(-1, drafts[..., None]).squeeze(-1)
+    accept = (uniforms[:, 0, : W - 1] < accept_probability(p_x, q_x)) & has_draft
+    n = first_rejection(accept)  # [B]
+    residual = inverse_cdf(residual_law(p_draft, q), uniforms[:, 1, : W - 1])  # [B, W - 1]
+    fresh = inverse_cdf(p, uniforms[:, 2, :W])  # [B, W]
+    # Maximal coupling of each draft with p: the draft where accepted, else the residual; a position without a
+    # draft (the last one, or past a row's real drafts) draws p. At j = n this is the committed token.
+    coupled = torch.cat([torch.where(has_draft, torch.where(accept, drafts, residual), fresh[:, :-1]), fresh[:, -1:]], 1)
+    if coupling == "maximal":
+        redraft = coupled
+    elif coupling == "gumbel":
+        redraft = (p.log() + gumbel).argmax(-1)
+    else:
+        redraft = fresh
+    committed = torch.arange(W, device=p.device) <= n[:, None]
+    tokens = torch.where(committed, coupled, redraft)
+    next_token = coupled.gather(1, n[:, None]).squeeze(1)
+    return JacobiStep(VerifyResult(n_accepted=n, next_token=next_token, accept_mask=accept), tokens, p)
+
+
+class SJDDecoding:
+    """Speculative Jacobi decoding, batched, with per-row acceptance; lossless for every setting.
+
+    window: L, tokens scored per target forward (1 = plain AR). init: how positions no window has reached are
+    drafted, one of `INITS`. coupling: how the drafts past the committed run are redrafted, one of `COUPLINGS`.
+    """
+
+    name = "sjd"
+    lossless = True
+
+    def __init__(self, window: int = 16, init: str = "horizontal", coupling: str = "maximal"):
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"window must be an int, got {type(window).__name__}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1 (tokens scored per target forward), got {window}")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
+        if coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
+        self.window, self.init, self.coupling = window, init, coupling
+
+    def __repr__(self) -> str:
+        return f"SJDDecoding(window={self.window}, init={self.init!r}, coupling={self.coupling!r})"
+
+    def __call__(
+        self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
+    ):
+        start = time.perf_counter()
+        timer = PhaseTimer(stats.timings)
+        N, V, forced = image_span(model)
+        L = self.window
+        with timer("target"):
+            state, logits = model.prefill(condition, cfg=sampling.guidance_scale != 1.0, max_window=L)
+        stats.target_forwards += 1
+        stats.prefill_forwards += 1
+        B, device = logits.cond.shape[0], logits.cond.device
+        check_generators(generator, B)
+        image_positions = torch.arange(N, device=device)
+
+        # Per-row state over absolute positions 0 .. N + L - 1 (past N: scratch for windows that overhang the image).
+        # seq holds the committed tokens, then the current drafts; laws the law each draft was drawn from.
+        with timer("draft"):
+            p0 = probs_of(logits.at(slice(-1, None)), sampling, torch.zeros(B, 1, dtype=torch.long, device=device),
+                          forced)
+            seq = torch.zeros(B, N + L, dtype=torch.long, device=device)
+            seq[:, 0] = sample(p0[:, 0], generator)
+            laws = torch.zeros(B, N + L, V, dtype=p0.dtype, device=device)
+            gumbel = None
+            if self.coupling == "gumbel":
+                gumbel = -(-uniform((B, N + L, V), generator, device, p0.dtype).clamp(min=1e-30).log()).log()
+        committed = torch.ones(B, dtype=torch.long, device=device)  # tokens committed per row (>= 1)
+        drafted_end = committed.clone()  # positions < drafted_end hold a committed token or a draft
+        stats.steps = torch.zeros(B, dtype=torch.long, device=device)
+        stats.acceptance_map = torch.zeros(B, N, dtype=torch.long, device=device)
+        min_committed, step = 1, 0
+        try:
+            yield DecodeStep(0, _snapshot(seq, committed, N), committed.clone(), min_committed)
+            while min_committed < N:
+                step += 1
+                W = min(L, N - min_committed)
+                active = committed < N
+                inputs_at = committed[:, None] - 1 + torch.arange(W, device=device)  # [B, W] absolute positions
+                outputs_at = inputs_at + 1
+                with timer("draft"):
+                    # A fixed number of draws per row and iteration (init, accept, residual, fresh), whatever W is.
+                    uniforms = uniform((B, 4, L), generator, device, p0.dtype)
+                    self._initialise(seq, laws, inputs_at[:, 1:], drafted_end, uniforms[:, 0], model.grid[1], forced)
+                    inputs = seq.gather(1, inputs_at)
+                with timer("target"):
+                    logits = model.forward(inputs, state)
+                stats.target_forwards += 1
+                with timer("verify"):
+                    p = probs_of(logits, sampling, outputs_at, forced)  # [B, W, V]
+                    lengths = ((N - committed).clamp(max=W) - 1).clamp(min=0)  # real drafts per row
+                    q = laws.gather(1, _rows(inputs_at[:, 1:], V))
+                    g = None if gumbel is None else gumbel.gather(1, _rows(outputs_at, V))
+                    result = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g)
+                    keep = active[:, None]
+                    seq.scatter_(1, outputs_at, torch.where(keep, result.tokens, seq.gather(1, outputs_at)))
+                    law_at = _rows(outputs_at, V)
+                    laws.scatter_(1, law_at, torch.where(keep[..., None], result.laws, laws.gather(1, law_at)))
+                    advanced = torch.where(active, committed + result.verify.n_accepted + 1, committed)
+                    drafted_end = torch.where(active, committed + W, drafted_end)
+                    newly = (image_positions >= committed[:, None]) & (image_positions < advanced[:, None])
+                    stats.acceptance_map.masked_fill_(newly, step)
+                    stats.record_step(result.verify, lengths, active=active)
+                    committed = advanced
+                with timer("target"):
+                    model.rollback(state, committed - 1)  # the last committed token opens the next window
+                min_committed = int(committed.min())  # host sync: the loop's bound and the next window width
+                yield DecodeStep(step, _snapshot(seq, committed, N), committed.clone(), min_committed)
+        finally:  # also when the caller stops early: count what was committed
+            stats.new_tokens = committed.clamp(max=N).cpu()
+            stats.steps = stats.steps.cpu()
+            stats.timings["total"] = time.perf_counter() - start
+            stats.finalize()
+
+    def _initialise(
+        self,
+        seq: torch.Tensor,
+        laws: torch.Tensor,
+        positions: torch.Tensor,
+        drafted_end: torch.Tensor,
+        draws: torch.Tensor,
+        width: int,
+        forced: torch.Tensor | None,
+    ) -> None:
+        """Draft the window positions [B, W - 1] that no earlier window reached (>= drafted_end), in place; draws:
+        [B, >= W - 1] uniforms for the random initialisation."""
+        B, V = seq.shape[0], laws.shape[-1]
+        if self.init == "random":
+            tokens = (draws[:, : positions.shape[1]] * V).long().clamp(max=V - 1)
+            law = torch.full((*positions.shape, V), 1.0 / V, dtype=laws.dtype, device=seq.device)
+        else:
+            last = (drafted_end - 1)[:, None].expand_as(positions)
+            source = last
+            if self.init == "vertical":  # the nearest row above that is already drafted; the first row repeats left
+                above = positions - ((positions - drafted_end[:, None]) // width + 1) * width
+                source = torch.where(above >= 0, above, last)
+            tokens = seq.gather(1, source)
+            law = torch.nn.functional.one_hot(tokens, V).to(laws.dtype)
+        if forced is not None:
+            N = forced.shape[0]
+            token = torch.where(positions < N, forced[positions.clamp(max=N - 1)], -1)
+            tokens = torch.where(token >= 0, token, tokens)
+            law = torch.where((token >= 0)[..., None], torch.nn.functional.one_hot(tokens, V).to(laws.dtype), law)
+        new = positions >= drafted_end[:, None]
+        seq.scatter_(1, positions, torch.where(new, tokens, seq.gather(1, positions)))
+        index = _rows(positions, V)
+        laws.scatter_(1, index, torch.where(new[..., None], law, laws.gather(1, index)))
+
+
+def _rows(positions: torch.Tensor, V: int) -> torch.Tensor:
+    """Index [B, W, V] that gathers/scatters the V-wide rows at `positions` [B, W] along dim 1."""
+    return positions[..., None].expand(-1, -1, V)
+
+
+def _snapshot(seq: torch.Tensor, committed: torch.Tensor, N: int) -> torch.Tensor:
+    """The committed image tokens [B, N], PAD_ID where not committed yet."""
+    return torch.where(torch.arange(N, device=seq.device) < committed[:, None], seq[:, :N], PAD_ID)

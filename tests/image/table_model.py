@@ -1,0 +1,80 @@
+"""A lookup-table image AR model implementing `mmspec.image.DiscreteImageModel`, for exact-law tests.
+
+Every distinct prefix of image tokens has its own random logit row, per prompt and for the unconditional model, so
+the next-token law depends on the whole prefix: a decoder that feeds a token at the wrong position, keeps a stale
+one, or forgets to roll back sees different laws. The state mimics a KV cache: `forward` appends after each row's
+kept tokens and `rollback` truncates per row.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.image.protocol import ImageLogits
+
+
+@dataclass
+class TableState:
+    prompts: torch.Tensor  # [B] long
+    tokens: torch.Tensor  # [B, S] long, the "cached" image tokens
+    length: torch.Tensor  # [B] long, tokens kept per row
+    cfg: bool
+
+
+class TableImageModel:
+    def __init__(self, grid=(2, 3), vocab_size=4, prompts=2, forced_tokens=None, seed=0, scale=1.5):
+        self.grid, self.vocab_size = grid, vocab_size
+        self.N = grid[0] * grid[1]
+        self.forced_tokens = forced_tokens
+        V = vocab_size
+        self.offsets = torch.tensor([sum(V**j for j in range(k)) for k in range(self.N)])  # code of a k-prefix
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(prompts + 1, int(self.offsets[-1]) + V ** (self.N - 1), V, generator=g,
+                                 dtype=torch.float64) * scale  # row `prompts` = unconditional
+
+    def codes(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Table row of the prefix tokens[b, :lengths[b, w]] for lengths [B, W]; prefixes longer than N - 1 only
+        occur past the image (scratch) and read their first N - 1 tokens."""
+        lengths = lengths.clamp(max=self.N - 1)
+        V = self.vocab_size
+        value = torch.zeros(tokens.shape[0], self.N, dtype=torch.long)  # value[b, k] = base-V number of k tokens
+        for k in range(1, self.N):
+            value[:, k] = value[:, k - 1] * V + tokens[:, k - 1]
+        return self.offsets[lengths] + value.gather(1, lengths)
+
+    def logits(self, state: TableState, lengths: torch.Tensor) -> ImageLogits:
+        code = self.codes(state.tokens, lengths)
+        cond = self.table[state.prompts[:, None], code]
+        return ImageLogits(cond, self.table[-1][code] if state.cfg else None)
+
+    def prefill(self, condition: torch.Tensor, cfg: bool, max_window: int = 1):
+        B = condition.shape[0]
+        # Room for windows that overhang the image and for a decoder that never rolls back (a mutation under test).
+        state = TableState(condition, torch.zeros(B, self.N * (max_window + 1), dtype=torch.long),
+                           torch.zeros(B, dtype=torch.long), cfg)
+        return state, self.logits(state, torch.zeros(B, 1, dtype=torch.long))
+
+    def forward(self, tokens: torch.Tensor, state: TableState) -> ImageLogits:
+        positions = state.length[:, None] + torch.arange(tokens.shape[1])
+        state.tokens.scatter_(1, positions, tokens)
+        state.length = state.length + tokens.shape[1]
+        return self.logits(state, positions + 1)
+
+    def rollback(self, state: TableState, keep: torch.Tensor) -> None:
+        state.length = keep.clone()
+
+    def exact_law(self, prompt: int, sampling: SamplingConfig) -> torch.Tensor:
+        """The AR joint law of all V^N token sequences [V^N] float64 (index = base-V number, first token most
+        significant), enumerated with the real `process_logits`."""
+        V, N = self.vocab_size, self.N
+        sequences = torch.cartesian_prod(*[torch.arange(V)] * N) if N > 1 else torch.arange(V)[:, None]
+        state = TableState(torch.full((len(sequences),), prompt), sequences, torch.zeros(len(sequences)), True)
+        all_prefixes = torch.arange(N).expand(len(sequences), N)
+        logits = self.logits(state, all_prefixes)
+        p = process_logits(logits.cond, sampling, logits.uncond)  # [V^N, N, V]
+        if self.forced_tokens is not None:
+            forced = self.forced_tokens >= 0
+            one_hot = torch.nn.functional.one_hot(self.forced_tokens.clamp(min=0), V).double()
+            p = torch.where(forced[None, :, None], one_hot, p)
+        return p.gather(-1, sequences[..., None]).squeeze(-1).prod(-1)
