@@ -51,9 +51,21 @@ def test_mmspec_generate_writes_a_png_and_prints_stats(tmp_path, capsys):
     prompts = ["a large red circle on a plain background", "two small blue squares on a striped background"]
     assert main(["generate", *prompts, "--out", str(out), "--n", "2", "--seed", "1"]) == 0
     printed = capsys.readouterr().out
-    assert "target_forwards" in printed and "seconds per image" in printed
+    assert "decoding  sjd" in printed and "target_forwards" in printed and "seconds/image" in printed
+    comparison = {line.split()[0]: line.split() for line in printed.splitlines()[-2:]}
+    assert set(comparison) == {"ar", "sjd"} and comparison["ar"][1] == "256"  # AR: one forward per token
+    assert int(comparison["sjd"][1]) < 256
     with Image.open(out) as image:
         assert image.size == (2 * 64, 2 * 64)  # one row per prompt, --n columns
+
+
+def test_mmspec_generate_takes_sjd_options_and_can_skip_the_comparison(tmp_path, capsys):
+    assert main(["generate", "a red circle", "--out", str(tmp_path / "x.png"), "--window", "4", "--init", "vertical",
+                 "--coupling", "gumbel", "--no-compare"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].split()[0] == "sjd" and lines[-2].split()[0] == "method"
+    with pytest.raises(SystemExit):
+        main(["generate", "a red circle", "--init", "diagonal"])
 
 
 def test_mmspec_generate_reports_a_prompt_outside_the_text_context(tmp_path):

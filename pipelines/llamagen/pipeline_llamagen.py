@@ -163,7 +163,10 @@ class LlamaGenPipeline(DiffusionPipeline):
         return_dict: bool = True,
         callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
-        decoding: str | ImageDecoding = "ar",
+        decoding: str | ImageDecoding = "sjd",
+        window: int | None = None,
+        init: str | None = None,
+        coupling: str | None = None,
     ) -> ARImagePipelineOutput | tuple:
         r"""Generate images from text.
 
@@ -189,8 +192,14 @@ class LlamaGenPipeline(DiffusionPipeline):
                 `"n_committed"`: [B]). They are read-only: committed tokens already sit in the KV cache. Set
                 `pipe._interrupt = True` to stop early; unfinished cells are then shown grey (or -1 in latents).
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["tokens"]`.
-            decoding (`str` or decoding object, defaults to `"ar"`): how tokens are generated; see
-                `mmspec.image.DECODINGS`.
+            decoding (`str` or decoding object, defaults to `"sjd"`): how tokens are generated, see
+                `mmspec.image.DECODINGS`: `"sjd"` (speculative Jacobi decoding, lossless: the same output law as
+                `"ar"` in fewer target forwards) or `"ar"` (one token per target forward).
+            window (`int`, *optional*): `"sjd"` only: tokens scored per target forward (`SJDDecoding` default).
+            init (`str`, *optional*): `"sjd"` only: how positions no window has reached are drafted, `"random"`,
+                `"horizontal"` or `"vertical"`.
+            coupling (`str`, *optional*): `"sjd"` only: how drafts are redrafted between iterations, `"none"`
+                (original SJD), `"maximal"` (MC-SJD, = SJD-PAC's adaptive continuation) or `"gumbel"`.
 
         Examples:
         """
@@ -200,7 +209,7 @@ class LlamaGenPipeline(DiffusionPipeline):
         tensor_inputs = callback_on_step_end_tensor_inputs or ["tokens"]
         prompts = self.check_inputs(prompt, num_images_per_prompt, generator, output_type, tensor_inputs)
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        decoder = get_decoding(decoding)
+        decoder = get_decoding(decoding, window=window, init=init, coupling=coupling)
         self._guidance_scale, self._interrupt = guidance_scale, False
         device = self._execution_device
 

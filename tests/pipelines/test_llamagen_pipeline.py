@@ -35,13 +35,15 @@ def seeded(*seeds):
 def test_output_types(pipe, output_type, check):
     out = pipe(PROMPTS, num_images_per_prompt=2, generator=seeded(0), output_type=output_type)
     assert isinstance(out, ARImagePipelineOutput) and check(out.images)
-    assert out.stats.target_forwards == 16 and int(out.stats.new_tokens.sum()) == 4 * 16
+    assert out.stats.target_forwards < 16 and int(out.stats.new_tokens.sum()) == 4 * 16  # SJD by default
 
 
 def test_return_dict_false_gives_images_and_stats(pipe):
     images, stats = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", return_dict=False)
     assert torch.equal(images, pipe(PROMPTS[0], generator=seeded(0), output_type="latent").images)
-    assert stats.target_forwards == 16
+    assert stats.target_forwards < 16
+    _, ar_stats = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", return_dict=False, decoding="ar")
+    assert ar_stats.target_forwards == 16
 
 
 def test_seeded_reproducibility_and_seed_sensitivity(pipe):
@@ -77,7 +79,7 @@ def test_pipeline_equals_sampling_from_the_recomputed_model(pipe, guidance_scale
     with torch.no_grad():
         expected = recompute_sampling(pipe.transformer, condition.states, condition.mask, sampling, seeded(7, 8))
     got = pipe(PROMPTS, guidance_scale=guidance_scale, temperature=0.9, top_k=6, generator=seeded(7, 8),
-               output_type="latent").images
+               output_type="latent", decoding="ar").images
     assert torch.equal(got, expected)
 
 
@@ -91,12 +93,35 @@ def test_callback_sees_every_step_and_interrupt_stops_early(pipe):
         return kwargs
 
     out = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", callback_on_step_end=callback,
-               callback_on_step_end_tensor_inputs=["tokens", "n_committed"])
+               callback_on_step_end_tensor_inputs=["tokens", "n_committed"], decoding="ar")
     assert [s[:2] for s in seen] == [(i, i + 1) for i in range(5)]
     assert (out.images[0, :5] != PAD_ID).all() and (out.images[0, 5:] == PAD_ID).all()
-    assert int(out.stats.new_tokens.sum()) == 5 and out.stats.target_forwards == 1 + 5 and "new_tokens" in out.stats.table()
-    pil = pipe(PROMPTS[0], generator=seeded(0), output_type="np", callback_on_step_end=callback).images
+    assert int(out.stats.new_tokens.sum()) == 5 and out.stats.target_forwards == 1 + 5
+    assert "new_tokens" in out.stats.table()
+    pil = pipe(PROMPTS[0], generator=seeded(0), output_type="np", callback_on_step_end=callback, decoding="ar").images
     assert np.allclose(pil[0, 4:, :, :], 0.5)  # the ungenerated lower rows of cells are shown mid-grey
+
+
+def test_sjd_steps_commit_runs_of_tokens_and_interrupt_keeps_what_was_committed(pipe):
+    seen = []
+
+    def callback(p, step, n_generated, kwargs):
+        seen.append(kwargs["n_committed"].clone())
+        p._interrupt = step == 2
+        return kwargs
+
+    out = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", callback_on_step_end=callback,
+               callback_on_step_end_tensor_inputs=["n_committed"], decoding="sjd", window=8)
+    committed = int(seen[-1][0])
+    assert len(seen) == 3 and committed >= 3  # every forward commits at least one token
+    assert (out.images[0, :committed] != PAD_ID).all() and (out.images[0, committed:] == PAD_ID).all()
+    assert int(out.stats.new_tokens.sum()) == committed
+
+
+def test_greedy_sjd_equals_greedy_ar(pipe):
+    ar = pipe(PROMPTS, temperature=0, output_type="latent", decoding="ar").images
+    for options in ({"window": 3, "init": "vertical", "coupling": "gumbel"}, {"window": 20}):
+        assert torch.equal(pipe(PROMPTS, temperature=0, output_type="latent", **options).images, ar)
 
 
 def test_callback_cannot_replace_committed_tokens(pipe):

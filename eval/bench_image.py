@@ -1,0 +1,182 @@
+"""Image decoding benchmark on the embedded text-to-image model (mmspec/zoo/shapes), in one process.
+
+    python -m eval.bench_image                      # full: 32 held-out prompts, batch 1 and 8, 2 repeats
+    python -m eval.bench_image --quick              # < 5 minutes: 8 prompts, 1 repeat
+    python -m eval.bench_image --json eval/results/bench_image.json
+    python -m eval.bench_image --sweep              # windows x inits per coupling at batch 1 (how BEST was chosen)
+
+Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
+temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
+cache, SJD as published (window 16, random init, independent redrafts) and our exact modes with their best settings
+(`BEST`, chosen by `--sweep`). Columns: target forwards per image, step compression (image tokens per target forward
+a row took part in, the prefill included), median latency of a call, speedup of the median latency against AR at
+the same batch size, and the share of decoding time spent outside the target forward (drafting, verification,
+bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU
+the window forward is compute-bound, which is what caps wall-clock speedup below step compression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mmspec.cli import load_image_pipeline
+from mmspec.image import COUPLINGS, INITS
+from mmspec.models.llamagen.adapter import LlamaGenAdapter
+from mmspec.zoo import IMAGE_T2I
+from mmspec.zoo.shapes import scene
+
+PUBLISHED_SJD = {"decoding": "sjd", "window": 16, "init": "random", "coupling": "none"}
+BEST = {  # the best wall-clock settings of each coupling in `--sweep` on this machine; L = 32 for step compression
+    "sjd_maximal": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal"},
+    "sjd_gumbel": {"decoding": "sjd", "window": 24, "init": "horizontal", "coupling": "gumbel"},
+    "sjd_maximal_L32": {"decoding": "sjd", "window": 32, "init": "vertical", "coupling": "maximal"},
+}
+METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST}
+SWEEP_WINDOWS = (8, 12, 16, 24, 32)
+
+
+@dataclass
+class Row:
+    method: str
+    batch_size: int
+    forwards_per_image: float
+    step_compression: float
+    median_latency_s: float
+    overhead_share: float
+    speedup_vs_ar: float = 1.0
+
+
+def held_out_prompts(n: int) -> list[str]:
+    return [scene(i, "heldout")[1] for i in range(n)]
+
+
+def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int, repeats: int) -> Row:
+    latencies, forwards, tokens, row_forwards, outside, total = [], 0, 0, 0, 0.0, 0.0
+    for repeat in range(repeats):
+        for start in range(0, len(prompts), batch_size):
+            batch = prompts[start : start + batch_size]
+            generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(len(batch))]
+            began = time.perf_counter()
+            stats = pipe(batch, generator=generators, output_type="latent", **options).stats
+            latencies.append(time.perf_counter() - began)
+            if repeat == 0:
+                forwards += stats.target_forwards * len(batch)
+                tokens += int(stats.new_tokens.sum())
+                row_forwards += int(stats.steps.sum()) + stats.prefill_forwards * len(batch)
+            outside += stats.timings["total"] - stats.timings["target"]
+            total += stats.timings["total"]
+    return Row(name, batch_size, forwards / len(prompts), tokens / row_forwards, statistics.median(latencies),
+               outside / total)
+
+
+def window_forward_cost(pipe, batch_size: int, windows=(1, 2, 4, 8, 16, 32), repeats: int = 20) -> dict[int, float]:
+    """Seconds of one CFG target forward of a W-token window after 128 cached image tokens, relative to W = 1."""
+    adapter = LlamaGenAdapter(pipe.transformer, pipe.vqvae)
+    condition = pipe.encode_prompt(["a red circle"] * batch_size, pipe.device)
+    seconds = {}
+    with torch.no_grad():
+        for W in windows:
+            state, _ = adapter.prefill(condition, cfg=True, max_window=max(windows))
+            adapter.forward(torch.zeros(batch_size, 128, dtype=torch.long), state)
+            keep = torch.full((batch_size,), 128)
+            times = []
+            for _ in range(repeats):
+                began = time.perf_counter()
+                adapter.forward(torch.zeros(batch_size, W, dtype=torch.long), state)
+                times.append(time.perf_counter() - began)
+                adapter.rollback(state, keep)
+            seconds[W] = statistics.median(times)
+    return {W: round(s / seconds[windows[0]], 2) for W, s in seconds.items()}
+
+
+def format_table(rows: list[Row]) -> str:
+    header = "| method | batch | target forwards / image | step compression | median latency (s) | speedup vs AR | outside forward |"
+    lines = [header, "|" + "---|" * 7]
+    for r in rows:
+        lines.append(f"| {r.method} | {r.batch_size} | {r.forwards_per_image:.1f} | {r.step_compression:.2f} | "
+                     f"{r.median_latency_s:.3f} | {r.speedup_vs_ar:.2f} | {100 * r.overhead_share:.1f} % |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[Row]) -> dict:
+    at = {(r.method, r.batch_size): r for r in rows}
+    ours = [r for r in rows if r.method in BEST]
+    best_bs1 = max((r for r in ours if r.batch_size == 1), key=lambda r: r.speedup_vs_ar)
+    best_compression = max(r.step_compression for r in ours if r.batch_size == 1)
+    sjd = at[("sjd_published", 1)].step_compression
+    result = {
+        "sjd_step_compression": round(sjd, 3),
+        "best_exact_step_compression": round(best_compression, 3),
+        "best_over_sjd_step_compression": round(best_compression / sjd, 3),
+        "best_exact_method_bs1": best_bs1.method,
+        "best_exact_speedup_vs_ar_bs1": round(best_bs1.speedup_vs_ar, 3),
+        "overhead_share": round(best_bs1.overhead_share, 4),
+        "sjd_speedup_vs_ar_bs1": round(at[("sjd_published", 1)].speedup_vs_ar, 3),
+    }
+    if any(r.batch_size == 8 for r in ours):
+        result["best_exact_speedup_vs_ar_bs8"] = round(max(r.speedup_vs_ar for r in ours if r.batch_size == 8), 3)
+    return result
+
+
+def sweep(pipe, prompts: list[str]) -> None:
+    base = measure(pipe, "ar", METHODS["ar"], prompts, 1, 1)
+    print(f"ar: {base.median_latency_s:.3f} s")
+    for coupling in COUPLINGS:
+        for init in INITS:
+            for window in SWEEP_WINDOWS:
+                options = {"decoding": "sjd", "window": window, "init": init, "coupling": coupling}
+                row = measure(pipe, "sweep", options, prompts, 1, 1)
+                print(f"{coupling:8s} {init:10s} L={window:3d}  compression {row.step_compression:.2f}  "
+                      f"speedup {base.median_latency_s / row.median_latency_s:.2f}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
+    parser.add_argument("--quick", action="store_true", help="8 prompts, 1 repeat")
+    parser.add_argument("--sweep", action="store_true", help="sweep windows and inits per coupling instead")
+    parser.add_argument("--json", default=None, help="write the rows and the summary here")
+    args = parser.parse_args(argv)
+    pipe = load_image_pipeline(args.model)
+    pipe.set_progress_bar_config(disable=True)
+    prompts = held_out_prompts(8 if args.quick or args.sweep else 32)
+    repeats = 1 if args.quick else 2
+    for options in METHODS.values():  # warm-up
+        pipe(prompts[:1], output_type="latent", **options)
+    if args.sweep:
+        sweep(pipe, prompts)
+        return {}
+
+    rows = []
+    for batch_size in (1, 8):
+        base = None
+        for name, options in METHODS.items():
+            row = measure(pipe, name, options, prompts, batch_size, repeats)
+            base = base or row.median_latency_s
+            row.speedup_vs_ar = base / row.median_latency_s
+            rows.append(row)
+            print(f"{name} batch {batch_size}: {row.median_latency_s:.3f} s", flush=True)
+    costs = {batch_size: window_forward_cost(pipe, batch_size) for batch_size in (1, 8)}
+    report = {"model": args.model, "prompts": len(prompts), "repeats": repeats, "torch_threads": torch.get_num_threads(),
+              "methods": METHODS, "rows": [vars(r) for r in rows], "window_forward_cost": costs,
+              "summary": summary(rows)}
+    print(format_table(rows))
+    print("\nforward cost of a W-token window relative to W = 1 (CFG, 128 cached tokens):")
+    for batch_size, cost in costs.items():
+        print(f"  batch {batch_size}: " + ", ".join(f"W={W}: {c:.2f}x" for W, c in cost.items()))
+    print("\n" + json.dumps(report["summary"], indent=1))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
