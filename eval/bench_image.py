@@ -97,8 +97,9 @@ def window_forward_cost(pipe, batch_size: int, windows=(1, 2, 4, 8, 16, 32), rep
 
 
 def format_table(rows: list[Row]) -> str:
-    header = "| method | batch | target forwards / image | step compression | median latency (s) | speedup vs AR | outside forward |"
-    lines = [header, "|" + "---|" * 7]
+    columns = ["method", "batch", "target forwards / image", "step compression", "median latency (s)", "speedup vs AR",
+               "outside forward"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
         lines.append(f"| {r.method} | {r.batch_size} | {r.forwards_per_image:.1f} | {r.step_compression:.2f} | "
                      f"{r.median_latency_s:.3f} | {r.speedup_vs_ar:.2f} | {100 * r.overhead_share:.1f} % |")
@@ -164,9 +165,9 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(row)
             print(f"{name} batch {batch_size}: {row.median_latency_s:.3f} s", flush=True)
     costs = {batch_size: window_forward_cost(pipe, batch_size) for batch_size in (1, 8)}
-    report = {"model": args.model, "prompts": len(prompts), "repeats": repeats, "torch_threads": torch.get_num_threads(),
-              "methods": METHODS, "rows": [vars(r) for r in rows], "window_forward_cost": costs,
-              "summary": summary(rows)}
+    report = {"model": args.model, "prompts": len(prompts), "repeats": repeats,
+              "torch_threads": torch.get_num_threads(), "methods": METHODS, "rows": [vars(r) for r in rows],
+              "window_forward_cost": costs, "summary": summary(rows)}
     print(format_table(rows))
     print("\nforward cost of a W-token window relative to W = 1 (CFG, 128 cached tokens):")
     for batch_size, cost in costs.items():

@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     image.add_argument("--top-k", type=int, default=0)
     image.add_argument("--top-p", type=float, default=1.0)
     image.add_argument("--decoding", choices=("ar", "sjd"), default="sjd",
-                       help="'sjd': speculative Jacobi decoding (lossless, fewer forwards); 'ar': one token per forward")
+                       help="'sjd': speculative Jacobi decoding (lossless, fewer forwards); 'ar': a token per forward")
     image.add_argument("--window", type=int, default=None, help="sjd: tokens per target forward (default: best)")
     image.add_argument("--init", choices=INITS, default=None, help="sjd: draft initialisation (default: best)")
     image.add_argument("--coupling", choices=COUPLINGS, default=None, help="sjd: redraft coupling (default: best)")

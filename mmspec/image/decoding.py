@@ -63,7 +63,9 @@ def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None
     N = grid[0] * grid[1]
     forced = getattr(model, "forced_tokens", None)
     if forced is not None and (forced.shape != (N,) or forced.max() >= V):
-        raise ValueError(f"model.forced_tokens must be [{N}] long with ids < {V} (-1 = free), got {tuple(forced.shape)}")
+        raise ValueError(
+            f"model.forced_tokens must be [{N}] long with ids < {V} (-1 = free), got shape {tuple(forced.shape)}"
+        )
     return N, V, forced
 
 

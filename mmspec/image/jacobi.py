@@ -97,7 +97,8 @@ def jacobi_step(
     fresh = inverse_cdf(p, uniforms[:, 2, :W])  # [B, W]
     # Maximal coupling of each draft with p: the draft where accepted, else the residual; a position without a
     # draft (the last one, or past a row's real drafts) draws p. At j = n this is the committed token.
-    coupled = torch.cat([torch.where(has_draft, torch.where(accept, drafts, residual), fresh[:, :-1]), fresh[:, -1:]], 1)
+    at_drafts = torch.where(has_draft, torch.where(accept, drafts, residual), fresh[:, :-1])
+    coupled = torch.cat([at_drafts, fresh[:, -1:]], 1)
     if coupling == "maximal":
         redraft = coupled
     elif coupling == "gumbel":
@@ -219,7 +220,7 @@ class SJDDecoding:
     ) -> None:
         """Draft the window positions [B, W - 1] that no earlier window reached (>= drafted_end), in place; draws:
         [B, >= W - 1] uniforms for the random initialisation."""
-        B, V = seq.shape[0], laws.shape[-1]
+        V = laws.shape[-1]
         if self.init == "random":
             tokens = (draws[:, : positions.shape[1]] * V).long().clamp(max=V - 1)
             law = torch.full((*positions.shape, V), 1.0 / V, dtype=laws.dtype, device=seq.device)

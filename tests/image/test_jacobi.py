@@ -134,7 +134,8 @@ def test_per_row_generators_make_rows_independent_of_the_batch():
     decoding = SJDDecoding(5, "random", "gumbel")
     (*_, batch), _ = run(decoding, adapter, LlamaGenCondition(states), sampling,
                          [torch.Generator().manual_seed(s) for s in (7, 8, 9)])
-    (*_, alone), _ = run(decoding, adapter, LlamaGenCondition(states[1:2]), sampling, [torch.Generator().manual_seed(8)])
+    (*_, alone), _ = run(decoding, adapter, LlamaGenCondition(states[1:2]), sampling,
+                         [torch.Generator().manual_seed(8)])
     assert torch.equal(batch.tokens[1], alone.tokens[0])
 
 
