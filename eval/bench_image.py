@@ -1,7 +1,7 @@
 """Image decoding benchmark on the embedded text-to-image model (mmspec/zoo/shapes), in one process.
 
     python -m eval.bench_image                      # full: 32 held-out prompts, batch 1 and 8, 2 repeats
-    python -m eval.bench_image --quick              # < 5 minutes: 8 prompts, 1 repeat
+    python -m eval.bench_image --quick              # about 1 minute: 8 prompts, 1 repeat
     python -m eval.bench_image --json eval/results/bench_image.json
     python -m eval.bench_image --sweep              # windows x inits per coupling at batch 1 (how BEST was chosen)
 

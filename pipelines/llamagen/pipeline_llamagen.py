@@ -1,7 +1,8 @@
 """Text-to-image generation with a LlamaGen-architecture AR model: text encoder -> GPT over VQ tokens -> VQ decoder.
 
 Structure and call conventions follow diffusers' pipelines (`GlmImagePipeline`, `AmusedPipeline`); decoding runs in
-`mmspec.image` and is chosen per call with `decoding=` ("ar" = plain sampling with a KV cache).
+`mmspec.image` and is chosen per call with `decoding=` ("sjd" = speculative Jacobi decoding, the default; "ar" = plain
+sampling with a KV cache; both draw from the same law).
 """
 
 from __future__ import annotations
