@@ -69,6 +69,12 @@ def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None
     return N, V, forced
 
 
+def forced_at(forced: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The forced token at each of `positions` [B, W] (absolute; >= N is scratch past the image), -1 where free."""
+    N = forced.shape[0]
+    return torch.where(positions < N, forced[positions.clamp(max=N - 1)], -1)
+
+
 def probs_of(
     logits: ImageLogits, sampling: SamplingConfig, positions: torch.Tensor, forced: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -78,8 +84,7 @@ def probs_of(
     p = process_logits(logits.cond, sampling, logits.uncond)
     if forced is None:
         return p
-    N = forced.shape[0]
-    token = torch.where(positions < N, forced[positions.clamp(max=N - 1)], -1)  # [B, W]
+    token = forced_at(forced, positions)  # [B, W]
     one_hot = torch.nn.functional.one_hot(token.clamp(min=0), p.shape[-1]).to(p.dtype)
     return torch.where((token >= 0)[..., None], one_hot, p)
 

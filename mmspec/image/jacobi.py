@@ -48,7 +48,7 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, check_generators, inverse_cdf, sample, uniform
 from mmspec.core.stats import PhaseTimer, SpecStats
 from mmspec.core.verify import VerifyResult, accept_probability, first_rejection, residual_law
-from mmspec.image.decoding import PAD_ID, DecodeStep, image_span, probs_of
+from mmspec.image.decoding import PAD_ID, DecodeStep, forced_at, image_span, probs_of
 from mmspec.image.protocol import DiscreteImageModel
 
 INITS = ("random", "horizontal", "vertical")
@@ -188,10 +188,8 @@ class SJDDecoding:
                     q = laws.gather(1, _rows(inputs_at[:, 1:], V))
                     g = None if gumbel is None else gumbel.gather(1, _rows(outputs_at, V))
                     result = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g)
-                    keep = active[:, None]
-                    seq.scatter_(1, outputs_at, torch.where(keep, result.tokens, seq.gather(1, outputs_at)))
-                    law_at = _rows(outputs_at, V)
-                    laws.scatter_(1, law_at, torch.where(keep[..., None], result.laws, laws.gather(1, law_at)))
+                    _write(seq, outputs_at, result.tokens, active[:, None])
+                    _write(laws, outputs_at, result.laws, active[:, None])
                     advanced = torch.where(active, committed + result.verify.n_accepted + 1, committed)
                     drafted_end = torch.where(active, committed + W, drafted_end)
                     newly = (image_positions >= committed[:, None]) & (image_positions < advanced[:, None])
@@ -233,19 +231,25 @@ class SJDDecoding:
             tokens = seq.gather(1, source)
             law = torch.nn.functional.one_hot(tokens, V).to(laws.dtype)
         if forced is not None:
-            N = forced.shape[0]
-            token = torch.where(positions < N, forced[positions.clamp(max=N - 1)], -1)
+            token = forced_at(forced, positions)
             tokens = torch.where(token >= 0, token, tokens)
             law = torch.where((token >= 0)[..., None], torch.nn.functional.one_hot(tokens, V).to(laws.dtype), law)
         new = positions >= drafted_end[:, None]
-        seq.scatter_(1, positions, torch.where(new, tokens, seq.gather(1, positions)))
-        index = _rows(positions, V)
-        laws.scatter_(1, index, torch.where(new[..., None], law, laws.gather(1, index)))
+        _write(seq, positions, tokens, new)
+        _write(laws, positions, law, new)
 
 
 def _rows(positions: torch.Tensor, V: int) -> torch.Tensor:
     """Index [B, W, V] that gathers/scatters the V-wide rows at `positions` [B, W] along dim 1."""
     return positions[..., None].expand(-1, -1, V)
+
+
+def _write(buffer: torch.Tensor, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
+    """buffer[b, positions[b, w]] = values[b, w] where `where` [B, W] (broadcastable) holds, in place; buffer is
+    [B, S] (tokens) or [B, S, V] (laws)."""
+    index = positions if buffer.ndim == 2 else _rows(positions, buffer.shape[-1])
+    mask = where if buffer.ndim == 2 else where[..., None]
+    buffer.scatter_(1, index, torch.where(mask, values, buffer.gather(1, index)))
 
 
 def _snapshot(seq: torch.Tensor, committed: torch.Tensor, N: int) -> torch.Tensor:
