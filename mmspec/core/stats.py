@@ -20,8 +20,11 @@ class SpecStats:
     steps: [B] long, verification steps each row took part in. new_tokens: [B] long, tokens generated per row.
     accept_hist: [L_max + 1] long, how often n draft tokens were accepted in a row-step.
     drafted: total draft tokens proposed; accepted: total draft tokens accepted.
-    excess_acceptance: lossy rules only, the mean over accepted draft tokens of 1 - min(1, p/q): how much more often
-        than the exact rule the lossy rule accepted (0 = no distortion).
+    excess_acceptance: lossy rules only, alpha_rule - alpha_exact: the mean over tested draft positions (up to and
+        including each step's first rejection) of the rule's acceptance probability minus the exact rule's. For
+        LANTERN (G* residual) it estimates the mean per-position TV distance of the output law from p, the realised
+        distortion; 0 = none. excess_per_sample: the same summed over a sample's positions (mean over rows), an
+        estimate of the summed per-position TV, which bounds the TV of the whole sequence's law.
     timings: seconds spent per phase ("draft", "target", "verify", "total").
     acceptance_map: image decodings: [B, N] long, the target forward that committed each token (0 = the prefill).
     """
@@ -35,6 +38,7 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     excess_acceptance: float | None = None
+    excess_per_sample: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     acceptance_map: torch.Tensor | None = None
     _pending: list = field(default_factory=list, repr=False)
@@ -59,14 +63,17 @@ class SpecStats:
         taking_part = torch.cat([
             torch.ones_like(record[0], dtype=torch.bool) if record[3] is None else record[3] for record in self._pending
         ]).cpu()
-        n, lengths = n[taking_part], lengths[taking_part]
-        excess = [record[2] for record in self._pending if record[2] is not None]
+        lossy = all(record[2] is not None for record in self._pending)
+        excess = torch.cat([record[2] for record in self._pending]).cpu()[taking_part] if lossy else None
         self._pending.clear()
+        n, lengths = n[taking_part], lengths[taking_part]
         self.accept_hist = torch.bincount(n, minlength=int(lengths.max()) + 1 if lengths.numel() else 1)
         self.drafted += int(lengths.sum())
         self.accepted += int(n.sum())
-        if excess:
-            self.excess_acceptance = float(torch.cat(excess).sum()) / max(1, self.accepted)
+        if lossy:
+            tested = torch.minimum(n + 1, lengths)  # positions whose acceptance test ran
+            self.excess_acceptance = float(excess.sum()) / max(1, int(tested.sum()))
+            self.excess_per_sample = float(excess.sum()) / max(1, self.steps.numel())
 
     @property
     def tokens_per_target_forward(self) -> float:
@@ -91,7 +98,10 @@ class SpecStats:
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
-            **({} if self.excess_acceptance is None else {"lossy_excess_acceptance": round(self.excess_acceptance, 4)}),
+            **({} if self.excess_acceptance is None else {
+                "lossy_excess_acceptance": round(self.excess_acceptance, 4),
+                "lossy_excess_per_sample": round(self.excess_per_sample, 4),
+            }),
             "accept_hist": self.accept_hist.tolist(),
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
         }

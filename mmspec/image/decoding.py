@@ -17,6 +17,7 @@ import torch
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.stats import PhaseTimer, SpecStats
+from mmspec.core.verify import VerifyResult
 from mmspec.image.protocol import DiscreteImageModel, ImageLogits
 
 PAD_ID = -1  # not-yet-generated positions of DecodeStep.tokens
@@ -87,6 +88,59 @@ def probs_of(
     token = forced_at(forced, positions)  # [B, W]
     one_hot = torch.nn.functional.one_hot(token.clamp(min=0), p.shape[-1]).to(p.dtype)
     return torch.where((token >= 0)[..., None], one_hot, p)
+
+
+class Commits:
+    """Per-row progress of a speculative image decoding: the committed token buffer, committed lengths, and the
+    stats that follow them (steps, acceptance map, totals). Shared by the decodings that verify windows of drafts.
+
+    seq: [B, N + extra] long, committed tokens then whatever the decoding keeps past them (drafts, scratch);
+    committed: [B] long, tokens committed per row; minimum: its smallest value as a host int.
+    """
+
+    def __init__(self, first_tokens: torch.Tensor, N: int, extra: int, stats: SpecStats):
+        B, device = first_tokens.shape[0], first_tokens.device
+        self.N, self.stats, self.step = N, stats, 0
+        self.seq = torch.zeros(B, N + extra, dtype=torch.long, device=device)
+        self.seq[:, 0] = first_tokens
+        self.committed = torch.ones(B, dtype=torch.long, device=device)
+        self.minimum = 1
+        self._positions = torch.arange(N, device=device)
+        stats.steps = torch.zeros(B, dtype=torch.long, device=device)
+        stats.acceptance_map = torch.zeros(B, N, dtype=torch.long, device=device)
+
+    @property
+    def active(self) -> torch.Tensor:
+        """[B] bool, rows still generating."""
+        return self.committed < self.N
+
+    def draft_lengths(self, W: int) -> torch.Tensor:
+        """[B] long, real drafts of a window of W target positions (those that predict an image token)."""
+        return ((self.N - self.committed).clamp(max=W) - 1).clamp(min=0)
+
+    def advance(self, result: VerifyResult, lengths: torch.Tensor) -> None:
+        """Commit each active row's accepted drafts plus the closing token (the caller wrote them into seq) and record
+        the step: who committed what (acceptance map) and the acceptance counts. No host sync."""
+        self.step += 1
+        active = self.active
+        advanced = torch.where(active, self.committed + result.n_accepted + 1, self.committed)
+        newly = (self._positions >= self.committed[:, None]) & (self._positions < advanced[:, None])
+        self.stats.acceptance_map.masked_fill_(newly, self.step)
+        self.stats.record_step(result, lengths, active=active)
+        self.committed = advanced
+
+    def progress(self) -> DecodeStep:
+        """Sync the smallest committed length to the host (the loop's bound) and snapshot the committed tokens."""
+        self.minimum = int(self.committed.min())
+        tokens = torch.where(self._positions < self.committed[:, None], self.seq[:, : self.N], PAD_ID)
+        return DecodeStep(self.step, tokens, self.committed.clone(), self.minimum)
+
+    def finish(self, start: float) -> None:
+        """Fold the stats once the decoding ends (also when the caller stops early)."""
+        self.stats.new_tokens = self.committed.clamp(max=self.N).cpu()
+        self.stats.steps = self.stats.steps.cpu()
+        self.stats.timings["total"] = time.perf_counter() - start
+        self.stats.finalize()
 
 
 class ARDecoding:

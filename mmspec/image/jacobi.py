@@ -47,8 +47,19 @@ import torch
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, check_generators, inverse_cdf, sample, uniform
 from mmspec.core.stats import PhaseTimer, SpecStats
-from mmspec.core.verify import VerifyResult, accept_probability, first_rejection, residual_law
-from mmspec.image.decoding import PAD_ID, DecodeStep, forced_at, image_span, probs_of
+from mmspec.core.verify import (
+    Relaxation,
+    VerifyResult,
+    accept_probability,
+    excess_acceptance,
+    first_rejection,
+    relaxed_mass,
+    relaxed_residual,
+    residual_law,
+    take_position,
+)
+from mmspec.image.decoding import Commits, forced_at, image_span, probs_of
+from mmspec.image.lantern import LanternAcceptance, NeighbourTable
 from mmspec.image.protocol import DiscreteImageModel
 
 INITS = ("random", "horizontal", "vertical")
@@ -77,6 +88,7 @@ def jacobi_step(
     uniforms: torch.Tensor,
     coupling: str,
     gumbel: torch.Tensor | None = None,
+    relaxation: Relaxation | None = None,
 ) -> JacobiStep:
     """Verify a window of drafts and draw the next drafts; pure tensor code, no host sync.
 
@@ -84,44 +96,74 @@ def jacobi_step(
     them, drawn from q: [B, W - 1, V]; lengths: [B] long, how many drafts of each row are real (the rest lie past
     the image); uniforms: [B, 3, >= W] U[0, 1) draws for the acceptance tests, the residual samples and the fresh
     samples of p (the caller draws a fixed number per row, so a row's random stream depends on nothing else);
-    gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel".
+    gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel". relaxation: LANTERN relaxed
+    acceptance (lossy): drafts are accepted on their neighbourhood mass and the first rejection draws from the G*
+    residual; the redrafts past it stay the exact maximal coupling, so every stored draft law is still exact.
     """
     B, W, V = p.shape
     has_draft = torch.arange(W - 1, device=p.device) < lengths[:, None]  # [B, W - 1]
     p_draft = p[:, :-1]  # p_j scores the draft at output position j
     p_x = p_draft.gather(-1, drafts[..., None]).squeeze(-1)
     q_x = q.gather(-1, drafts[..., None]).squeeze(-1)
-    accept = (uniforms[:, 0, : W - 1] < accept_probability(p_x, q_x)) & has_draft
+    exact = accept_probability(p_x, q_x)
+    keep = (uniforms[:, 0, : W - 1] < exact) & has_draft  # the exact test, which also couples the redrafts
+    accept = keep
+    if relaxation is not None:
+        p_A = relaxed_mass(p_draft, drafts[..., None], relaxation)[0].squeeze(-1)
+        rule = accept_probability(p_A, q_x)
+        accept = (uniforms[:, 0, : W - 1] < rule) & has_draft
     n = first_rejection(accept)  # [B]
     residual = inverse_cdf(residual_law(p_draft, q), uniforms[:, 1, : W - 1])  # [B, W - 1]
     fresh = inverse_cdf(p, uniforms[:, 2, :W])  # [B, W]
-    # Maximal coupling of each draft with p: the draft where accepted, else the residual; a position without a
-    # draft (the last one, or past a row's real drafts) draws p. At j = n this is the committed token.
-    at_drafts = torch.where(has_draft, torch.where(accept, drafts, residual), fresh[:, :-1])
+    # Maximal coupling of each draft with p: the draft where the exact test keeps it, else the residual; a position
+    # without a draft (the last one, or past a row's real drafts) draws p. Exact acceptance commits it at j = n.
+    at_drafts = torch.where(has_draft, torch.where(keep, drafts, residual), fresh[:, :-1])
     coupled = torch.cat([at_drafts, fresh[:, -1:]], 1)
+    next_token = coupled.gather(1, n[:, None]).squeeze(1)
+    excess = None
+    if relaxation is not None:
+        excess = excess_acceptance(rule, exact, n, lengths)
+        if W > 1:  # the token that closes a rejected run comes from G*, drawn with the same residual uniform
+            j = n.clamp(max=W - 2)
+            star = relaxed_residual(take_position(p_draft, j), take_position(q, j), relaxation)
+            star_token = inverse_cdf(star, uniforms[:, 1].gather(1, j[:, None]).squeeze(1))
+            next_token = torch.where(n < lengths, star_token, next_token)
     if coupling == "maximal":
         redraft = coupled
     elif coupling == "gumbel":
         redraft = (p.log() + gumbel).argmax(-1)
     else:
         redraft = fresh
-    committed = torch.arange(W, device=p.device) <= n[:, None]
-    tokens = torch.where(committed, coupled, redraft)
-    next_token = coupled.gather(1, n[:, None]).squeeze(1)
-    return JacobiStep(VerifyResult(n_accepted=n, next_token=next_token, accept_mask=accept), tokens, p)
+    position = torch.arange(W, device=p.device)
+    accepted = torch.nn.functional.pad(drafts, (0, 1))  # [B, W]; the padded last column is never before n
+    tokens = torch.where(position < n[:, None], accepted,
+                         torch.where(position == n[:, None], next_token[:, None], redraft))
+    verified = VerifyResult(n_accepted=n, next_token=next_token, accept_mask=accept, excess_acceptance=excess)
+    return JacobiStep(verified, tokens, p)
 
 
 class SJDDecoding:
-    """Speculative Jacobi decoding, batched, with per-row acceptance; lossless for every setting.
+    """Speculative Jacobi decoding, batched, with per-row acceptance.
 
     window: L, tokens scored per target forward (1 = plain AR). init: how positions no window has reached are
     drafted, one of `INITS`. coupling: how the drafts past the committed run are redrafted, one of `COUPLINGS`.
+    acceptance: "exact" (lossless for every setting above) or "lantern" (relaxed, lossy; `lantern_k`,
+    `lantern_delta`, `lantern_lam`, `lantern_table` as in `mmspec.image.lantern.LanternAcceptance`).
     """
 
     name = "sjd"
-    lossless = True
 
-    def __init__(self, window: int = 16, init: str = "horizontal", coupling: str = "maximal"):
+    def __init__(
+        self,
+        window: int = 16,
+        init: str = "horizontal",
+        coupling: str = "maximal",
+        acceptance: str = "exact",
+        lantern_k: int | None = None,
+        lantern_delta: float | None = None,
+        lantern_lam: float | None = None,
+        lantern_table: NeighbourTable | None = None,
+    ):
         if isinstance(window, bool) or not isinstance(window, int):
             raise TypeError(f"window must be an int, got {type(window).__name__}")
         if window < 1:
@@ -131,9 +173,12 @@ class SJDDecoding:
         if coupling not in COUPLINGS:
             raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
         self.window, self.init, self.coupling = window, init, coupling
+        self.acceptance = LanternAcceptance(acceptance, lantern_k, lantern_delta, lantern_lam, lantern_table)
+        self.lossless = not self.acceptance.lossy
 
     def __repr__(self) -> str:
-        return f"SJDDecoding(window={self.window}, init={self.init!r}, coupling={self.coupling!r})"
+        return (f"SJDDecoding(window={self.window}, init={self.init!r}, coupling={self.coupling!r}, "
+                f"acceptance={self.acceptance.describe()!r})")
 
     def __call__(
         self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
@@ -141,6 +186,7 @@ class SJDDecoding:
         start = time.perf_counter()
         timer = PhaseTimer(stats.timings)
         N, V, forced = image_span(model)
+        relaxation = self.acceptance.relaxation(model, V, sampling)
         L = self.window
         with timer("target"):
             state, logits = model.prefill(condition, cfg=sampling.guidance_scale != 1.0, max_window=L)
@@ -148,30 +194,24 @@ class SJDDecoding:
         stats.prefill_forwards += 1
         B, device = logits.cond.shape[0], logits.cond.device
         check_generators(generator, B)
-        image_positions = torch.arange(N, device=device)
 
         # Per-row state over absolute positions 0 .. N + L - 1 (past N: scratch for windows that overhang the image).
         # seq holds the committed tokens, then the current drafts; laws the law each draft was drawn from.
         with timer("draft"):
             p0 = probs_of(logits.at(slice(-1, None)), sampling, torch.zeros(B, 1, dtype=torch.long, device=device),
                           forced)
-            seq = torch.zeros(B, N + L, dtype=torch.long, device=device)
-            seq[:, 0] = sample(p0[:, 0], generator)
+            rows = Commits(sample(p0[:, 0], generator), N, L, stats)
+            seq = rows.seq
             laws = torch.zeros(B, N + L, V, dtype=p0.dtype, device=device)
             gumbel = None
             if self.coupling == "gumbel":
                 gumbel = -(-uniform((B, N + L, V), generator, device, p0.dtype).clamp(min=1e-30).log()).log()
-        committed = torch.ones(B, dtype=torch.long, device=device)  # tokens committed per row (>= 1)
-        drafted_end = committed.clone()  # positions < drafted_end hold a committed token or a draft
-        stats.steps = torch.zeros(B, dtype=torch.long, device=device)
-        stats.acceptance_map = torch.zeros(B, N, dtype=torch.long, device=device)
-        min_committed, step = 1, 0
+        drafted_end = rows.committed.clone()  # positions < drafted_end hold a committed token or a draft
         try:
-            yield DecodeStep(0, _snapshot(seq, committed, N), committed.clone(), min_committed)
-            while min_committed < N:
-                step += 1
-                W = min(L, N - min_committed)
-                active = committed < N
+            yield rows.progress()
+            while rows.minimum < N:
+                W = min(L, N - rows.minimum)
+                committed, active = rows.committed, rows.active
                 inputs_at = committed[:, None] - 1 + torch.arange(W, device=device)  # [B, W] absolute positions
                 outputs_at = inputs_at + 1
                 with timer("draft"):
@@ -184,27 +224,19 @@ class SJDDecoding:
                 stats.target_forwards += 1
                 with timer("verify"):
                     p = probs_of(logits, sampling, outputs_at, forced)  # [B, W, V]
-                    lengths = ((N - committed).clamp(max=W) - 1).clamp(min=0)  # real drafts per row
+                    lengths = rows.draft_lengths(W)
                     q = laws.gather(1, _rows(inputs_at[:, 1:], V))
                     g = None if gumbel is None else gumbel.gather(1, _rows(outputs_at, V))
-                    result = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g)
+                    result = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g, relaxation)
                     _write(seq, outputs_at, result.tokens, active[:, None])
                     _write(laws, outputs_at, result.laws, active[:, None])
-                    advanced = torch.where(active, committed + result.verify.n_accepted + 1, committed)
                     drafted_end = torch.where(active, committed + W, drafted_end)
-                    newly = (image_positions >= committed[:, None]) & (image_positions < advanced[:, None])
-                    stats.acceptance_map.masked_fill_(newly, step)
-                    stats.record_step(result.verify, lengths, active=active)
-                    committed = advanced
+                    rows.advance(result.verify, lengths)
                 with timer("target"):
-                    model.rollback(state, committed - 1)  # the last committed token opens the next window
-                min_committed = int(committed.min())  # host sync: the loop's bound and the next window width
-                yield DecodeStep(step, _snapshot(seq, committed, N), committed.clone(), min_committed)
+                    model.rollback(state, rows.committed - 1)  # the last committed token opens the next window
+                yield rows.progress()
         finally:  # also when the caller stops early: count what was committed
-            stats.new_tokens = committed.clamp(max=N).cpu()
-            stats.steps = stats.steps.cpu()
-            stats.timings["total"] = time.perf_counter() - start
-            stats.finalize()
+            rows.finish(start)
 
     def _initialise(
         self,
@@ -250,8 +282,3 @@ def _write(buffer: torch.Tensor, positions: torch.Tensor, values: torch.Tensor, 
     index = positions if buffer.ndim == 2 else _rows(positions, buffer.shape[-1])
     mask = where if buffer.ndim == 2 else where[..., None]
     buffer.scatter_(1, index, torch.where(mask, values, buffer.gather(1, index)))
-
-
-def _snapshot(seq: torch.Tensor, committed: torch.Tensor, N: int) -> torch.Tensor:
-    """The committed image tokens [B, N], PAD_ID where not committed yet."""
-    return torch.where(torch.arange(N, device=seq.device) < committed[:, None], seq[:, :N], PAD_ID)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import inspect
 
 from mmspec.image.decoding import ARDecoding, ImageDecoding
+from mmspec.image.draft_model import DraftModelDecoding
 from mmspec.image.jacobi import SJDDecoding
 
-DECODINGS: dict[str, type] = {"ar": ARDecoding, "sjd": SJDDecoding}
+DECODINGS: dict[str, type] = {"ar": ARDecoding, "sjd": SJDDecoding, "draft": DraftModelDecoding}
 
 
 def get_decoding(decoding: str | ImageDecoding, **options) -> ImageDecoding:

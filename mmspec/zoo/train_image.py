@@ -7,7 +7,11 @@ synthetic captioned scenes of `mmspec.zoo.shapes`, offline, on CPU.
 Stages: (1) render the scene pools once (cached in the work dir), (2) `vq`: train the VQ tokenizer (MSE + codebook /
 commitment loss, dead codes re-seeded from the batch), (3) `tokenize`: encode every scene to 16x16 code ids,
 (4) `ar`: train the text encoder and the GPT jointly on (caption, ids) with 10% caption dropout for classifier-free
-guidance, (5) save the pipeline (fp16 safetensors) with `training_metrics.json`.
+guidance, (5) save the pipeline (fp16 safetensors) with `training_metrics.json`, (6) `draft`: distil a small draft
+GPT (same VQ codes and text states) from the saved GPT, for draft-model speculative decoding; saved as the pipeline's
+`draft_transformer`.
+
+    python -m mmspec.zoo.train_image --only draft         # after the pipeline exists in --out-dir
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ TEXT_ENCODER_CONFIG = {"d_model": 128, "d_kv": 32, "d_ff": 256, "num_layers": 2,
 TRANSFORMER_CONFIG = {"vocab_size": 1024, "dim": 256, "n_layer": 6, "n_head": 8, "model_type": "t2i",
                       "caption_dim": 128, "cls_token_num": TEXT_CONTEXT, "grid_size": 16, "class_dropout_prob": 0.1,
                       "token_dropout_p": 0.0, "resid_dropout_p": 0.0, "ffn_dropout_p": 0.0}
-STAGE_SEEDS = {"vq": 10, "ar": 20}
+DRAFT_CONFIG = {**TRANSFORMER_CONFIG, "dim": 192, "n_layer": 2, "n_head": 6}
+STAGE_SEEDS = {"vq": 10, "ar": 20, "draft": 30}
 
 
 def load_pool(work: Path, split: str, n: int) -> tuple[torch.Tensor, list[str]]:
@@ -257,11 +262,73 @@ def save_pipeline(out: Path, work: Path, model: TextToImageModel, tokenizer, met
     (out / "training_metrics.json").write_text(json.dumps({"vqvae": vq_metrics, "ar": metrics}, indent=2) + "\n")
 
 
+def train_draft(work: Path, captions: dict, args) -> None:
+    """Distil DRAFT_CONFIG from the saved GPT: soft cross-entropy to the target's next-token laws (temperature 1, with
+    the same 10% caption dropout, so the draft also learns the unconditional rows that CFG needs), text encoder
+    frozen. Writes `draft_transformer/` beside the pipeline and its metrics into `training_metrics.json`."""
+    from transformers import T5EncoderModel
+
+    out = Path(args.out_dir)
+    torch.manual_seed(args.seed + STAGE_SEEDS["draft"])
+    tokenizer = build_tokenizer()
+    text_encoder = T5EncoderModel.from_pretrained(out / "text_encoder", dtype=torch.float32)
+    text_encoder.eval().requires_grad_(False)
+    target = LlamaGenTransformer.from_pretrained(out / "transformer").float().eval().requires_grad_(False)
+    draft = LlamaGenTransformer(**DRAFT_CONFIG)
+    ids = {split: torch.from_numpy(np.load(work / f"{split}-ids.npy")).long() for split in ("train", "heldout")}
+    text = {split: encode_captions(tokenizer, captions[split]) for split in ("train", "heldout")}
+    drop_prob = draft.config.class_dropout_prob
+
+    def batch_fn(generator):
+        rows = torch.randint(0, len(ids["train"]), (args.draft_batch_size,), generator=generator)
+        drop = torch.rand(args.draft_batch_size, generator=generator) < drop_prob
+        return text["train"][0][rows], text["train"][1][rows], ids["train"][rows], drop
+
+    def loss_fn(model, batch):
+        input_ids, mask, tokens, drop = batch
+        with torch.no_grad():
+            states = text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            teacher = target(tokens, states, mask.bool(), drop).softmax(-1)
+        log_q = model(tokens, states, mask.bool(), drop).log_softmax(-1)
+        soft_ce = -(teacher * log_q).sum(-1).mean()
+        return soft_ce, soft_ce
+
+    seconds = train_loop("draft", draft, steps=args.draft_steps, lr=args.draft_lr, loss_fn=loss_fn, batch_fn=batch_fn,
+                         work_dir=work, seed=args.seed + STAGE_SEEDS["draft"], ckpt_every=args.ckpt_every)
+    metrics = {
+        **draft_agreement(text_encoder, target, draft, text["heldout"], ids["heldout"]),
+        "parameters": sum(p.numel() for p in draft.parameters()),
+        "steps": args.draft_steps,
+        "batch_size": args.draft_batch_size,
+        "train_cpu_seconds": round(seconds, 1),
+    }
+    logger.info("draft: %s", metrics)
+    draft.to(torch.float16).save_pretrained(out / "draft_transformer")
+    metrics_path = out / "training_metrics.json"
+    metrics_path.write_text(json.dumps({**json.loads(metrics_path.read_text()), "draft": metrics}, indent=2) + "\n")
+
+
+@torch.no_grad()
+def draft_agreement(text_encoder, target, draft, text: tuple, ids: torch.Tensor) -> dict:
+    """Teacher-forced on held-out scenes, CFG off: the draft's cross-entropy on the data and the exact rule's expected
+    acceptance sum_v min(p, q) of a draft sample, averaged over positions."""
+    nll, acceptance = 0.0, 0.0
+    for start in range(0, len(ids), 64):
+        chunk = slice(start, start + 64)
+        mask = text[1][chunk].bool()
+        states = text_encoder(input_ids=text[0][chunk], attention_mask=text[1][chunk]).last_hidden_state
+        q_logits = draft(ids[chunk], states, mask)
+        p = target(ids[chunk], states, mask).softmax(-1)
+        nll += F.cross_entropy(q_logits.flatten(0, 1), ids[chunk].flatten(), reduction="sum").item()
+        acceptance += torch.minimum(p, q_logits.softmax(-1)).sum(-1).sum().item()
+    return {"held_out_loss": round(nll / ids.numel(), 4), "held_out_acceptance": round(acceptance / ids.numel(), 4)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "mmspec" / "train_image"))
     parser.add_argument("--out-dir", default=str(ZOO_DIR / "shapes"))
-    parser.add_argument("--only", choices=["vq", "tokenize", "ar"], default=None)
+    parser.add_argument("--only", choices=["vq", "tokenize", "ar", "draft"], default=None)
     parser.add_argument("--train-scenes", type=int, default=30000)
     parser.add_argument("--held-out-scenes", type=int, default=1024)
     parser.add_argument("--vq-steps", type=int, default=1800)
@@ -270,6 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ar-steps", type=int, default=1600)
     parser.add_argument("--ar-batch-size", type=int, default=32)
     parser.add_argument("--ar-lr", type=float, default=1.5e-3)
+    parser.add_argument("--draft-steps", type=int, default=1000)
+    parser.add_argument("--draft-batch-size", type=int, default=24)
+    parser.add_argument("--draft-lr", type=float, default=2e-3)
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -286,8 +356,11 @@ def main(argv: list[str] | None = None) -> None:
         for split, images in (("train", pool), ("heldout", held_out)):
             np.save(work / f"{split}-ids.npy", tokenize(vq, images).numpy())
             logger.info("tokenized %s: %d scenes", split, len(images))
+    captions = {"train": train_captions, "heldout": held_out_captions}
     if args.only in (None, "ar"):
-        train_ar(work, {"train": train_captions, "heldout": held_out_captions}, args)
+        train_ar(work, captions, args)
+    if args.only in (None, "draft"):
+        train_draft(work, captions, args)
 
 
 if __name__ == "__main__":

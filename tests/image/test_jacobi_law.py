@@ -99,9 +99,9 @@ def test_sjd_matches_the_exact_law_for_other_samplers(sampling):
 
 
 # ---- mutation companions: each breaks one step of the exactness argument ------------------------------------------
-def stale_law_for_kept_drafts(p, drafts, q, lengths, uniforms, coupling, gumbel=None):
+def stale_law_for_kept_drafts(p, drafts, q, lengths, uniforms, coupling, gumbel=None, relaxation=None):
     """A redrafted token that kept its old value carries its old law q instead of p_t (SCD's Lumina1 SCDMC file)."""
-    step = _jacobi_step(p, drafts, q, lengths, uniforms, coupling, gumbel)
+    step = _jacobi_step(p, drafts, q, lengths, uniforms, coupling, gumbel, relaxation)
     past_commit = torch.arange(drafts.shape[1]) > step.verify.n_accepted[:, None]
     kept = past_commit & (step.tokens[:, :-1] == drafts)
     laws = step.laws.clone()
@@ -109,9 +109,9 @@ def stale_law_for_kept_drafts(p, drafts, q, lengths, uniforms, coupling, gumbel=
     return JacobiStep(step.verify, step.tokens, laws)
 
 
-def misaligned_targets(p, drafts, q, lengths, uniforms, coupling, gumbel=None):
+def misaligned_targets(p, drafts, q, lengths, uniforms, coupling, gumbel=None, relaxation=None):
     """Draft i is scored with the output at i instead of i - 1 (the i / i - 1 alignment off by one)."""
-    return _jacobi_step(torch.cat([p[:, 1:], p[:, -1:]], 1), drafts, q, lengths, uniforms, coupling, gumbel)
+    return _jacobi_step(torch.cat([p[:, 1:], p[:, -1:]], 1), drafts, q, lengths, uniforms, coupling, gumbel, relaxation)
 
 
 def first_draft_always_accepted(p_x, q_x):

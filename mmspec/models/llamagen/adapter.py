@@ -71,6 +71,10 @@ class LlamaGenAdapter:
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vqvae.decode(tokens, self.grid)
 
+    def codebook(self) -> torch.Tensor:
+        """[V, d] code vectors as the quantizer compares them (l2-normalised when it normalises); for LANTERN."""
+        return self.vqvae.quantize.codebook()
+
     @staticmethod
     def _split(logits: torch.Tensor, state: LlamaGenState) -> ImageLogits:
         if not state.cfg:

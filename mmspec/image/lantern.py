@@ -1,0 +1,207 @@
+"""LANTERN for discrete image AR models: codebook neighbour tables and the relaxed acceptance a decoding uses.
+
+Visual AR models spread probability over many interchangeable codes, so exact acceptance rejects good drafts. LANTERN
+(Jang et al. 2025, arXiv 2410.03355) and LANTERN++ (Park et al. 2025, arXiv 2502.06352) accept a draft on the target
+mass of the draft *and its nearest codebook neighbours*, within a budget; the rule itself is
+`mmspec.core.verify.verify_lantern` (lossy, opt-in). This module supplies what the rule needs from the model:
+
+- `NeighbourTable`: for each code its `k_max` nearest codes under the geometry the quantizer uses (the adapter's
+  `codebook()`, l2-normalised when the quantizer normalises; the official code uses the raw weights), self excluded,
+  nearest first, built in row chunks (never a V x V matrix), stored as int16 / int32 and cached on disk under a hash
+  of the codebook, so a table can never be applied to another codebook.
+- `LanternAcceptance`: the `acceptance=` setting of a decoding ("exact" or "lantern" with `lantern_k`,
+  `lantern_delta`, `lantern_lam`), turned into a `Relaxation` for a given model.
+
+An adapter opts in by exposing `codebook() -> [C, d]`; when its token ids are not the code indices (special tokens,
+offsets) it also exposes `codebook_token_ids: [C] long`, the token id of each code. Tokens that are not codes are never
+relaxed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.verify import Relaxation, check_relaxation
+
+ACCEPTANCES = ("exact", "lantern")
+DEFAULT_K_MAX = 1000  # the official CLI's --lantern_k; tables are built this wide (or V - 1) so any k <= it reuses them
+DEFAULT_DELTA = 0.1  # the official CLI's --lantern_delta, used when neither delta nor lam is given
+CHUNK_ROWS = 1024  # rows of the distance matrix computed at once: [1024, V] floats
+
+
+def cache_dir() -> Path:
+    """Where neighbour tables are cached: $MMSPEC_CACHE_DIR/lantern, default ~/.cache/mmspec/lantern."""
+    return Path(os.environ.get("MMSPEC_CACHE_DIR", Path.home() / ".cache" / "mmspec")) / "lantern"
+
+
+def codebook_hash(codebook: torch.Tensor) -> str:
+    """sha256 of a codebook [C, d] (its shape and float32 values)."""
+    values = codebook.detach().to("cpu", torch.float32).contiguous()
+    return hashlib.sha256(str(tuple(values.shape)).encode() + values.numpy().tobytes()).hexdigest()
+
+
+def nearest_codes(codebook: torch.Tensor, k_max: int, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
+    """The k_max nearest other codes of every code by L2 distance: codebook [C, d] -> [C, k_max] (int16 when C fits,
+    else int32), nearest first. Distances are computed CHUNK_ROWS rows at a time, so memory is [chunk_rows, C]."""
+    C = codebook.shape[0]
+    if not 0 <= k_max <= C - 1:
+        raise ValueError(f"k_max must be in [0, {C - 1}] (codes other than self), got {k_max}")
+    codebook = codebook.detach().float()
+    dtype = torch.int16 if C <= torch.iinfo(torch.int16).max + 1 else torch.int32
+    table = torch.empty(C, k_max, dtype=dtype)
+    for start in range(0, C, chunk_rows):
+        rows = torch.arange(start, min(start + chunk_rows, C), device=codebook.device)
+        distance = torch.cdist(codebook[rows], codebook)  # [rows, C]
+        distance[torch.arange(len(rows)), rows] = torch.inf  # self excluded
+        table[rows.cpu()] = distance.topk(k_max, dim=-1, largest=False, sorted=True).indices.cpu().to(dtype)
+    return table
+
+
+@dataclass(frozen=True)
+class NeighbourTable:
+    """indices: [C, k_max] int16 / int32, row c = the codes nearest to code c, nearest first, c excluded.
+    codebook_hash: `codebook_hash` of the codebook it was built from."""
+
+    indices: torch.Tensor
+    codebook_hash: str
+
+    @property
+    def k_max(self) -> int:
+        return self.indices.shape[1]
+
+    @classmethod
+    def build(cls, codebook: torch.Tensor, k_max: int | None = None, cache: str | Path | bool = True) -> NeighbourTable:
+        """The table of `codebook` [C, d] with k_max (default min(DEFAULT_K_MAX, C - 1)) neighbours per code.
+
+        cache: True = `cache_dir()`, a folder, or False. A cached table at least k_max wide for the same codebook
+        hash is loaded (and sliced) instead of being rebuilt.
+        """
+        C = codebook.shape[0]
+        k_max = min(DEFAULT_K_MAX, C - 1) if k_max is None else k_max
+        digest = codebook_hash(codebook)
+        folder = None if cache is False else (cache_dir() if cache is True else Path(cache))
+        path = None if folder is None else folder / f"{digest[:32]}.safetensors"
+        if path is not None and path.exists():
+            stored = load_file(path)["indices"]
+            if stored.shape[1] >= k_max:
+                return cls(stored[:, :k_max].contiguous(), digest)
+        table = cls(nearest_codes(codebook, k_max), digest)
+        if path is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file({"indices": table.indices}, path, metadata={"codebook_hash": digest})
+        return table
+
+    def check(self, codebook: torch.Tensor) -> None:
+        """Raise if this table was built for another codebook."""
+        digest = codebook_hash(codebook)
+        if digest != self.codebook_hash:
+            raise ValueError(
+                f"the neighbour table was built for another codebook (hash {self.codebook_hash[:12]}…); this model's "
+                f"codebook hashes to {digest[:12]}…: build one with NeighbourTable.build(codebook)"
+            )
+
+    def in_token_space(self, vocab_size: int, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[vocab_size, k_max] long neighbour token ids, -1 rows for tokens that are not codes.
+
+        token_ids: [C] long, the token id of each code (default: code c is token c).
+        """
+        indices = self.indices.long()
+        if token_ids is None:
+            if vocab_size != indices.shape[0]:
+                raise ValueError(
+                    f"the codebook has {indices.shape[0]} codes but the vocabulary {vocab_size} ids: the adapter must "
+                    f"expose codebook_token_ids (the token id of each code)"
+                )
+            return indices
+        table = torch.full((vocab_size, self.k_max), -1, dtype=torch.long)
+        table[token_ids.long().cpu()] = token_ids.long().cpu()[indices]
+        return table
+
+
+_TABLES: dict[tuple[str, int], NeighbourTable] = {}  # per process, so repeated calls do not reload the file
+
+
+def model_codebook(model) -> torch.Tensor:
+    """The adapter's codebook [C, d] in its quantizer's geometry; raises for models without one."""
+    if not callable(getattr(model, "codebook", None)):
+        raise TypeError(
+            f"relaxed acceptance (LANTERN) needs a model with a VQ codebook: the adapter must expose codebook() -> "
+            f"[C, d]; {type(model).__name__} has none"
+        )
+    return model.codebook().detach().float().cpu()
+
+
+@dataclass(frozen=True)
+class LanternAcceptance:
+    """A decoding's `acceptance=` setting: "exact" (lossless) or "lantern" (relaxed; lossy, reports its distortion).
+
+    lantern_k: neighbours per code that may join A(x) (default min(DEFAULT_K_MAX, V - 1)); lantern_delta: LANTERN's
+    additive TV budget in [0, 1]; lantern_lam: LANTERN++'s multiplicative budget >= 1. With neither budget given,
+    delta = DEFAULT_DELTA. table: a prebuilt `NeighbourTable` (checked against the model's codebook).
+    """
+
+    acceptance: str = "exact"
+    lantern_k: int | None = None
+    lantern_delta: float | None = None
+    lantern_lam: float | None = None
+    table: NeighbourTable | None = None
+
+    def __post_init__(self):
+        if self.acceptance not in ACCEPTANCES:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCES}, got {self.acceptance!r}")
+        options = ("lantern_k", "lantern_delta", "lantern_lam", "table")
+        given = [name for name in options if getattr(self, name) is not None]
+        if self.acceptance == "exact" and given:
+            raise ValueError(f"{given} only apply to acceptance='lantern', got acceptance='exact'")
+        if self.acceptance == "lantern":
+            check_relaxation(0 if self.lantern_k is None else self.lantern_k, *self.budget)
+
+    @property
+    def budget(self) -> tuple[float | None, float | None]:
+        """(delta, lam) with the default delta filled in."""
+        if self.lantern_delta is None and self.lantern_lam is None:
+            return DEFAULT_DELTA, None
+        return self.lantern_delta, self.lantern_lam
+
+    @property
+    def lossy(self) -> bool:
+        return self.acceptance == "lantern"
+
+    def relaxation(self, model, vocab_size: int, sampling: SamplingConfig) -> Relaxation | None:
+        """The `Relaxation` for `model` (None for exact acceptance); builds or loads the neighbour table."""
+        if not self.lossy:
+            return None
+        if sampling.temperature == 0:
+            raise ValueError(
+                "acceptance='lantern' samples: with temperature=0 the target law is one-hot and has no neighbour mass "
+                "(greedy LANTERN is mmspec.core.verify.verify_lantern_greedy on temperature-1 laws)"
+            )
+        codebook = model_codebook(model)
+        k = min(DEFAULT_K_MAX, vocab_size - 1) if self.lantern_k is None else self.lantern_k
+        check_relaxation(k, *self.budget, V=codebook.shape[0])
+        table = self.table
+        if table is None:
+            digest = codebook_hash(codebook)
+            k_max = max(k, min(DEFAULT_K_MAX, codebook.shape[0] - 1))
+            if (digest, k_max) not in _TABLES:
+                _TABLES[(digest, k_max)] = NeighbourTable.build(codebook, k_max)
+            table = _TABLES[(digest, k_max)]
+        table.check(codebook)
+        neighbours = table.in_token_space(vocab_size, getattr(model, "codebook_token_ids", None))
+        return Relaxation(neighbours[:, :k], k, *self.budget)
+
+    def describe(self) -> str:
+        if not self.lossy:
+            return "exact"
+        delta, lam = self.budget
+        parts = [f"k={'auto' if self.lantern_k is None else self.lantern_k}"]
+        parts += [f"delta={delta:g}"] if delta is not None else []
+        parts += [f"lam={lam:g}"] if lam is not None else []
+        return f"lantern({', '.join(parts)})"
