@@ -2,6 +2,7 @@
 
     mmspec text "def fibonacci(n):" --method model|ngram|layerskip|ar [--max-new-tokens 64 --temperature 0 ...]
     mmspec generate "a red circle above a blue square on a striped background" --out out.png [--n 4 --seed 0 ...]
+    mmspec generate "..." --decoding draft --acceptance lantern --lantern-k 100 --lantern-delta 0.2
 
 This is the top of the stack (like `apps/`): it may import `pipelines`; the engine below it does not.
 """
@@ -100,7 +101,9 @@ def run_generate(args) -> int:
     pipe = load_image_pipeline(args.model)
     call = {"num_images_per_prompt": args.n, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p}
-    method = {"decoding": args.decoding, "window": args.window, "init": args.init, "coupling": args.coupling}
+    method = {"decoding": args.decoding, "window": args.window, "init": args.init, "coupling": args.coupling,
+              "draft_length": args.draft_length, "acceptance": args.acceptance, "lantern_k": args.lantern_k,
+              "lantern_delta": args.lantern_delta, "lantern_lam": args.lantern_lam}
 
     def timed(**options):
         generator = [torch.Generator().manual_seed(args.seed + i) for i in range(len(args.prompt) * args.n)]
@@ -128,7 +131,7 @@ def run_generate(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mmspec.image import COUPLINGS, INITS
+    from mmspec.image import ACCEPTANCES, COUPLINGS, DECODINGS, INITS
     from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET
 
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for AR generation.")
@@ -159,11 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     image.add_argument("--temperature", type=float, default=1.0)
     image.add_argument("--top-k", type=int, default=0)
     image.add_argument("--top-p", type=float, default=1.0)
-    image.add_argument("--decoding", choices=("ar", "sjd"), default="sjd",
-                       help="'sjd': speculative Jacobi decoding (lossless, fewer forwards); 'ar': a token per forward")
+    image.add_argument("--decoding", choices=tuple(DECODINGS), default="sjd",
+                       help="'sjd': speculative Jacobi decoding (fewer forwards); 'draft': the pipeline's draft model "
+                            "drafts; 'ar': a token per forward")
     image.add_argument("--window", type=int, default=None, help="sjd: tokens per target forward (default: best)")
     image.add_argument("--init", choices=INITS, default=None, help="sjd: draft initialisation (default: best)")
     image.add_argument("--coupling", choices=COUPLINGS, default=None, help="sjd: redraft coupling (default: best)")
+    image.add_argument("--draft-length", type=int, default=None, help="draft: tokens drafted per target forward")
+    image.add_argument("--acceptance", choices=ACCEPTANCES, default=None,
+                       help="sjd / draft: 'exact' (default, lossless) or 'lantern' (relaxed over codebook neighbours, "
+                            "lossy: prints its realised distortion)")
+    image.add_argument("--lantern-k", type=int, default=None, help="lantern: neighbours per code (default 1000 or V-1)")
+    image.add_argument("--lantern-delta", type=float, default=None, help="lantern: TV budget per candidate, in [0, 1]")
+    image.add_argument("--lantern-lam", type=float, default=None, help="lantern++: neighbourhood mass <= lam * p(x)")
     image.add_argument("--no-compare", dest="compare", action="store_false",
                        help="skip the plain-AR run that the chosen decoding is compared with")
     image.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")

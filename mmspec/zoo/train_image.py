@@ -304,6 +304,9 @@ def train_draft(work: Path, captions: dict, args) -> None:
     }
     logger.info("draft: %s", metrics)
     draft.to(torch.float16).save_pretrained(out / "draft_transformer")
+    index_path = out / "model_index.json"
+    index = {**json.loads(index_path.read_text()), "draft_transformer": [type(draft).__module__, type(draft).__name__]}
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
     metrics_path = out / "training_metrics.json"
     metrics_path.write_text(json.dumps({**json.loads(metrics_path.read_text()), "draft": metrics}, indent=2) + "\n")
 

@@ -57,24 +57,28 @@ class LlamaGenPipeline(DiffusionPipeline):
         tokenizer ([`PreTrainedTokenizerBase`]): the text encoder's tokenizer.
         text_encoder ([`PreTrainedModel`]): an encoder whose `last_hidden_state` [B, T, caption_dim] conditions the
             GPT (the embedded model uses a small T5 encoder; LlamaGen's FLAN-T5-XL plugs in the same way).
+        draft_transformer ([`LlamaGenTransformer`], *optional*): a small t2i GPT over the same codes and text states,
+            the drafter of `decoding="draft"`.
     """
 
     model_cpu_offload_seq = "text_encoder->transformer->vqvae"
+    _optional_components = ["draft_transformer"]
     _callback_tensor_inputs = ["tokens", "n_committed"]
 
     transformer: LlamaGenTransformer
     vqvae: LlamaGenVQModel
     tokenizer: PreTrainedTokenizerBase
     text_encoder: PreTrainedModel
+    draft_transformer: LlamaGenTransformer | None
 
     def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, tokenizer: PreTrainedTokenizerBase,
-                 text_encoder: PreTrainedModel):
+                 text_encoder: PreTrainedModel, draft_transformer: LlamaGenTransformer | None = None):
         super().__init__()
-        if transformer.config.model_type != "t2i":
-            raise ValueError(
-                f"LlamaGenPipeline needs a t2i transformer, got model_type={transformer.config.model_type!r}"
-            )
-        self.register_modules(transformer=transformer, vqvae=vqvae, tokenizer=tokenizer, text_encoder=text_encoder)
+        for name, model in (("transformer", transformer), ("draft_transformer", draft_transformer)):
+            if model is not None and model.config.model_type != "t2i":
+                raise ValueError(f"LlamaGenPipeline needs a t2i {name}, got model_type={model.config.model_type!r}")
+        self.register_modules(transformer=transformer, vqvae=vqvae, tokenizer=tokenizer, text_encoder=text_encoder,
+                              draft_transformer=draft_transformer)
         self.image_processor = VaeImageProcessor(vae_scale_factor=vqvae.downsample_factor, do_normalize=True)
 
     @property
@@ -168,6 +172,11 @@ class LlamaGenPipeline(DiffusionPipeline):
         window: int | None = None,
         init: str | None = None,
         coupling: str | None = None,
+        draft_length: int | None = None,
+        acceptance: str | None = None,
+        lantern_k: int | None = None,
+        lantern_delta: float | None = None,
+        lantern_lam: float | None = None,
     ) -> ARImagePipelineOutput | tuple:
         r"""Generate images from text.
 
@@ -195,12 +204,23 @@ class LlamaGenPipeline(DiffusionPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["tokens"]`.
             decoding (`str` or decoding object, defaults to `"sjd"`): how tokens are generated, see
                 `mmspec.image.DECODINGS`: `"sjd"` (speculative Jacobi decoding, lossless: the same output law as
-                `"ar"` in fewer target forwards) or `"ar"` (one token per target forward).
+                `"ar"` in fewer target forwards), `"draft"` (the pipeline's `draft_transformer` drafts, the target
+                verifies) or `"ar"` (one token per target forward).
             window (`int`, *optional*): `"sjd"` only: tokens scored per target forward (`SJDDecoding` default).
             init (`str`, *optional*): `"sjd"` only: how positions no window has reached are drafted, `"random"`,
                 `"horizontal"` or `"vertical"`.
             coupling (`str`, *optional*): `"sjd"` only: how drafts are redrafted between iterations, `"none"`
                 (original SJD), `"maximal"` (MC-SJD, = SJD-PAC's adaptive continuation) or `"gumbel"`.
+            draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward.
+            acceptance (`str`, *optional*): `"sjd"` / `"draft"`: `"exact"` (default, lossless) or `"lantern"`
+                (LANTERN relaxed acceptance over codebook neighbours: faster, lossy; `stats.excess_acceptance` reports
+                the realised distortion, the per-position TV distance of the output law from the model's).
+            lantern_k (`int`, *optional*): `"lantern"`: nearest codes that may join a draft's neighbourhood
+                (default min(1000, V - 1)).
+            lantern_delta (`float`, *optional*): `"lantern"`: LANTERN's TV budget per candidate, in [0, 1] (default
+                0.1 when `lantern_lam` is not given).
+            lantern_lam (`float`, *optional*): `"lantern"`: LANTERN++'s budget, neighbourhood mass <= lam * p(x),
+                lam >= 1.
 
         Examples:
         """
@@ -210,7 +230,12 @@ class LlamaGenPipeline(DiffusionPipeline):
         tensor_inputs = callback_on_step_end_tensor_inputs or ["tokens"]
         prompts = self.check_inputs(prompt, num_images_per_prompt, generator, output_type, tensor_inputs)
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
-        decoder = get_decoding(decoding, window=window, init=init, coupling=coupling)
+        drafter = None
+        if decoding == "draft" and self.draft_transformer is not None:
+            drafter = LlamaGenAdapter(self.draft_transformer, self.vqvae)
+        decoder = get_decoding(decoding, window=window, init=init, coupling=coupling, drafter=drafter,
+                               draft_length=draft_length, acceptance=acceptance, lantern_k=lantern_k,
+                               lantern_delta=lantern_delta, lantern_lam=lantern_lam)
         self._guidance_scale, self._interrupt = guidance_scale, False
         device = self._execution_device
 

@@ -66,7 +66,7 @@ def test_cfg_off_runs_no_unconditional_rows():
 
 def test_get_decoding_names_the_choices():
     assert isinstance(get_decoding("ar"), ARDecoding)
-    with pytest.raises(ValueError, match=r"\['ar', 'sjd'\]"):
+    with pytest.raises(ValueError, match=r"\['ar', 'draft', 'sjd'\]"):
         get_decoding("jacobi")
     with pytest.raises(ValueError, match=r"'ar'.*does not take \['window'\]"):
         get_decoding("ar", window=4)

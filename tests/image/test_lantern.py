@@ -12,7 +12,7 @@ from mmspec.image.lantern import LanternAcceptance, codebook_hash, nearest_codes
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from tests.image.table_model import TableImageModel
-from tests.image.test_jacobi_law import FORCED, GRID, GROUP, N, SAMPLING, V, encode
+from tests.image.test_jacobi_law import FORCED, GRID, GROUP, SAMPLING, N, V, encode
 from tests.models.llamagen_tiny import tiny_transformer, tiny_vq
 from tests.models.test_llamagen import save_official
 

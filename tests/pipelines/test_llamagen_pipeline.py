@@ -158,3 +158,41 @@ def test_pipeline_rejects_a_c2i_transformer():
 
     with pytest.raises(ValueError, match="t2i"):
         LlamaGenPipeline(tiny_transformer("c2i"), tiny_vq(), tiny_tokenizer(), tiny_text_encoder())
+
+
+def with_draft(pipe):
+    from tests.models.llamagen_tiny import tiny_transformer
+
+    drafted = LlamaGenPipeline(**pipe.components | {"draft_transformer": tiny_transformer(seed=1)})
+    drafted.set_progress_bar_config(disable=True)
+    return drafted
+
+
+def test_draft_decoding_uses_the_draft_transformer_and_survives_save_load(pipe, tmp_path):
+    drafted = with_draft(pipe)
+    ar = pipe(PROMPTS, temperature=0, output_type="latent", decoding="ar").images
+    out = drafted(PROMPTS, temperature=0, output_type="latent", decoding="draft", draft_length=3)
+    assert torch.equal(out.images, ar) and out.stats.draft_forwards > 0
+    drafted.save_pretrained(tmp_path)
+    loaded = LlamaGenPipeline.from_pretrained(tmp_path, dtype=torch.float64)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.draft_transformer is not None
+    a = drafted(PROMPTS, generator=seeded(1, 2), output_type="latent", decoding="draft").images
+    assert torch.equal(loaded(PROMPTS, generator=seeded(1, 2), output_type="latent", decoding="draft").images, a)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        pipe(PROMPTS, decoding="draft")
+
+
+@pytest.mark.parametrize("decoding", ["sjd", "draft"])
+def test_lantern_acceptance_reports_its_distortion(pipe, decoding):
+    drafted = with_draft(pipe)
+    exact = drafted(PROMPTS, generator=seeded(1, 2), output_type="latent", decoding=decoding)
+    relaxed = drafted(PROMPTS, generator=seeded(1, 2), output_type="latent", decoding=decoding, acceptance="lantern",
+                      lantern_k=8, lantern_delta=0.4)
+    assert exact.stats.excess_acceptance is None
+    assert relaxed.stats.excess_acceptance > 0 and relaxed.stats.acceptance_rate > exact.stats.acceptance_rate
+    lossless = drafted(PROMPTS, generator=seeded(1, 2), output_type="latent", decoding=decoding, acceptance="lantern",
+                       lantern_k=8, lantern_delta=0.0)
+    assert torch.equal(lossless.images, exact.images)
+    with pytest.raises(ValueError, match="do.* not take"):
+        drafted(PROMPTS, decoding="ar", acceptance="lantern")

@@ -12,14 +12,17 @@ from pipelines.llamagen import LlamaGenPipeline
 def test_train_save_resume_and_reload(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     args = ["--work-dir", str(work), "--out-dir", str(out), "--train-scenes", "48", "--held-out-scenes", "16",
-            "--vq-batch-size", "4", "--ar-batch-size", "2", "--ckpt-every", "1", "--vq-steps", "2"]
+            "--vq-batch-size", "4", "--ar-batch-size", "2", "--ckpt-every", "1", "--vq-steps", "2", "--draft-steps", "1",
+            "--draft-batch-size", "2"]
     main(args + ["--ar-steps", "1"])
-    main(args + ["--ar-steps", "2", "--only", "ar"])  # resumes at step 1
+    main(args + ["--ar-steps", "2", "--only", "ar"])  # resumes at step 1; re-saving the pipeline drops the old draft
+    main(args + ["--ar-steps", "2", "--only", "draft"])  # the draft checkpoint is complete: evaluate and register it
     assert torch.load(work / "ckpt-ar.pt", weights_only=False)["step"] == 2
     assert torch.load(work / "ckpt-vq.pt", weights_only=False)["step"] == 2
     metrics = json.loads((out / "training_metrics.json").read_text())
     assert metrics["ar"]["steps"] == 2 and metrics["ar"]["held_out_loss"] > 0
     assert metrics["vqvae"]["held_out_psnr_db"] > 0 and 0 < metrics["vqvae"]["codebook_usage"] <= 1
+    assert metrics["draft"]["steps"] == 1 and 0 < metrics["draft"]["held_out_acceptance"] <= 1
 
     pipe = LlamaGenPipeline.from_pretrained(out)
     assert pipe.text_encoder.dtype == pipe.transformer.dtype == torch.float32  # fp16 files, float32 compute
@@ -27,6 +30,10 @@ def test_train_save_resume_and_reload(tmp_path):
     tokens = pipe("a small red circle on a plain background", output_type="latent",
                   generator=torch.Generator().manual_seed(0)).images
     assert tokens.shape == (1, 256)
+    assert pipe.draft_transformer is not None  # the draft stage registered itself in model_index.json
+    drafted = pipe("a small red circle on a plain background", output_type="latent", decoding="draft",
+                   generator=torch.Generator().manual_seed(0))
+    assert drafted.images.shape == (1, 256) and drafted.stats.draft_forwards > 0
 
 
 def test_caption_tokenizer_covers_the_grammar_without_unknown_words():
