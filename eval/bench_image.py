@@ -78,7 +78,14 @@ def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int,
 
 def window_forward_cost(pipe, batch_size: int, windows=(1, 2, 4, 8, 16, 32), repeats: int = 20) -> dict[int, float]:
     """Seconds of one CFG target forward of a W-token window after 128 cached image tokens, relative to W = 1."""
-    adapter = LlamaGenAdapter(pipe.transformer, pipe.vqvae)
+    seconds = forward_seconds(pipe, pipe.transformer, batch_size, windows, repeats)
+    return {W: round(s / seconds[windows[0]], 2) for W, s in seconds.items()}
+
+
+def forward_seconds(pipe, transformer, batch_size: int, windows=(1,), repeats: int = 20) -> dict[int, float]:
+    """Median seconds of one CFG forward of `transformer` (the pipeline's target or draft GPT) over a W-token window
+    after 128 cached image tokens, per W."""
+    adapter = LlamaGenAdapter(transformer, pipe.vqvae)
     condition = pipe.encode_prompt(["a red circle"] * batch_size, pipe.device)
     seconds = {}
     with torch.no_grad():
@@ -93,7 +100,7 @@ def window_forward_cost(pipe, batch_size: int, windows=(1, 2, 4, 8, 16, 32), rep
                 times.append(time.perf_counter() - began)
                 adapter.rollback(state, keep)
             seconds[W] = statistics.median(times)
-    return {W: round(s / seconds[windows[0]], 2) for W, s in seconds.items()}
+    return seconds
 
 
 def format_table(rows: list[Row]) -> str:

@@ -34,6 +34,7 @@ import torch
 from scipy import linalg
 from tqdm.auto import tqdm
 
+from eval.bench_image import forward_seconds
 from eval.image_zoo_card import labels_of, train_probe
 from mmspec.cli import load_image_pipeline
 from mmspec.zoo import IMAGE_T2I
@@ -126,6 +127,12 @@ def speed(pipe, captions: list[str], options: dict) -> dict:
     return out
 
 
+def draft_cost_ratio(pipe, repeats: int = 200) -> float:
+    """Seconds of a cached 1-token CFG forward of the draft GPT over the target's, batch 1."""
+    draft = forward_seconds(pipe, pipe.draft_transformer, 1, repeats=repeats)[1]
+    return round(draft / forward_seconds(pipe, pipe.transformer, 1, repeats=repeats)[1], 3)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -175,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     if pipe.draft_transformer is None:
         raise SystemExit(f"{args.model} has no draft_transformer: train one with python -m mmspec.zoo.train_image "
                          "--only draft")
+    cost_ratio = draft_cost_ratio(pipe)
     _, captions = scenes(0, max(n_quality, n_speed), "heldout")
     quality = ProbeQuality(2000 if args.quick else 6000, 150 if args.quick else 600, 512 if args.quick else 1024)
     paths = {name: {**options, **({"draft_length": args.draft_length} if name == "draft" else {})}
@@ -203,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         "sampling": "CFG 3, temperature 1, no top-k / top-p (pipeline defaults)", "paths": paths,
         "quality_metric": "FD-probe: Frechet distance of an in-domain CNN probe's features (not Inception FID); "
                           "caption match: probe accuracy on 4 caption attributes",
+        "draft_target_cost_ratio": cost_ratio,
         "ar_seed_spread_fd_probe": round(abs(rows[0]["fd_probe"] - rows[1]["fd_probe"]), 4),
         "best_speedup_over_exact_at_fid_plus10pct": best,
         "best_speedup_over_exact_at_fid_plus10pct_and_caption_match_minus10pct": strict,

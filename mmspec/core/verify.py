@@ -228,7 +228,8 @@ def verify_lantern_greedy(
 
 def _verify_chain(p: torch.Tensor, draft: Draft, generator: Generators, relaxation: Relaxation | None) -> VerifyResult:
     B, L, V = _check(p, draft)
-    u = uniform((B, L), generator, p.device, p.dtype)  # drawn for every position, so the stream never depends on acceptance
+    # drawn for every position, so the random stream never depends on acceptance
+    u = uniform((B, L), generator, p.device, p.dtype)
     p_x, q_x = _target_at_tokens(p, draft), draft_law_at_tokens(draft, p.dtype)
     p_A = p_x if relaxation is None else relaxed_mass(p[:, :L], draft.tokens[..., None], relaxation)[0].squeeze(-1)
     rule = accept_probability(p_A, q_x)

@@ -12,8 +12,8 @@ from pipelines.llamagen import LlamaGenPipeline
 def test_train_save_resume_and_reload(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     args = ["--work-dir", str(work), "--out-dir", str(out), "--train-scenes", "48", "--held-out-scenes", "16",
-            "--vq-batch-size", "4", "--ar-batch-size", "2", "--ckpt-every", "1", "--vq-steps", "2", "--draft-steps", "1",
-            "--draft-batch-size", "2"]
+            "--vq-batch-size", "4", "--ar-batch-size", "2", "--ckpt-every", "1", "--vq-steps", "2",
+            "--draft-steps", "1", "--draft-batch-size", "2"]
     main(args + ["--ar-steps", "1"])
     main(args + ["--ar-steps", "2", "--only", "ar"])  # resumes at step 1; re-saving the pipeline drops the old draft
     main(args + ["--ar-steps", "2", "--only", "draft"])  # the draft checkpoint is complete: evaluate and register it
