@@ -108,11 +108,11 @@ class NeighbourTable:
             )
 
     def in_token_space(self, vocab_size: int, token_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """[vocab_size, k_max] long neighbour token ids, -1 rows for tokens that are not codes.
+        """[vocab_size, k_max] int32 neighbour token ids, -1 rows for tokens that are not codes.
 
         token_ids: [C] long, the token id of each code (default: code c is token c).
         """
-        indices = self.indices.long()
+        indices = self.indices.int()
         if token_ids is None:
             if vocab_size != indices.shape[0]:
                 raise ValueError(
@@ -120,8 +120,9 @@ class NeighbourTable:
                     f"expose codebook_token_ids (the token id of each code)"
                 )
             return indices
-        table = torch.full((vocab_size, self.k_max), -1, dtype=torch.long)
-        table[token_ids.long().cpu()] = token_ids.long().cpu()[indices]
+        token_ids = token_ids.long().cpu()
+        table = torch.full((vocab_size, self.k_max), -1, dtype=torch.int32)
+        table[token_ids] = token_ids[indices.long()].int()
         return table
 
 
@@ -129,13 +130,14 @@ _TABLES: dict[tuple[str, int], NeighbourTable] = {}  # per process, so repeated 
 
 
 def model_codebook(model) -> torch.Tensor:
-    """The adapter's codebook [C, d] in its quantizer's geometry; raises for models without one."""
+    """The adapter's codebook [C, d] in its quantizer's geometry, on the model's device; raises for models without
+    one."""
     if not callable(getattr(model, "codebook", None)):
         raise TypeError(
             f"relaxed acceptance (LANTERN) needs a model with a VQ codebook: the adapter must expose codebook() -> "
             f"[C, d]; {type(model).__name__} has none"
         )
-    return model.codebook().detach().float().cpu()
+    return model.codebook().detach().float()
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,7 @@ class LanternAcceptance:
             table = _TABLES[(digest, k_max)]
         table.check(codebook)
         neighbours = table.in_token_space(vocab_size, getattr(model, "codebook_token_ids", None))
-        return Relaxation(neighbours[:, :k], k, *self.budget)
+        return Relaxation(neighbours[:, :k].to(codebook.device), k, *self.budget)  # moved once, not per verification
 
     def describe(self) -> str:
         if not self.lossy:
