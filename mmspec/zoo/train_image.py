@@ -195,6 +195,21 @@ def held_out_loss(model: TextToImageModel, text: tuple, ids: torch.Tensor) -> fl
     return total / ids.numel()
 
 
+def caption_batches(work: Path, tokenizer, captions: dict, batch_size: int, drop_prob: float):
+    """(ids, text, batch_fn) of the tokenised scenes: ids {split: [n, 256] long}, text {split: (input_ids, mask)},
+    and batch_fn(generator) -> (input_ids, mask, ids, drop) of `batch_size` random training scenes, `drop` marking
+    the captions replaced by the unconditional one (probability drop_prob, for classifier-free guidance)."""
+    ids = {split: torch.from_numpy(np.load(work / f"{split}-ids.npy")).long() for split in ("train", "heldout")}
+    text = {split: encode_captions(tokenizer, captions[split]) for split in ("train", "heldout")}
+
+    def batch_fn(generator):
+        rows = torch.randint(0, len(ids["train"]), (batch_size,), generator=generator)
+        drop = torch.rand(batch_size, generator=generator) < drop_prob
+        return text["train"][0][rows], text["train"][1][rows], ids["train"][rows], drop
+
+    return ids, text, batch_fn
+
+
 def train_ar(work: Path, captions: dict, args) -> None:
     from transformers import T5Config, T5EncoderModel
 
@@ -203,14 +218,8 @@ def train_ar(work: Path, captions: dict, args) -> None:
     text_encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                            **TEXT_ENCODER_CONFIG))
     model = TextToImageModel(text_encoder, LlamaGenTransformer(**TRANSFORMER_CONFIG))
-    ids = {split: torch.from_numpy(np.load(work / f"{split}-ids.npy")).long() for split in ("train", "heldout")}
-    text = {split: encode_captions(tokenizer, captions[split]) for split in ("train", "heldout")}
-    drop_prob = model.transformer.config.class_dropout_prob
-
-    def batch_fn(generator):
-        rows = torch.randint(0, len(ids["train"]), (args.ar_batch_size,), generator=generator)
-        drop = torch.rand(args.ar_batch_size, generator=generator) < drop_prob
-        return text["train"][0][rows], text["train"][1][rows], ids["train"][rows], drop
+    ids, text, batch_fn = caption_batches(work, tokenizer, captions, args.ar_batch_size,
+                                          model.transformer.config.class_dropout_prob)
 
     def loss_fn(model, batch):
         input_ids, mask, tokens, drop = batch
@@ -275,14 +284,8 @@ def train_draft(work: Path, captions: dict, args) -> None:
     text_encoder.eval().requires_grad_(False)
     target = LlamaGenTransformer.from_pretrained(out / "transformer").float().eval().requires_grad_(False)
     draft = LlamaGenTransformer(**DRAFT_CONFIG)
-    ids = {split: torch.from_numpy(np.load(work / f"{split}-ids.npy")).long() for split in ("train", "heldout")}
-    text = {split: encode_captions(tokenizer, captions[split]) for split in ("train", "heldout")}
-    drop_prob = draft.config.class_dropout_prob
-
-    def batch_fn(generator):
-        rows = torch.randint(0, len(ids["train"]), (args.draft_batch_size,), generator=generator)
-        drop = torch.rand(args.draft_batch_size, generator=generator) < drop_prob
-        return text["train"][0][rows], text["train"][1][rows], ids["train"][rows], drop
+    ids, text, batch_fn = caption_batches(work, tokenizer, captions, args.draft_batch_size,
+                                          draft.config.class_dropout_prob)
 
     def loss_fn(model, batch):
         input_ids, mask, tokens, drop = batch
