@@ -128,6 +128,11 @@ def relaxed_mass(p: torch.Tensor, tokens: torch.Tensor, relaxation: Relaxation) 
     return p_x + moved, (inside & real).sum(-1)
 
 
+def relaxed_draft_mass(p: torch.Tensor, drafts: torch.Tensor, relaxation: Relaxation) -> torch.Tensor:
+    """p(A(x)) of one draft per law: p [..., V], drafts [...] long -> [...]."""
+    return relaxed_mass(p, drafts[..., None], relaxation)[0].squeeze(-1)
+
+
 def relaxed_residual(p: torch.Tensor, q: torch.Tensor, relaxation: Relaxation) -> torch.Tensor:
     """Cool-SD's G* = norm(max(p - q f, 0)) with f(y) = min(1, p(A(y))/q(y)): p, q [B, V] -> [B, V].
 
@@ -216,7 +221,7 @@ def verify_lantern_greedy(
     it; the next token is argmax p. p: [B, L + 1, V] laws at temperature 1 (after CFG / top-k / top-p), which give the
     neighbour masses; greedy decoding picks their argmax. k = 0, delta = 0 or lam = 1 is greedy decoding."""
     B, L, V = _check(p, draft)
-    p_A = relaxed_mass(p[:, :L], draft.tokens[..., None], relaxation)[0].squeeze(-1)
+    p_A = relaxed_draft_mass(p[:, :L], draft.tokens, relaxation)
     rival = p[:, :L].scatter(-1, draft.tokens[..., None], -1).amax(-1)  # the best other token
     target_tokens = p.argmax(-1)  # [B, L + 1]
     accept = (p_A >= rival) & _in_draft(draft)
@@ -231,7 +236,7 @@ def _verify_chain(p: torch.Tensor, draft: Draft, generator: Generators, relaxati
     # drawn for every position, so the random stream never depends on acceptance
     u = uniform((B, L), generator, p.device, p.dtype)
     p_x, q_x = _target_at_tokens(p, draft), draft_law_at_tokens(draft, p.dtype)
-    p_A = p_x if relaxation is None else relaxed_mass(p[:, :L], draft.tokens[..., None], relaxation)[0].squeeze(-1)
+    p_A = p_x if relaxation is None else relaxed_draft_mass(p[:, :L], draft.tokens, relaxation)
     rule = accept_probability(p_A, q_x)
     accept = (u < rule) & _in_draft(draft)
     n = first_rejection(accept)

@@ -53,7 +53,7 @@ from mmspec.core.verify import (
     accept_probability,
     excess_acceptance,
     first_rejection,
-    relaxed_mass,
+    relaxed_draft_mass,
     relaxed_residual,
     residual_law,
     take_position,
@@ -109,7 +109,7 @@ def jacobi_step(
     keep = (uniforms[:, 0, : W - 1] < exact) & has_draft  # the exact test, which also couples the redrafts
     accept = keep
     if relaxation is not None:
-        p_A = relaxed_mass(p_draft, drafts[..., None], relaxation)[0].squeeze(-1)
+        p_A = relaxed_draft_mass(p_draft, drafts, relaxation)
         rule = accept_probability(p_A, q_x)
         accept = (uniforms[:, 0, : W - 1] < rule) & has_draft
     n = first_rejection(accept)  # [B]

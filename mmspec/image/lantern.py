@@ -189,13 +189,13 @@ class LanternAcceptance:
         k = min(DEFAULT_K_MAX, vocab_size - 1) if self.lantern_k is None else self.lantern_k
         check_relaxation(k, *self.budget, V=codebook.shape[0])
         table = self.table
-        if table is None:
-            digest = codebook_hash(codebook)
-            k_max = max(k, min(DEFAULT_K_MAX, codebook.shape[0] - 1))
-            if (digest, k_max) not in _TABLES:
-                _TABLES[(digest, k_max)] = NeighbourTable.build(codebook, k_max)
-            table = _TABLES[(digest, k_max)]
-        table.check(codebook)
+        if table is not None:
+            table.check(codebook)
+        else:  # the process cache is keyed by the codebook's hash, so its tables need no check
+            key = (codebook_hash(codebook), max(k, min(DEFAULT_K_MAX, codebook.shape[0] - 1)))
+            if key not in _TABLES:
+                _TABLES[key] = NeighbourTable.build(codebook, key[1])
+            table = _TABLES[key]
         neighbours = table.in_token_space(vocab_size, getattr(model, "codebook_token_ids", None))
         return Relaxation(neighbours[:, :k].to(codebook.device), k, *self.budget)  # moved once, not per verification
 
