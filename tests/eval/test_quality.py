@@ -1,0 +1,138 @@
+"""`python -m eval.quality` on the embedded model at a tiny size: prompt files, method specs, clear errors, the
+report's keys, resumability (nothing regenerated, a missing image remade identically, a relabelled method refused)
+and sharding with `accelerate launch` (the same images and quality numbers as one process)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from eval.quality import main
+from eval.samples import PRESETS, Method, read_prompts
+
+TINY = ["--methods", "ar", "sjd", "--num-prompts", "3", "--ar-seed-sets", "2", "--batch-size", "2"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pixels(folder: Path) -> dict[str, np.ndarray]:
+    return {str(p.relative_to(folder)): np.asarray(Image.open(p)) for p in sorted(folder.rglob("*.png"))}
+
+
+def quality_of(report: dict) -> dict:
+    return {label: m["quality"] for label, m in report["methods"].items()}
+
+
+def test_prompt_files(tmp_path):
+    (tmp_path / "a.txt").write_text("a red circle\n\n  two blue squares  \n")
+    (tmp_path / "b.tsv").write_text("image_id\tcaption\n1\ta red circle\n2\ttwo blue squares\n")
+    (tmp_path / "c.tsv").write_text("1\ta red circle\n")
+    (tmp_path / "d.json").write_text(json.dumps(["a red circle", {"caption": "two blue squares"}]))
+    (tmp_path / "e.json").write_text(json.dumps({"annotations": [{"image_id": 1, "caption": "a red circle"}]}))
+    assert read_prompts(tmp_path / "a.txt") == ["a red circle", "two blue squares"]
+    assert read_prompts(tmp_path / "b.tsv") == ["a red circle", "two blue squares"]
+    assert read_prompts(tmp_path / "c.tsv") == ["a red circle"]
+    assert read_prompts(tmp_path / "d.json") == ["a red circle", "two blue squares"]
+    assert read_prompts(tmp_path / "e.json") == ["a red circle"]
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    with pytest.raises(ValueError, match="has no prompts"):
+        read_prompts(tmp_path / "empty.txt")
+    with pytest.raises(ValueError, match="prompts: no file"):
+        read_prompts(tmp_path / "missing.txt")
+
+
+def test_method_specs():
+    assert Method.parse("sjd").options == PRESETS["sjd"] and Method.parse("sjd").lossless
+    lantern = Method.parse("lantern")
+    assert not lantern.lossless and lantern.options["acceptance"] == "lantern"
+    custom = Method.parse("wide=sjd:window=24,coupling=gumbel,lantern_delta=0.2")
+    assert custom.label == "wide" and custom.options == {"decoding": "sjd", "window": 24, "coupling": "gumbel",
+                                                         "lantern_delta": 0.2}
+    assert Method.parse("draft:draft_length=2").label == "draft_draft_length_2"
+    with pytest.raises(ValueError, match="unknown decoding"):
+        Method.parse("beam")
+    with pytest.raises(ValueError, match="bad option 'depth=3'"):
+        Method.parse("sjd:depth=3")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-prompts", "1"], "at least 2 images"),
+    (["--images-per-prompt", "0"], "images_per_prompt: must be >= 1"),
+    (["--ar-seed-sets", "1"], "ar_seed_sets: at least 2"),
+    (["--methods", "sjd", "lantern"], "include 'ar'"),
+    (["--methods", "ar", "x=sjd", "x=lantern"], "labels must be unique"),
+    (["--reference", "nowhere"], "neither 'data', a method label"),
+    (["--clip-model", "/nowhere/clip"], "clip_model: no folder"),
+    (["--inception-weights", "/nowhere/inception.pth"], "inception_weights: no file"),
+])
+def test_clear_errors_before_generating(tmp_path, argv, message):
+    with pytest.raises(ValueError, match=message):
+        main(["--out-dir", str(tmp_path / "images"), "--num-prompts", "4", *argv])
+    assert not (tmp_path / "images").exists() or not list((tmp_path / "images").rglob("*.png"))
+
+
+def test_prompt_file_errors(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "coco.txt").write_text("a giraffe eating leaves\na red circle on a plain background\n")
+    with pytest.raises(ValueError, match="has no prompts"):
+        main(["--prompts", str(tmp_path / "empty.txt"), "--reference", "ar"])
+    with pytest.raises(ValueError, match="reference: 'data'"):
+        main(["--prompts", str(tmp_path / "coco.txt")])
+    with pytest.raises(ValueError, match="does not know every word"):  # the in-domain CLIP cannot score COCO captions
+        main(["--prompts", str(tmp_path / "coco.txt"), "--reference", "ar", "--out-dir", str(tmp_path / "images")])
+
+
+def test_report_and_resume(tmp_path):
+    out = tmp_path / "images"
+    first = main([*TINY, "--out-dir", str(out), "--json", str(tmp_path / "first.json"),
+                  "--plot", str(tmp_path / "plot.png")])
+    assert first["images_made_by_main_process"] == 3 * 2 + 3
+    for key in ("fid_ar_vs_data", "fid_exact_vs_data", "fid_ar_seed_spread", "clip_ar", "clip_exact",
+                "speedup_exact_vs_ar", "fid_exact_within_ar_spread"):
+        assert key in first
+    assert first["methods"]["ar"]["seed_sets"] == 2 and first["methods"]["sjd"]["seed_sets"] == 1
+    assert first["methods"]["sjd"]["speed"]["step_compression"] > 1.5
+    assert json.loads((tmp_path / "first.json").read_text())["fid_ar_vs_data"] == first["fid_ar_vs_data"]
+    assert (tmp_path / "plot.png").stat().st_size > 0
+    before = pixels(out)
+    assert len(before) == 9
+
+    second = main([*TINY, "--out-dir", str(out)])
+    assert second["images_made_by_main_process"] == 0 and quality_of(second) == quality_of(first)
+
+    remade = "sjd/set0/00001-0.png"
+    (out / remade).unlink()
+    third = main([*TINY, "--out-dir", str(out)])
+    assert third["images_made_by_main_process"] == 1
+    after = pixels(out)
+    assert after.keys() == before.keys()
+    assert all(np.array_equal(before[k], after[k]) for k in before if k != remade)
+    # the same tokens (per-row generator); decoded alone rather than in a batch of 2, the VQ decoder's float
+    # arithmetic may round a pixel differently by one grey level
+    assert np.abs(before[remade].astype(int) - after[remade]).max() <= 1
+    for label, quality in quality_of(third).items():
+        assert quality == pytest.approx(quality_of(first)[label], rel=1e-2, abs=1e-3)
+
+    with pytest.raises(ValueError, match="holds images of another setting"):
+        main(["--methods", "ar", "sjd=sjd:window=8", *TINY[3:], "--out-dir", str(out)])
+
+
+def test_sharded_run_matches_one_process(tmp_path):
+    one = main([*TINY, "--out-dir", str(tmp_path / "one")])
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "eval.quality",
+               *TINY, "--out-dir", str(tmp_path / "two"), "--json", str(tmp_path / "two.json")]
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=600)
+    two = json.loads((tmp_path / "two.json").read_text())
+    assert two["processes"] == 2
+    assert 0 < two["images_made_by_main_process"] < one["images_made_by_main_process"]
+    one_pixels, two_pixels = pixels(tmp_path / "one"), pixels(tmp_path / "two")
+    assert one_pixels.keys() == two_pixels.keys() and len(one_pixels) == 9
+    # the same tokens; torchrun gives each process one thread, and the VQ decoder's float arithmetic then may round
+    # a pixel differently by one grey level
+    assert max(np.abs(one_pixels[k].astype(int) - two_pixels[k]).max() for k in one_pixels) <= 1
+    for label, quality in quality_of(two).items():
+        assert quality == pytest.approx(quality_of(one)[label], rel=1e-2, abs=1e-3)
