@@ -35,22 +35,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from eval.metrics import (
-    IN_DOMAIN_CLIP,
     clip_score,
     frechet_distance,
     image_features,
     kernel_distance,
     load_clip,
     load_inception,
+    paired_mmd_test,
 )
 from eval.samples import Method, SampleStore, generate, read_prompts, speed_summary
-from mmspec.zoo import IMAGE_T2I
+from mmspec.zoo import IMAGE_CLIP, IMAGE_T2I
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "quality"
@@ -64,13 +66,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts", default=None, help="prompt file (.txt, .tsv, .json); default: the world's "
                                                          "held-out captions")
     parser.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts (default: 256, "
-                                                                       "quick 96; all of a --prompts file)")
+                                                                       "quick 64; all of a --prompts file)")
     parser.add_argument("--images-per-prompt", type=int, default=1)
     parser.add_argument("--ar-seed-sets", type=int, default=None, help="AR seed sets for the spread (default 4, "
                                                                         "quick 3)")
     parser.add_argument("--reference", default=None, help="'data' (the world's real scenes), a folder of images, or "
                                                           "a method label")
-    parser.add_argument("--clip-model", default=IN_DOMAIN_CLIP, help="CLIP folder (CLIPModel + CLIPProcessor) or "
+    parser.add_argument("--clip-model", default=IMAGE_CLIP, help="CLIP folder (CLIPModel + CLIPProcessor) or "
                                                                      "zoo name")
     parser.add_argument("--inception-weights", default=None, help="weights-inception-2015-12-05-6726825d.pth, for "
                                                                   "the standard FID / KID")
@@ -83,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-dir", default=str(DEFAULT_OUT), help="where the images are kept (resumable)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
-    parser.add_argument("--quick", action="store_true", help="96 prompts, 3 AR seed sets")
+    parser.add_argument("--quick", action="store_true", help="64 prompts, 3 AR seed sets")
     args = parser.parse_args(argv)
     for name in ("images_per_prompt", "batch_size", "num_prompts"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -134,9 +136,31 @@ def spread(values: list[float]) -> dict:
             "prediction_interval_95": [mean - half, mean + half]}
 
 
-def evaluate(store: SampleStore, plan: list[tuple[Method, int]], reference, spaces: dict, embedder) -> dict:
+def world_resampled(captions: list[str]) -> np.ndarray:
+    """Another real scene for each caption of the embedded world (a fresh rendering): what a perfect model would
+    draw, so its scores against the reference are the floor / ceiling at this N. uint8 [N, 64, 64, 3]."""
+    from mmspec.zoo.shapes import parse_caption, render
+
+    return np.stack([render(parse_caption(caption), random.Random(f"mmspec-eval/resample/{i}"))
+                     for i, caption in enumerate(captions)])
+
+
+def set_quality(images, captions: list[str], spaces: dict, reference_features: dict, embedder) -> tuple[dict, dict]:
+    """({"clip_score", "fd_<space>", "kid_<space>"}, {space: features}) of one image set against the reference."""
+    row, features = {"clip_score": clip_score(embedder, images, captions)}, {}
+    for space, extractor in spaces.items():
+        features[space] = image_features(extractor, images)
+        row[f"fd_{space}"] = frechet_distance(reference_features[space], features[space])
+        row[f"kid_{space}"] = kernel_distance(reference_features[space], features[space])[0]
+    return row, features
+
+
+def evaluate(store: SampleStore, plan: list[tuple[Method, int]], reference, spaces: dict, embedder,
+             resampled_real=None) -> dict:
     """Quality and speed of every method in `plan` against `reference` (uint8 images, or a Method whose seed set 0
-    is the reference)."""
+    is the reference), and each method's paired test against AR's seed set 0 (AR itself: its set 1 against set 0,
+    what the test gives when the law is the same). `resampled_real`: real images for the same prompts, scored the
+    same way as a perfect model's row."""
     if isinstance(reference, Method):
         reference = store.read(reference, 0)[0]
     reference_features = {space: image_features(extractor, reference) for space, extractor in spaces.items()}
@@ -144,13 +168,9 @@ def evaluate(store: SampleStore, plan: list[tuple[Method, int]], reference, spac
     for method, seed_set in plan:
         images, set_records = store.read(method, seed_set)
         records.setdefault(method.label, []).extend(set_records)
-        captions = [r["prompt"] for r in set_records]
-        row = {"clip_score": clip_score(embedder, images, captions)}
-        for space, extractor in spaces.items():
-            features[method.label, seed_set, space] = feats = image_features(extractor, images)
-            row[f"fd_{space}"] = frechet_distance(reference_features[space], feats)
-            row[f"kid_{space}"] = kernel_distance(reference_features[space], feats)[0]
-        per_set[method.label, seed_set] = row
+        per_set[method.label, seed_set], set_features = set_quality(images, [r["prompt"] for r in set_records],
+                                                                    spaces, reference_features, embedder)
+        features.update({(method.label, seed_set, space): f for space, f in set_features.items()})
     metrics = list(next(iter(per_set.values())))
     ar = next(m for m, _ in plan if m.is_ar)
     ar_sets = [s for m, s in plan if m == ar]
@@ -170,8 +190,14 @@ def evaluate(store: SampleStore, plan: list[tuple[Method, int]], reference, spac
         if not method.is_ar:
             entry["within_ar_spread"] = {metric: bool(lo <= quality[metric] <= hi) for metric in metrics
                                          for lo, hi in [ar_spread[metric]["prediction_interval_95"]]}
+        entry["same_law_as_ar"] = {space: paired_mmd_test(features[ar.label, 0, space],
+                                                          features[method.label, 1 if method.is_ar else 0, space])
+                                   for space in spaces}
         methods[method.label] = entry
-    return {"methods": methods, "ar_seed_spread": ar_spread}
+    report = {"methods": methods, "ar_seed_spread": ar_spread}
+    if resampled_real is not None:
+        report["real_resampled"] = set_quality(resampled_real, store.prompts, spaces, reference_features, embedder)[0]
+    return report
 
 
 def headline(report: dict, primary: str, reference_name: str) -> dict:
@@ -187,9 +213,13 @@ def headline(report: dict, primary: str, reference_name: str) -> dict:
     out = {"fid_ar_seed_spread": spread_fd["std"], "fid_ar_seed_range": spread_fd["range"],
            "fid_ar_prediction_interval_95": spread_fd["prediction_interval_95"],
            "clip_ar_seed_spread": report["ar_seed_spread"]["clip_score"]["std"], "methods_compared": picks}
+    if "real_resampled" in report:
+        out[f"fid_real_resampled_vs_{reference_name}"] = report["real_resampled"][f"fd_{primary}"]
+        out["clip_real_resampled"] = report["real_resampled"]["clip_score"]
     for role, label in picks.items():
         out[f"fid_{role}_vs_{reference_name}"] = methods[label]["quality"][f"fd_{primary}"]
         out[f"clip_{role}"] = methods[label]["quality"]["clip_score"]
+        out[f"{role}_same_law_as_ar_p"] = methods[label]["same_law_as_ar"][primary]["p_value"]
         if role != "ar":
             out[f"speedup_{role}_vs_ar"] = methods[label]["speed"]["speedup_vs_ar"]
             out[f"fid_{role}_within_ar_spread"] = methods[label]["within_ar_spread"][f"fd_{primary}"]
@@ -204,7 +234,8 @@ def format_table(report: dict, spaces: dict, batch_size: int) -> str:
         kid = "KID (Inception)" if space == "inception" else "KID-CLIP"
         metrics = [(f"fd_{space}", f"{description} ↓", 1), (f"kid_{space}", f"{kid} ×10³ ↓", 1e3)] + metrics
     columns = ["method", "lossless", "images", "target forwards / call", "step compression",
-               f"latency (s / call of {batch_size})", "speedup vs AR", *(name for _, name, _ in metrics)]
+               f"latency (s / call of {batch_size})", "speedup vs AR", *(name for _, name, _ in metrics),
+               "p (same law as AR)"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for label, m in report["methods"].items():
         speed, quality = m["speed"], m["quality"]
@@ -218,6 +249,12 @@ def format_table(report: dict, spaces: dict, batch_size: int) -> str:
             elif not m["within_ar_spread"][key]:
                 cell += " (outside AR spread)"
             cells.append(cell)
+        cells.append(" / ".join(f"{m['same_law_as_ar'][space]['p_value']:.3f}" for space in spaces))
+        lines.append("| " + " | ".join(cells) + " |")
+    if "real_resampled" in report:
+        real = report["real_resampled"]
+        cells = ["real scenes (re-rendered)", "—", str(report["prompts"]), "", "", "", "",
+                 *(f"{scale * real[key]:.2f}" for key, _, scale in metrics), ""]
         lines.append("| " + " | ".join(cells) + " |")
     ar_sets = len(spread_of["clip_score"]["values"])
     lines.append(f"\nAR rows: mean ± std over {ar_sets} seed sets; other rows are marked when outside AR's 95 % "
@@ -228,6 +265,9 @@ def format_table(report: dict, spaces: dict, batch_size: int) -> str:
                      f"95 % interval [{scale * lo:.2f}, {scale * hi:.2f}]")
     for space in spaces:
         lines.append(f"- {spaces[space]} between two AR seed sets: {spread_of[f'fd_{space}_ar_set0_vs_set1']:.2f}")
+    lines.append(f"- p (same law as AR): paired permutation MMD test ({' / '.join(spaces.values())} features) of the "
+                 "method's images against AR seed set 0, pair = same prompt; the AR row tests AR set 1. Exact at any "
+                 "N; a lossless mode should not give small p-values more often than chance.")
     return "\n".join(lines)
 
 
@@ -238,10 +278,12 @@ def plot(report: dict, primary: str, description: str, path: str | Path) -> None
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, name in ((axes[0], f"fd_{primary}", f"{description} (lower is better)"),
-                          (axes[1], "clip_score", "CLIP score (higher is better)")):
+    for ax, key, name in ((axes[0], f"fd_{primary}", f"{description}, lower is better"),
+                          (axes[1], "clip_score", "CLIP score, higher is better")):
         lo, hi = report["ar_seed_spread"][key]["prediction_interval_95"]
         ax.axhspan(lo, hi, color="0.85", label="AR 95 % seed interval")
+        if "real_resampled" in report:
+            ax.axhline(report["real_resampled"][key], color="0.3", linestyle="--", label="real scenes (re-rendered)")
         for label, m in report["methods"].items():
             x, y = m["speed"]["speedup_vs_ar"], m["quality"][key]
             err = report["ar_seed_spread"][key]["std"] if m["seed_sets"] > 1 else None
@@ -269,7 +311,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         raise ValueError(f"methods: labels must be unique, got {labels}")
     if not any(m.is_ar for m in methods):
         raise ValueError("methods: include 'ar', the baseline of speedup and of the seed spread")
-    n_prompts = args.num_prompts or (None if args.prompts else (96 if args.quick else 256))
+    n_prompts = args.num_prompts or (None if args.prompts else (64 if args.quick else 256))
     if args.prompts:
         prompts, world_images = read_prompts(args.prompts)[:n_prompts], None
     else:
@@ -303,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     descriptions = {"clip": f"FD-CLIP ({Path(args.clip_model).name})", "inception": "FID (Inception)"}
     descriptions = {space: descriptions[space] for space in spaces}
-    report = evaluate(store, plan, reference, spaces, embedder)
+    resampled = world_resampled(prompts) if reference_name == "data" and args.images_per_prompt == 1 else None
+    report = evaluate(store, plan, reference, spaces, embedder, resampled)
     primary = "inception" if "inception" in spaces else "clip"
     report = {
         "model": args.model, "prompts": len(prompts), "images_per_prompt": args.images_per_prompt,

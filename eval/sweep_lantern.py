@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy import linalg
 from tqdm.auto import tqdm
 
 from eval.bench_image import forward_seconds
 from eval.image_zoo_card import labels_of, train_probe
+from eval.metrics import frechet_distance
 from mmspec.cli import load_image_pipeline
 from mmspec.zoo import IMAGE_T2I
 from mmspec.zoo.shapes import scenes
@@ -70,24 +70,17 @@ class ProbeQuality:
         self.reference = self.features(reference)
 
     @torch.no_grad()
-    def features(self, images: np.ndarray) -> np.ndarray:
-        return torch.cat([self.probe.features(to_model_range(chunk)) for chunk in np.array_split(images, 8)]).numpy()
+    def features(self, images: np.ndarray) -> torch.Tensor:
+        """float64 [N, 128] probe features of uint8 images [N, H, W, 3]."""
+        return torch.cat([self.probe.features(to_model_range(chunk)) for chunk in np.array_split(images, 8)]).double()
 
     @torch.no_grad()
     def __call__(self, images: np.ndarray, captions: list[str]) -> dict:
         predictions = [out.argmax(-1) for out in self.probe(to_model_range(images))]
         labels = labels_of(captions)
         match = np.mean([(pred == labels[:, i]).float().mean().item() for i, pred in enumerate(predictions)])
-        return {"fd_probe": round(frechet_distance(self.features(images), self.reference), 4),
+        return {"fd_probe": round(frechet_distance(self.reference, self.features(images)), 4),
                 "caption_match": round(float(match), 4)}
-
-
-def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
-    """||mu_a - mu_b||^2 + Tr(S_a + S_b - 2 (S_a S_b)^(1/2)) of two feature sets [n, d]."""
-    mu_a, mu_b = a.mean(0), b.mean(0)
-    cov_a, cov_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    root = linalg.sqrtm(cov_a @ cov_b).real
-    return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * root))
 
 
 def generate(pipe, captions: list[str], seed: int, options: dict, batch_size: int = 8) -> tuple[np.ndarray, dict]:

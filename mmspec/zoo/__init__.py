@@ -11,6 +11,7 @@ ZOO_DIR = Path(__file__).resolve().parent
 TEXT_TARGET = "pycode/target"
 TEXT_DRAFT = "pycode/draft"
 IMAGE_T2I = "shapes"  # LlamaGenPipeline layout (model_index.json + components)
+IMAGE_CLIP = "shapes_clip"  # CLIPModel + CLIPProcessor: the in-domain evaluation model of the image world
 
 
 def zoo_path(name: str) -> Path:

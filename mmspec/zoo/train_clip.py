@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mmspec.zoo import ZOO_DIR
+from mmspec.zoo import IMAGE_CLIP, ZOO_DIR
 from mmspec.zoo.shapes import CAPTION_WORDS
 from mmspec.zoo.train_image import IMAGE_SIZE, load_pool
 from mmspec.zoo.training import train_loop
@@ -113,7 +113,7 @@ def save(model, processor, out: Path, metrics: dict) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "mmspec" / "train_image"))
-    parser.add_argument("--out-dir", default=str(ZOO_DIR / "shapes_clip"))
+    parser.add_argument("--out-dir", default=str(ZOO_DIR / IMAGE_CLIP))
     parser.add_argument("--train-scenes", type=int, default=30000)
     parser.add_argument("--held-out-scenes", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=1500)

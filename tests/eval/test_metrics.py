@@ -16,6 +16,7 @@ from eval.metrics import (
     image_features,
     kernel_distance,
     load_clip,
+    paired_mmd_test,
 )
 from mmspec.zoo.shapes import scenes
 
@@ -60,6 +61,31 @@ def test_kid_is_near_zero_between_samples_and_large_under_degradation(clip, held
         mean, std = kernel_distance(features[:256], degraded[256:], subset_size=100)
         assert mean > 5 * max(same_mean, same_std)
     assert kernel_distance(features, features, seed=3) == kernel_distance(features, features, seed=3)
+
+
+def test_paired_mmd_test_is_calibrated_under_the_null_and_has_power():
+    """300 null replicates (paired sets from one law): p < 0.05 in 5 % of them; a binomial(300, 0.05) count lies in
+    [3, 33] with probability > 1 - 1e-5. A shift of 1.5 sd is found in each of 20 replicates."""
+    generator = torch.Generator().manual_seed(0)
+    null_p = []
+    for replicate in range(300):
+        a, b = torch.randn(2, 20, 4, generator=generator, dtype=torch.float64)
+        null_p.append(paired_mmd_test(a, b, permutations=199, seed=replicate)["p_value"])
+    assert 3 <= sum(p < 0.05 for p in null_p) <= 33
+    for replicate in range(20):
+        a, b = torch.randn(2, 20, 4, generator=generator, dtype=torch.float64)
+        assert paired_mmd_test(a, b + 1.5, permutations=199, seed=replicate)["p_value"] <= 0.05
+
+
+def test_paired_mmd_test_statistic_is_kid_and_detects_degradation(clip, held_out):
+    images, _ = held_out
+    features = image_features(clip, images[:128])
+    other = image_features(clip, blurred(images[:128]))
+    result = paired_mmd_test(features, other, permutations=499)
+    assert result["p_value"] == 1 / 500
+    assert result["mmd2"] == pytest.approx(kernel_distance(features, other, subset_size=128, subsets=1)[0], rel=1e-9)
+    with pytest.raises(ValueError, match="paired"):
+        paired_mmd_test(features, other[:64])
 
 
 def test_clip_score_prefers_matching_captions(clip, held_out):

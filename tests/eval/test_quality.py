@@ -13,6 +13,7 @@ from PIL import Image
 
 from eval.quality import main
 from eval.samples import PRESETS, Method, read_prompts
+from mmspec.zoo.shapes import scenes
 
 TINY = ["--methods", "ar", "sjd", "--num-prompts", "3", "--ar-seed-sets", "2", "--batch-size", "2"]
 REPO = Path(__file__).resolve().parents[2]
@@ -85,13 +86,27 @@ def test_prompt_file_errors(tmp_path):
         main(["--prompts", str(tmp_path / "coco.txt"), "--reference", "ar", "--out-dir", str(tmp_path / "images")])
 
 
+def test_prompt_file_with_a_reference_folder(tmp_path):
+    images, captions = scenes(0, 3, "heldout")
+    (tmp_path / "prompts.tsv").write_text("id\tcaption\n" + "".join(f"{i}\t{c}\n" for i, c in enumerate(captions)))
+    (tmp_path / "real").mkdir()
+    for i, image in enumerate(images):
+        Image.fromarray(image).save(tmp_path / "real" / f"{i}.png")
+    report = main(["--prompts", str(tmp_path / "prompts.tsv"), "--reference", str(tmp_path / "real"), "--methods",
+                   "ar", "--ar-seed-sets", "2", "--batch-size", "3", "--out-dir", str(tmp_path / "images")])
+    assert report["reference"] == "reference" and report["prompts"] == 3
+    assert "fid_ar_vs_reference" in report and "real_resampled" not in report
+    assert report["images_made_by_main_process"] == 6
+
+
 def test_report_and_resume(tmp_path):
     out = tmp_path / "images"
     first = main([*TINY, "--out-dir", str(out), "--json", str(tmp_path / "first.json"),
                   "--plot", str(tmp_path / "plot.png")])
     assert first["images_made_by_main_process"] == 3 * 2 + 3
     for key in ("fid_ar_vs_data", "fid_exact_vs_data", "fid_ar_seed_spread", "clip_ar", "clip_exact",
-                "speedup_exact_vs_ar", "fid_exact_within_ar_spread"):
+                "speedup_exact_vs_ar", "fid_exact_within_ar_spread", "exact_same_law_as_ar_p",
+                "fid_real_resampled_vs_data"):
         assert key in first
     assert first["methods"]["ar"]["seed_sets"] == 2 and first["methods"]["sjd"]["seed_sets"] == 1
     assert first["methods"]["sjd"]["speed"]["step_compression"] > 1.5
