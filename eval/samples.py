@@ -31,8 +31,7 @@ PRESETS = {
     "draft": {"decoding": "draft"},
     "lantern": {**BEST["sjd_maximal"], "acceptance": "lantern", "lantern_k": 100, "lantern_delta": 0.1},
 }
-OPTION_KEYS = ("decoding", "window", "init", "coupling", "draft_length", "acceptance", "lantern_k", "lantern_delta",
-               "lantern_lam")
+OPTION_KEYS = ("window", "init", "coupling", "draft_length", "acceptance", "lantern_k", "lantern_delta", "lantern_lam")
 SEEDS_PER_SET = 1_000_000  # seed of image k of prompt i in seed set s: base + s * SEEDS_PER_SET + i * K + k
 
 
@@ -54,23 +53,21 @@ class Method:
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """A preset name (`ar`, `sjd`, `draft`, `lantern`) or `[label=]decoding[:key=value,...]`, e.g.
-        `lantern-d0.2=sjd:window=16,init=horizontal,coupling=maximal,acceptance=lantern,lantern_delta=0.2`."""
+        """`[label=]preset[:key=value,...]`: a preset (`ar`, `sjd`, `draft`, `lantern`) whose pipeline options the
+        pairs set or override, e.g. `d02=lantern:lantern_delta=0.2` or
+        `wide=sjd:window=24,coupling=gumbel`. The label defaults to the preset's name, or to `text` with pairs."""
         head, _, pairs = text.partition(":")
         label, _, name = head.rpartition("=")
-        if name in PRESETS and not pairs:
-            return cls(label or name, dict(PRESETS[name]))
-        options = {"decoding": name}
+        if name not in PRESETS:
+            raise ValueError(f"methods: unknown preset {name!r} in {text!r}; use one of {list(PRESETS)}")
+        options = dict(PRESETS[name])
         for pair in filter(None, pairs.split(",")):
             key, sep, value = pair.partition("=")
-            if not sep or key not in OPTION_KEYS[1:]:
+            if not sep or key not in OPTION_KEYS:
                 raise ValueError(f"methods: bad option {pair!r} in {text!r}; options are key=value with key in "
-                                 f"{list(OPTION_KEYS[1:])}")
+                                 f"{list(OPTION_KEYS)}")
             options[key] = _value(value)
-        if name not in ("ar", "sjd", "draft"):
-            raise ValueError(f"methods: unknown decoding {name!r} in {text!r}; use a preset {list(PRESETS)} or one of "
-                             "['ar', 'sjd', 'draft'] with options")
-        return cls(label or re.sub(r"[^\w.+-]", "_", text), options)
+        return cls(label or (re.sub(r"[^\w.+-]", "_", text) if pairs else name), options)
 
     @property
     def is_ar(self) -> bool:

@@ -49,11 +49,12 @@ def test_method_specs():
     assert Method.parse("sjd").options == PRESETS["sjd"] and Method.parse("sjd").lossless
     lantern = Method.parse("lantern")
     assert not lantern.lossless and lantern.options["acceptance"] == "lantern"
-    custom = Method.parse("wide=sjd:window=24,coupling=gumbel,lantern_delta=0.2")
-    assert custom.label == "wide" and custom.options == {"decoding": "sjd", "window": 24, "coupling": "gumbel",
-                                                         "lantern_delta": 0.2}
+    custom = Method.parse("wide=sjd:window=24,coupling=gumbel")
+    assert custom.label == "wide" and custom.options == {**PRESETS["sjd"], "window": 24, "coupling": "gumbel"}
+    relaxed = Method.parse("d02=lantern:lantern_delta=0.2")
+    assert relaxed.options == {**PRESETS["lantern"], "lantern_delta": 0.2} and not relaxed.lossless
     assert Method.parse("draft:draft_length=2").label == "draft_draft_length_2"
-    with pytest.raises(ValueError, match="unknown decoding"):
+    with pytest.raises(ValueError, match="unknown preset"):
         Method.parse("beam")
     with pytest.raises(ValueError, match="bad option 'depth=3'"):
         Method.parse("sjd:depth=3")
