@@ -366,5 +366,4 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()
