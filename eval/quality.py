@@ -23,7 +23,8 @@ FILE`; CLIP score (100 x cosine) of each image with its prompt. Honesty: AR is g
 independent seed sets; their spread (std, range, the distance between two AR sets) and a 95 % prediction interval
 for one more seed set (mean +- t(0.975, S-1) std sqrt(1 + 1/S)) say how much a number moves when only the seeds
 change. An exact mode samples AR's distribution, so its numbers should fall inside; a lossy mode's shift is reported
-against it. Frechet distances are biased upward at small N: compare values at the same N only.
+against it. `--method-seed-sets` M >= 2 gives the other methods M seed sets as well (mean +- std, Welch's test
+against AR's sets). Frechet distances are biased upward at small N: compare values at the same N only.
 
 Speed (from the same calls): target forwards per call, step compression (image tokens per target forward a row took
 part in, prefill included), median seconds per call of `--batch-size` rows, speedup = AR's median / the method's.
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from scipy.stats import t, ttest_ind
 
 from eval.metrics import (
     clip_score,
@@ -70,6 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--images-per-prompt", type=int, default=1)
     parser.add_argument("--ar-seed-sets", type=int, default=None, help="AR seed sets for the spread (default 4, "
                                                                         "quick 3)")
+    parser.add_argument("--method-seed-sets", type=int, default=1, help="seed sets of every other method (>= 2 adds "
+                                                                         "its spread and a Welch test against AR's)")
     parser.add_argument("--reference", default=None, help="'data' (the world's real scenes), a folder of images, or "
                                                           "a method label")
     parser.add_argument("--clip-model", default=IMAGE_CLIP, help="CLIP folder (CLIPModel + CLIPProcessor) or "
@@ -87,7 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", default=None)
     parser.add_argument("--quick", action="store_true", help="64 prompts, 3 AR seed sets")
     args = parser.parse_args(argv)
-    for name in ("images_per_prompt", "batch_size", "num_prompts"):
+    for name in ("images_per_prompt", "batch_size", "num_prompts", "method_seed_sets"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"{name}: must be >= 1, got {getattr(args, name)}")
     if args.ar_seed_sets is not None and args.ar_seed_sets < 2:
@@ -128,8 +132,6 @@ def resolve_reference(reference: str | None, methods: list[Method], world_images
 
 def spread(values: list[float]) -> dict:
     """Seed-to-seed spread of one metric over S seed sets, with the 95 % prediction interval of one more set."""
-    from scipy.stats import t
-
     mean, std = statistics.fmean(values), statistics.stdev(values)
     half = t.ppf(0.975, len(values) - 1) * std * (1 + 1 / len(values)) ** 0.5
     return {"values": values, "mean": mean, "std": std, "range": max(values) - min(values),
@@ -158,7 +160,8 @@ def set_quality(images, captions: list[str], spaces: dict, reference_features: d
 def evaluate(store: SampleStore, plan: list[tuple[Method, int]], reference, spaces: dict, embedder,
              resampled_real=None) -> dict:
     """Quality and speed of every method in `plan` against `reference` (uint8 images, or a Method whose seed set 0
-    is the reference), and each method's paired test against AR's seed set 0 (AR itself: its set 1 against set 0,
+    is the reference): means over a method's seed sets (and their std and a Welch test against AR's sets when it
+    has several), and each method's paired test against AR's seed set 0 (AR itself: its set 1 against set 0,
     what the test gives when the law is the same). `resampled_real`: real images for the same prompts, scored the
     same way as a perfect model's row."""
     if isinstance(reference, Method):
@@ -183,13 +186,19 @@ def evaluate(store: SampleStore, plan: list[tuple[Method, int]], reference, spac
     for method in dict.fromkeys(m for m, _ in plan):
         sets = [per_set[method.label, s] for m, s in plan if m == method]
         quality = {metric: statistics.fmean(row[metric] for row in sets) for metric in metrics}
+        spread_of_method = {metric: statistics.stdev(row[metric] for row in sets) if len(sets) > 1 else None
+                            for metric in metrics}
         speed = speed_summary(records[method.label])
         speed["speedup_vs_ar"] = ar_speed["median_latency_s"] / speed["median_latency_s"]
         entry = {"options": method.options, "lossless": method.lossless, "seed_sets": len(sets),
-                 "images": len(records[method.label]), "quality": quality, "speed": speed}
+                 "images": len(records[method.label]), "quality": quality, "seed_spread": spread_of_method,
+                 "speed": speed}
         if not method.is_ar:
             entry["within_ar_spread"] = {metric: bool(lo <= quality[metric] <= hi) for metric in metrics
                                          for lo, hi in [ar_spread[metric]["prediction_interval_95"]]}
+        if not method.is_ar and len(sets) > 1:  # several seed sets: compare means with AR's (Welch's t-test)
+            entry["vs_ar_welch_p"] = {metric: ttest_ind(ar_spread[metric]["values"], [row[metric] for row in sets],
+                                                        equal_var=False).pvalue.item() for metric in metrics}
         entry["same_law_as_ar"] = {space: paired_mmd_test(features[ar.label, 0, space],
                                                           features[method.label, 1 if method.is_ar else 0, space])
                                    for space in spaces}
@@ -224,6 +233,8 @@ def headline(report: dict, primary: str, reference_name: str) -> dict:
             out[f"speedup_{role}_vs_ar"] = methods[label]["speed"]["speedup_vs_ar"]
             out[f"fid_{role}_within_ar_spread"] = methods[label]["within_ar_spread"][f"fd_{primary}"]
             out[f"clip_{role}_within_ar_spread"] = methods[label]["within_ar_spread"]["clip_score"]
+            if "vs_ar_welch_p" in methods[label]:
+                out[f"fid_{role}_vs_ar_welch_p"] = methods[label]["vs_ar_welch_p"][f"fd_{primary}"]
     return out
 
 
@@ -245,8 +256,10 @@ def format_table(report: dict, spaces: dict, batch_size: int) -> str:
         for key, _, scale in metrics:
             cell = f"{scale * quality[key]:.2f}"
             if m["seed_sets"] > 1:
-                cell += f" ± {scale * spread_of[key]['std']:.2f}"
-            elif not m["within_ar_spread"][key]:
+                cell += f" ± {scale * m['seed_spread'][key]:.2f}"
+            if "vs_ar_welch_p" in m:
+                cell += f" (Welch p {m['vs_ar_welch_p'][key]:.2f})"
+            elif "within_ar_spread" in m and not m["within_ar_spread"][key]:
                 cell += " (outside AR spread)"
             cells.append(cell)
         cells.append(" / ".join(f"{m['same_law_as_ar'][space]['p_value']:.3f}" for space in spaces))
@@ -257,8 +270,9 @@ def format_table(report: dict, spaces: dict, batch_size: int) -> str:
                  *(f"{scale * real[key]:.2f}" for key, _, scale in metrics), ""]
         lines.append("| " + " | ".join(cells) + " |")
     ar_sets = len(spread_of["clip_score"]["values"])
-    lines.append(f"\nAR rows: mean ± std over {ar_sets} seed sets; other rows are marked when outside AR's 95 % "
-                 "prediction interval for one more seed set.")
+    lines.append(f"\nRows with several seed sets: mean ± std over them (AR: {ar_sets}), with Welch's test of equal "
+                 "means against AR's sets; single-set rows are marked when outside AR's 95 % prediction interval "
+                 "for one more seed set.")
     for key, name, scale in metrics:
         lo, hi = spread_of[key]["prediction_interval_95"]
         lines.append(f"- {name}: AR seed sets {[round(scale * v, 2) for v in spread_of[key]['values']]}, "
@@ -286,7 +300,7 @@ def plot(report: dict, primary: str, description: str, path: str | Path) -> None
             ax.axhline(report["real_resampled"][key], color="0.3", linestyle="--", label="real scenes (re-rendered)")
         for label, m in report["methods"].items():
             x, y = m["speed"]["speedup_vs_ar"], m["quality"][key]
-            err = report["ar_seed_spread"][key]["std"] if m["seed_sets"] > 1 else None
+            err = m["seed_spread"][key]
             ax.errorbar(x, y, yerr=err, fmt="o" if m["lossless"] else "s", capsize=3)
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
         ax.set_xlabel("speedup vs AR (median latency)")
@@ -322,7 +336,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     reference_name, reference = resolve_reference(args.reference, methods, world_images)
 
     ar_seed_sets = args.ar_seed_sets or (3 if args.quick else 4)
-    plan = [(m, s) for m in methods for s in range(ar_seed_sets if m.is_ar else 1)]
+    plan = [(m, s) for m in methods for s in range(ar_seed_sets if m.is_ar else args.method_seed_sets)]
     sampling = {"guidance_scale": args.guidance_scale, "temperature": args.temperature, "top_k": args.top_k,
                 "top_p": args.top_p}
     store = SampleStore(args.out_dir, prompts, args.images_per_prompt, args.seed, sampling)
@@ -350,7 +364,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     primary = "inception" if "inception" in spaces else "clip"
     report = {
         "model": args.model, "prompts": len(prompts), "images_per_prompt": args.images_per_prompt,
-        "ar_seed_sets": ar_seed_sets, "batch_size": args.batch_size, "sampling": sampling, "seed": args.seed,
+        "ar_seed_sets": ar_seed_sets, "method_seed_sets": args.method_seed_sets, "batch_size": args.batch_size,
+        "sampling": sampling, "seed": args.seed,
         "reference": reference_name, "clip_model": args.clip_model, "feature_spaces": descriptions,
         "processes": state.num_processes, "images_made_by_main_process": made,
         **headline(report, primary, reference_name), **report,

@@ -132,6 +132,11 @@ def test_report_and_resume(tmp_path):
     for label, quality in quality_of(third).items():
         assert quality == pytest.approx(quality_of(first)[label], rel=1e-2, abs=1e-3)
 
+    several = main([*TINY, "--method-seed-sets", "2", "--out-dir", str(out)])  # adds sjd's seed set 1
+    assert several["images_made_by_main_process"] == 3 and several["methods"]["sjd"]["seed_sets"] == 2
+    assert 0 <= several["fid_exact_vs_ar_welch_p"] <= 1
+    assert several["methods"]["sjd"]["seed_spread"]["clip_score"] > 0
+
     with pytest.raises(ValueError, match="holds images of another setting"):
         main(["--methods", "ar", "sjd=sjd:window=8", *TINY[3:], "--out-dir", str(out)])
 
