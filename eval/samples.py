@@ -178,11 +178,12 @@ class SampleStore:
 
 def generate(pipe, store: SampleStore, plan: list[tuple[Method, int]], batch_size: int, model: str,
              process_index: int = 0, num_processes: int = 1) -> int:
-    """Make the missing images of every (method, seed set) in `plan`, `batch_size` rows per pipeline call, whole
-    batches dealt round-robin to processes, so a sharded run makes exactly the images of a single-process one. Each
-    row has its own generator: an image's tokens do not depend on its batch (decoded in a batch of another size, as
-    when a resumed run remakes one image, a pixel may round differently by one grey level). Each method gets an
-    untimed warm-up call first. Returns how many images this process made."""
+    """Make the missing images of every (method, seed set) in `plan` with a LlamaGenPipeline-like `pipe` (`__call__`
+    with `output_type="latent"`, `decode_tokens`), `batch_size` rows per call, whole batches dealt round-robin to
+    processes. Each row has its own generator, so an image's tokens (kept in its record as `token_ids`) do not depend
+    on its batch or process; decoded in a batch of another size or with another thread count, a pixel may round
+    differently by one grey level. Each method gets an untimed warm-up call first. Returns how many images this
+    process made."""
     for method, _ in plan:
         store.claim(method, model)
     work = []
@@ -198,14 +199,17 @@ def generate(pipe, store: SampleStore, plan: list[tuple[Method, int]], batch_siz
             warmed.add(method.label)
         generators = [torch.Generator().manual_seed(s.seed) for s in batch]
         began = time.perf_counter()
-        out = pipe([s.prompt for s in batch], generator=generators, **store.sampling, **method.options)
+        out = pipe([s.prompt for s in batch], generator=generators, output_type="latent", **store.sampling,
+                   **method.options)
+        images = pipe.decode_tokens(out.images)
         seconds = time.perf_counter() - began
         stats = out.stats
         batch_record = {"batch_id": uuid.uuid4().hex[:12], "batch_size": len(batch), "batch_seconds": seconds,
                         "batch_target_forwards": stats.target_forwards, "excess_acceptance": stats.excess_acceptance}
-        for row, (sample, image) in enumerate(zip(batch, out.images, strict=True)):
+        for row, (sample, image) in enumerate(zip(batch, images, strict=True)):
             record = {**batch_record, "tokens": int(stats.new_tokens[row]),
-                      "forwards": int(stats.steps[row]) + stats.prefill_forwards}
+                      "forwards": int(stats.steps[row]) + stats.prefill_forwards,
+                      "token_ids": " ".join(map(str, out.images[row].tolist()))}
             store.write(sample, image, record)
         made += len(batch)
     return made

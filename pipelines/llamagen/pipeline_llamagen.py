@@ -154,6 +154,15 @@ class LlamaGenPipeline(DiffusionPipeline):
         return images
 
     @torch.no_grad()
+    def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil"):
+        """Images of image-token ids [B, h*w] as `output_type="latent"` returns them (PAD_ID cells mid-grey): PIL
+        images (`"pil"`), an NHWC float array (`"np"`) or an NCHW float tensor (`"pt"`) in [0, 1]."""
+        if output_type not in OUTPUT_TYPES or output_type == "latent":
+            raise ValueError(f"output_type must be one of {[t for t in OUTPUT_TYPES if t != 'latent']}, got "
+                             f"{output_type!r}")
+        return self.image_processor.postprocess(self._decode_partial(tokens).float(), output_type=output_type)
+
+    @torch.no_grad()
     @replace_example_docstring(EXAMPLE_DOC_STRING)
     def __call__(
         self,
@@ -263,10 +272,7 @@ class LlamaGenPipeline(DiffusionPipeline):
                     break
 
         # 4. Post-process
-        if output_type == "latent":
-            images = tokens
-        else:
-            images = self.image_processor.postprocess(self._decode_partial(tokens).float(), output_type=output_type)
+        images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         self.maybe_free_model_hooks()
         if not return_dict:
             return images, stats

@@ -23,6 +23,11 @@ def pixels(folder: Path) -> dict[str, np.ndarray]:
     return {str(p.relative_to(folder)): np.asarray(Image.open(p)) for p in sorted(folder.rglob("*.png"))}
 
 
+def token_ids(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): json.loads(Image.open(p).text["mmspec"])["token_ids"]
+            for p in sorted(folder.rglob("*.png"))}
+
+
 def quality_of(report: dict) -> dict:
     return {label: m["quality"] for label, m in report["methods"].items()}
 
@@ -113,8 +118,8 @@ def test_report_and_resume(tmp_path):
     assert first["methods"]["sjd"]["speed"]["step_compression"] > 1.5
     assert json.loads((tmp_path / "first.json").read_text())["fid_ar_vs_data"] == first["fid_ar_vs_data"]
     assert (tmp_path / "plot.png").stat().st_size > 0
-    before = pixels(out)
-    assert len(before) == 9
+    before, tokens_before = pixels(out), token_ids(out)
+    assert len(before) == 9 and all(len(ids.split()) == 256 for ids in tokens_before.values())
 
     second = main([*TINY, "--out-dir", str(out)])
     assert second["images_made_by_main_process"] == 0 and quality_of(second) == quality_of(first)
@@ -128,6 +133,7 @@ def test_report_and_resume(tmp_path):
     assert all(np.array_equal(before[k], after[k]) for k in before if k != remade)
     # the same tokens (per-row generator); decoded alone rather than in a batch of 2, the VQ decoder's float
     # arithmetic may round a pixel differently by one grey level
+    assert token_ids(out) == tokens_before
     assert np.abs(before[remade].astype(int) - after[remade]).max() <= 1
     for label, quality in quality_of(third).items():
         assert quality == pytest.approx(quality_of(first)[label], rel=1e-2, abs=1e-3)
@@ -154,6 +160,7 @@ def test_sharded_run_matches_one_process(tmp_path):
     assert one_pixels.keys() == two_pixels.keys() and len(one_pixels) == 9
     # the same tokens; torchrun gives each process one thread, and the VQ decoder's float arithmetic then may round
     # a pixel differently by one grey level
+    assert token_ids(tmp_path / "one") == token_ids(tmp_path / "two")
     assert max(np.abs(one_pixels[k].astype(int) - two_pixels[k]).max() for k in one_pixels) <= 1
     for label, quality in quality_of(two).items():
         assert quality == pytest.approx(quality_of(one)[label], rel=1e-2, abs=1e-3)

@@ -38,6 +38,15 @@ def test_output_types(pipe, output_type, check):
     assert out.stats.target_forwards < 16 and int(out.stats.new_tokens.sum()) == 4 * 16  # SJD by default
 
 
+def test_decode_tokens_is_what_the_call_decodes(pipe):
+    tokens = pipe(PROMPTS, generator=seeded(0, 1), output_type="latent").images
+    pixels = pipe(PROMPTS, generator=seeded(0, 1), output_type="np").images
+    assert np.array_equal(pipe.decode_tokens(tokens, output_type="np"), pixels)
+    assert [im.size for im in pipe.decode_tokens(tokens)] == [(8, 8), (8, 8)]
+    with pytest.raises(ValueError, match="output_type must be one of"):
+        pipe.decode_tokens(tokens, output_type="latent")
+
+
 def test_return_dict_false_gives_images_and_stats(pipe):
     images, stats = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", return_dict=False)
     assert torch.equal(images, pipe(PROMPTS[0], generator=seeded(0), output_type="latent").images)
