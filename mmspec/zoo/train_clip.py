@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from mmspec.zoo import IMAGE_CLIP, ZOO_DIR
 from mmspec.zoo.shapes import CAPTION_WORDS
-from mmspec.zoo.train_image import IMAGE_SIZE, load_pool
+from mmspec.zoo.train_image import IMAGE_SIZE, add_pool_arguments, load_pools
 from mmspec.zoo.training import train_loop
 
 logger = logging.getLogger(__name__)
@@ -112,10 +112,8 @@ def save(model, processor, out: Path, metrics: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "mmspec" / "train_image"))
+    add_pool_arguments(parser)
     parser.add_argument("--out-dir", default=str(ZOO_DIR / IMAGE_CLIP))
-    parser.add_argument("--train-scenes", type=int, default=30000)
-    parser.add_argument("--held-out-scenes", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -123,10 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    pool, train_captions = load_pool(work, "train", args.train_scenes)
-    held_out, held_out_captions = load_pool(work, "heldout", args.held_out_scenes)
+    work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
     torch.manual_seed(SEED)
     processor = build_processor()
     model = build_model(processor)

@@ -57,6 +57,20 @@ def load_pool(work: Path, split: str, n: int) -> tuple[torch.Tensor, list[str]]:
     return torch.from_numpy(np.load(images_path)), json.loads(captions_path.read_text())
 
 
+def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
+    """--work-dir, --train-scenes, --held-out-scenes: the cached scene pools the image-world trainers share."""
+    parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "mmspec" / "train_image"))
+    parser.add_argument("--train-scenes", type=int, default=30000)
+    parser.add_argument("--held-out-scenes", type=int, default=1024)
+
+
+def load_pools(args) -> tuple[Path, tuple[torch.Tensor, list[str]], tuple[torch.Tensor, list[str]]]:
+    """(work dir, train pool, held-out pool) for the `add_pool_arguments` options; creates the work dir."""
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    return work, load_pool(work, "train", args.train_scenes), load_pool(work, "heldout", args.held_out_scenes)
+
+
 def to_model_range(images: np.ndarray | torch.Tensor) -> torch.Tensor:
     """uint8 [N, H, W, 3] -> float [N, 3, H, W] in [-1, 1]."""
     return torch.as_tensor(images).permute(0, 3, 1, 2).float() / 127.5 - 1
@@ -332,11 +346,9 @@ def draft_agreement(text_encoder, target, draft, text: tuple, ids: torch.Tensor)
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work-dir", default=str(Path.home() / ".cache" / "mmspec" / "train_image"))
+    add_pool_arguments(parser)
     parser.add_argument("--out-dir", default=str(ZOO_DIR / "shapes"))
     parser.add_argument("--only", choices=["vq", "tokenize", "ar", "draft"], default=None)
-    parser.add_argument("--train-scenes", type=int, default=30000)
-    parser.add_argument("--held-out-scenes", type=int, default=1024)
     parser.add_argument("--vq-steps", type=int, default=1800)
     parser.add_argument("--vq-batch-size", type=int, default=32)
     parser.add_argument("--vq-lr", type=float, default=1e-3)
@@ -351,10 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    pool, train_captions = load_pool(work, "train", args.train_scenes)
-    held_out, held_out_captions = load_pool(work, "heldout", args.held_out_scenes)
+    work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
     if args.only in (None, "vq"):
         train_vq(work, pool, held_out, args)
     if args.only in (None, "tokenize"):
