@@ -341,8 +341,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                 "top_p": args.top_p}
     store = SampleStore(args.out_dir, prompts, args.images_per_prompt, args.seed, sampling)
     embedder = load_clip(args.clip_model)
-    unknown = [p for p in prompts if embedder.processor.tokenizer.unk_token_id in
-               embedder.processor.tokenizer(p).input_ids]
+    tokenizer = embedder.processor.tokenizer
+    unknown = [p for p, ids in zip(prompts, tokenizer(prompts).input_ids, strict=True) if tokenizer.unk_token_id in ids]
     if unknown:
         raise ValueError(f"clip_model: {args.clip_model!r} does not know every word of the prompts (e.g. "
                          f"{unknown[0]!r}); pass --clip-model DIR with a CLIP that covers them")
