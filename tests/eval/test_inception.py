@@ -1,7 +1,8 @@
 """FID's Inception-v3 in plain torch: the weights-file layout, TF1 resize, the local-weights code path and its errors.
 
-Bit-equality with torch-fidelity 0.4.0's `FeatureExtractorInceptionV3` (same random weights, inputs of 64x64 to
-512x384) was checked once by hand, since torch-fidelity needs torchvision, which has no CPU build here.
+Bit-equality with torch-fidelity 0.4.0's `FeatureExtractorInceptionV3` (same random weights, inputs of 32x48 to
+512x384) is checked by `python -m eval.check_inception` against torch-fidelity's source, not here: torch-fidelity
+needs torchvision, which has no CPU build.
 """
 
 import pytest
