@@ -13,58 +13,22 @@ import argparse
 import sys
 import time
 
-METHODS = ("model", "ngram", "layerskip", "ar")
-
-
-def build_drafter(method: str, target, args):
-    from mmspec.core.drafts import LayerSkipDrafter, ModelDrafter, NGramDrafter
-    from mmspec.zoo import load_causal_lm
-
-    if method == "model":
-        draft, _ = load_causal_lm(args.draft)
-        return ModelDrafter(draft, confidence_threshold=args.confidence_threshold)
-    if method == "layerskip":
-        exit_layer = args.exit_layer or getattr(target.config, "early_exit_layer", None)
-        if exit_layer is None:
-            raise ValueError("--exit-layer is required: the target's config names no early_exit_layer")
-        return LayerSkipDrafter(target, exit_layer, confidence_threshold=args.confidence_threshold)
-    return NGramDrafter(max_ngram=args.max_ngram)
-
-
 def run_text(args) -> int:
     import torch
 
-    from mmspec.core.drafts import DraftLengthSchedule
-    from mmspec.core.text import speculative_generate
-    from mmspec.zoo import load_causal_lm
+    from pipelines.text import SpeculativeTextPipeline
 
-    target, tokenizer = load_causal_lm(args.target)
-    encoded = tokenizer(args.prompt, return_tensors="pt", padding=True)
-    generator = torch.Generator().manual_seed(args.seed)
+    pipe = SpeculativeTextPipeline.from_pretrained(args.target, draft=args.draft if args.method == "model" else None)
     start = time.perf_counter()
-    if args.method == "ar":
-        kwargs = dict(do_sample=args.temperature > 0, max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id)
-        if args.temperature > 0:
-            torch.manual_seed(args.seed)  # transformers' generate takes no generator
-            kwargs.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        sequences = target.generate(**encoded, **kwargs)
-        elapsed = time.perf_counter() - start
-        new_tokens = sequences.shape[1] - encoded["input_ids"].shape[1]
-        table = f"method  ar\nnew_tokens  {new_tokens}\ntarget_forwards  {new_tokens}\ntokens/s  {new_tokens / elapsed:.1f}"
-    else:
-        sequences, stats = speculative_generate(
-            target, encoded["input_ids"], encoded["attention_mask"], drafter=build_drafter(args.method, target, args),
-            acceptance=args.acceptance, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-            top_k=args.top_k, top_p=args.top_p, draft_length=DraftLengthSchedule(args.draft_length, kind=args.schedule),
-            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, generator=generator,
-        )
-        elapsed = time.perf_counter() - start
-        table = f"method  {args.method}\n{stats.table()}\ntokens/s  {int(stats.new_tokens.sum()) / elapsed:.1f}"
-    for prompt, row in zip(args.prompt, sequences, strict=True):
-        completion = tokenizer.decode(row[encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+    out = pipe(args.prompt, method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+               top_k=args.top_k, top_p=args.top_p, acceptance=args.acceptance, draft_length=args.draft_length,
+               schedule=args.schedule, confidence_threshold=args.confidence_threshold, exit_layer=args.exit_layer,
+               max_ngram=args.max_ngram, generator=torch.Generator().manual_seed(args.seed))
+    elapsed = time.perf_counter() - start
+    for prompt, completion in zip(args.prompt, out.texts, strict=True):
         print(prompt + completion)
         print("-" * 60)
-    print(table)
+    print(f"method  {args.method}\n{out.stats.table()}\ntokens/s  {int(out.stats.new_tokens.sum()) / elapsed:.1f}")
     return 0
 
 
@@ -133,12 +97,13 @@ def run_generate(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from mmspec.image import ACCEPTANCES, COUPLINGS, DECODINGS, INITS
     from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET
+    from pipelines.text import TEXT_METHODS
 
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for AR generation.")
     commands = parser.add_subparsers(dest="command", required=True)
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")
-    text.add_argument("--method", choices=METHODS, default="model", help="drafter, or 'ar' for the plain target")
+    text.add_argument("--method", choices=TEXT_METHODS, default="model", help="drafter, or 'ar' for the plain target")
     text.add_argument("--target", default=TEXT_TARGET, help="zoo name or transformers folder of the target")
     text.add_argument("--draft", default=TEXT_DRAFT, help="zoo name or transformers folder of the draft (--method model)")
     text.add_argument("--max-new-tokens", type=int, default=64)

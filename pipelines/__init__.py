@@ -2,5 +2,5 @@
 post-process.
 
 `llamagen.LlamaGenPipeline`: text-to-image with a LlamaGen-architecture AR model (decoding chosen by `decoding=`).
-Text generation is served by `mmspec.core.text.speculative_generate` and the `mmspec text` command.
+`text.SpeculativeTextPipeline`: text completion with a causal LM through `mmspec.core.text.speculative_generate`.
 """

@@ -26,7 +26,9 @@ class SpecStats:
         distortion; 0 = none. excess_per_sample: the same summed over a sample's positions (mean over rows), an
         estimate of the summed per-position TV, which bounds the TV of the whole sequence's law.
     timings: seconds spent per phase ("draft", "target", "verify", "total").
-    acceptance_map: image decodings: [B, N] long, the target forward that committed each token (0 = the prefill).
+    acceptance_map: [B, N] long, which forward committed each generated token: image decodings count the prefill as 0,
+        text (`speculative_generate`) counts its verification steps from 1 and marks padding after EOS with -1.
+    from_draft: text only: [B, N] bool, True where the token is an accepted draft token (else the target drew it).
     """
 
     target_forwards: int = 0
@@ -41,6 +43,7 @@ class SpecStats:
     excess_per_sample: float | None = None
     timings: dict[str, float] = field(default_factory=dict)
     acceptance_map: torch.Tensor | None = None
+    from_draft: torch.Tensor | None = None
     _pending: list = field(default_factory=list, repr=False)
 
     def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor | None = None,

@@ -85,7 +85,9 @@ def speculative_generate(
     NGramDrafter). acceptance: "exact" (lossless) or "typical" (lossy, opt-in). draft_length: tokens drafted per step,
     or a `DraftLengthSchedule`. generator: a torch.Generator or one per row.
     Returns (sequences, stats): sequences [B, T + N] = the prompts as given followed by the new tokens, N = the longest
-    row's new tokens, rows padded with pad_token_id after their EOS (as `generate` does).
+    row's new tokens, rows padded with pad_token_id after their EOS (as `generate` does). `stats.acceptance_map` [B, N]
+    says which verification step (1, 2, ...) committed each new token and `stats.from_draft` [B, N] whether it was an
+    accepted draft token (else the target drew it: a residual or bonus token); padding is -1 / False.
     """
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     if isinstance(draft_length, bool) or not isinstance(draft_length, (int, DraftLengthSchedule)):
@@ -112,7 +114,10 @@ def speculative_generate(
     prompt_lengths = lengths.clone()
     generated = torch.zeros(B, dtype=torch.long, device=device)
     rows = torch.arange(B, device=device)  # batch position -> output row; finished rows leave the batch
+    committed_at = torch.full_like(tokens, -1)  # verification step that committed each position
+    drafted = torch.zeros_like(tokens, dtype=torch.bool)  # position holds an accepted draft token
     final_tokens, final_generated = tokens.clone(), generated.clone()
+    final_committed_at, final_drafted = committed_at.clone(), drafted.clone()
 
     # 1. Prefill the target with all but each row's last prompt token (that one is scored with the first draft).
     state = RaggedCacheState.empty(B, device)
@@ -150,6 +155,9 @@ def speculative_generate(
             positions = lengths[:, None] + window_slots
             keep_old = window_slots >= count[:, None]
             tokens.scatter_(1, positions, torch.where(keep_old, tokens.gather(1, positions), emitted))
+            step = stats.target_forwards - stats.prefill_forwards
+            committed_at.scatter_(1, positions, committed_at.gather(1, positions).masked_fill(~keep_old, step))
+            drafted.scatter_(1, positions, drafted.gather(1, positions) | (~keep_old & (window_slots < n[:, None])))
             lengths += count
             generated += count
             stats.record_step(result, draft.lengths, rows)
@@ -157,6 +165,8 @@ def speculative_generate(
             if any(done):
                 final_tokens[rows[finished]] = tokens[finished]
                 final_generated[rows[finished]] = generated[finished]
+                final_committed_at[rows[finished]] = committed_at[finished]
+                final_drafted[rows[finished]] = drafted[finished]
             if all(done):
                 break
             truncate(state, lengths - 1)
@@ -166,6 +176,7 @@ def speculative_generate(
                 keep = [i for i, d in enumerate(done) if not d]
                 index = torch.tensor(keep, device=device)
                 tokens, lengths, generated, rows = tokens[index], lengths[index], generated[index], rows[index]
+                committed_at, drafted = committed_at[index], drafted[index]
                 select_rows(state, index)
                 drafter.select(index)
                 schedule.select(index)
@@ -175,7 +186,10 @@ def speculative_generate(
     # 3. Prompts as given, then each row's new tokens, padded to the longest row.
     N = int(final_generated.max())
     index = prompt_lengths[:, None] + torch.arange(N, device=device)
-    new = torch.where(torch.arange(N, device=device) < final_generated[:, None], final_tokens.gather(1, index), pad_token_id)
+    real = torch.arange(N, device=device) < final_generated[:, None]
+    new = torch.where(real, final_tokens.gather(1, index), pad_token_id)
+    stats.acceptance_map = torch.where(real, final_committed_at.gather(1, index), -1).cpu()
+    stats.from_draft = (real & final_drafted.gather(1, index)).cpu()
     stats.new_tokens = final_generated
     stats.draft_forwards = getattr(drafter, "forwards", 0) - draft_forwards_before
     stats.timings["total"] = time.perf_counter() - start_time

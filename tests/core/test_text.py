@@ -112,3 +112,41 @@ def test_typical_acceptance_runs_and_reports(tiny_target, tiny_draft):
     assert 0 <= stats.excess_acceptance <= 1 and "lossy_excess_acceptance" in stats.as_dict()
     _, exact_stats = speculative_generate(tiny_target, ids, mask, drafter=ModelDrafter(tiny_draft), max_new_tokens=8)
     assert exact_stats.excess_acceptance is None
+
+
+def test_acceptance_map_of_a_draft_equal_to_the_target():
+    """A drafter that is the target itself (greedy) has every draft accepted: steps commit 3 drafts + the bonus token,
+    the last step is cut by max_new_tokens (its two tokens are both accepted drafts)."""
+    target = tiny_llama(num_layers=2)
+    ids, mask = prompts(1)
+    _, stats = speculative_generate(target, ids, mask, drafter=ModelDrafter(target), max_new_tokens=10, temperature=0,
+                                    draft_length=3)
+    assert stats.acceptance_map.tolist() == [[1, 1, 1, 1, 2, 2, 2, 2, 3, 3]]
+    assert stats.from_draft.tolist() == [[True, True, True, False] * 2 + [True, True]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_acceptance_map_agrees_with_the_counters(tiny_target, tiny_draft, temperature):
+    """Per row: steps 1..S in order, one group per verification step, accepted drafts first in each group, padding
+    after EOS marked -1 / False; totals agree with the stats counters."""
+    ids, mask = prompts(4)
+    kwargs = dict(drafter=ModelDrafter(tiny_draft), max_new_tokens=30, temperature=temperature, draft_length=3)
+    probe, _ = speculative_generate(tiny_target, ids, mask, generator=torch.Generator().manual_seed(0), **kwargs)
+    eos = int(probe[1, ids.shape[1] + 5])  # the same run with this EOS stops row 1 by its 6th token
+    out, stats = speculative_generate(tiny_target, ids, mask, eos_token_id=eos, pad_token_id=0,
+                                      generator=torch.Generator().manual_seed(0), **kwargs)
+    amap, from_draft = stats.acceptance_map, stats.from_draft
+    assert amap.shape == from_draft.shape == (4, out.shape[1] - ids.shape[1])
+    # a row's last step may accept drafts past its EOS / max_new_tokens that are never emitted (at most 3 per row)
+    assert 0 <= stats.accepted - int(from_draft.sum()) <= 3 * 4
+    for b in range(4):
+        n = int(stats.new_tokens[b])
+        assert (amap[b, n:] == -1).all() and not from_draft[b, n:].any()
+        steps = amap[b, :n]
+        assert steps.unique().tolist() == list(range(1, int(stats.steps[b]) + 1))
+        assert (steps.diff() >= 0).all()
+        for s in range(1, int(stats.steps[b]) + 1):
+            group = from_draft[b, :n][steps == s]
+            assert 1 <= len(group) <= 4
+            assert group.tolist() == sorted(group.tolist(), reverse=True)  # accepted drafts, then the target's token
+    assert stats.new_tokens[1] <= 6
