@@ -13,6 +13,7 @@ import argparse
 import sys
 import time
 
+
 def run_text(args) -> int:
     import torch
 

@@ -61,15 +61,16 @@ class SpeculativeTextPipeline:
         ```
     """
 
-    def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, draft: PreTrainedModel | None = None):
+    def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 draft: PreTrainedModel | None = None):
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(
-                f"draft vocabulary size {draft.config.vocab_size} does not match the target's {target.config.vocab_size}"
-            )
+            raise ValueError(f"draft vocabulary size {draft.config.vocab_size} does not match the target's "
+                             f"{target.config.vocab_size}")
         self.target, self.tokenizer, self.draft = target, tokenizer, draft
 
     @classmethod
-    def from_pretrained(cls, target: str | Path, draft: str | Path | None = None, dtype=None) -> SpeculativeTextPipeline:
+    def from_pretrained(cls, target: str | Path, draft: str | Path | None = None,
+                        dtype=None) -> SpeculativeTextPipeline:
         """From zoo names ("pycode/target") or local transformers folders; the draft is optional."""
         from mmspec.zoo import load_causal_lm
 
@@ -130,7 +131,7 @@ class SpeculativeTextPipeline:
             raise TypeError(f"prompt must be a str or a non-empty list of str, got {prompt!r}")
         if method not in TEXT_METHODS:
             raise ValueError(f"method must be one of {TEXT_METHODS}, got {method!r}")
-        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")  # generate needs left
+        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")  # as generate needs
         ids, mask = encoded["input_ids"], encoded["attention_mask"]
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         if method == "ar":
