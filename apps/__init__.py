@@ -1,1 +1,1 @@
-"""The Gradio demo (`build_demo(pipes) -> gr.Blocks`, `main()`): it calls pipelines only."""
+"""The Gradio demo: `apps.demo.build_demo(pipes)` builds it, `mmspec demo` launches it on the embedded models."""

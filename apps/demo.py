@@ -1,0 +1,76 @@
+"""The mmspec Gradio demo: see the acceleration live, side by side with plain AR decoding.
+
+    mmspec demo                       # the embedded models on http://127.0.0.1:7860
+    mmspec demo --port 8000 --only image
+
+`build_demo(pipes)` builds the app from pipelines keyed by tab kind (see `apps.tabs.TABS`), so tests and users can
+pass their own; `main()` loads the embedded default models, warms them up and launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+import gradio as gr
+
+from apps.tabs import TABS
+from apps.tabs.base import COMPUTE
+
+TITLE = "mmspec: speculative decoding, live"
+QUEUE_SIZE = 32  # waiting requests beyond this are refused with a "queue full" message
+
+
+def build_demo(pipes: Mapping[str, object], warm_up: bool = False) -> gr.Blocks:
+    """A `gr.Blocks` app with one tab per pipeline: `pipes` maps a tab kind ("image", "text", see `apps.tabs.TABS`)
+    to its pipeline. Events run one at a time per tab and further requests queue. `warm_up` runs one short call per
+    method first, so the first request is not timed with lazy initialisation."""
+    if not isinstance(pipes, Mapping) or not pipes:
+        raise ValueError(f"pipes must be a non-empty mapping of tab kind to pipeline, kinds: {sorted(TABS)}")
+    unknown = sorted(set(pipes) - set(TABS))
+    if unknown:
+        raise ValueError(f"no demo tab for {unknown}; tab kinds: {sorted(TABS)}")
+    tabs = [TABS[kind](pipe) for kind, pipe in pipes.items()]
+    if warm_up:
+        for tab in tabs:
+            tab.warm_up()
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
+        gr.Markdown(f"# {TITLE}")
+        for kind, tab in zip(pipes, tabs, strict=True):
+            with gr.Tab(tab.title, id=kind):
+                tab.build()
+    demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
+    return demo
+
+
+def load_default_pipes(kinds=("image", "text"), image_model: str | None = None, text_target: str | None = None,
+                       text_draft: str | None = None) -> dict[str, object]:
+    """The embedded default pipelines (or the given zoo names / folders) for the requested tab kinds."""
+    from mmspec.cli import load_image_pipeline
+    from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET
+    from pipelines.text import SpeculativeTextPipeline
+
+    loaders = {
+        "image": lambda: load_image_pipeline(image_model or IMAGE_T2I),
+        "text": lambda: SpeculativeTextPipeline.from_pretrained(text_target or TEXT_TARGET,
+                                                                draft=text_draft or TEXT_DRAFT),
+    }
+    return {kind: loaders[kind]() for kind in kinds}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="mmspec demo", description="Launch the Gradio demo.")
+    parser.add_argument("--only", choices=("image", "text"), default=None, help="show one tab only")
+    parser.add_argument("--image-model", default=None, help="zoo name or saved pipeline folder (default: shapes)")
+    parser.add_argument("--text-target", default=None, help="zoo name or transformers folder (default: pycode)")
+    parser.add_argument("--text-draft", default=None, help="draft for the text target (default: the pycode draft)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 = every interface)")
+    parser.add_argument("--port", type=int, default=7860)
+    args = parser.parse_args(argv)
+    kinds = (args.only,) if args.only else ("image", "text")
+    pipes = COMPUTE.submit(load_default_pipes, kinds, args.image_model, args.text_target, args.text_draft).result()
+    build_demo(pipes, warm_up=True).launch(server_name=args.host, server_port=args.port, show_error=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""Demo tabs, one per pipeline kind. A new pipeline family (continuous MAR-style, next-frame video) adds its module
+here and one entry to `TABS`; `build_demo` and the other tabs stay as they are."""
+
+from apps.tabs.base import Tab
+from apps.tabs.image import ImageTab
+from apps.tabs.text import TextTab
+
+TABS: dict[str, type[Tab]] = {"image": ImageTab, "text": TextTab}
+
+__all__ = ["TABS", "ImageTab", "Tab", "TextTab"]

@@ -1,0 +1,112 @@
+"""The text tab: a completion by the target's own `generate` (AR, KV cache) and by speculative decoding, with the
+accepted draft tokens highlighted by the target forward that accepted them, and the stats table."""
+
+from __future__ import annotations
+
+import html
+import time
+
+import gradio as gr
+import torch
+
+from apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
+
+METHOD_LABELS = {
+    "model": "draft model",
+    "ngram": "n-gram (prompt lookup)",
+    "layerskip": "layer skip (self-speculative)",
+}
+# one background per forward, cycled, so that neighbouring forwards' accepted drafts are told apart
+FORWARD_COLOURS = ["#fde68a", "#bfdbfe", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa"]
+MAX_NEW_TOKENS = 256
+
+
+def highlight_pieces(pieces) -> str:
+    """HTML of a completion's `TokenPiece`s: accepted draft tokens on a background that changes with the forward that
+    accepted them, tokens the target drew itself (one per forward) plain; hovering shows the forward."""
+    spans = []
+    for piece in pieces:
+        text = html.escape(piece.text)
+        if piece.from_draft:
+            colour = FORWARD_COLOURS[piece.step % len(FORWARD_COLOURS)]
+            spans.append(f'<span class="draft" style="background:{colour}" title="forward {piece.step}: accepted '
+                         f'draft token">{text}</span>')
+        else:
+            spans.append(f'<span class="target" title="forward {piece.step}: drawn by the target">{text}</span>')
+    return ('<pre class="mmspec-tokens" style="white-space:pre-wrap;font-family:monospace;color:#111">'
+            + "".join(spans) + "</pre>")
+
+
+class TextTab:
+    """Text completion with a `SpeculativeTextPipeline`."""
+
+    title = "Text"
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.methods = [(METHOD_LABELS[m], m) for m in pipe.methods if m != "ar"]
+        if not self.methods:
+            raise ValueError("the text pipeline offers no speculative method")
+
+    def build(self) -> None:
+        gr.Markdown(
+            "The target's own `generate` (one token per forward, KV cache) and speculative decoding complete the same "
+            "prompt. Highlighted tokens are **accepted draft tokens**, one colour per target forward; plain tokens "
+            "were drawn by the target itself (one per forward). At temperature 0 both completions are identical."
+        )
+        with gr.Row():
+            prompt = gr.Textbox(label="Prompt", value="def fibonacci(n):\n", lines=4, elem_id="text-prompt", scale=4)
+            generate = gr.Button("Complete", variant="primary", elem_id="text-generate", scale=1)
+        with gr.Row():
+            method = gr.Radio(self.methods, value=self.methods[0][1], label="Drafter")
+            draft_length = gr.Slider(1, 8, value=4, step=1, label="Draft tokens per forward")
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
+            max_new_tokens = gr.Slider(8, MAX_NEW_TOKENS, value=96, step=8, label="New tokens")
+            seed = gr.Number(label="Seed", value=0, precision=0)
+        with gr.Row():
+            ar_text = gr.Textbox(label="AR (target.generate)", lines=8, interactive=False, elem_id="text-ar")
+            fast_text = gr.HTML(label="Speculative", elem_id="text-fast")
+        stats = gr.Dataframe(headers=STATS_HEADERS, datatype="str", interactive=False, label="Stats",
+                             elem_id="text-stats")
+        status = gr.Markdown(elem_id="text-status")
+        generate.click(self.generate, [prompt, method, draft_length, temperature, max_new_tokens, seed],
+                       [ar_text, fast_text, stats, status], api_name="complete_text", concurrency_limit=1)
+
+    @shows_errors
+    def generate(self, prompt, method, draft_length, temperature, max_new_tokens, seed):
+        """Yield (AR completion, highlighted speculative completion, stats rows, status) after each run."""
+        prompt = check_prompt(prompt)
+        labels = {value: name for name, value in self.methods}
+        if method not in labels:
+            raise ValueError(f"drafter must be one of {list(labels)}, got {method!r}")
+        sampling = {
+            "temperature": check_number("Temperature", temperature, 0.0, 2.0),
+            "max_new_tokens": check_number("New tokens", max_new_tokens, 1, MAX_NEW_TOKENS, integer=True),
+        }
+        draft_length = check_number("Draft tokens per forward", draft_length, 1, 8, integer=True)
+        seed = check_number("Seed", seed, 0, 2**31 - 1, integer=True)
+
+        ar, ar_latency = self.timed(prompt, "ar", seed, **sampling)
+        rows = [stats_row("AR (target.generate)", ar.stats, ar_latency, ar_latency)]
+        yield ar.texts[0], "", rows, f"AR: {int(ar.stats.new_tokens[0])} tokens in {ar_latency:.2f} s."
+        fast, latency = self.timed(prompt, method, seed, draft_length=draft_length, **sampling)
+        rows.append(stats_row(labels[method], fast.stats, latency, ar_latency))
+        status = (f"Speculative: {int(fast.stats.new_tokens[0])} tokens in {fast.stats.target_forwards} target "
+                  f"forwards, acceptance rate {fast.stats.acceptance_rate:.2f}, **{ar_latency / latency:.2f}x** AR's "
+                  "speed.")
+        if sampling["temperature"] == 0:
+            status += " Greedy: " + ("identical to AR." if fast.texts == ar.texts else "**differs from AR**.")
+        yield ar.texts[0], highlight_pieces(fast.pieces[0]), rows, status
+
+    def timed(self, prompt: str, method: str, seed: int, **options):
+        """(output, seconds) of one pipeline call on the compute thread."""
+        def call():
+            start = time.perf_counter()
+            out = self.pipe(prompt, method=method, generator=torch.Generator().manual_seed(seed), **options)
+            return out, time.perf_counter() - start
+
+        return COMPUTE.submit(call).result()
+
+    def warm_up(self) -> None:
+        for method in ("ar", *(m for _, m in self.methods)):
+            COMPUTE.submit(self.pipe, "def f(x):\n", method=method, max_new_tokens=8).result()

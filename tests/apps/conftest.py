@@ -1,0 +1,36 @@
+import os
+import socket
+
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ["NO_PROXY"] = ",".join(filter(None, [os.environ.get("NO_PROXY"), "127.0.0.1", "localhost"]))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def zoo_pipes():
+    """The embedded image and text pipelines, loaded on the demo's compute thread (as `mmspec demo` does)."""
+    from apps.demo import load_default_pipes
+    from apps.tabs.base import COMPUTE
+
+    pipes = COMPUTE.submit(load_default_pipes).result()
+    pipes["image"].set_progress_bar_config(disable=True)
+    return pipes
+
+
+@pytest.fixture(scope="session")
+def demo_url(zoo_pipes):
+    """The demo on the embedded models, launched in this process on a loopback port."""
+    from apps.demo import build_demo
+
+    demo = build_demo(zoo_pipes)
+    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,
+                            show_error=True)
+    yield url
+    demo.close()

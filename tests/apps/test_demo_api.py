@@ -1,0 +1,120 @@
+"""The demo through its API (gradio_client against a demo launched in this process on a loopback port): streaming,
+stats, LANTERN, the text tab, bad input and concurrent requests."""
+
+import re
+
+import numpy as np
+import pytest
+from gradio_client import Client
+from PIL import Image
+
+PROMPT = "two small red triangles above a blue circle on a striped background"
+IMAGE_DEFAULTS = dict(seed=0, guidance=3.0, temperature=1.0, top_k=0, method="sjd", acceptance="exact", lantern_k=100,
+                      lantern_delta=0.1)
+GREY = 128
+
+
+@pytest.fixture
+def client(demo_url):
+    client = Client(demo_url, verbose=False)
+    yield client
+    client.close()
+
+
+def generate_image(client, prompt=PROMPT, **overrides):
+    settings = {**IMAGE_DEFAULTS, **overrides}
+    return client.submit(prompt, *settings.values(), api_name="/generate_image")
+
+
+def speedup(table: dict, row: int) -> float:
+    assert table["headers"][4] == "speedup"
+    return float(table["data"][row][4])
+
+
+def test_image_streams_partial_images_maps_and_stats(client):
+    job = generate_image(client)
+    final = job.result()
+    updates = job.outputs()
+    assert len(updates) >= 4 and updates[-1] == final
+
+    # AR streams first: a partial image whose last token rows are still grey, and a map with grey cells
+    partial = next(u for u in updates if u[5].startswith("AR:") and "committed" in u[5])
+    committed = int(re.match(r"AR: (\d+) / 256 tokens committed", partial[5]).group(1))
+    assert 0 < committed < 256 and partial[1] is None
+    ar_partial = np.asarray(Image.open(partial[0]).convert("RGB"))
+    assert ar_partial.shape == (256, 256, 3)
+    assert (ar_partial[-16:, -16:] == GREY).all()  # the last token's cell is not generated yet
+    assert (np.asarray(Image.open(partial[2]).convert("RGB"))[-16:, -16:] == GREY).all()
+    # then the accelerated run streams while AR's finished image stays
+    assert any(u[1] is not None and u[5].startswith("SJD") and "committed" in u[5] for u in updates)
+
+    ar_image, fast_image, ar_map, fast_map, table, status = final
+    for path in (ar_image, fast_image, ar_map, fast_map):
+        assert not (np.asarray(Image.open(path).convert("RGB")) == GREY).all(axis=-1).any()  # every cell committed
+    assert [row[0] for row in table["data"]] == ["AR", "SJD (speculative Jacobi decoding)"]
+    ar_row, fast_row = table["data"]
+    assert ar_row[1] == "256" and int(fast_row[1]) < 256 and float(fast_row[2]) > 1.5
+    assert speedup(table, 0) == 1.0 and speedup(table, 1) > 0
+    assert fast_row[5] == "0.000" and "AR's speed" in status
+    # AR commits one token per forward: its map has as many colours as tokens; SJD's runs share colours
+    colours = [len(np.unique(np.asarray(Image.open(p).convert("RGB"))[::16, ::16].reshape(-1, 3), axis=0))
+               for p in (ar_map, fast_map)]
+    assert colours[0] > 2 * colours[1]
+
+
+def test_lantern_shows_its_realised_distortion(client):
+    table, status = generate_image(client, acceptance="lantern", lantern_k=100, lantern_delta=0.2).result()[4:]
+    assert table["data"][1][0] == "SJD (speculative Jacobi decoding) + LANTERN"
+    assert float(table["data"][1][5]) > 0 and "Realised distortion" in status
+
+
+def test_draft_model_method(client):
+    table = generate_image(client, method="draft").result()[4]
+    assert table["data"][1][0] == "draft model" and int(table["data"][1][1]) < 256
+
+
+def test_text_tab_highlights_accepted_drafts(client):
+    ar_text, html, table, status = client.predict("def fibonacci(n):\n", "ngram", 4, 0.0, 48, 0,
+                                                  api_name="/complete_text")
+    assert "identical to AR" in status
+    assert [row[0] for row in table["data"]] == ["AR (target.generate)", "n-gram (prompt lookup)"]
+    assert int(table["data"][1][1]) < 48 and float(table["data"][1][4]) > 0
+    drafts = re.findall(r'<span class="draft" style="background:#[0-9a-f]{6}" title="forward (\d+)', html)
+    targets = re.findall(r'<span class="target" title="forward (\d+)', html)
+    assert drafts and len(drafts) + len(targets) == 48
+    assert len(set(targets)) == len(targets)  # the target draws one token per forward
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(prompt="   "), "Enter a prompt: the prompt is empty."),
+        (dict(prompt="a red circle " * 10), "is 30 tokens long; the model's text context holds 16"),
+        (dict(seed=-3), "Seed must be between 0 and 2147483647, got -3"),
+        # sliders and radios are range-checked by Gradio itself before the handler runs
+        (dict(guidance=50.0), "Value 50.0 is greater than maximum value 10.0."),
+        (dict(temperature=-1.0), "Value -1.0 is less than minimum value 0.0."),
+        (dict(acceptance="lantern", lantern_delta=1.5), "Value 1.5 is greater than maximum value 1.0."),
+        (dict(method="beam"), "beam"),
+    ],
+)
+def test_bad_input_is_a_clear_message_and_the_server_stays_up(client, overrides, message):
+    prompt = overrides.pop("prompt", PROMPT)
+    with pytest.raises(Exception, match=re.escape(message)):
+        generate_image(client, prompt, **overrides).result()
+
+
+def test_server_keeps_serving_after_bad_input(client):
+    with pytest.raises(Exception, match="Enter a prompt"):
+        generate_image(client, "").result()
+    assert len(generate_image(client, seed=5).result()[4]["data"]) == 2
+
+
+def test_two_concurrent_requests_both_complete(demo_url):
+    clients = [Client(demo_url, verbose=False) for _ in range(2)]
+    jobs = [generate_image(c, seed=s) for c, s in zip(clients, (1, 2))]
+    tables = [job.result(timeout=120)[4] for job in jobs]
+    for table in tables:
+        assert len(table["data"]) == 2 and speedup(table, 1) > 0
+    for c in clients:
+        c.close()
