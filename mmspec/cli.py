@@ -3,8 +3,9 @@
     mmspec text "def fibonacci(n):" --method model|ngram|layerskip|ar [--max-new-tokens 64 --temperature 0 ...]
     mmspec generate "a red circle above a blue square on a striped background" --out out.png [--n 4 --seed 0 ...]
     mmspec generate "..." --decoding draft --acceptance lantern --lantern-k 100 --lantern-delta 0.2
+    mmspec demo [--port 7860 --only image|text ...]
 
-This is the top of the stack (like `apps/`): it may import `pipelines`; the engine below it does not.
+This is the top of the stack (like `apps/`): it may import `pipelines` and `apps`; the engine below it does not.
 """
 
 from __future__ import annotations
@@ -95,6 +96,17 @@ def run_generate(args) -> int:
     return 0
 
 
+def run_demo(demo_args: list[str]) -> int:
+    try:
+        import gradio  # noqa: F401
+    except ImportError:
+        raise ValueError('the demo needs Gradio: pip install "torch==2.13.0" -e ".[app]" (or mmspec[app])') from None
+    from apps.demo import main as demo_main
+
+    demo_main(demo_args)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from mmspec.image import ACCEPTANCES, COUPLINGS, DECODINGS, INITS
     from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET
@@ -145,8 +157,14 @@ def main(argv: list[str] | None = None) -> int:
                        help="skip the plain-AR run that the chosen decoding is compared with")
     image.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
-    args = parser.parse_args(argv)
+    demo = commands.add_parser("demo", add_help=False,
+                               help="launch the Gradio demo (AR vs speculative, side by side); --help for its options")
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER)
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["demo"]:  # its options are apps.demo's own (argparse's REMAINDER cannot start with an option)
+            return run_demo(argv[1:])
+        args = parser.parse_args(argv)
         return run_text(args) if args.command == "text" else run_generate(args)
     except (ValueError, TypeError) as error:
         parser.exit(2, f"mmspec: error: {error}\n")

@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -80,3 +82,19 @@ def test_embedded_image_pipeline_loads_with_one_call():
     pipe = LlamaGenPipeline.from_pretrained(zoo_path("shapes"))
     assert pipe.transformer.num_image_tokens == 256 and pipe.vqvae.config.codebook_size >= 1024
     assert pipe.transformer.dtype == pipe.text_encoder.dtype == torch.float32
+
+
+def test_mmspec_demo_hands_its_options_to_the_demo(monkeypatch):
+    import apps.demo
+
+    received = []
+    monkeypatch.setattr(apps.demo, "main", received.append)
+    assert main(["demo", "--port", "8000", "--only", "image"]) == 0
+    assert received == [["--port", "8000", "--only", "image"]]
+
+
+def test_mmspec_demo_without_gradio_says_how_to_install_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio -> ImportError
+    with pytest.raises(SystemExit):
+        main(["demo"])
+    assert "the demo needs Gradio" in capsys.readouterr().err
