@@ -157,12 +157,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="skip the plain-AR run that the chosen decoding is compared with")
     image.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
-    demo = commands.add_parser("demo", add_help=False,
-                               help="launch the Gradio demo (AR vs speculative, side by side); --help for its options")
-    demo.add_argument("demo_args", nargs=argparse.REMAINDER)
+    # listed for --help only: `mmspec demo ...` hands all its options to apps.demo's own parser
+    commands.add_parser("demo", help="launch the Gradio demo (AR vs speculative, side by side); --help for its options")
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv[:1] == ["demo"]:  # its options are apps.demo's own (argparse's REMAINDER cannot start with an option)
+        if argv[:1] == ["demo"]:
             return run_demo(argv[1:])
         args = parser.parse_args(argv)
         return run_text(args) if args.command == "text" else run_generate(args)
