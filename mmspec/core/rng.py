@@ -46,3 +46,47 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = probs.cumsum(-1)
     threshold = u.to(cdf.dtype)[..., None] * cdf[..., -1:]
     return torch.searchsorted(cdf, threshold, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+# Counter-based draws: a value is a pure function of (seed, key...), so the same noise reaches every model and branch
+# that asks for the same key, and draws that a run discards never shift the ones that follow. 32-bit integer hashing
+# kept inside int64 without overflow: multiplications by 16-bit halves of the constants.
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """(x * constant) mod 2**32 for x in [0, 2**32) (int64), without int64 overflow."""
+    low, high = constant & 0xFFFF, constant >> 16
+    return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Wellons' lowbias32) of x in [0, 2**32), elementwise."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keyed_bits(seed: int | torch.Tensor, *keys: int | torch.Tensor) -> torch.Tensor:
+    """32-bit hashes (int64 in [0, 2**32)) of (seed, *keys), broadcast over the keys' shapes; each key is an int or a
+    long tensor (e.g. sample [B, 1, 1], position [1, L, 1], step [1, 1, S])."""
+    h = _hash32(torch.as_tensor(seed, dtype=torch.long) & _MASK32)
+    for key in keys:
+        h = _hash32(h ^ (torch.as_tensor(key, dtype=torch.long, device=h.device) & _MASK32))
+    return h
+
+
+def keyed_uniform(seed: int | torch.Tensor, *keys: int | torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """U(0, 1) draws (never 0 or 1) keyed by (seed, *keys), broadcast over the keys' shapes."""
+    return ((keyed_bits(seed, *keys).double() + 0.5) / 2.0**32).to(dtype)
+
+
+def keyed_normal(seed: int | torch.Tensor, *keys: int | torch.Tensor, dim: int, dtype=torch.float32) -> torch.Tensor:
+    """N(0, 1) draws of shape [*broadcast(keys), dim] keyed by (seed, *keys, component), by Box-Muller in float64."""
+    component = torch.arange(dim)
+    keys = tuple(torch.as_tensor(k, dtype=torch.long)[..., None] for k in keys)
+    u1 = keyed_uniform(seed, *keys, 2 * component, dtype=torch.float64)
+    u2 = keyed_uniform(seed, *keys, 2 * component + 1, dtype=torch.float64)
+    return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * torch.pi * u2)).to(dtype)

@@ -1,0 +1,2 @@
+"""Continuous-token (diffusion-head, MAR-style) AR: the head's sampler and speculative acceptance on its
+trajectories."""

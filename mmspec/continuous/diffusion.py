@@ -1,0 +1,141 @@
+"""The per-token diffusion head's sampler (MAR's DDPM with learned-range variance), written so that speculative
+decoding can score a trajectory under another head.
+
+Conventions (LTH14/mar `diffusion/`): a cosine schedule of `num_train_steps` respaced to `num_sampling_steps` evenly
+spaced steps; the head predicts eps and a variance interpolation v in [-1, 1] between the posterior variance and
+beta; temperature scales the std of every reverse step; the last step (index 0) adds no noise, so x_0 = mu(x_1).
+Steps are indexed by sampling step k = S-1 .. 0 (k = 0 least noisy); `timesteps[k]` is the training step the head
+is conditioned on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# head(x_t [n, C], timesteps [n] long) -> (eps [n, C], v [n, C] or None for the posterior variance)
+DiffusionHead = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def cosine_alphas_cumprod(num_train_steps: int, s: float = 0.008) -> torch.Tensor:
+    """alpha-bar_t for t = 0 .. T-1 of Nichol & Dhariwal's cosine schedule (betas capped at 0.999), float64."""
+    def f(t):
+        return math.cos((t / num_train_steps + s) / (1 + s) * math.pi / 2) ** 2
+
+    betas = torch.tensor([min(1 - f(t + 1) / f(t), 0.999) for t in range(num_train_steps)], dtype=torch.float64)
+    return torch.cumprod(1 - betas, 0)
+
+
+@dataclass(frozen=True)
+class DiffusionSchedule:
+    """A respaced DDPM schedule; all tensors [S] float64, index k = sampling step (0 = last, least noisy)."""
+
+    timesteps: torch.Tensor  # [S] long, the training step of each sampling step
+    alphas_cumprod: torch.Tensor
+
+    @classmethod
+    def cosine(cls, num_sampling_steps: int = 100, num_train_steps: int = 1000) -> DiffusionSchedule:
+        if not 1 <= num_sampling_steps <= num_train_steps:
+            raise ValueError(f"num_sampling_steps must be in [1, {num_train_steps}], got {num_sampling_steps}")
+        full = cosine_alphas_cumprod(num_train_steps)
+        # improved-diffusion's space_timesteps(T, "S"): S evenly spaced steps, rounded, first and last kept
+        stride = (num_train_steps - 1) / max(num_sampling_steps - 1, 1)
+        kept = torch.tensor([round(i * stride) for i in range(num_sampling_steps)], dtype=torch.long)
+        return cls(kept, full[kept])
+
+    @property
+    def num_steps(self) -> int:
+        return self.timesteps.numel()
+
+    @property
+    def alphas_cumprod_prev(self) -> torch.Tensor:
+        return torch.cat([torch.ones(1, dtype=torch.float64), self.alphas_cumprod[:-1]])
+
+    @property
+    def betas(self) -> torch.Tensor:
+        return 1 - self.alphas_cumprod / self.alphas_cumprod_prev
+
+    @property
+    def posterior_log_variance_clipped(self) -> torch.Tensor:
+        posterior = self.betas * (1 - self.alphas_cumprod_prev) / (1 - self.alphas_cumprod)
+        return torch.log(torch.cat([posterior[1:2], posterior[1:]])) if self.num_steps > 1 else torch.log(self.betas)
+
+    def reverse_step(self, x_t: torch.Tensor, k: int | torch.Tensor, eps: torch.Tensor,
+                     v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log_std) [n, C] of p(x_{k-1} | x_k) given the head's eps and variance interpolation v ([n, C];
+        None = the posterior variance), in float32; `k` an int or [n] long."""
+        k = torch.as_tensor(k, dtype=torch.long)
+        a, a_prev, beta = (self._at(table, k, x_t) for table in
+                           (self.alphas_cumprod, self.alphas_cumprod_prev, self.betas))
+        x0 = (x_t.double() - torch.sqrt(1 - a) * eps.double()) / torch.sqrt(a)
+        coef_x0, coef_xt = torch.sqrt(a_prev) * beta / (1 - a), torch.sqrt(1 - beta) * (1 - a_prev) / (1 - a)
+        mean = coef_x0 * x0 + coef_xt * x_t.double()
+        min_log = self._at(self.posterior_log_variance_clipped, k, x_t)
+        if v is None:
+            log_var = min_log.expand_as(mean)
+        else:
+            frac = (v.double() + 1) / 2
+            log_var = frac * torch.log(beta) + (1 - frac) * min_log
+        return mean.float(), (0.5 * log_var).float()
+
+    @staticmethod
+    def _at(table: torch.Tensor, k: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        values = table.to(like.device)[k]
+        return values[:, None] if values.ndim == 1 else values
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A sampled reverse trajectory of n tokens: x [S + 1, n, C] with x[S] = x_T (the prior draw) down to x[0] = the
+    token; mean / log_std [S, n, C]: the Gaussian step k was drawn from (std = temperature * exp(log_std) for k >= 1;
+    step 0 adds no noise, x[0] = mean[0])."""
+
+    x: torch.Tensor
+    mean: torch.Tensor
+    log_std: torch.Tensor
+
+    @property
+    def token(self) -> torch.Tensor:
+        return self.x[0]
+
+
+def sample_trajectory(head: DiffusionHead, schedule: DiffusionSchedule, x_T: torch.Tensor, noise: torch.Tensor,
+                      temperature: float = 1.0) -> Trajectory:
+    """Run the reverse chain from x_T [n, C] with the given per-step noise [S, n, C] (noise[k] drives step k; noise[0]
+    is unused: the last step is noiseless)."""
+    S = schedule.num_steps
+    xs, means, log_stds = [x_T], [None] * S, [None] * S
+    x = x_T
+    for k in reversed(range(S)):
+        eps, v = head(x, schedule.timesteps[k].expand(x.shape[0]).to(x.device))
+        means[k], log_stds[k] = schedule.reverse_step(x, k, eps, v)
+        x = means[k] + temperature * torch.exp(log_stds[k]) * noise[k] if k > 0 else means[k]
+        xs.append(x)
+    return Trajectory(torch.stack(xs[::-1]), torch.stack(means), torch.stack(log_stds))
+
+
+def score_trajectory(head: DiffusionHead, schedule: DiffusionSchedule, x: torch.Tensor,
+                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Evaluate `head` on every state of a given trajectory x [S + 1, n, C] in one batched call: returns the head's
+    (mean, log_std) [S, n, C] of each step (what it would have drawn x[k - 1] from, given x[k])."""
+    S, n = schedule.num_steps, x.shape[1]
+    states = x[1:].reshape(S * n, -1)  # x[k + 1] is the input of step k
+    steps = torch.arange(S, device=x.device).repeat_interleave(n)
+    eps, v = head(states, schedule.timesteps.to(x.device)[steps])
+    mean, log_std = schedule.reverse_step(states, steps, eps, v)
+    return mean.view(S, n, -1), log_std.view(S, n, -1)
+
+
+def trajectory_log_density(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor,
+                           temperature: float = 1.0) -> torch.Tensor:
+    """log density [n] of the noisy steps of trajectory x [S + 1, n, C]: x[k] ~ N(mean[k], (temperature *
+    exp(log_std[k]))^2) for k = 1 .. S - 1, in float32 (the shared N(0, I) prior on x[S] = x_T is left out, and
+    step 0 is noiseless)."""
+    if mean.shape[0] < 2:
+        return torch.zeros(x.shape[1], device=x.device)
+    log_sigma = log_std[1:].float() + math.log(temperature)
+    z = (x[1:-1].float() - mean[1:].float()) * torch.exp(-log_sigma)
+    return (-0.5 * z.square() - log_sigma - 0.5 * math.log(2 * math.pi)).sum(dim=(0, 2))

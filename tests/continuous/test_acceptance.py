@@ -1,0 +1,154 @@
+"""Exactness of continuous speculative acceptance on analytic Gaussians and diffusion heads (reference E.1), with
+mutation companions that the same tests must reject."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from mmspec.continuous.acceptance import accept_draft, residual_sample, verify_trajectories
+from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
+from mmspec.core.rng import keyed_normal, keyed_uniform
+from tests.continuous.toy import GaussianDataHead, keyed_trajectory_noise
+
+
+def gaussian_log_pdf(x, mean, std):
+    return (-0.5 * ((x - mean) / std) ** 2 - math.log(std) - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def pure_gaussian_speculative(n, p, q, seed=0, residual_rule=None):
+    """Draft from q = N(mq, sq^2), verify against p = N(mp, sp^2) (1-D); returns (samples, accepted, tries)."""
+    (mp, sp), (mq, sq) = p, q
+    rows = torch.arange(n)
+    draft = mq + sq * keyed_normal(seed, rows, 0, dim=1).double()
+    u = keyed_uniform(seed, rows, 1)
+    accepted = accept_draft(gaussian_log_pdf(draft, mp, sp), gaussian_log_pdf(draft, mq, sq), u)
+
+    def propose(attempt, pending):
+        y = mp + sp * keyed_normal(seed, pending, 2, attempt, dim=1).double()
+        return y.float(), gaussian_log_pdf(y, mp, sp), gaussian_log_pdf(y, mq, sq)
+
+    uniform = residual_rule or (lambda attempt, pending: keyed_uniform(seed, pending, 3, attempt))
+    rejected = (~accepted).nonzero().squeeze(1)
+    out = draft.float().clone()
+    out[rejected], tries, fallback = residual_sample(propose, uniform, rejected, 1, max_tries=1000)
+    assert not fallback.any()
+    return out[:, 0].numpy(), accepted, tries
+
+
+def tv_1d(p, q):
+    x = np.linspace(-12, 12, 400001)
+    return 0.5 * np.trapezoid(np.abs(stats.norm.pdf(x, *p) - stats.norm.pdf(x, *q)), x)
+
+
+P, Q = (0.0, 1.0), (0.8, 1.4)
+
+
+def test_pure_gaussian_speculative_sampling_is_exact():
+    n = 200_000
+    samples, accepted, tries = pure_gaussian_speculative(n, P, Q)
+    se_mean = P[1] / math.sqrt(n)
+    assert abs(samples.mean() - P[0]) < 5 * se_mean
+    assert abs(samples.var() - P[1] ** 2) < 5 * P[1] ** 2 * math.sqrt(2 / n)
+    assert stats.kstest(samples, "norm", args=P).pvalue > 1e-3
+    tv = tv_1d(P, Q)
+    alpha = accepted.double().mean().item()
+    assert abs(alpha - (1 - tv)) < 5 * math.sqrt(tv * (1 - tv) / n)
+    mean_tries = tries.double().mean().item()  # geometric with success probability TV
+    assert abs(mean_tries - 1 / tv) < 5 * math.sqrt((1 - tv) / tv**2 / tries.numel())
+
+
+def test_mutation_residual_without_rejection_is_caught():
+    """Mutation: take the first target proposal for every rejected draft (residual = p instead of norm(max(p-q, 0)))."""
+    samples, _, _ = pure_gaussian_speculative(200_000, P, Q, residual_rule=lambda a, rows: torch.zeros(rows.numel()))
+    assert stats.kstest(samples, "norm", args=P).pvalue < 1e-6
+
+
+def speculative_tokens(draft_head, target_head, schedule, n, dim, temperature, seed=0, max_tries=100,
+                       residual_test=True):
+    """(draft trajectories, verify result) for n tokens; residual_test=False is a mutation: the first target
+    proposal of a rejected draft is always kept (residual = p instead of norm(max(p - q, 0)))."""
+    rows = torch.arange(n)
+    x_T, noise = keyed_trajectory_noise(seed, rows, schedule.num_steps, dim)
+    draft = sample_trajectory(draft_head, schedule, x_T, noise, temperature)
+
+    def uniform(attempt, pending):
+        if attempt > 0 and not residual_test:
+            return torch.zeros(pending.numel())
+        return keyed_uniform(seed + 1, pending, attempt)
+
+    result = verify_trajectories(
+        draft, draft_head, target_head, schedule, temperature,
+        target_noise=lambda attempt, pending: keyed_trajectory_noise(seed, pending, schedule.num_steps, dim, attempt),
+        uniform=uniform, max_tries=max_tries)
+    return draft, result
+
+
+def target_tokens(head, schedule, n, dim, temperature, seed):
+    x_T, noise = keyed_trajectory_noise(seed, torch.arange(n), schedule.num_steps, dim)
+    return sample_trajectory(head, schedule, x_T, noise, temperature).token
+
+
+def assert_same_law(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Two samples [n, C] from one law: per-dimension means and variances within 5 standard errors, KS p > 1e-3."""
+    n = a.shape[0]
+    a, b = a.double(), b.double()
+    se_mean = torch.sqrt((a.var(0) + b.var(0)) / n)
+    assert ((a.mean(0) - b.mean(0)).abs() < 5 * se_mean).all(), (a.mean(0), b.mean(0))
+    se_var = torch.sqrt((((a - a.mean(0)) ** 2).var(0) + ((b - b.mean(0)) ** 2).var(0)) / n)
+    assert ((a.var(0) - b.var(0)).abs() < 5 * se_var).all(), (a.var(0), b.var(0))
+    for d in range(a.shape[1]):
+        assert stats.ks_2samp(a[:, d].numpy(), b[:, d].numpy()).pvalue > 1e-3
+
+
+TARGET = dict(m=[0.5, -1.0, 0.0, 2.0], s=[1.0, 0.5, 2.0, 0.8], v=0.3)
+DRAFTS = {
+    "shifted": dict(m=[0.9, -0.7, 0.6, 1.6], s=TARGET["s"], v=0.3),  # same step variances
+    "reshaped": dict(m=[0.7, -0.8, 0.3, 1.8], s=[1.2, 0.6, 1.7, 1.0], v=-0.2),  # other data scale and variances
+}
+
+
+@pytest.mark.parametrize("draft_name", list(DRAFTS))
+@pytest.mark.parametrize("num_steps", [10, 100])
+def test_trajectory_exact_mode_samples_the_target_head(num_steps, draft_name):
+    schedule = DiffusionSchedule.cosine(num_steps)
+    target, draft_head = GaussianDataHead(**TARGET), GaussianDataHead(**DRAFTS[draft_name])
+    n, temperature = 40_000, 0.9
+    draft, result = speculative_tokens(draft_head, target, schedule, n, 4, temperature)
+    alpha = result.accepted.double().mean().item()
+    assert 0.05 < alpha < 0.95, alpha  # both paths are exercised
+    assert not result.fallback.any() and torch.isfinite(result.log_ratio).all()
+    reference = target_tokens(target, schedule, n, 4, temperature, seed=12345)
+    assert_same_law(result.tokens, reference)
+
+    # mutation companions: no verification at all (the draft head's tokens), and a residual without its rejection test
+    # (with other step variances most of the residual mass is the whole of p, so only the shifted draft can tell)
+    with pytest.raises(AssertionError):
+        assert_same_law(draft.token, reference)
+    if draft_name != "shifted":
+        return
+    _, unrejected = speculative_tokens(draft_head, target, schedule, n, 4, temperature, residual_test=False)
+    with pytest.raises(AssertionError):
+        assert_same_law(unrejected.tokens, reference)
+
+
+def test_identical_draft_is_always_kept_and_bit_identical():
+    schedule = DiffusionSchedule.cosine(100)
+    head = GaussianDataHead(**TARGET)
+    draft, result = speculative_tokens(head, head, schedule, 2000, 4, 1.0)
+    assert result.accepted.all() and (result.log_ratio == 0).all() and (result.tries == 0).all()
+    assert torch.equal(result.tokens, target_tokens(head, schedule, 2000, 4, 1.0, seed=0))
+
+
+def test_capped_residual_falls_back_to_a_target_sample_never_zero():
+    schedule = DiffusionSchedule.cosine(10)
+    target = GaussianDataHead(**TARGET)
+    near = GaussianDataHead(m=[m + 0.1 for m in TARGET["m"]], s=TARGET["s"], v=TARGET["v"])  # residual mass ~ small
+    _, result = speculative_tokens(near, target, schedule, 4000, 4, 1.0, max_tries=1)
+    assert (~result.accepted).any() and (result.tries <= 1).all()
+    assert result.fallback.any() and (result.tokens.abs().sum(-1) > 0).all()
+    rows = result.fallback.nonzero().squeeze(1)
+    x_T, noise = keyed_trajectory_noise(0, rows, 10, 4, attempt=1)
+    assert torch.equal(result.tokens[rows], sample_trajectory(target, schedule, x_T, noise).token)

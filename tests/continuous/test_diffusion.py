@@ -1,0 +1,40 @@
+import math
+
+import pytest
+import torch
+
+from mmspec.continuous.diffusion import DiffusionSchedule, cosine_alphas_cumprod, sample_trajectory, score_trajectory
+from tests.continuous.toy import GaussianDataHead, keyed_trajectory_noise
+
+
+def test_respaced_schedule_keeps_evenly_spaced_steps_and_their_alpha_bars():
+    full = cosine_alphas_cumprod(1000)
+    schedule = DiffusionSchedule.cosine(100)
+    assert schedule.timesteps[0] == 0 and schedule.timesteps[-1] == 999 and schedule.num_steps == 100
+    assert torch.allclose(torch.cumprod(1 - schedule.betas, 0), full[schedule.timesteps])
+    same = DiffusionSchedule.cosine(1000)
+    assert torch.allclose(same.betas, 1 - full / torch.cat([torch.ones(1, dtype=torch.float64), full[:-1]]))
+    with pytest.raises(ValueError, match="num_sampling_steps"):
+        DiffusionSchedule.cosine(0)
+
+
+@pytest.mark.parametrize("v", [None, -1.0, 1.0])
+def test_many_step_sampler_with_the_ideal_head_draws_the_data_law(v):
+    """With the exact denoiser of N(m, s^2) data, 250 DDPM steps sample the data law (up to discretisation)."""
+    m, s = torch.tensor([1.0, -2.0]), torch.tensor([0.5, 1.5])
+    schedule = DiffusionSchedule.cosine(250)
+    n = 20_000
+    x_T, noise = keyed_trajectory_noise(0, torch.arange(n), schedule.num_steps, 2)
+    tokens = sample_trajectory(GaussianDataHead(m, s, v), schedule, x_T, noise).token.double()
+    assert ((tokens.mean(0) - m).abs() < 5 * s / math.sqrt(n) + 0.01).all(), tokens.mean(0)
+    assert ((tokens.std(0) / s - 1).abs() < 0.03).all(), tokens.std(0)
+
+
+def test_scoring_a_trajectory_repeats_the_sampler_s_own_steps():
+    schedule = DiffusionSchedule.cosine(20)
+    head = GaussianDataHead([0.3, 0.1, -0.2], [1.0, 2.0, 0.5], v=0.4)
+    x_T, noise = keyed_trajectory_noise(3, torch.arange(64), schedule.num_steps, 3)
+    trajectory = sample_trajectory(head, schedule, x_T, noise, temperature=0.8)
+    mean, log_std = score_trajectory(head, schedule, trajectory.x)
+    assert torch.allclose(mean, trajectory.mean, atol=1e-6) and torch.allclose(log_std, trajectory.log_std, atol=1e-6)
+    assert torch.equal(trajectory.token, trajectory.mean[0])  # the last step adds no noise

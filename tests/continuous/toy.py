@@ -1,0 +1,33 @@
+"""Analytic diffusion heads for tests: the ideal eps-predictor for data N(m, diag s^2), in closed form."""
+
+from __future__ import annotations
+
+import torch
+
+from mmspec.continuous.diffusion import cosine_alphas_cumprod
+from mmspec.core.rng import keyed_normal
+
+
+class GaussianDataHead:
+    """eps(x_t, t) = (x_t - sqrt(a) E[x_0 | x_t]) / sqrt(1 - a), E[x_0 | x_t] = m + sqrt(a) s^2 / (a s^2 + 1 - a)
+    (x_t - sqrt(a) m), a = alpha-bar_t of the 1000-step cosine schedule; v: a constant variance interpolation
+    (None = the posterior variance)."""
+
+    def __init__(self, m, s, v: float | None = None, num_train_steps: int = 1000):
+        self.m, self.s, self.v = torch.as_tensor(m, dtype=torch.float64), torch.as_tensor(s, dtype=torch.float64), v
+        self.alphas_cumprod = cosine_alphas_cumprod(num_train_steps)
+
+    def __call__(self, x_t: torch.Tensor, timesteps: torch.Tensor):
+        a = self.alphas_cumprod[timesteps][:, None]
+        x = x_t.double()
+        x0 = self.m + a.sqrt() * self.s**2 / (a * self.s**2 + 1 - a) * (x - a.sqrt() * self.m)
+        eps = ((x - a.sqrt() * x0) / (1 - a).sqrt()).float()
+        return eps, None if self.v is None else torch.full_like(eps, self.v)
+
+
+def keyed_trajectory_noise(seed: int, rows: torch.Tensor, num_steps: int, dim: int, attempt: int = 0):
+    """(x_T [m, C], noise [S, m, C]) keyed by (seed, row, step, attempt): the same rows get the same noise whoever
+    asks, and the draft (attempt 0) and each residual attempt get their own."""
+    steps = torch.arange(num_steps + 1)[:, None]
+    noise = keyed_normal(seed, rows[None, :], steps, attempt, dim=dim)  # [S + 1, m, C]
+    return noise[num_steps], noise[:num_steps]
