@@ -152,3 +152,34 @@ def test_capped_residual_falls_back_to_a_target_sample_never_zero():
     rows = result.fallback.nonzero().squeeze(1)
     x_T, noise = keyed_trajectory_noise(0, rows, 10, 4, attempt=1)
     assert torch.equal(result.tokens[rows], sample_trajectory(target, schedule, x_T, noise).token)
+
+
+def test_paper_mode_is_biased_and_the_test_says_so(capsys):
+    """The released CSpD criterion (inner temperature 42, sigma-product term, final-step residual) on the same toy:
+    its output law is *not* the target's. This test measures the bias and fails if it ever disappears unnoticed."""
+    from mmspec.continuous.acceptance import verify_paper
+
+    schedule = DiffusionSchedule.cosine(100)
+    target, draft_head = GaussianDataHead(**TARGET), GaussianDataHead(**DRAFTS["reshaped"])
+    n, temperature = 40_000, 0.9
+    rows = torch.arange(n)
+    x_T, noise = keyed_trajectory_noise(0, rows, schedule.num_steps, 4)
+    draft = sample_trajectory(draft_head, schedule, x_T, noise, temperature)
+    aligned = sample_trajectory(target, schedule, x_T, noise, temperature)  # the target's own trajectory, same noise
+    result = verify_paper(draft, aligned, temperature,
+                          uniform=lambda attempt, pending: keyed_uniform(1, pending, attempt),
+                          residual_noise=lambda attempt, pending: keyed_normal(2, pending, attempt, dim=4))
+    terms = result.terms
+    assert torch.allclose(terms["exponent"] + terms["sigma_product"] + terms["normalisation"], result.log_ratio)
+    assert not (result.tokens == 0).all(-1).any()
+    reference = target_tokens(target, schedule, n, 4, temperature, seed=12345)
+    with pytest.raises(AssertionError):
+        assert_same_law(result.tokens, reference)
+    shift = (result.tokens.double().mean(0) - reference.double().mean(0)).tolist()
+    towards_draft = (result.tokens.double().mean(0) - reference.double().mean(0)).sign() == (
+        torch.tensor(DRAFTS["reshaped"]["m"]) - torch.tensor(TARGET["m"])).sign()
+    with capsys.disabled():
+        print(f"\npaper-mode CSpD on the toy (S=100): acceptance {result.accepted.double().mean():.3f}, mean shift "
+              f"{[round(v, 3) for v in shift]} (towards the draft in {int(towards_draft.sum())}/4 dims), mean "
+              f"log-ratio terms: exponent {terms['exponent'].mean():.2f}, sigma product "
+              f"{terms['sigma_product'].mean():.2f}, normalisation {terms['normalisation'].mean():.2f}")
