@@ -100,7 +100,7 @@ def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_hea
         raise ValueError(f"temperature must be > 0 for speculative acceptance, got {temperature}")
     n, C = draft.x.shape[1], draft.x.shape[2]
     rows = torch.arange(n, device=draft.x.device)
-    mean_p, log_std_p = score_trajectory(target_head, schedule, draft.x, temperature)
+    mean_p, log_std_p = score_trajectory(target_head, schedule, draft.x)
     log_p = trajectory_log_density(draft.x, mean_p, log_std_p, temperature)
     log_q = trajectory_log_density(draft.x, draft.mean, draft.log_std, temperature)
     accepted = accept_draft(log_p, log_q, uniform(0, rows))
@@ -110,8 +110,8 @@ def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_hea
 
     def propose(attempt: int, pending: torch.Tensor):
         x_T, noise = target_noise(attempt, pending)
-        proposal = sample_trajectory(target_head, schedule, x_T, noise, temperature)
-        mean_q, log_std_q = score_trajectory(draft_head, schedule, proposal.x, temperature)
+        proposal = sample_trajectory(target_head, schedule, x_T, noise, temperature, rows=pending)
+        mean_q, log_std_q = score_trajectory(draft_head, schedule, proposal.x, rows=pending)
         return (proposal.token, trajectory_log_density(proposal.x, proposal.mean, proposal.log_std, temperature),
                 trajectory_log_density(proposal.x, mean_q, log_std_q, temperature))
 

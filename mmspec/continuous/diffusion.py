@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-# head(x_t [n, C], timesteps [n] long) -> (eps [n, C], v [n, C] or None for the posterior variance)
-DiffusionHead = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+# head(x_t [n, C], timesteps [n] long, rows [n] long) -> (eps [n, C], v [n, C] or None for the posterior variance);
+# rows say which token (of the caller's n) each input row belongs to, so a head can pick its conditioning
+DiffusionHead = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def cosine_alphas_cumprod(num_train_steps: int, s: float = 0.008) -> torch.Tensor:
@@ -103,14 +104,15 @@ class Trajectory:
 
 
 def sample_trajectory(head: DiffusionHead, schedule: DiffusionSchedule, x_T: torch.Tensor, noise: torch.Tensor,
-                      temperature: float = 1.0) -> Trajectory:
+                      temperature: float = 1.0, rows: torch.Tensor | None = None) -> Trajectory:
     """Run the reverse chain from x_T [n, C] with the given per-step noise [S, n, C] (noise[k] drives step k; noise[0]
-    is unused: the last step is noiseless)."""
+    is unused: the last step is noiseless); rows [n] long: the tokens these are (default 0 .. n-1)."""
     S = schedule.num_steps
+    rows = torch.arange(x_T.shape[0], device=x_T.device) if rows is None else rows
     xs, means, log_stds = [x_T], [None] * S, [None] * S
     x = x_T
     for k in reversed(range(S)):
-        eps, v = head(x, schedule.timesteps[k].expand(x.shape[0]).to(x.device))
+        eps, v = head(x, schedule.timesteps[k].expand(x.shape[0]).to(x.device), rows)
         means[k], log_stds[k] = schedule.reverse_step(x, k, eps, v)
         x = means[k] + temperature * torch.exp(log_stds[k]) * noise[k] if k > 0 else means[k]
         xs.append(x)
@@ -118,13 +120,15 @@ def sample_trajectory(head: DiffusionHead, schedule: DiffusionSchedule, x_T: tor
 
 
 def score_trajectory(head: DiffusionHead, schedule: DiffusionSchedule, x: torch.Tensor,
-                     temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                     rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Evaluate `head` on every state of a given trajectory x [S + 1, n, C] in one batched call: returns the head's
-    (mean, log_std) [S, n, C] of each step (what it would have drawn x[k - 1] from, given x[k])."""
+    (mean, log_std) [S, n, C] of each step (what it would have drawn x[k] from, given x[k + 1]); rows as in
+    `sample_trajectory`."""
     S, n = schedule.num_steps, x.shape[1]
+    rows = torch.arange(n, device=x.device) if rows is None else rows
     states = x[1:].reshape(S * n, -1)  # x[k + 1] is the input of step k
     steps = torch.arange(S, device=x.device).repeat_interleave(n)
-    eps, v = head(states, schedule.timesteps.to(x.device)[steps])
+    eps, v = head(states, schedule.timesteps.to(x.device)[steps], rows.repeat(S))
     mean, log_std = schedule.reverse_step(states, steps, eps, v)
     return mean.view(S, n, -1), log_std.view(S, n, -1)
 

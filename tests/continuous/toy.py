@@ -17,7 +17,7 @@ class GaussianDataHead:
         self.m, self.s, self.v = torch.as_tensor(m, dtype=torch.float64), torch.as_tensor(s, dtype=torch.float64), v
         self.alphas_cumprod = cosine_alphas_cumprod(num_train_steps)
 
-    def __call__(self, x_t: torch.Tensor, timesteps: torch.Tensor):
+    def __call__(self, x_t: torch.Tensor, timesteps: torch.Tensor, rows: torch.Tensor):
         a = self.alphas_cumprod[timesteps][:, None]
         x = x_t.double()
         x0 = self.m + a.sqrt() * self.s**2 / (a * self.s**2 + 1 - a) * (x - a.sqrt() * self.m)
