@@ -84,8 +84,10 @@ def keyed_uniform(seed: int | torch.Tensor, *keys: int | torch.Tensor, dtype=tor
 
 
 def keyed_normal(seed: int | torch.Tensor, *keys: int | torch.Tensor, dim: int, dtype=torch.float32) -> torch.Tensor:
-    """N(0, 1) draws of shape [*broadcast(keys), dim] keyed by (seed, *keys, component), by Box-Muller in float64."""
+    """N(0, 1) draws of shape [*broadcast(seed, keys), dim] keyed by (seed, *keys, component), by Box-Muller in
+    float64."""
     component = torch.arange(dim)
+    seed = torch.as_tensor(seed, dtype=torch.long)[..., None]
     keys = tuple(torch.as_tensor(k, dtype=torch.long)[..., None] for k in keys)
     u1 = keyed_uniform(seed, *keys, 2 * component, dtype=torch.float64)
     u2 = keyed_uniform(seed, *keys, 2 * component + 1, dtype=torch.float64)

@@ -213,6 +213,11 @@ class MARModel(ModelMixin, ConfigMixin):
         """The diffusion head's output [n, 2C] (eps, v) at noisy tokens x_t [n, C], training timesteps t [n]."""
         return self.diffloss.net(x_t, t, z)
 
+    def diffusion_head(self, z: torch.Tensor, z_uncond: torch.Tensor | None = None,
+                       guidance_scale: float | torch.Tensor = 1.0) -> MARHead:
+        """The head as `mmspec.continuous` samples it, for tokens conditioned on z [n, D_dec] (see `MARHead`)."""
+        return MARHead(self, z, z_uncond, guidance_scale)
+
     @classmethod
     def from_official_state_dict(cls, state_dict: dict[str, torch.Tensor], name: str, **overrides) -> MARModel:
         """A preset loaded from an official checkpoint's `model` / `model_ema` weights; every key must match."""
@@ -233,14 +238,16 @@ class MARHead:
     """
 
     def __init__(self, model: MARModel, z: torch.Tensor, z_uncond: torch.Tensor | None = None,
-                 guidance_scale: float = 1.0):
-        self.model, self.z, self.z_uncond, self.guidance_scale = model, z, z_uncond, guidance_scale
+                 guidance_scale: float | torch.Tensor = 1.0):
+        self.model, self.z, self.z_uncond = model, z, z_uncond
+        self.guidance_scale = torch.as_tensor(guidance_scale, dtype=torch.float32).expand(z.shape[0])  # one per token
 
     def __call__(self, x_t: torch.Tensor, t: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         C = x_t.shape[-1]
-        if self.z_uncond is None or self.guidance_scale == 1.0:
+        if self.z_uncond is None:
             out = self.model.head(x_t, t, self.z[rows])
             return out[:, :C].float(), out[:, C:].float()
         out = self.model.head(torch.cat([x_t, x_t]), torch.cat([t, t]), torch.cat([self.z[rows], self.z_uncond[rows]]))
         cond, uncond = out.float().chunk(2)
-        return uncond[:, :C] + self.guidance_scale * (cond[:, :C] - uncond[:, :C]), cond[:, C:]
+        scale = self.guidance_scale.to(x_t.device)[rows, None]
+        return uncond[:, :C] + scale * (cond[:, :C] - uncond[:, :C]), cond[:, C:]

@@ -31,3 +31,32 @@ def keyed_trajectory_noise(seed: int, rows: torch.Tensor, num_steps: int, dim: i
     steps = torch.arange(num_steps + 1)[:, None]
     noise = keyed_normal(seed, rows[None, :], steps, attempt, dim=dim)  # [S + 1, m, C]
     return noise[num_steps], noise[:num_steps]
+
+
+class AnalyticHeadMAR:
+    """A tiny MAR whose encoder / decoder is real (random weights) and whose diffusion head is the ideal denoiser of
+    token data N(z @ weight, diag s^2): a MAR with a well-behaved head and no training (a random MLP head's
+    eps predictions blow tokens up at the noisiest steps)."""
+
+    def __init__(self, mar, weight: torch.Tensor, s):
+        self.mar, self.weight, self.s = mar, weight, torch.as_tensor(s, dtype=torch.float64)
+        self.config, self.device, self.dtype = mar.config, mar.device, mar.dtype
+        self.alphas_cumprod = cosine_alphas_cumprod(1000)
+
+    def class_embedding(self, labels, batch_size):
+        return self.mar.class_embedding(labels, batch_size)
+
+    def encode_decode(self, tokens, unknown, class_embedding):
+        return self.mar.encode_decode(tokens, unknown, class_embedding)
+
+    def diffusion_head(self, z, z_uncond=None, guidance_scale=1.0):
+        scale = torch.as_tensor(guidance_scale, dtype=torch.float64).expand(z.shape[0])
+
+        def head(x_t, timesteps, rows):
+            eps = GaussianDataHead(z[rows].double() @ self.weight, self.s, v=None)(x_t, timesteps, rows)[0]
+            if z_uncond is not None:
+                uncond = GaussianDataHead(z_uncond[rows].double() @ self.weight, self.s)(x_t, timesteps, rows)[0]
+                eps = (uncond + scale[rows, None] * (eps - uncond)).float()
+            return eps, None
+
+        return head

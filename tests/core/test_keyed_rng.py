@@ -10,7 +10,7 @@ def test_keyed_draws_depend_on_their_key_only():
     assert torch.equal(keyed_normal(7, torch.tensor([13, 2]), torch.tensor([5, 39]), dim=8), grid[[13, 2], [5, 39]])
     assert torch.equal(keyed_normal(7, 13, 5, dim=8), grid[13, 5])
     assert not torch.equal(keyed_normal(8, 13, 5, dim=8), grid[13, 5])
-    seeds = torch.tensor([7, 8])[:, None]  # one seed per sample
+    seeds = torch.tensor([7, 8])  # one seed per sample
     assert torch.equal(keyed_normal(seeds, 13, dim=8)[0], keyed_normal(7, 13, dim=8))
 
 

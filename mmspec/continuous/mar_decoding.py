@@ -1,0 +1,243 @@
+"""MAR generation: masked random-order AR over continuous tokens, with one model (the baseline) or speculatively with
+a draft and a target model.
+
+Each sample has its own random order; step s predicts the next `plan[s]` positions of it (MAR's cosine schedule:
+`floor(L cos(pi/2 (s+1)/num_iter))` tokens stay unknown after step s, at least one is predicted per step, the last
+step predicts the rest). The tokens of one step are conditionally independent given the known ones, each drawn by
+the diffusion head from noise keyed by (sample seed, position, diffusion step, attempt), so draft and target
+trajectories of a token start from the same noise and discarded work never shifts another token's randomness.
+
+Speculative decoding (`generate_speculative`): the target runs the first `n_prefill` steps itself; then the draft
+runs `gamma` steps, after which one target pass conditioned on the context from before those steps scores all their
+tokens and each is kept or resampled independently (exact trajectory-level rule or the released CSpD rule). With the
+exact rule the output follows **the target on the coarsened schedule** (`coarsen(plan, n_prefill, gamma)`: the
+drafted steps of a block merged into one step), which is what the tests compare against, not the target on `plan`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from mmspec.continuous.acceptance import verify_paper, verify_trajectories
+from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
+from mmspec.core.rng import keyed_normal, keyed_uniform
+
+NOISE, UNIFORM, ORDER = 0, 1, 2  # key domains of the keyed draws
+ACCEPTANCE_MODES = ("exact", "paper")
+
+
+def cosine_plan(seq_len: int, num_iter: int) -> list[int]:
+    """Tokens predicted at each of `num_iter` steps (MAR's cosine mask schedule); sums to seq_len."""
+    if not 1 <= num_iter <= seq_len:
+        raise ValueError(f"num_iter must be in [1, {seq_len}] (at least one token per step), got {num_iter}")
+    unknown, counts = seq_len, []
+    for step in range(num_iter):
+        left = max(1, min(unknown - 1, math.floor(seq_len * math.cos(math.pi / 2 * (step + 1) / num_iter))))
+        count = unknown if step == num_iter - 1 else unknown - left
+        counts.append(count)
+        unknown -= count
+    return counts
+
+
+def coarsen(plan: list[int], n_prefill: int, gamma: int) -> list[int]:
+    """The schedule the exact speculative mode samples: the first n_prefill steps as they are, then blocks of gamma
+    steps merged into one."""
+    rest = plan[n_prefill:]
+    return plan[:n_prefill] + [sum(rest[i : i + gamma]) for i in range(0, len(rest), gamma)]
+
+
+def sample_orders(seeds: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """[B, L] long: a random permutation of the positions per sample, keyed by the sample's seed."""
+    return keyed_uniform(seeds[:, None], ORDER, torch.arange(seq_len)[None, :]).argsort(dim=1)
+
+
+@dataclass
+class MARStats:
+    """Counters of a MAR generation: target_passes / draft_passes (encoder-decoder passes), drafted / accepted
+    tokens, residual tries per rejected token, fallbacks (residuals that hit the cap), and per verification the log
+    ratio terms (paper mode) for the caller's logs."""
+
+    target_passes: int = 0
+    draft_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    residual_tries: list[int] = field(default_factory=list)
+    fallbacks: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / max(1, self.drafted)
+
+
+class _Conditioner:
+    """One model's encoder-decoder pass and head for the tokens of a step (CFG with the linear schedule)."""
+
+    def __init__(self, model, labels: torch.Tensor | None, guidance_scale: float):
+        self.model, self.labels, self.guidance_scale = model, labels, guidance_scale
+
+    def z(self, tokens: torch.Tensor, unknown: torch.Tensor, positions: torch.Tensor):
+        """(z, z_uncond) [B * n, D_dec] of `positions` [B, n] given the known tokens."""
+        B = tokens.shape[0]
+        cfg = self.guidance_scale != 1.0
+        embedding = self.model.class_embedding(self.labels, B)
+        if cfg:
+            embedding = torch.cat([embedding, self.model.class_embedding(None, B)])
+            tokens, unknown = torch.cat([tokens, tokens]), torch.cat([unknown, unknown])
+        z = self.model.encode_decode(tokens, unknown, embedding)
+        index = positions.repeat(2, 1) if cfg else positions
+        z = z.gather(1, index[..., None].expand(-1, -1, z.shape[-1]))
+        if not cfg:
+            return z.reshape(-1, z.shape[-1]), None
+        cond, uncond = z.chunk(2)
+        return cond.reshape(-1, z.shape[-1]), uncond.reshape(-1, z.shape[-1])
+
+
+def _cfg_at(guidance_scale: float, seq_len: int, unknown_after: int) -> float:
+    """MAR's linear CFG schedule: 1 + (s - 1) (L - unknown tokens after the step) / L."""
+    return 1 + (guidance_scale - 1) * (seq_len - unknown_after) / seq_len
+
+
+def _noise(seeds, positions, schedule, dim, attempt=0):
+    """(x_T [m, C], noise [S, m, C]) for tokens (seeds [m], positions [m]) at a residual attempt (0 = first draw)."""
+    steps = torch.arange(schedule.num_steps + 1)[:, None]
+    draws = keyed_normal(seeds[None, :], NOISE, positions[None, :], steps, attempt, dim=dim)
+    return draws[-1], draws[:-1]
+
+
+def _check(model, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
+    for method in ("class_embedding", "encode_decode", "diffusion_head"):
+        if not callable(getattr(model, method, None)):
+            raise TypeError(f"model must provide {method}() (the MAR adapter protocol), got {type(model).__name__}")
+    if not isinstance(seeds, torch.Tensor) or seeds.ndim != 1 or seeds.dtype != torch.long:
+        raise TypeError("seeds must be a [B] long tensor (one seed per sample)")
+    if labels is not None and labels.shape != seeds.shape:
+        raise ValueError(f"labels must have shape {tuple(seeds.shape)}, got {tuple(labels.shape)}")
+
+
+@torch.no_grad()
+def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSchedule,
+             labels: torch.Tensor | None = None, guidance_scale: float = 1.0,
+             temperature: float = 1.0) -> tuple[torch.Tensor, MARStats]:
+    """Plain MAR sampling on `plan` (tokens per step): returns tokens [B, L, C] and the pass counts."""
+    _check(model, seeds, labels)
+    B, L, C = seeds.numel(), model.config.seq_len, model.config.token_dim
+    if sum(plan) != L or min(plan) < 1:
+        raise ValueError(f"plan must be positive token counts summing to seq_len={L}, got {plan}")
+    orders = sample_orders(seeds, L)
+    tokens = torch.zeros(B, L, C, device=model.device, dtype=model.dtype)
+    unknown = torch.ones(B, L, dtype=torch.bool, device=model.device)
+    stats, conditioner, done = MARStats(), _Conditioner(model, labels, guidance_scale), 0
+    for count in plan:
+        positions = orders[:, done : done + count]  # [B, n]
+        done += count
+        z, z_uncond = conditioner.z(tokens, unknown, positions)
+        stats.target_passes += 1
+        head = model.diffusion_head(z, z_uncond, _cfg_at(guidance_scale, L, L - done))
+        row_seeds, flat = seeds.repeat_interleave(count), positions.reshape(-1)
+        x_T, noise = _noise(row_seeds, flat, schedule, C)
+        step_tokens = sample_trajectory(head, schedule, x_T, noise, temperature).token
+        tokens.scatter_(1, positions[..., None].expand(-1, -1, C), step_tokens.view(B, count, C).to(tokens.dtype))
+        unknown.scatter_(1, positions, False)
+    return tokens, stats
+
+
+@torch.no_grad()
+def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
+                         labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
+                         gamma: int = 4, prefill_ratio: float = 0.0, acceptance: str = "exact",
+                         max_tries: int = 100) -> tuple[torch.Tensor, MARStats]:
+    """Speculative MAR sampling (see the module docstring): tokens [B, L, C] and counters. `gamma` draft steps per
+    target pass; the first `floor(num_iter * prefill_ratio)` steps are the target's own."""
+    _check(target, seeds, labels)
+    _check(draft, seeds, labels)
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    if not 0 <= prefill_ratio < 1:
+        raise ValueError(f"prefill_ratio must be in [0, 1), got {prefill_ratio}")
+    if acceptance not in ACCEPTANCE_MODES:
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE_MODES}, got {acceptance!r}")
+    dims = {name: (m.config.seq_len, m.config.token_dim) for name, m in (("target", target), ("draft", draft))}
+    if dims["target"] != dims["draft"]:
+        raise ValueError(f"draft tokens (seq_len, token_dim) = {dims['draft']} do not match the target's "
+                         f"{dims['target']}")
+    B, (L, C) = seeds.numel(), dims["target"]
+    plan = cosine_plan(L, num_iter)
+    n_prefill = math.floor(num_iter * prefill_ratio)
+    orders = sample_orders(seeds, L)
+    tokens = torch.zeros(B, L, C, device=target.device, dtype=target.dtype)
+    unknown = torch.ones(B, L, dtype=torch.bool, device=target.device)
+    stats = MARStats()
+    conditioners = {"target": _Conditioner(target, labels, guidance_scale),
+                    "draft": _Conditioner(draft, labels, guidance_scale)}
+    block: list[dict] = []  # the draft steps since the last verification
+    context = unknown.clone()  # what the target conditions on: the tokens known before the block
+    done = 0
+    for step, count in enumerate(plan):
+        positions = orders[:, done : done + count]
+        done += count
+        cfg = _cfg_at(guidance_scale, L, L - done)
+        role = "target" if step < n_prefill else "draft"
+        model = target if role == "target" else draft
+        z, z_uncond = conditioners[role].z(tokens, unknown, positions)
+        setattr(stats, f"{role}_passes", getattr(stats, f"{role}_passes") + 1)
+        row_seeds, flat = seeds.repeat_interleave(count), positions.reshape(-1)
+        x_T, noise = _noise(row_seeds, flat, schedule, C)
+        trajectory = sample_trajectory(model.diffusion_head(z, z_uncond, cfg), schedule, x_T, noise, temperature)
+        tokens.scatter_(1, positions[..., None].expand(-1, -1, C), trajectory.token.view(B, count, C).to(tokens.dtype))
+        unknown.scatter_(1, positions, False)
+        if role == "target":
+            context = unknown.clone()
+            continue
+        block.append(dict(positions=positions, z=z, z_uncond=z_uncond, cfg=cfg, trajectory=trajectory))
+        if len(block) == gamma or step == len(plan) - 1:
+            _verify_block(target, conditioners["target"], draft, block, tokens, context, seeds, schedule, temperature,
+                          acceptance, max_tries, stats)
+            block, context = [], unknown.clone()
+    return tokens, stats
+
+
+def _verify_block(target, conditioner, draft, block, tokens, context, seeds, schedule, temperature, acceptance,
+                  max_tries, stats) -> None:
+    """One target pass over the block's positions (conditioned on `context`, the tokens known before the block),
+    then per-token accept / resample; writes the kept tokens into `tokens`."""
+    B, C = tokens.shape[0], tokens.shape[2]
+    positions = torch.cat([b["positions"] for b in block], dim=1)  # [B, n_blk]
+    n_blk = positions.shape[1]
+    z, z_uncond = conditioner.z(tokens, context, positions)
+    stats.target_passes += 1
+
+    def per_token(key):  # [B * n_blk, ...] in the order of `positions`' rows, from the per-step [B * n_s, ...] pieces
+        return torch.cat([b[key].view(B, b["positions"].shape[1], *b[key].shape[1:]) for b in block], 1).flatten(0, 1)
+
+    cfg = torch.cat([torch.full(b["positions"].shape, b["cfg"]) for b in block], dim=1).reshape(-1)
+    draft_trajectory = type(block[0]["trajectory"])(
+        *(torch.cat([getattr(b["trajectory"], f).view(-1, B, b["positions"].shape[1], C) for b in block], 2)
+          .flatten(1, 2) for f in ("x", "mean", "log_std")))
+    draft_head = draft.diffusion_head(per_token("z"), None if block[0]["z_uncond"] is None else per_token("z_uncond"),
+                                      cfg)
+    target_head = target.diffusion_head(z, z_uncond, cfg)
+    row_seeds, flat = seeds.repeat_interleave(n_blk), positions.reshape(-1)
+
+    def uniform(attempt, rows):
+        return keyed_uniform(row_seeds[rows], UNIFORM, flat[rows], attempt)
+
+    if acceptance == "exact":
+        result = verify_trajectories(
+            draft_trajectory, draft_head, target_head, schedule, temperature,
+            target_noise=lambda attempt, rows: _noise(row_seeds[rows], flat[rows], schedule, C, attempt),
+            uniform=uniform, max_tries=max_tries)
+    else:
+        x_T, noise = _noise(row_seeds, flat, schedule, C)
+        aligned = sample_trajectory(target_head, schedule, x_T, noise, temperature)
+        result = verify_paper(draft_trajectory, aligned, temperature, uniform,
+                              residual_noise=lambda attempt, rows: keyed_normal(row_seeds[rows], NOISE, flat[rows],
+                                                                                -1, attempt, dim=C),
+                              max_tries=max_tries)
+    tokens.scatter_(1, positions[..., None].expand(-1, -1, C), result.tokens.view(B, n_blk, C).to(tokens.dtype))
+    stats.drafted += result.accepted.numel()
+    stats.accepted += int(result.accepted.sum())
+    stats.residual_tries += result.tries[~result.accepted].tolist()
+    stats.fallbacks += int(result.fallback.sum())
