@@ -1,0 +1,46 @@
+import torch
+
+from mmspec.models.mar import KLAutoencoder
+
+
+def test_kl16_layout_uses_the_official_parameter_names():
+    with torch.device("meta"):
+        names = set(KLAutoencoder().state_dict())
+    official = {
+        "encoder.conv_in.weight",
+        "encoder.down.0.block.1.conv2.weight",
+        "encoder.down.2.block.0.nin_shortcut.weight",
+        "encoder.down.3.downsample.conv.weight",
+        "encoder.down.4.attn.1.proj_out.weight",
+        "encoder.mid.block_1.norm1.weight",
+        "encoder.mid.attn_1.q.weight",
+        "encoder.mid.block_2.conv2.bias",
+        "encoder.norm_out.weight",
+        "encoder.conv_out.weight",
+        "decoder.conv_in.weight",
+        "decoder.mid.attn_1.v.bias",
+        "decoder.up.0.block.2.conv1.weight",
+        "decoder.up.3.block.0.nin_shortcut.weight",
+        "decoder.up.4.upsample.conv.weight",
+        "decoder.norm_out.bias",
+        "decoder.conv_out.weight",
+        "quant_conv.weight",
+        "post_quant_conv.bias",
+    }
+    assert official <= names
+    assert not any(".attn." in n and n.startswith("decoder.up") for n in names)  # attention in the encoder only
+    assert "encoder.down.4.downsample.conv.weight" not in names and "decoder.up.0.upsample.conv.weight" not in names
+
+
+def test_tiny_autoencoder_round_trips_shapes_and_weights(tmp_path):
+    torch.manual_seed(0)
+    vae = KLAutoencoder(embed_dim=4, ch=32, ch_mult=(1, 2, 2), num_res_blocks=1, encoder_attn_resolutions=(8,),
+                        resolution=32).eval()
+    images = torch.rand(2, 3, 32, 32) * 2 - 1
+    mean, logvar = vae.encode(images)
+    assert mean.shape == logvar.shape == (2, 4, 8, 8) and vae.downsample_factor == 4
+    assert logvar.min() >= -30 and logvar.max() <= 20
+    assert vae.decode(mean).shape == (2, 3, 32, 32)
+    vae.save_pretrained(tmp_path)
+    again = KLAutoencoder.from_pretrained(tmp_path).eval()
+    assert torch.equal(again.decode(mean), vae.decode(mean))
