@@ -110,3 +110,17 @@ def test_mar_head_conditions_each_row_and_guides_eps_only():
     subset = torch.tensor([4, 1])
     part = sample_trajectory(head, schedule, x_T[subset], noise[:, subset], rows=subset)
     assert torch.allclose(part.x, full.x[:, subset], atol=1e-5)
+
+
+def test_official_checkpoint_file_loads_its_ema_weights(tmp_path):
+    import argparse
+
+    model, ema = tiny_mar(0), tiny_mar(1)
+    torch.save({"model": model.state_dict(), "model_ema": ema.state_dict(), "epoch": 3,
+                "args": argparse.Namespace(model="mar_base")}, tmp_path / "checkpoint-last.pth")
+    loaded = MARModel.from_mar_checkpoint(tmp_path / "checkpoint-last.pth", "mar_base", **TINY)
+    assert all(torch.equal(a, b) for a, b in zip(ema.state_dict().values(), loaded.state_dict().values()))
+    raw = MARModel.from_mar_checkpoint(tmp_path / "checkpoint-last.pth", "mar_base", ema=False, **TINY)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), raw.state_dict().values()))
+    with pytest.raises(ValueError, match="is not a file"):
+        MARModel.from_mar_checkpoint(tmp_path / "missing.pth", "mar_base")

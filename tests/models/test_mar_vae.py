@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from mmspec.models.mar import KLAutoencoder
@@ -44,3 +45,14 @@ def test_tiny_autoencoder_round_trips_shapes_and_weights(tmp_path):
     vae.save_pretrained(tmp_path)
     again = KLAutoencoder.from_pretrained(tmp_path).eval()
     assert torch.equal(again.decode(mean), vae.decode(mean))
+
+
+def test_official_kl16_file_loads_strictly(tmp_path):
+    config = dict(embed_dim=4, ch=32, ch_mult=(1, 2), num_res_blocks=1, encoder_attn_resolutions=(16,), resolution=32)
+    torch.manual_seed(1)
+    vae = KLAutoencoder(**config)
+    torch.save({"model": vae.state_dict()}, tmp_path / "kl16.ckpt")
+    loaded = KLAutoencoder.from_mar_checkpoint(tmp_path / "kl16.ckpt", **config)
+    assert all(torch.equal(a, b) for a, b in zip(vae.state_dict().values(), loaded.state_dict().values()))
+    with pytest.raises(ValueError, match="is not a KL autoencoder of this configuration"):
+        KLAutoencoder.from_mar_checkpoint(tmp_path / "kl16.ckpt", **{**config, "ch_mult": (1, 2, 2)})

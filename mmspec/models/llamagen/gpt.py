@@ -24,7 +24,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from mmspec.models.llamagen.checkpoint import load_official_state_dict
+from mmspec.models.checkpoint import load_official_state_dict
 
 MODEL_TYPES = ("c2i", "t2i")
 # Official sizes (autoregressive/models/gpt.py `GPT_models`): width -> (layers, heads). Widths are unique, so a

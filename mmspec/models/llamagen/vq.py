@@ -22,7 +22,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from mmspec.models.llamagen.checkpoint import load_official_state_dict
+from mmspec.models.checkpoint import load_official_state_dict
 
 
 def _norm(channels: int) -> nn.GroupNorm:

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
+from mmspec.models.checkpoint import load_official_state_dict
+
 # the official sizes (README table; the CSpD runner hard-codes the head sizes the same way)
 MAR_PRESETS = {
     "mar_base": dict(encoder_embed_dim=768, encoder_depth=12, encoder_num_heads=12, decoder_embed_dim=768,
@@ -217,6 +219,12 @@ class MARModel(ModelMixin, ConfigMixin):
                        guidance_scale: float | torch.Tensor = 1.0) -> MARHead:
         """The head as `mmspec.continuous` samples it, for tokens conditioned on z [n, D_dec] (see `MARHead`)."""
         return MARHead(self, z, z_uncond, guidance_scale)
+
+    @classmethod
+    def from_mar_checkpoint(cls, path, name: str, ema: bool = True, **overrides) -> MARModel:
+        """A preset from an official `checkpoint-last.pth` (LTH14/mar's model zoo): its EMA weights by default."""
+        keys = ("model_ema", "model") if ema else ("model",)
+        return cls.from_official_state_dict(load_official_state_dict(path, keys), name, **overrides)
 
     @classmethod
     def from_official_state_dict(cls, state_dict: dict[str, torch.Tensor], name: str, **overrides) -> MARModel:

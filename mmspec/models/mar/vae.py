@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
+from mmspec.models.checkpoint import load_official_state_dict
+
 
 def group_norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(32, channels, eps=1e-6)
@@ -173,3 +175,14 @@ class KLAutoencoder(ModelMixin, ConfigMixin):
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.post_quant_conv(latents))
+
+    @classmethod
+    def from_mar_checkpoint(cls, path, **config) -> KLAutoencoder:
+        """The autoencoder of an official `kl16.ckpt` (its `model` weights; every key must match); `config`
+        overrides the KL-16 defaults."""
+        model = cls(**config)
+        missing, unexpected = model.load_state_dict(load_official_state_dict(path, ("model",)), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{path} is not a KL autoencoder of this configuration: missing {sorted(missing)[:5]}, "
+                             f"unexpected {sorted(unexpected)[:5]} ({len(missing)} / {len(unexpected)} in all)")
+        return model
