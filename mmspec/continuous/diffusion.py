@@ -143,3 +143,34 @@ def trajectory_log_density(x: torch.Tensor, mean: torch.Tensor, log_std: torch.T
     log_sigma = log_std[1:].float() + math.log(temperature)
     z = (x[1:-1].float() - mean[1:].float()) * torch.exp(-log_sigma)
     return (-0.5 * z.square() - log_sigma - 0.5 * math.log(2 * math.pi)).sum(dim=(0, 2))
+
+
+def gaussian_kl(mean1: torch.Tensor, log_var1: torch.Tensor, mean2: torch.Tensor,
+                log_var2: torch.Tensor) -> torch.Tensor:
+    """KL(N(mean1, exp(log_var1)) || N(mean2, exp(log_var2))), elementwise."""
+    return 0.5 * (log_var2 - log_var1 + torch.exp(log_var1 - log_var2) + (mean1 - mean2).square() * torch.exp(-log_var2)
+                  - 1.0)
+
+
+def training_loss(predict: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                  x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor,
+                  schedule: DiffusionSchedule) -> tuple[torch.Tensor, torch.Tensor]:
+    """Improved DDPM's hybrid loss per token, as MAR trains its head: (mse [n], vb [n]) with the loss = mse + vb.
+
+    predict(x_t [n, C], t [n]) -> (eps, v); x0 [n, C] clean tokens; t [n] steps of `schedule` (the full training
+    schedule); noise [n, C]. mse: mean squared eps error; vb: the variational bound term in bits per dimension with
+    the predicted mean detached (so it trains the variance only): KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t)) for
+    t > 0, and at t = 0 the Gaussian NLL of x_0 (continuous tokens; image DDPMs use a discretised likelihood here).
+    """
+    a = schedule._at(schedule.alphas_cumprod, t, x0)
+    x_t = (a.sqrt() * x0.double() + (1 - a).sqrt() * noise.double()).float()
+    eps, v = predict(x_t, schedule.timesteps.to(t.device)[t])
+    mse = (eps - noise).square().mean(-1)
+    mean, log_std = schedule.reverse_step(x_t, t, eps.detach(), v)
+    a_prev, beta = schedule._at(schedule.alphas_cumprod_prev, t, x0), schedule._at(schedule.betas, t, x0)
+    true_mean = (a_prev.sqrt() * beta / (1 - a)) * x0.double() + ((1 - beta).sqrt() * (1 - a_prev) / (1 - a)) * x_t
+    true_log_var = schedule._at(schedule.posterior_log_variance_clipped, t, x0)
+    kl = gaussian_kl(true_mean.float(), true_log_var.float().expand_as(mean), mean, 2 * log_std)
+    nll = 0.5 * ((x0 - mean).square() * torch.exp(-2 * log_std) + 2 * log_std + math.log(2 * math.pi))
+    vb = torch.where((t == 0)[:, None], nll, kl).mean(-1) / math.log(2.0)
+    return mse, vb

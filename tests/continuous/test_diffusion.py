@@ -38,3 +38,31 @@ def test_scoring_a_trajectory_repeats_the_sampler_s_own_steps():
     mean, log_std = score_trajectory(head, schedule, trajectory.x)
     assert torch.allclose(mean, trajectory.mean, atol=1e-6) and torch.allclose(log_std, trajectory.log_std, atol=1e-6)
     assert torch.equal(trajectory.token, trajectory.mean[0])  # the last step adds no noise
+
+
+def test_training_loss_of_the_oracle_head():
+    """A head that knows the noise predicts the true posterior mean: mse 0, and with the posterior variance (v = -1)
+    the vb term is exactly 0 for t > 0 (larger variances cost bits); at t = 0 it is the Gaussian NLL of x_0."""
+    from mmspec.continuous.diffusion import gaussian_kl, training_loss
+
+    schedule = DiffusionSchedule.cosine(1000)
+    generator = torch.Generator().manual_seed(0)
+    n = 512
+    x0 = torch.randn(n, 3, generator=generator)
+    t = torch.randint(0, 1000, (n,), generator=generator)
+    t[:8] = 0
+    noise = torch.randn(n, 3, generator=generator)
+
+    def oracle(v):
+        return lambda x_t, timesteps: (noise, torch.full_like(noise, v))
+
+    mse, vb = training_loss(oracle(-1.0), x0, t, noise, schedule)
+    assert mse.abs().max() < 1e-10
+    assert vb[t > 0].abs().max() < 1e-4
+    log_var0 = schedule.posterior_log_variance_clipped[0].item()
+    expected_nll = 0.5 * (log_var0 + math.log(2 * math.pi)) / math.log(2.0)
+    assert torch.allclose(vb[t == 0], torch.full_like(vb[t == 0], expected_nll), rtol=1e-3)
+    _, vb_wide = training_loss(oracle(1.0), x0, t, noise, schedule)
+    assert (vb_wide >= vb - 1e-6).all() and vb_wide[t > 1].mean() > 1e-4
+    assert torch.isclose(gaussian_kl(torch.tensor(1.0), torch.tensor(0.0), torch.tensor(0.0), torch.tensor(0.0)),
+                         torch.tensor(0.5))
