@@ -2,6 +2,9 @@
 class-conditioned MAR target and a smaller draft over its latents.
 
     python -m mmspec.zoo.train_mar --only vae      # KL autoencoder: 64 px -> 8 x 8 x 8 latents (64 MAR tokens)
+    python -m mmspec.zoo.train_mar --only tokens   # encode the scene pools (scaled mean latents) and class labels
+    python -m mmspec.zoo.train_mar --only target   # class-conditioned MAR target
+    python -m mmspec.zoo.train_mar --only draft    # the smaller draft MAR
 
 Classes: the first object's shape x the background (5 x 6 = 30), read off each scene's caption. Scene pools are the
 image world's cached ones (`--work-dir`, shared with `mmspec.zoo.train_image`).
@@ -12,12 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mmspec.models.mar import KLAutoencoder
+from mmspec.continuous.diffusion import DiffusionSchedule, training_loss
+from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, parse_caption
 from mmspec.zoo.train_image import add_pool_arguments, load_pools, psnr, to_model_range, to_uint8
 from mmspec.zoo.training import train_loop
@@ -27,7 +33,17 @@ logger = logging.getLogger(__name__)
 VAE_CONFIG = dict(embed_dim=8, ch=32, ch_mult=(1, 2, 2, 4), num_res_blocks=1, encoder_attn_resolutions=(8,),
                   decoder_attn_resolutions=(), resolution=64)
 KL_WEIGHT = 1e-6  # on the summed KL per image, as LDM's KL autoencoders (reconstruction dominates)
-STAGE_SEEDS = {"vae": 11}
+MAR_CONFIGS = {
+    "target": dict(seq_len=64, token_dim=8, num_classes=30, buffer_size=8, encoder_embed_dim=192, encoder_depth=4,
+                   encoder_num_heads=6, decoder_embed_dim=192, decoder_depth=4, decoder_num_heads=6, diffloss_d=3,
+                   diffloss_w=192),
+    "draft": dict(seq_len=64, token_dim=8, num_classes=30, buffer_size=8, encoder_embed_dim=96, encoder_depth=2,
+                  encoder_num_heads=4, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=4, diffloss_d=2,
+                  diffloss_w=128),
+}
+LABEL_DROP = 0.1  # classifier-free guidance: the class is replaced by the unconditional latent this often
+DIFFUSION_BATCH_MUL = 4  # noise levels drawn per token and step (MAR's diffusion_batch_mul)
+STAGE_SEEDS = {"vae": 11, "target": 12, "draft": 13}
 
 
 def class_label(caption: str) -> int:
@@ -81,20 +97,109 @@ def train_vae(work: Path, pool: torch.Tensor, held_out: torch.Tensor, args) -> K
     return vae
 
 
+@torch.no_grad()
+def encode_tokens(vae: KLAutoencoder, images: torch.Tensor) -> torch.Tensor:
+    """uint8 scenes [N, 64, 64, 3] -> MAR tokens [N, h*w, C]: scaled mean latents, raster order (patch size 1)."""
+    vae.eval()
+    latents = torch.cat([vae.encode(to_model_range(chunk))[0] for chunk in images.split(128)])
+    return (latents * vae.config.scaling_factor).flatten(2).transpose(1, 2)
+
+
+def mask_ratios(batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """MAR's masking ratios: a normal of mean 1, std 0.25 truncated to [0.7, 1] (by inverse CDF)."""
+    low, high = torch.special.ndtr(torch.tensor((0.7 - 1) / 0.25)), torch.special.ndtr(torch.tensor(0.0))
+    u = low + (high - low) * torch.rand(batch_size, generator=generator)
+    return 1 + 0.25 * torch.special.ndtri(u)
+
+
+def mar_loss(model: MARModel, tokens: torch.Tensor, labels: torch.Tensor, generator: torch.Generator,
+             schedule: DiffusionSchedule) -> torch.Tensor:
+    """MAR's training loss on a batch: random orders, one masking ratio per batch (every row masks as many tokens),
+    classes dropped for CFG, the head's hybrid diffusion loss on the masked tokens, DIFFUSION_BATCH_MUL noise levels
+    each."""
+    B, L, C = tokens.shape
+    orders = torch.rand(B, L, generator=generator).argsort(1)
+    n_masked = math.ceil(L * mask_ratios(1, generator).item())
+    masked_positions = orders[:, :n_masked]
+    mask = torch.zeros(B, L, dtype=torch.bool).scatter_(1, masked_positions, True)
+    drop = torch.rand(B, generator=generator) < LABEL_DROP
+    embedding = torch.where(drop[:, None], model.class_embedding(None, B), model.class_embedding(labels, B))
+    z = model.encode_decode(tokens, mask, embedding)
+    z = z.gather(1, masked_positions[..., None].expand(-1, -1, z.shape[-1])).flatten(0, 1)
+    x0 = tokens.gather(1, masked_positions[..., None].expand(-1, -1, C)).flatten(0, 1)
+    z, x0 = z.repeat(DIFFUSION_BATCH_MUL, 1), x0.repeat(DIFFUSION_BATCH_MUL, 1)
+    t = torch.randint(0, schedule.num_steps, (len(x0),), generator=generator)
+    noise = torch.randn(x0.shape, generator=generator)
+
+    def predict(x_t, timesteps):
+        out = model.head(x_t, timesteps, z)
+        return out[:, :C], out[:, C:]
+
+    mse, vb = training_loss(predict, x0, t, noise, schedule)
+    return (mse + vb).mean()
+
+
+def train_mar(work: Path, role: str, args) -> MARModel:
+    """Train MAR_CONFIGS[role] on the cached tokens; saves `<work>/mar_<role>` with its held-out loss."""
+    torch.manual_seed(args.seed + STAGE_SEEDS[role])
+    model = MARModel(**MAR_CONFIGS[role])
+    data = {split: (torch.from_numpy(np.load(work / f"mar-{split}-tokens.npy")).float(),
+                    torch.from_numpy(np.load(work / f"mar-{split}-labels.npy")).long())
+            for split in ("train", "heldout")}
+    schedule = DiffusionSchedule.cosine(1000)
+    steps, batch_size = getattr(args, f"{role}_steps"), getattr(args, f"{role}_batch_size")
+
+    def batch_fn(generator):
+        rows = torch.randint(0, len(data["train"][0]), (batch_size,), generator=generator)
+        return data["train"][0][rows], data["train"][1][rows], generator
+
+    def loss_fn(model, batch):
+        loss = mar_loss(model, *batch, schedule)
+        return loss, loss
+
+    seconds = train_loop(f"mar-{role}", model, steps=steps, lr=getattr(args, f"{role}_lr"), loss_fn=loss_fn,
+                         batch_fn=batch_fn, work_dir=work, seed=args.seed + STAGE_SEEDS[role],
+                         ckpt_every=args.ckpt_every, weight_decay=0.02)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        tokens, labels = data["heldout"]
+        held_out = sum(mar_loss(model, tokens[i : i + 64], labels[i : i + 64], generator, schedule).item()
+                       for i in range(0, len(tokens), 64)) / math.ceil(len(tokens) / 64)
+    metrics = {"held_out_loss": round(held_out, 4), "parameters": sum(p.numel() for p in model.parameters()),
+               "steps": steps, "batch_size": batch_size, "train_cpu_seconds": round(seconds, 1)}
+    logger.info("mar %s: %s", role, metrics)
+    model.save_pretrained(work / f"mar_{role}")
+    (work / f"mar_{role}" / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return model
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pool_arguments(parser)
-    parser.add_argument("--only", choices=["vae"], default=None)
-    parser.add_argument("--vae-steps", type=int, default=3000)
+    parser.add_argument("--only", choices=["vae", "tokens", "target", "draft"], default=None)
+    parser.add_argument("--vae-steps", type=int, default=2000)
     parser.add_argument("--vae-batch-size", type=int, default=32)
     parser.add_argument("--vae-lr", type=float, default=1e-3)
+    for role, steps, lr in (("target", 4000, 1e-3), ("draft", 4000, 1.5e-3)):
+        parser.add_argument(f"--{role}-steps", type=int, default=steps)
+        parser.add_argument(f"--{role}-batch-size", type=int, default=32)
+        parser.add_argument(f"--{role}-lr", type=float, default=lr)
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    work, (pool, _), (held_out, _) = load_pools(args)
+    work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
     if args.only in (None, "vae"):
         train_vae(work, pool, held_out, args)
+    if args.only in (None, "tokens"):
+        vae = KLAutoencoder.from_pretrained(work / "mar_vae")
+        for split, images, captions in (("train", pool, train_captions), ("heldout", held_out, held_out_captions)):
+            np.save(work / f"mar-{split}-tokens.npy", encode_tokens(vae, images).half().numpy())
+            np.save(work / f"mar-{split}-labels.npy", np.array([class_label(c) for c in captions], dtype=np.int16))
+            logger.info("encoded %s: %d scenes", split, len(images))
+    for role in ("target", "draft"):
+        if args.only in (None, role):
+            train_mar(work, role, args)
 
 
 if __name__ == "__main__":

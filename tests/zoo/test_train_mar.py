@@ -2,10 +2,11 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
-from mmspec.models.mar import KLAutoencoder
+from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES
 from mmspec.zoo.train_mar import class_label, main
 
@@ -18,12 +19,19 @@ def test_class_labels_cover_shape_times_background():
         class_label("a dog on a sofa")
 
 
-def test_vae_trains_resumes_and_reloads(tmp_path):
+def test_every_stage_trains_resumes_and_reloads(tmp_path):
     work = tmp_path / "work"
     args = ["--work-dir", str(work), "--train-scenes", "16", "--held-out-scenes", "8", "--vae-batch-size", "2",
-            "--ckpt-every", "1", "--only", "vae"]
-    main(args + ["--vae-steps", "1"])
-    main(args + ["--vae-steps", "2"])  # resumes at step 1
+            "--ckpt-every", "1", "--target-batch-size", "2", "--draft-batch-size", "2", "--target-steps", "1",
+            "--draft-steps", "1"]
+    main(args + ["--vae-steps", "1", "--only", "vae"])
+    main(args + ["--vae-steps", "2"])  # resumes the autoencoder at step 1, then encodes and trains both MARs
+    for role in ("target", "draft"):
+        model = MARModel.from_pretrained(work / f"mar_{role}")
+        assert model.config.seq_len == 64 and model.config.token_dim == 8
+        assert json.loads((work / f"mar_{role}" / "training_metrics.json").read_text())["held_out_loss"] > 0
+    tokens = np.load(work / "mar-train-tokens.npy")
+    assert tokens.shape == (16, 64, 8) and np.load(work / "mar-heldout-labels.npy").max() < 30
     assert torch.load(work / "ckpt-vae.pt", weights_only=False)["step"] == 2
     metrics = json.loads((work / "mar_vae" / "training_metrics.json").read_text())
     assert metrics["steps"] == 2 and metrics["held_out_psnr_db"] > 0 and metrics["latent_std"] > 0
