@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from mmspec.continuous.mar_decoding import cosine_plan
+from mmspec.models.mar import KLAutoencoder, MARModel
+from pipelines.mar import MARPipeline
+from tests.models.test_mar import TINY
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    torch.manual_seed(0)
+    target, draft = MARModel(**TINY), MARModel(**{**TINY, "encoder_depth": 1, "decoder_depth": 1})
+    vae = KLAutoencoder(embed_dim=4, ch=32, ch_mult=(1, 2, 2), num_res_blocks=1, encoder_attn_resolutions=(),
+                        resolution=16)
+    return MARPipeline(target, vae, draft)
+
+
+CALL = dict(num_iter=4, num_diffusion_steps=5)
+
+
+def test_outputs_and_per_image_seeds(pipe):
+    out = pipe([1, 2], generator=[torch.Generator().manual_seed(s) for s in (3, 4)], output_type="latent", **CALL)
+    assert out.images.shape == (2, 16, 4) and out.stats.target_passes == 4
+    alone = pipe(2, generator=torch.Generator().manual_seed(4), output_type="latent", **CALL).images
+    # an image depends on its own generator only (up to batch-size float rounding of the random-weight MAR)
+    assert torch.allclose(alone[0], out.images[1], rtol=1e-4, atol=1e-2)
+    images = pipe([1, 2], generator=torch.Generator().manual_seed(0), **CALL).images
+    assert len(images) == 2 and images[0].size == (16, 16)
+    array = pipe([1], generator=torch.Generator().manual_seed(0), output_type="np", **CALL).images
+    assert array.shape == (1, 16, 16, 3)
+
+
+@pytest.mark.parametrize("acceptance", ["exact", "paper"])
+def test_speculative_decoding_counts_its_passes(pipe, acceptance):
+    out = pipe([0, 5, 9], decoding="speculative", gamma=2, prefill_ratio=0.25, acceptance=acceptance,
+               generator=torch.Generator().manual_seed(1), output_type="latent", **CALL)
+    assert out.stats.target_passes == 1 + 2 and out.stats.draft_passes == 3
+    assert out.stats.drafted == 3 * (16 - cosine_plan(16, 4)[0]) and torch.isfinite(out.images).all()
+
+
+def test_save_and_load_round_trip(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    again = MARPipeline.from_pretrained(tmp_path)
+    assert again.draft_transformer is not None
+    kwargs = dict(generator=torch.Generator().manual_seed(0), output_type="latent", **CALL)
+    first = pipe([1], **kwargs).images
+    kwargs["generator"] = torch.Generator().manual_seed(0)
+    assert torch.equal(again([1], **kwargs).images, first)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [(dict(class_labels=[30]), ValueError, r"class_labels must be in \[0, 10\)"),
+     (dict(class_labels="cat"), TypeError, "class_labels must be an int"),
+     (dict(num_iter=0), ValueError, r"num_iter must be an int in \[1, 16\]"),
+     (dict(num_diffusion_steps=0), ValueError, "num_diffusion_steps"),
+     (dict(decoding="jacobi"), ValueError, "decoding must be one of"),
+     (dict(decoding="speculative", acceptance="approx"), ValueError, "acceptance must be one of"),
+     (dict(output_type="latents"), ValueError, "output_type must be one of"),
+     (dict(generator=[torch.Generator()] * 2), ValueError, "generator")],
+)
+def test_clear_errors(pipe, kwargs, error, match):
+    call = {"class_labels": [1], **CALL, **kwargs}
+    with pytest.raises(error, match=match):
+        pipe(**call)
+
+
+def test_speculative_needs_a_draft(pipe):
+    single = MARPipeline(pipe.transformer, pipe.vae)
+    with pytest.raises(ValueError, match="needs a draft_transformer"):
+        single([1], decoding="speculative", **CALL)
