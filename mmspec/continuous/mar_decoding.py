@@ -17,13 +17,14 @@ drafted steps of a block merged into one step), which is what the tests compare 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import time
 
 import torch
 
 from mmspec.continuous.acceptance import verify_paper, verify_trajectories
 from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
 from mmspec.core.rng import keyed_normal, keyed_uniform
+from mmspec.core.stats import SpecStats
 
 NOISE, UNIFORM, ORDER = 0, 1, 2  # key domains of the keyed draws
 ACCEPTANCE_MODES = ("exact", "paper")
@@ -52,24 +53,6 @@ def coarsen(plan: list[int], n_prefill: int, gamma: int) -> list[int]:
 def sample_orders(seeds: torch.Tensor, seq_len: int) -> torch.Tensor:
     """[B, L] long: a random permutation of the positions per sample, keyed by the sample's seed."""
     return keyed_uniform(seeds[:, None], ORDER, torch.arange(seq_len)[None, :]).argsort(dim=1)
-
-
-@dataclass
-class MARStats:
-    """Counters of a MAR generation: target_passes / draft_passes (encoder-decoder passes), drafted / accepted
-    tokens, residual tries per rejected token, fallbacks (residuals that hit the cap), and per verification the log
-    ratio terms (paper mode) for the caller's logs."""
-
-    target_passes: int = 0
-    draft_passes: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    residual_tries: list[int] = field(default_factory=list)
-    fallbacks: int = 0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / max(1, self.drafted)
 
 
 class _Conditioner:
@@ -120,8 +103,9 @@ def _check(model, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
 @torch.no_grad()
 def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSchedule,
              labels: torch.Tensor | None = None, guidance_scale: float = 1.0,
-             temperature: float = 1.0) -> tuple[torch.Tensor, MARStats]:
-    """Plain MAR sampling on `plan` (tokens per step): returns tokens [B, L, C] and the pass counts."""
+             temperature: float = 1.0) -> tuple[torch.Tensor, SpecStats]:
+    """Plain MAR sampling on `plan` (tokens per step): returns tokens [B, L, C] and its stats (target_forwards =
+    encoder-decoder passes)."""
     _check(model, seeds, labels)
     B, L, C = seeds.numel(), model.config.seq_len, model.config.token_dim
     if sum(plan) != L or min(plan) < 1:
@@ -129,26 +113,38 @@ def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSch
     orders = sample_orders(seeds, L)
     tokens = torch.zeros(B, L, C, device=model.device, dtype=model.dtype)
     unknown = torch.ones(B, L, dtype=torch.bool, device=model.device)
-    stats, conditioner, done = MARStats(), _Conditioner(model, labels, guidance_scale), 0
+    stats, conditioner, done = SpecStats(), _Conditioner(model, labels, guidance_scale), 0
+    start = time.perf_counter()
     for count in plan:
         positions = orders[:, done : done + count]  # [B, n]
         done += count
         z, z_uncond = conditioner.z(tokens, unknown, positions)
-        stats.target_passes += 1
+        stats.target_forwards += 1
         head = model.diffusion_head(z, z_uncond, _cfg_at(guidance_scale, L, L - done))
         row_seeds, flat = seeds.repeat_interleave(count), positions.reshape(-1)
         x_T, noise = _noise(row_seeds, flat, schedule, C)
         step_tokens = sample_trajectory(head, schedule, x_T, noise, temperature).token
         tokens.scatter_(1, positions[..., None].expand(-1, -1, C), step_tokens.view(B, count, C).to(tokens.dtype))
         unknown.scatter_(1, positions, False)
-    return tokens, stats
+    return tokens, _finish(stats, B, L, start)
+
+
+def _finish(stats: SpecStats, batch_size: int, seq_len: int, start: float) -> SpecStats:
+    """Per-row totals (every row takes part in every pass) and the wall clock."""
+    stats.new_tokens = torch.full((batch_size,), seq_len, dtype=torch.long)
+    stats.steps = torch.full((batch_size,), stats.target_forwards, dtype=torch.long)
+    stats.timings["total"] = time.perf_counter() - start
+    if stats.log_ratio_terms is not None:
+        tries = stats.residual_tries
+        stats.residual_tries = torch.cat(tries) if tries else torch.zeros(0, dtype=torch.long)
+    return stats
 
 
 @torch.no_grad()
 def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
                          labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
                          gamma: int = 4, prefill_ratio: float = 0.0, acceptance: str = "exact",
-                         max_tries: int = 100) -> tuple[torch.Tensor, MARStats]:
+                         max_tries: int = 100) -> tuple[torch.Tensor, SpecStats]:
     """Speculative MAR sampling (see the module docstring): tokens [B, L, C] and counters. `gamma` draft steps per
     target pass; the first `floor(num_iter * prefill_ratio)` steps are the target's own."""
     _check(target, seeds, labels)
@@ -169,7 +165,8 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
     orders = sample_orders(seeds, L)
     tokens = torch.zeros(B, L, C, device=target.device, dtype=target.dtype)
     unknown = torch.ones(B, L, dtype=torch.bool, device=target.device)
-    stats = MARStats()
+    stats = SpecStats(log_ratio_terms={}, residual_tries=[])
+    start = time.perf_counter()
     conditioners = {"target": _Conditioner(target, labels, guidance_scale),
                     "draft": _Conditioner(draft, labels, guidance_scale)}
     block: list[dict] = []  # the draft steps since the last verification
@@ -182,7 +179,7 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
         role = "target" if step < n_prefill else "draft"
         model = target if role == "target" else draft
         z, z_uncond = conditioners[role].z(tokens, unknown, positions)
-        setattr(stats, f"{role}_passes", getattr(stats, f"{role}_passes") + 1)
+        setattr(stats, f"{role}_forwards", getattr(stats, f"{role}_forwards") + 1)
         row_seeds, flat = seeds.repeat_interleave(count), positions.reshape(-1)
         x_T, noise = _noise(row_seeds, flat, schedule, C)
         trajectory = sample_trajectory(model.diffusion_head(z, z_uncond, cfg), schedule, x_T, noise, temperature)
@@ -196,7 +193,9 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
             _verify_block(target, conditioners["target"], draft, block, tokens, context, seeds, schedule, temperature,
                           acceptance, max_tries, stats)
             block, context = [], unknown.clone()
-    return tokens, stats
+    for name, parts in stats.log_ratio_terms.items():
+        stats.log_ratio_terms[name] = torch.cat(parts)
+    return tokens, _finish(stats, B, L, start)
 
 
 def _verify_block(target, conditioner, draft, block, tokens, context, seeds, schedule, temperature, acceptance,
@@ -207,7 +206,7 @@ def _verify_block(target, conditioner, draft, block, tokens, context, seeds, sch
     positions = torch.cat([b["positions"] for b in block], dim=1)  # [B, n_blk]
     n_blk = positions.shape[1]
     z, z_uncond = conditioner.z(tokens, context, positions)
-    stats.target_passes += 1
+    stats.target_forwards += 1
 
     def per_token(key):  # [B * n_blk, ...] in the order of `positions`' rows, from the per-step [B * n_s, ...] pieces
         return torch.cat([b[key].view(B, b["positions"].shape[1], *b[key].shape[1:]) for b in block], 1).flatten(0, 1)
@@ -239,5 +238,7 @@ def _verify_block(target, conditioner, draft, block, tokens, context, seeds, sch
     tokens.scatter_(1, positions[..., None].expand(-1, -1, C), result.tokens.view(B, n_blk, C).to(tokens.dtype))
     stats.drafted += result.accepted.numel()
     stats.accepted += int(result.accepted.sum())
-    stats.residual_tries += result.tries[~result.accepted].tolist()
+    stats.residual_tries.append(result.tries[~result.accepted].cpu())
     stats.fallbacks += int(result.fallback.sum())
+    for name, value in (result.terms or {"log_ratio": result.log_ratio}).items():
+        stats.log_ratio_terms.setdefault(name, []).append(value.cpu())

@@ -29,6 +29,9 @@ class SpecStats:
     acceptance_map: [B, N] long, which forward committed each generated token: image decodings count the prefill as 0,
         text (`speculative_generate`) counts its verification steps from 1 and marks padding after EOS with -1.
     from_draft: text only: [B, N] bool, True where the token is an accepted draft token (else the target drew it).
+    residual_tries: continuous tokens: [rejected drafts] long, proposals each residual draw took; fallbacks: residual
+        draws that hit the try cap and kept a target sample; log_ratio_terms: the acceptance log ratio of every verified
+        token, term by term (name -> [drafted]; "log_ratio" for the exact rule, the released CSpD rule's three terms).
     """
 
     target_forwards: int = 0
@@ -44,6 +47,9 @@ class SpecStats:
     timings: dict[str, float] = field(default_factory=dict)
     acceptance_map: torch.Tensor | None = None
     from_draft: torch.Tensor | None = None
+    residual_tries: torch.Tensor | None = None
+    fallbacks: int = 0
+    log_ratio_terms: dict[str, torch.Tensor] | None = None
     _pending: list = field(default_factory=list, repr=False)
 
     def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor | None = None,
@@ -104,6 +110,11 @@ class SpecStats:
             **({} if self.excess_acceptance is None else {
                 "lossy_excess_acceptance": round(self.excess_acceptance, 4),
                 "lossy_excess_per_sample": round(self.excess_per_sample, 4),
+            }),
+            **({} if self.residual_tries is None else {
+                "mean_residual_tries": round(self.residual_tries.double().mean().item(), 4)
+                if self.residual_tries.numel() else 0.0,
+                "residual_fallbacks": self.fallbacks,
             }),
             "accept_hist": self.accept_hist.tolist(),
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},

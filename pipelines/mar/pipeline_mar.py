@@ -16,8 +16,9 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
 from mmspec.continuous.diffusion import DiffusionSchedule
-from mmspec.continuous.mar_decoding import ACCEPTANCE_MODES, MARStats, cosine_plan, generate, generate_speculative
+from mmspec.continuous.mar_decoding import ACCEPTANCE_MODES, cosine_plan, generate, generate_speculative
 from mmspec.core.rng import Generators, check_generators
+from mmspec.core.stats import SpecStats
 from mmspec.models.mar import KLAutoencoder, MARModel
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -27,10 +28,10 @@ DECODINGS = ("ar", "speculative")
 @dataclass
 class MARPipelineOutput(BaseOutput):
     """images: PIL images, NHWC array / NCHW tensor in [0, 1], or for `output_type="latent"` the tokens [B, L, C];
-    stats: pass counts, acceptance and residual tries of the call."""
+    stats: the call's SpecStats (target / draft encoder-decoder passes, acceptance, residual tries, log-ratio terms)."""
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
-    stats: MARStats
+    stats: SpecStats
 
 
 class MARPipeline(DiffusionPipeline):

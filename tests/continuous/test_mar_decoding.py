@@ -41,11 +41,13 @@ def test_pass_counts_and_every_token_written_once(pair, num_iter, gamma, prefill
     tokens, stats_ = generate_speculative(target, draft, seeds, num_iter, DiffusionSchedule.cosine(5), gamma=gamma,
                                           prefill_ratio=prefill)
     n_pre = math.floor(num_iter * prefill)
-    assert stats_.target_passes == n_pre + math.ceil((num_iter - n_pre) / gamma)
-    assert stats_.draft_passes == num_iter - n_pre
+    assert stats_.target_forwards == n_pre + math.ceil((num_iter - n_pre) / gamma)
+    assert stats_.draft_forwards == num_iter - n_pre
     plan = cosine_plan(16, num_iter)
     assert stats_.drafted == 4 * sum(plan[n_pre:])  # every drafted token verified exactly once
     assert len(stats_.residual_tries) == stats_.drafted - stats_.accepted
+    assert stats_.log_ratio_terms["log_ratio"].numel() == stats_.drafted
+    assert stats_.tokens_per_target_forward == pytest.approx(16 / stats_.target_forwards)
     assert (tokens.abs().sum(-1) > 0).all()  # every position written
 
 

@@ -21,7 +21,7 @@ CALL = dict(num_iter=4, num_diffusion_steps=5)
 
 def test_outputs_and_per_image_seeds(pipe):
     out = pipe([1, 2], generator=[torch.Generator().manual_seed(s) for s in (3, 4)], output_type="latent", **CALL)
-    assert out.images.shape == (2, 16, 4) and out.stats.target_passes == 4
+    assert out.images.shape == (2, 16, 4) and out.stats.target_forwards == 4
     alone = pipe(2, generator=torch.Generator().manual_seed(4), output_type="latent", **CALL).images
     # an image depends on its own generator only (up to batch-size float rounding of the random-weight MAR)
     assert torch.allclose(alone[0], out.images[1], rtol=1e-4, atol=1e-2)
@@ -35,7 +35,7 @@ def test_outputs_and_per_image_seeds(pipe):
 def test_speculative_decoding_counts_its_passes(pipe, acceptance):
     out = pipe([0, 5, 9], decoding="speculative", gamma=2, prefill_ratio=0.25, acceptance=acceptance,
                generator=torch.Generator().manual_seed(1), output_type="latent", **CALL)
-    assert out.stats.target_passes == 1 + 2 and out.stats.draft_passes == 3
+    assert out.stats.target_forwards == 1 + 2 and out.stats.draft_forwards == 3
     assert out.stats.drafted == 3 * (16 - cosine_plan(16, 4)[0]) and torch.isfinite(out.images).all()
 
 
