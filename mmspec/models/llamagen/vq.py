@@ -22,65 +22,8 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from mmspec.models.autoencoder_blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm
 from mmspec.models.checkpoint import load_official_state_dict
-
-
-def _norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int):
-        super().__init__()
-        self.norm1 = _norm(in_channels)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2 = _norm(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        if in_channels != out_channels:
-            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
-        shortcut = self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x
-        return shortcut + h
-
-
-class AttnBlock(nn.Module):
-    """Single-head self-attention over the h*w positions of a feature map."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.norm = _norm(channels)
-        self.q = nn.Conv2d(channels, channels, 1)
-        self.k = nn.Conv2d(channels, channels, 1)
-        self.v = nn.Conv2d(channels, channels, 1)
-        self.proj_out = nn.Conv2d(channels, channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, C, h, w = x.shape
-        y = self.norm(x)
-        q, k, v = (proj(y).flatten(2).transpose(1, 2) for proj in (self.q, self.k, self.v))  # [B, h*w, C]
-        out = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
-        return x + self.proj_out(out.transpose(1, 2).reshape(B, C, h, w))
-
-
-class Downsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2, padding=0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # asymmetric padding, as in the official model
-
-
-class Upsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 class _Level(nn.Module):
@@ -124,7 +67,7 @@ class Encoder(nn.Module):
             block_in = ch * mult
         self.conv_blocks = nn.ModuleList(levels)
         self.mid = _mid(block_in)
-        self.norm_out = _norm(block_in)
+        self.norm_out = group_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, z_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,7 +90,7 @@ class Decoder(nn.Module):
             levels.append(_Level(block_in, ch * ch_mult[i], num_res_blocks + 1, first, upsample))
             block_in = ch * ch_mult[i]
         self.conv_blocks = nn.ModuleList(levels)
-        self.norm_out = _norm(block_in)
+        self.norm_out = group_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, 3, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:

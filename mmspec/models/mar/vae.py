@@ -14,59 +14,8 @@ import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
+from mmspec.models.autoencoder_blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm
 from mmspec.models.checkpoint import load_official_state_dict
-
-
-def group_norm(channels: int) -> nn.GroupNorm:
-    return nn.GroupNorm(32, channels, eps=1e-6)
-
-
-class ResnetBlock(nn.Module):
-    def __init__(self, in_channels: int, out_channels: int):
-        super().__init__()
-        self.norm1, self.conv1 = group_norm(in_channels), nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2, self.conv2 = group_norm(out_channels), nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        if in_channels != out_channels:
-            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
-        return (self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x) + h
-
-
-class AttnBlock(nn.Module):
-    """Single-head self-attention over the pixels (1x1 convolutions for q, k, v and the output)."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.norm = group_norm(channels)
-        self.q, self.k, self.v, self.proj_out = (nn.Conv2d(channels, channels, 1) for _ in range(4))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, C, H, W = x.shape
-        h = self.norm(x)
-        q, k, v = (conv(h).flatten(2).transpose(1, 2)[:, None] for conv in (self.q, self.k, self.v))  # [B, 1, HW, C]
-        out = F.scaled_dot_product_attention(q, k, v)[:, 0].transpose(1, 2).view(B, C, H, W)
-        return x + self.proj_out(out)
-
-
-class Downsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, stride=2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1)))  # LDM's asymmetric padding
-
-
-class Upsample(nn.Module):
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
 
 
 class _Level(nn.Module):
