@@ -134,7 +134,7 @@ def _finish(stats: SpecStats, batch_size: int, seq_len: int, start: float) -> Sp
     stats.new_tokens = torch.full((batch_size,), seq_len, dtype=torch.long)
     stats.steps = torch.full((batch_size,), stats.target_forwards, dtype=torch.long)
     stats.timings["total"] = time.perf_counter() - start
-    if stats.log_ratio_terms is not None:
+    if isinstance(stats.residual_tries, list):  # speculative runs collect one piece per verification
         tries = stats.residual_tries
         stats.residual_tries = torch.cat(tries) if tries else torch.zeros(0, dtype=torch.long)
     return stats

@@ -30,7 +30,7 @@ from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.shapes import CAPTION_WORDS, scenes
-from mmspec.zoo.training import train_loop
+from mmspec.zoo.training import save_stage, train_loop
 
 logger = logging.getLogger(__name__)
 
@@ -149,12 +149,7 @@ def train_vq(work: Path, pool: torch.Tensor, held_out: torch.Tensor, args) -> Ll
     seconds = train_loop("vq", vq, steps=args.vq_steps, lr=args.vq_lr, loss_fn=loss_fn, batch_fn=batch_fn,
                          work_dir=work, seed=args.seed + STAGE_SEEDS["vq"], ckpt_every=args.ckpt_every,
                          weight_decay=0.0, after_step=reviver)
-    metrics = reconstruction_metrics(vq, held_out)
-    metrics.update(parameters=sum(p.numel() for p in vq.parameters()), steps=args.vq_steps,
-                   batch_size=args.vq_batch_size, train_cpu_seconds=round(seconds, 1))
-    logger.info("vq: %s", metrics)
-    vq.save_pretrained(work / "vqvae")
-    (work / "vqvae" / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    save_stage(vq, work / "vqvae", reconstruction_metrics(vq, held_out), args.vq_steps, args.vq_batch_size, seconds)
     return vq
 
 

@@ -13,7 +13,6 @@ image world's cached ones (`--work-dir`, shared with `mmspec.zoo.train_image`).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 from pathlib import Path
@@ -26,7 +25,7 @@ from mmspec.continuous.diffusion import DiffusionSchedule, training_loss
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, parse_caption
 from mmspec.zoo.train_image import add_pool_arguments, load_pools, psnr, to_model_range, to_uint8
-from mmspec.zoo.training import train_loop
+from mmspec.zoo.training import save_stage, train_loop
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +88,7 @@ def train_vae(work: Path, pool: torch.Tensor, held_out: torch.Tensor, args) -> K
                          weight_decay=0.0)
     metrics = vae_metrics(vae, held_out)
     vae.register_to_config(scaling_factor=round(1 / metrics["latent_std"], 4))
-    metrics.update(parameters=sum(p.numel() for p in vae.parameters()), steps=args.vae_steps,
-                   batch_size=args.vae_batch_size, train_cpu_seconds=round(seconds, 1))
-    logger.info("vae: %s", metrics)
-    vae.save_pretrained(work / "mar_vae")
-    (work / "mar_vae" / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    save_stage(vae, work / "mar_vae", metrics, args.vae_steps, args.vae_batch_size, seconds)
     return vae
 
 
@@ -165,11 +160,7 @@ def train_mar(work: Path, role: str, args) -> MARModel:
         tokens, labels = data["heldout"]
         held_out = sum(mar_loss(model, tokens[i : i + 64], labels[i : i + 64], generator, schedule).item()
                        for i in range(0, len(tokens), 64)) / math.ceil(len(tokens) / 64)
-    metrics = {"held_out_loss": round(held_out, 4), "parameters": sum(p.numel() for p in model.parameters()),
-               "steps": steps, "batch_size": batch_size, "train_cpu_seconds": round(seconds, 1)}
-    logger.info("mar %s: %s", role, metrics)
-    model.save_pretrained(work / f"mar_{role}")
-    (work / f"mar_{role}" / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    save_stage(model, work / f"mar_{role}", {"held_out_loss": round(held_out, 4)}, steps, batch_size, seconds)
     return model
 
 

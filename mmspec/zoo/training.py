@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -82,3 +83,14 @@ def train_loop(
             torch.save(state, ckpt_path)
     model.eval()
     return elapsed + time.perf_counter() - t0
+
+
+def save_stage(model, folder: Path, metrics: dict, steps: int, batch_size: int, seconds: float) -> dict:
+    """Complete a training stage: add the model's size and the run (steps, batch size, training seconds) to its
+    held-out `metrics`, log them, and save the model with `training_metrics.json` in `folder`. Returns the metrics."""
+    metrics = {**metrics, "parameters": sum(p.numel() for p in model.parameters()), "steps": steps,
+               "batch_size": batch_size, "train_cpu_seconds": round(seconds, 1)}
+    logger.info("%s: %s", folder.name, metrics)
+    model.save_pretrained(folder)
+    (folder / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
