@@ -30,10 +30,11 @@ from mmspec.continuous.diffusion import (
     trajectory_log_density,
 )
 
-# propose(attempt, rows [m] long) -> (candidates [m, C], log p [m], log q [m]): fresh target samples for pending rows
-Proposal = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-# uniform(attempt, rows [m] long) -> [m] in (0, 1); attempt 0 is the draft's own test
-Uniforms = Callable[[int, torch.Tensor], torch.Tensor]
+# propose(attempts [m] long, rows [m] long) -> (candidates [m, C], log p [m], log q [m]): fresh target samples, one per
+# (attempt, row) pair, drawn from noise keyed by both so that a proposal does not depend on how attempts are batched
+Proposal = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+# uniform(attempts [m] long, rows [m] long) -> [m] in (0, 1); attempt 0 is the draft's own test
+Uniforms = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -61,38 +62,52 @@ def accept_residual(log_p: torch.Tensor, log_q: torch.Tensor, u: torch.Tensor) -
     return u < -torch.expm1(torch.clamp(log_q - log_p, max=0.0))
 
 
-def residual_sample(propose: Proposal, uniform: Uniforms, rows: torch.Tensor, dim: int,
-                    max_tries: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Residual draws for `rows` [m] long by rejection: (samples [m, C], tries [m] long, fallback [m] bool). One batched
-    proposal per attempt for the rows still pending; after `max_tries`, a row keeps its last (target) proposal."""
+def residual_sample(propose: Proposal, uniform: Uniforms, rows: torch.Tensor, dim: int, max_tries: int,
+                    proposals_per_round: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Residual draws for `rows` [m] long by rejection: (samples [m, C], tries [m] long, fallback [m] bool).
+
+    Each round proposes `proposals_per_round` attempts at once for every row still pending (one batched call: a
+    diffusion head's trajectory costs S sequential steps whatever the batch) and a row takes its first attempt that
+    passes, so the output is that of one-at-a-time rejection sampling with the same keyed draws, and `tries` is the
+    index of that attempt. After `max_tries` attempts a row keeps its last (target) proposal and is flagged.
+    """
     if max_tries < 1:
         raise ValueError(f"max_tries must be >= 1, got {max_tries}")
+    if proposals_per_round < 1:
+        raise ValueError(f"proposals_per_round must be >= 1, got {proposals_per_round}")
     m = rows.numel()
     samples = torch.zeros(m, dim, device=rows.device)
     tries = torch.zeros(m, dtype=torch.long, device=rows.device)
     pending = torch.ones(m, dtype=torch.bool, device=rows.device)
-    for attempt in range(1, max_tries + 1):
-        index = pending.nonzero().squeeze(1)
+    done = 0
+    while done < max_tries:
+        index = pending.nonzero().squeeze(1)  # one host sync per round
         if index.numel() == 0:
             break
-        candidates, log_p, log_q = propose(attempt, rows[index])
-        keep = accept_residual(log_p, log_q, uniform(attempt, rows[index]))
-        tries[index] += 1
-        last = attempt == max_tries
-        take = index if last else index[keep]
-        samples[take] = candidates if last else candidates[keep]
-        pending[index[keep]] = False
+        k = min(proposals_per_round, max_tries - done)
+        attempts = torch.arange(done + 1, done + k + 1, device=rows.device).repeat_interleave(index.numel())
+        candidates, log_p, log_q = propose(attempts, rows[index].repeat(k))  # attempt-major: [k * n_pending]
+        keep = accept_residual(log_p, log_q, uniform(attempts, rows[index].repeat(k))).view(k, -1)
+        passed = keep.any(0)
+        first = torch.where(passed, keep.int().argmax(0), k - 1)  # the last attempt when none passed
+        done += k
+        take = passed | (done == max_tries)
+        tries[index] += torch.where(passed, first + 1, k)
+        chosen = candidates.view(k, index.numel(), -1)[first, torch.arange(index.numel(), device=rows.device)]
+        samples[index[take]] = chosen[take].to(samples.dtype)
+        pending[index[passed]] = False
     return samples, tries, pending
 
 
 def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_head: DiffusionHead,
                         schedule: DiffusionSchedule, temperature: float,
                         target_noise: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                        uniform: Uniforms, max_tries: int = 100) -> ContinuousVerifyResult:
+                        uniform: Uniforms, max_tries: int = 100,
+                        proposals_per_round: int = 8) -> ContinuousVerifyResult:
     """Exact verification of n drafted tokens.
 
     draft: the draft head's trajectories (x [S + 1, n, C] with the Gaussians they were drawn from);
-    target_noise(attempt, rows) -> (x_T [m, C], noise [S, m, C]): fresh keyed noise for residual proposals.
+    target_noise(attempts [m], rows [m]) -> (x_T [m, C], noise [S, m, C]): fresh keyed noise for residual proposals.
     The target head scores the draft trajectories in one batched call; kept drafts output mu_p(x_1); rejected ones
     draw target trajectories until one passes the residual test.
     """
@@ -103,13 +118,13 @@ def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_hea
     mean_p, log_std_p = score_trajectory(target_head, schedule, draft.x)
     log_p = trajectory_log_density(draft.x, mean_p, log_std_p, temperature)
     log_q = trajectory_log_density(draft.x, draft.mean, draft.log_std, temperature)
-    accepted = accept_draft(log_p, log_q, uniform(0, rows))
+    accepted = accept_draft(log_p, log_q, uniform(torch.zeros_like(rows), rows))
     tokens = mean_p[0].clone()
     tries = torch.zeros(n, dtype=torch.long, device=rows.device)
     fallback = torch.zeros(n, dtype=torch.bool, device=rows.device)
 
-    def propose(attempt: int, pending: torch.Tensor):
-        x_T, noise = target_noise(attempt, pending)
+    def propose(attempts: torch.Tensor, pending: torch.Tensor):
+        x_T, noise = target_noise(attempts, pending)
         proposal = sample_trajectory(target_head, schedule, x_T, noise, temperature, rows=pending)
         mean_q, log_std_q = score_trajectory(draft_head, schedule, proposal.x, rows=pending)
         return (proposal.token, trajectory_log_density(proposal.x, proposal.mean, proposal.log_std, temperature),
@@ -118,7 +133,7 @@ def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_hea
     rejected = (~accepted).nonzero().squeeze(1)
     if rejected.numel():
         tokens[rejected], tries[rejected], fallback[rejected] = residual_sample(propose, uniform, rejected, C,
-                                                                                max_tries)
+                                                                                max_tries, proposals_per_round)
     return ContinuousVerifyResult(tokens, accepted, tries, fallback, log_p - log_q)
 
 
@@ -129,10 +144,10 @@ def _normal_log_pdf(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) 
 
 
 def verify_paper(draft: Trajectory, target: Trajectory, temperature: float, uniform: Uniforms,
-                 residual_noise: Callable[[int, torch.Tensor], torch.Tensor], inner_temperature: float = 42.0,
-                 max_tries: int = 100) -> ContinuousVerifyResult:
+                 residual_noise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inner_temperature: float = 42.0,
+                 max_tries: int = 100, proposals_per_round: int = 8) -> ContinuousVerifyResult:
     """The released CSpD acceptance (approximate). draft / target: both heads' trajectories from the same noise
-    (aligned); residual_noise(attempt, rows) -> [m, C] standard normals for the final-step residual proposals.
+    (aligned); residual_noise(attempts [m], rows [m]) -> [m, C] standard normals for the final-step residual proposals.
 
     log r = -1/2 |(x - mu_p0) / (t_in s_p0)|^2 + 1/2 |(x - mu_q0) / (t_in s_q0)|^2   ("exponent"; x = mu_q0)
             + sum_{k >= 1, d} (log sigma_p,k - log sigma_q,k)                       ("sigma_product")
@@ -153,10 +168,10 @@ def verify_paper(draft: Trajectory, target: Trajectory, temperature: float, unif
     normalisation = (log_s_q - log_s_p).sum(-1)
     log_ratio = exponent + sigma_product + normalisation
     rows = torch.arange(n, device=x.device)
-    accepted = accept_draft(log_ratio, torch.zeros_like(log_ratio), uniform(0, rows))
+    accepted = accept_draft(log_ratio, torch.zeros_like(log_ratio), uniform(torch.zeros_like(rows), rows))
 
-    def propose(attempt: int, pending: torch.Tensor):
-        y = target.mean[0][pending] + torch.exp(log_s_p[pending]) * residual_noise(attempt, pending)
+    def propose(attempts: torch.Tensor, pending: torch.Tensor):
+        y = target.mean[0][pending] + torch.exp(log_s_p[pending]) * residual_noise(attempts, pending)
         log_p = _normal_log_pdf(y, target.mean[0][pending], log_s_p[pending])
         log_q = _normal_log_pdf(y, draft.mean[0][pending], log_s_q[pending]) - sigma_product[pending]
         return y, log_p, log_q
@@ -167,6 +182,6 @@ def verify_paper(draft: Trajectory, target: Trajectory, temperature: float, unif
     rejected = (~accepted).nonzero().squeeze(1)
     if rejected.numel():
         tokens[rejected], tries[rejected], fallback[rejected] = residual_sample(propose, uniform, rejected, C,
-                                                                                max_tries)
+                                                                                max_tries, proposals_per_round)
     terms = {"exponent": exponent, "sigma_product": sigma_product, "normalisation": normalisation}
     return ContinuousVerifyResult(tokens, accepted, tries, fallback, log_ratio, terms)

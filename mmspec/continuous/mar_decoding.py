@@ -84,7 +84,8 @@ def _cfg_at(guidance_scale: float, seq_len: int, unknown_after: int) -> float:
 
 
 def _noise(seeds, positions, schedule, dim, attempt=0):
-    """(x_T [m, C], noise [S, m, C]) for tokens (seeds [m], positions [m]) at a residual attempt (0 = first draw)."""
+    """(x_T [m, C], noise [S, m, C]) for tokens (seeds [m], positions [m]) at a residual attempt (0 = first draw; an
+    int or [m] long)."""
     steps = torch.arange(schedule.num_steps + 1)[:, None]
     draws = keyed_normal(seeds[None, :], NOISE, positions[None, :], steps, attempt, dim=dim)
     return draws[-1], draws[:-1]
@@ -144,9 +145,10 @@ def _finish(stats: SpecStats, batch_size: int, seq_len: int, start: float) -> Sp
 def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
                          labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
                          gamma: int = 4, prefill_ratio: float = 0.0, acceptance: str = "exact",
-                         max_tries: int = 100) -> tuple[torch.Tensor, SpecStats]:
+                         max_tries: int = 100, proposals_per_round: int = 8) -> tuple[torch.Tensor, SpecStats]:
     """Speculative MAR sampling (see the module docstring): tokens [B, L, C] and counters. `gamma` draft steps per
-    target pass; the first `floor(num_iter * prefill_ratio)` steps are the target's own."""
+    target pass; the first `floor(num_iter * prefill_ratio)` steps are the target's own; a rejected token's residual
+    draws `proposals_per_round` target proposals per batched round, at most `max_tries` in all."""
     _check(target, seeds, labels)
     _check(draft, seeds, labels)
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
@@ -191,7 +193,7 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
         block.append(dict(positions=positions, z=z, z_uncond=z_uncond, cfg=cfg, trajectory=trajectory))
         if len(block) == gamma or step == len(plan) - 1:
             _verify_block(target, conditioners["target"], draft, block, tokens, context, seeds, schedule, temperature,
-                          acceptance, max_tries, stats)
+                          acceptance, (max_tries, proposals_per_round), stats)
             block, context = [], unknown.clone()
     for name, parts in stats.log_ratio_terms.items():
         stats.log_ratio_terms[name] = torch.cat(parts)
@@ -199,7 +201,7 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
 
 
 def _verify_block(target, conditioner, draft, block, tokens, context, seeds, schedule, temperature, acceptance,
-                  max_tries, stats) -> None:
+                  residual_budget, stats) -> None:
     """One target pass over the block's positions (conditioned on `context`, the tokens known before the block),
     then per-token accept / resample; writes the kept tokens into `tokens`."""
     B, C = tokens.shape[0], tokens.shape[2]
@@ -220,21 +222,22 @@ def _verify_block(target, conditioner, draft, block, tokens, context, seeds, sch
     target_head = target.diffusion_head(z, z_uncond, cfg)
     row_seeds, flat = seeds.repeat_interleave(n_blk), positions.reshape(-1)
 
-    def uniform(attempt, rows):
-        return keyed_uniform(row_seeds[rows], UNIFORM, flat[rows], attempt)
+    def uniform(attempts, rows):
+        return keyed_uniform(row_seeds[rows], UNIFORM, flat[rows], attempts)
 
+    max_tries, proposals_per_round = residual_budget
     if acceptance == "exact":
         result = verify_trajectories(
             draft_trajectory, draft_head, target_head, schedule, temperature,
-            target_noise=lambda attempt, rows: _noise(row_seeds[rows], flat[rows], schedule, C, attempt),
-            uniform=uniform, max_tries=max_tries)
+            target_noise=lambda attempts, rows: _noise(row_seeds[rows], flat[rows], schedule, C, attempts),
+            uniform=uniform, max_tries=max_tries, proposals_per_round=proposals_per_round)
     else:
         x_T, noise = _noise(row_seeds, flat, schedule, C)
         aligned = sample_trajectory(target_head, schedule, x_T, noise, temperature)
         result = verify_paper(draft_trajectory, aligned, temperature, uniform,
-                              residual_noise=lambda attempt, rows: keyed_normal(row_seeds[rows], NOISE, flat[rows],
-                                                                                -1, attempt, dim=C),
-                              max_tries=max_tries)
+                              residual_noise=lambda attempts, rows: keyed_normal(row_seeds[rows], NOISE, flat[rows],
+                                                                                 -1, attempts, dim=C),
+                              max_tries=max_tries, proposals_per_round=proposals_per_round)
     tokens.scatter_(1, positions[..., None].expand(-1, -1, C), result.tokens.view(B, n_blk, C).to(tokens.dtype))
     stats.drafted += result.accepted.numel()
     stats.accepted += int(result.accepted.sum())

@@ -87,7 +87,8 @@ class MARPipeline(DiffusionPipeline):
     def __call__(self, class_labels: int | list[int], num_iter: int = 64, num_diffusion_steps: int = 100,
                  guidance_scale: float = 3.0, temperature: float = 1.0, generator: Generators = None,
                  output_type: str = "pil", return_dict: bool = True, decoding: str = "ar", gamma: int = 4,
-                 prefill_ratio: float = 0.0, acceptance: str = "exact", max_tries: int = 100):
+                 prefill_ratio: float = 0.0, acceptance: str = "exact", max_tries: int = 100,
+                 proposals_per_round: int = 8):
         r"""Generate one image per class label.
 
         Args:
@@ -101,6 +102,9 @@ class MARPipeline(DiffusionPipeline):
             decoding (`str`): `"ar"` (target only) or `"speculative"` (`gamma` draft steps per target pass, the
                 first `prefill_ratio` of the steps by the target; `acceptance` `"exact"` samples the target on the
                 coarsened schedule, `"paper"` is the released CSpD rule, not distribution-preserving).
+            max_tries (`int`, defaults to 100), proposals_per_round (`int`, defaults to 8): a rejected token's residual
+                draws target proposals in batched rounds of `proposals_per_round`; after `max_tries` it keeps the last
+                one (counted in `stats.fallbacks`).
         """
         labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps)
         if decoding == "speculative" and acceptance not in ACCEPTANCE_MODES:
@@ -115,7 +119,7 @@ class MARPipeline(DiffusionPipeline):
         else:
             tokens, stats = generate_speculative(self.transformer, self.draft_transformer, seeds, num_iter, schedule,
                                                  label_tensor, guidance_scale, temperature, gamma, prefill_ratio,
-                                                 acceptance, max_tries)
+                                                 acceptance, max_tries, proposals_per_round)
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         self.maybe_free_model_hooks()
         if not return_dict:

@@ -74,14 +74,14 @@ def speculative_tokens(draft_head, target_head, schedule, n, dim, temperature, s
     x_T, noise = keyed_trajectory_noise(seed, rows, schedule.num_steps, dim)
     draft = sample_trajectory(draft_head, schedule, x_T, noise, temperature)
 
-    def uniform(attempt, pending):
-        if attempt > 0 and not residual_test:
-            return torch.zeros(pending.numel())
-        return keyed_uniform(seed + 1, pending, attempt)
+    def uniform(attempts, pending):
+        u = keyed_uniform(seed + 1, pending, attempts)
+        return u if residual_test else torch.where(attempts > 0, 0.0, u)
 
     result = verify_trajectories(
         draft, draft_head, target_head, schedule, temperature,
-        target_noise=lambda attempt, pending: keyed_trajectory_noise(seed, pending, schedule.num_steps, dim, attempt),
+        target_noise=lambda attempts, pending: keyed_trajectory_noise(seed, pending, schedule.num_steps, dim,
+                                                                       attempts),
         uniform=uniform, max_tries=max_tries)
     return draft, result
 
@@ -140,6 +140,30 @@ def test_identical_draft_is_always_kept_and_bit_identical():
     draft, result = speculative_tokens(head, head, schedule, 2000, 4, 1.0)
     assert result.accepted.all() and (result.log_ratio == 0).all() and (result.tries == 0).all()
     assert torch.equal(result.tokens, target_tokens(head, schedule, 2000, 4, 1.0, seed=0))
+
+
+@pytest.mark.parametrize("max_tries", [5, 100])
+def test_batched_residual_rounds_equal_one_proposal_at_a_time(max_tries):
+    """Rounds of k proposals take each row's first passing attempt: the same samples, tries and fallbacks as drawing one
+    proposal per round with the same keyed draws, for k dividing max_tries or not."""
+    mp, sp, mq, sq = 0.0, 1.0, 0.3, 1.0  # residual acceptance TV ~ 0.12: many rows need several tries
+    rows = torch.arange(3000)
+
+    def propose(attempts, pending):
+        y = mp + sp * keyed_normal(0, pending, attempts, dim=1).double()
+        return y.float(), gaussian_log_pdf(y, mp, sp), gaussian_log_pdf(y, mq, sq)
+
+    def uniform(attempts, pending):
+        return keyed_uniform(1, pending, attempts)
+
+    one = residual_sample(propose, uniform, rows, 1, max_tries, proposals_per_round=1)
+    assert one[2].any() == (max_tries == 5) and one[1].max() > 1
+    for k in (3, 8, 64):
+        batched = residual_sample(propose, uniform, rows, 1, max_tries, proposals_per_round=k)
+        for a, b in zip(one, batched):
+            assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="proposals_per_round"):
+        residual_sample(propose, uniform, rows, 1, max_tries, proposals_per_round=0)
 
 
 def test_capped_residual_falls_back_to_a_target_sample_never_zero():
