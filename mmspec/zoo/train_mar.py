@@ -1,10 +1,12 @@
-"""Train the embedded MAR world offline: a KL autoencoder for 64 px scenes of the shapes world, then (next stages) a
-class-conditioned MAR target and a smaller draft over its latents.
+"""Train the embedded MAR world offline: a KL autoencoder for 64 px scenes of the shapes world, a class-conditioned
+MAR target and a smaller draft MAR over its latents, saved together as the zoo's `mar_shapes` pipeline.
 
+    python -m mmspec.zoo.train_mar                 # every stage below, in order (resumable)
     python -m mmspec.zoo.train_mar --only vae      # KL autoencoder: 64 px -> 8 x 8 x 8 latents (64 MAR tokens)
     python -m mmspec.zoo.train_mar --only tokens   # encode the scene pools (scaled mean latents) and class labels
     python -m mmspec.zoo.train_mar --only target   # class-conditioned MAR target
     python -m mmspec.zoo.train_mar --only draft    # the smaller draft MAR
+    python -m mmspec.zoo.train_mar --only export   # write mmspec/zoo/mar_shapes (MARPipeline layout, fp16)
 
 Classes: the first object's shape x the background (5 x 6 = 30), read off each scene's caption. Scene pools are the
 image world's cached ones (`--work-dir`, shared with `mmspec.zoo.train_image`).
@@ -13,6 +15,7 @@ image world's cached ones (`--work-dir`, shared with `mmspec.zoo.train_image`).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 from pathlib import Path
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 
 from mmspec.continuous.diffusion import DiffusionSchedule, training_loss
 from mmspec.models.mar import KLAutoencoder, MARModel
+from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, parse_caption
 from mmspec.zoo.train_image import add_pool_arguments, load_pools, psnr, to_model_range, to_uint8
 from mmspec.zoo.training import save_stage, train_loop
@@ -164,14 +168,37 @@ def train_mar(work: Path, role: str, args) -> MARModel:
     return model
 
 
+PIPELINE_COMPONENTS = {"vae": ("vae", KLAutoencoder), "transformer": ("target", MARModel),
+                       "draft_transformer": ("draft", MARModel)}
+
+
+def save_pipeline(work: Path, out: Path) -> None:
+    """Write the `MARPipeline.from_pretrained` layout (model_index.json + vae/, transformer/, draft_transformer/) with
+    fp16 weights and every stage's training metrics. `model_index.json` is written here because the engine does not
+    import `pipelines` (DESIGN.md §1)."""
+    import diffusers
+
+    out.mkdir(parents=True, exist_ok=True)
+    index = {"_class_name": "MARPipeline", "_diffusers_version": diffusers.__version__}
+    metrics = {}
+    for component, (stage, cls) in PIPELINE_COMPONENTS.items():
+        cls.from_pretrained(work / f"mar_{stage}").to(torch.float16).save_pretrained(out / component)
+        index[component] = [cls.__module__, cls.__name__]
+        metrics[stage] = json.loads((work / f"mar_{stage}" / "training_metrics.json").read_text())
+    (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (out / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    logger.info("saved the MAR pipeline to %s", out)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_pool_arguments(parser)
-    parser.add_argument("--only", choices=["vae", "tokens", "target", "draft"], default=None)
+    parser.add_argument("--only", choices=["vae", "tokens", "target", "draft", "export"], default=None)
+    parser.add_argument("--out-dir", default=str(ZOO_DIR / "mar_shapes"))
     parser.add_argument("--vae-steps", type=int, default=2000)
     parser.add_argument("--vae-batch-size", type=int, default=32)
     parser.add_argument("--vae-lr", type=float, default=1e-3)
-    for role, steps, lr in (("target", 4000, 1e-3), ("draft", 4000, 1.5e-3)):
+    for role, steps, lr in (("target", 1600, 1e-3), ("draft", 1600, 1.5e-3)):
         parser.add_argument(f"--{role}-steps", type=int, default=steps)
         parser.add_argument(f"--{role}-batch-size", type=int, default=32)
         parser.add_argument(f"--{role}-lr", type=float, default=lr)
@@ -191,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     for role in ("target", "draft"):
         if args.only in (None, role):
             train_mar(work, role, args)
+    if args.only in (None, "export"):
+        save_pipeline(work, Path(args.out_dir))
 
 
 if __name__ == "__main__":

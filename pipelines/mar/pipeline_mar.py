@@ -88,12 +88,15 @@ class MARPipeline(DiffusionPipeline):
                  guidance_scale: float = 3.0, temperature: float = 1.0, generator: Generators = None,
                  output_type: str = "pil", return_dict: bool = True, decoding: str = "ar", gamma: int = 4,
                  prefill_ratio: float = 0.0, acceptance: str = "exact", max_tries: int = 100,
-                 proposals_per_round: int = 8):
+                 proposals_per_round: int = 8, plan: list[int] | None = None):
         r"""Generate one image per class label.
 
         Args:
             class_labels (`int` or `list[int]`): classes in [0, num_classes).
             num_iter (`int`, defaults to 64): AR steps (MAR's cosine schedule; `seq_len` = one token per step).
+            plan (`list[int]`, *optional*): `decoding="ar"` only: tokens predicted per step, overriding the cosine
+                schedule; e.g. `mmspec.continuous.mar_decoding.coarsen(cosine_plan(L, n), n_pre, gamma)` is the
+                schedule whose law `acceptance="exact"` samples.
             num_diffusion_steps (`int`, defaults to 100): reverse diffusion steps of the head per token.
             guidance_scale (`float`, defaults to 3.0): CFG on the head's eps with MAR's linear schedule; 1 = off.
             temperature (`float`, defaults to 1.0): scales the std of every reverse step.
@@ -109,13 +112,15 @@ class MARPipeline(DiffusionPipeline):
         labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps)
         if decoding == "speculative" and acceptance not in ACCEPTANCE_MODES:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_MODES}, got {acceptance!r}")
+        if plan is not None and decoding != "ar":
+            raise ValueError("plan applies to decoding='ar' only (speculative decoding runs the cosine schedule)")
         device = self._execution_device
         seeds = self.sample_seeds(generator, len(labels)).to(device)
         label_tensor = torch.tensor(labels, device=device)
         schedule = DiffusionSchedule.cosine(num_diffusion_steps)
         if decoding == "ar":
-            tokens, stats = generate(self.transformer, seeds, cosine_plan(self.transformer.config.seq_len, num_iter),
-                                     schedule, label_tensor, guidance_scale, temperature)
+            plan = cosine_plan(self.transformer.config.seq_len, num_iter) if plan is None else plan
+            tokens, stats = generate(self.transformer, seeds, plan, schedule, label_tensor, guidance_scale, temperature)
         else:
             tokens, stats = generate_speculative(self.transformer, self.draft_transformer, seeds, num_iter, schedule,
                                                  label_tensor, guidance_scale, temperature, gamma, prefill_ratio,

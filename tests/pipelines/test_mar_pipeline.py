@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mmspec.continuous.mar_decoding import cosine_plan
+from mmspec.continuous.mar_decoding import coarsen, cosine_plan
 from mmspec.models.mar import KLAutoencoder, MARModel
 from pipelines.mar import MARPipeline
 from tests.models.test_mar import TINY
@@ -39,6 +39,13 @@ def test_speculative_decoding_counts_its_passes(pipe, acceptance):
     assert out.stats.drafted == 3 * (16 - cosine_plan(16, 4)[0]) and torch.isfinite(out.images).all()
 
 
+def test_ar_on_a_given_plan(pipe):
+    """`plan` runs the target on any schedule, e.g. the coarsened one that the exact speculative mode samples."""
+    plan = coarsen(cosine_plan(16, 4), 1, 2)
+    out = pipe([1, 2], plan=plan, generator=torch.Generator().manual_seed(0), output_type="latent", **CALL)
+    assert out.stats.target_forwards == len(plan) == 3 and torch.isfinite(out.images).all()
+
+
 def test_save_and_load_round_trip(pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
     again = MARPipeline.from_pretrained(tmp_path)
@@ -58,6 +65,8 @@ def test_save_and_load_round_trip(pipe, tmp_path):
      (dict(decoding="jacobi"), ValueError, "decoding must be one of"),
      (dict(decoding="speculative", acceptance="approx"), ValueError, "acceptance must be one of"),
      (dict(output_type="latents"), ValueError, "output_type must be one of"),
+     (dict(plan=[8, 7]), ValueError, "plan must be positive token counts summing to seq_len=16"),
+     (dict(plan=[16], decoding="speculative"), ValueError, "plan applies to decoding='ar' only"),
      (dict(generator=[torch.Generator()] * 2), ValueError, "generator")],
 )
 def test_clear_errors(pipe, kwargs, error, match):

@@ -1,10 +1,12 @@
-"""Smoke test of the MAR world's training script (the autoencoder stage so far): train, resume, reload."""
+"""Smoke test of the MAR world's training script: every stage trains, resumes and reloads, and the export is a
+loadable MARPipeline."""
 
 import json
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES
@@ -23,9 +25,9 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     work = tmp_path / "work"
     args = ["--work-dir", str(work), "--train-scenes", "16", "--held-out-scenes", "8", "--vae-batch-size", "2",
             "--ckpt-every", "1", "--target-batch-size", "2", "--draft-batch-size", "2", "--target-steps", "1",
-            "--draft-steps", "1"]
+            "--draft-steps", "1", "--out-dir", str(tmp_path / "pipeline")]
     main(args + ["--vae-steps", "1", "--only", "vae"])
-    main(args + ["--vae-steps", "2"])  # resumes the autoencoder at step 1, then encodes and trains both MARs
+    main(args + ["--vae-steps", "2"])  # resumes the autoencoder at step 1, encodes, trains both MARs, exports
     for role in ("target", "draft"):
         model = MARModel.from_pretrained(work / f"mar_{role}")
         assert model.config.seq_len == 64 and model.config.token_dim == 8
@@ -39,3 +41,16 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     assert vae.config.scaling_factor == pytest.approx(1 / metrics["latent_std"], rel=1e-3)
     mean, _ = vae.encode(torch.zeros(1, 3, 64, 64))
     assert mean.shape == (1, 8, 8, 8)
+
+    from pipelines.mar import MARPipeline
+
+    for component in ("vae", "transformer", "draft_transformer"):
+        stored = load_file(tmp_path / "pipeline" / component / "diffusion_pytorch_model.safetensors")
+        assert {t.dtype for t in stored.values()} == {torch.float16}
+    pipe = MARPipeline.from_pretrained(tmp_path / "pipeline", torch_dtype=torch.float32)
+    assert pipe.draft_transformer.config.decoder_embed_dim < pipe.transformer.config.decoder_embed_dim
+    image = pipe(3, num_iter=2, num_diffusion_steps=2, decoding="speculative", gamma=1,
+                 generator=torch.Generator().manual_seed(0)).images[0]
+    assert image.size == (64, 64)
+    metrics = json.loads((tmp_path / "pipeline" / "training_metrics.json").read_text())
+    assert set(metrics) == {"vae", "target", "draft"} and metrics["target"]["steps"] == 1
