@@ -2,7 +2,7 @@
 
     python -m eval.bench_continuous                  # full: 8 images at batch 1, 128 at batch 8, FD on the latter
     python -m eval.bench_continuous --quick          # under 10 minutes on 2 CPU cores: 2 and 16 images
-    python -m eval.bench_continuous --json eval/results/bench_continuous.json
+    python -m eval.bench_continuous --json eval/results/bench_continuous.json --grid docs/images/mar_samples.png
 
 Every method generates the same classes (those of the first held-out scenes) with the same per-image seeds (image i:
 seed 1000 + i), CFG 3 (MAR's linear schedule), temperature 1, after an untimed warm-up call of each method:
@@ -17,7 +17,8 @@ Columns: target / draft encoder-decoder passes per call, acceptance rate of draf
 rejected token (and fallbacks at the try cap), median latency of a call, speedup of that median against `ar` at the
 same batch size, and FD-CLIP: the Frechet distance between in-domain CLIP features (mmspec/zoo/shapes_clip) of the
 batch-8 images and of the real held-out scenes they were asked for (a "vae reconstruction" row gives the autoencoder's
-floor; FD is biased upward at small N, so compare rows of one run only).
+floor; FD is biased upward at small N, so compare rows of one run only). `--grid` saves, for the first 8 batch-8
+images, a row per image: the real held-out scene, then each method's sample (same class and seed).
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--guidance", type=float, default=3.0)
     parser.add_argument("--no-fd", action="store_true", help="skip FD-CLIP")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--grid", type=Path, default=None, help="PNG: real scene + each method's sample, 8 rows")
     args = parser.parse_args(argv)
     if args.quick:
         args.images_bs1, args.images_bs8 = 2, 16
@@ -168,15 +170,15 @@ def main(argv: list[str] | None = None) -> dict:
 
     rows, fds, images_bs8 = [], {}, {}
     for batch_size, count in ((1, args.images_bs1), (8, args.images_bs8)):
-        for method in args.methods:
+        for method in args.methods if count else ():
             row, images = run(method, pipes, labels[:count], batch_size, args)
             rows.append(row)
             if batch_size == 8:
                 images_bs8[method] = images
             print(f"{method} bs {batch_size}: {row.median_latency_s:.3f} s / call", flush=True)
     for row in rows:
-        ar = next(r for r in rows if r.method == "ar" and r.batch_size == row.batch_size)
-        row.speedup_vs_ar = ar.median_latency_s / row.median_latency_s
+        ar = next((r for r in rows if r.method == "ar" and r.batch_size == row.batch_size), None)
+        row.speedup_vs_ar = math.nan if ar is None else ar.median_latency_s / row.median_latency_s
     if not args.no_fd and args.images_bs8 >= 2:
         from eval.metrics import image_features, load_clip
 
@@ -186,8 +188,18 @@ def main(argv: list[str] | None = None) -> dict:
             fds[method] = fd_clip(images, reference, clip)
         fds["vae_reconstruction"] = fd_clip(vae_reconstructions(target, real[: args.images_bs8]), reference, clip)
     print_table(rows, fds)
+    if args.grid and images_bs8:
+        from PIL import Image
 
-    settings = {k: v for k, v in vars(args).items() if k != "json"}
+        from mmspec.cli import image_grid
+
+        columns = [real] + list(images_bs8.values())
+        shown = min(8, args.images_bs8)
+        tiles = [Image.fromarray(column[i]) for i in range(shown) for column in columns]
+        args.grid.parent.mkdir(parents=True, exist_ok=True)
+        image_grid(tiles, len(columns)).resize((64 * 2 * len(columns), 64 * 2 * shown), Image.NEAREST).save(args.grid)
+
+    settings = {k: v for k, v in vars(args).items() if k not in ("json", "grid")}
     result = {"settings": settings, "rows": [asdict(r) for r in rows], "fd_clip": fds}
     for row in rows:  # e.g. exact_speedup_vs_target_bs1: against the target alone on the cosine schedule ("ar")
         if row.method != "ar":

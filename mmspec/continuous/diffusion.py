@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -32,20 +33,31 @@ def cosine_alphas_cumprod(num_train_steps: int, s: float = 0.008) -> torch.Tenso
 
 @dataclass(frozen=True)
 class DiffusionSchedule:
-    """A respaced DDPM schedule; all tensors [S] float64, index k = sampling step (0 = last, least noisy)."""
+    """A respaced DDPM schedule; all tensors [S] float64, index k = sampling step (0 = last, least noisy).
+
+    x0_clip: clamp the x_0 predicted from eps to [-x0_clip, x0_clip] inside every reverse step (improved-diffusion's
+    `clip_denoised`, with the token range instead of [-1, 1]); None = MAR's sampler, which does not clip. The first
+    step of the cosine schedule divides by sqrt(alpha-bar) ~ 5e-5, so a head whose eps is off by 1e-2 there throws
+    x_0 far out of range; clipping keeps such a head's samples in range. Draft and target share the schedule, so the
+    clip is part of the one Gaussian kernel both are scored under.
+    """
 
     timesteps: torch.Tensor  # [S] long, the training step of each sampling step
     alphas_cumprod: torch.Tensor
+    x0_clip: float | None = None
 
     @classmethod
-    def cosine(cls, num_sampling_steps: int = 100, num_train_steps: int = 1000) -> DiffusionSchedule:
+    def cosine(cls, num_sampling_steps: int = 100, num_train_steps: int = 1000,
+               x0_clip: float | None = None) -> DiffusionSchedule:
         if not 1 <= num_sampling_steps <= num_train_steps:
             raise ValueError(f"num_sampling_steps must be in [1, {num_train_steps}], got {num_sampling_steps}")
+        if x0_clip is not None and not x0_clip > 0:
+            raise ValueError(f"x0_clip must be > 0 or None, got {x0_clip}")
         full = cosine_alphas_cumprod(num_train_steps)
         # improved-diffusion's space_timesteps(T, "S"): S evenly spaced steps, rounded, first and last kept
         stride = (num_train_steps - 1) / max(num_sampling_steps - 1, 1)
         kept = torch.tensor([round(i * stride) for i in range(num_sampling_steps)], dtype=torch.long)
-        return cls(kept, full[kept])
+        return cls(kept, full[kept], x0_clip)
 
     @property
     def num_steps(self) -> int:
@@ -64,28 +76,29 @@ class DiffusionSchedule:
         posterior = self.betas * (1 - self.alphas_cumprod_prev) / (1 - self.alphas_cumprod)
         return torch.log(torch.cat([posterior[1:2], posterior[1:]])) if self.num_steps > 1 else torch.log(self.betas)
 
+    @cached_property
+    def step_coefficients(self) -> torch.Tensor:
+        """[6, S] float32 per sampling step, computed once in float64: 1 / sqrt(a) and sqrt(1 / a - 1) (x_0 from x_t
+        and eps), the posterior mean's x_0 and x_t coefficients, log beta and the clipped posterior log variance."""
+        a, a_prev, beta = self.alphas_cumprod, self.alphas_cumprod_prev, self.betas
+        return torch.stack([torch.rsqrt(a), torch.sqrt(1 / a - 1), torch.sqrt(a_prev) * beta / (1 - a),
+                            torch.sqrt(1 - beta) * (1 - a_prev) / (1 - a), torch.log(beta),
+                            self.posterior_log_variance_clipped]).float()
+
     def reverse_step(self, x_t: torch.Tensor, k: int | torch.Tensor, eps: torch.Tensor,
                      v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, log_std) [n, C] of p(x_{k-1} | x_k) given the head's eps and variance interpolation v ([n, C];
         None = the posterior variance), in float32; `k` an int or [n] long."""
-        k = torch.as_tensor(k, dtype=torch.long)
-        a, a_prev, beta = (self._at(table, k, x_t) for table in
-                           (self.alphas_cumprod, self.alphas_cumprod_prev, self.betas))
-        x0 = (x_t.double() - torch.sqrt(1 - a) * eps.double()) / torch.sqrt(a)
-        coef_x0, coef_xt = torch.sqrt(a_prev) * beta / (1 - a), torch.sqrt(1 - beta) * (1 - a_prev) / (1 - a)
-        mean = coef_x0 * x0 + coef_xt * x_t.double()
-        min_log = self._at(self.posterior_log_variance_clipped, k, x_t)
-        if v is None:
-            log_var = min_log.expand_as(mean)
-        else:
-            frac = (v.double() + 1) / 2
-            log_var = frac * torch.log(beta) + (1 - frac) * min_log
-        return mean.float(), (0.5 * log_var).float()
-
-    @staticmethod
-    def _at(table: torch.Tensor, k: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        values = table.to(like.device)[k]
-        return values[:, None] if values.ndim == 1 else values
+        c = self.step_coefficients.to(x_t.device)[:, torch.as_tensor(k, dtype=torch.long)]
+        if c.ndim == 2:  # one step per row
+            c = c[..., None]
+        x_t, eps = x_t.float(), eps.float()
+        x0 = c[0] * x_t - c[1] * eps
+        if self.x0_clip is not None:
+            x0 = x0.clamp(-self.x0_clip, self.x0_clip)
+        mean = c[2] * x0 + c[3] * x_t
+        log_var = c[5] if v is None else c[5] + (v.float() + 1) / 2 * (c[4] - c[5])
+        return mean, (0.5 * log_var).expand_as(mean)
 
 
 @dataclass(frozen=True)
@@ -162,15 +175,14 @@ def training_loss(predict: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Te
     the predicted mean detached (so it trains the variance only): KL(q(x_{t-1} | x_t, x_0) || p(x_{t-1} | x_t)) for
     t > 0, and at t = 0 the Gaussian NLL of x_0 (continuous tokens; image DDPMs use a discretised likelihood here).
     """
-    a = schedule._at(schedule.alphas_cumprod, t, x0)
+    a = schedule.alphas_cumprod.to(x0.device)[t][:, None]
     x_t = (a.sqrt() * x0.double() + (1 - a).sqrt() * noise.double()).float()
     eps, v = predict(x_t, schedule.timesteps.to(t.device)[t])
     mse = (eps - noise).square().mean(-1)
     mean, log_std = schedule.reverse_step(x_t, t, eps.detach(), v)
-    a_prev, beta = schedule._at(schedule.alphas_cumprod_prev, t, x0), schedule._at(schedule.betas, t, x0)
-    true_mean = (a_prev.sqrt() * beta / (1 - a)) * x0.double() + ((1 - beta).sqrt() * (1 - a_prev) / (1 - a)) * x_t
-    true_log_var = schedule._at(schedule.posterior_log_variance_clipped, t, x0)
-    kl = gaussian_kl(true_mean.float(), true_log_var.float().expand_as(mean), mean, 2 * log_std)
+    c = schedule.step_coefficients.to(x0.device)[:, t, None]
+    true_mean = c[2] * x0.float() + c[3] * x_t  # the posterior q(x_{t-1} | x_t, x_0)
+    kl = gaussian_kl(true_mean, c[5].expand_as(mean), mean, 2 * log_std)
     nll = 0.5 * ((x0 - mean).square() * torch.exp(-2 * log_std) + 2 * log_std + math.log(2 * math.pi))
     vb = torch.where((t == 0)[:, None], nll, kl).mean(-1) / math.log(2.0)
     return mse, vb

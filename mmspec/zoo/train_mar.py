@@ -36,13 +36,14 @@ logger = logging.getLogger(__name__)
 VAE_CONFIG = dict(embed_dim=8, ch=32, ch_mult=(1, 2, 2, 4), num_res_blocks=1, encoder_attn_resolutions=(8,),
                   decoder_attn_resolutions=(), resolution=64)
 KL_WEIGHT = 1e-6  # on the summed KL per image, as LDM's KL autoencoders (reconstruction dominates)
+X0_CLIP = 6.0  # sampling clamp of x_0 (scaled tokens: |x| < 5.5 for 99.99 % of them); see DiffusionSchedule.x0_clip
 MAR_CONFIGS = {
     "target": dict(seq_len=64, token_dim=8, num_classes=30, buffer_size=8, encoder_embed_dim=192, encoder_depth=4,
                    encoder_num_heads=6, decoder_embed_dim=192, decoder_depth=4, decoder_num_heads=6, diffloss_d=3,
-                   diffloss_w=192),
+                   diffloss_w=192, x0_clip=X0_CLIP),
     "draft": dict(seq_len=64, token_dim=8, num_classes=30, buffer_size=8, encoder_embed_dim=96, encoder_depth=2,
                   encoder_num_heads=4, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=4, diffloss_d=2,
-                  diffloss_w=128),
+                  diffloss_w=128, x0_clip=X0_CLIP),
 }
 LABEL_DROP = 0.1  # classifier-free guidance: the class is replaced by the unconditional latent this often
 DIFFUSION_BATCH_MUL = 4  # noise levels drawn per token and step (MAR's diffusion_batch_mul)
@@ -182,7 +183,9 @@ def save_pipeline(work: Path, out: Path) -> None:
     index = {"_class_name": "MARPipeline", "_diffusers_version": diffusers.__version__}
     metrics = {}
     for component, (stage, cls) in PIPELINE_COMPONENTS.items():
-        cls.from_pretrained(work / f"mar_{stage}").to(torch.float16).save_pretrained(out / component)
+        # x0_clip: stages trained before it was a config field get it here
+        extra = {"x0_clip": X0_CLIP} if cls is MARModel else {}
+        cls.from_pretrained(work / f"mar_{stage}", **extra).to(torch.float16).save_pretrained(out / component)
         index[component] = [cls.__module__, cls.__name__]
         metrics[stage] = json.loads((work / f"mar_{stage}" / "training_metrics.json").read_text())
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
@@ -198,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vae-steps", type=int, default=2000)
     parser.add_argument("--vae-batch-size", type=int, default=32)
     parser.add_argument("--vae-lr", type=float, default=1e-3)
-    for role, steps, lr in (("target", 1600, 1e-3), ("draft", 1600, 1.5e-3)):
+    for role, steps, lr in (("target", 3000, 1e-3), ("draft", 3000, 1.5e-3)):
         parser.add_argument(f"--{role}-steps", type=int, default=steps)
         parser.add_argument(f"--{role}-batch-size", type=int, default=32)
         parser.add_argument(f"--{role}-lr", type=float, default=lr)

@@ -117,7 +117,7 @@ class MARPipeline(DiffusionPipeline):
         device = self._execution_device
         seeds = self.sample_seeds(generator, len(labels)).to(device)
         label_tensor = torch.tensor(labels, device=device)
-        schedule = DiffusionSchedule.cosine(num_diffusion_steps)
+        schedule = DiffusionSchedule.cosine(num_diffusion_steps, x0_clip=self.transformer.config.x0_clip)
         if decoding == "ar":
             plan = cosine_plan(self.transformer.config.seq_len, num_iter) if plan is None else plan
             tokens, stats = generate(self.transformer, seeds, plan, schedule, label_tensor, guidance_scale, temperature)

@@ -18,6 +18,29 @@ def test_respaced_schedule_keeps_evenly_spaced_steps_and_their_alpha_bars():
         DiffusionSchedule.cosine(0)
 
 
+def test_x0_clip_bounds_the_predicted_x0_and_keeps_an_erring_head_in_range():
+    """A head whose eps is off by 0.03 at every step: unclipped, the first (alpha-bar ~ 2e-9) step throws the chain
+    far out of the data's range (a learned head then sees inputs it was never trained on); with clipped x_0 the
+    chain stays in range and every token lies within the clip (the last step outputs x_0 itself)."""
+    ideal = GaussianDataHead([0.5, -0.5], [1.0, 1.0])
+
+    def erring(x_t, timesteps, rows):
+        eps, v = ideal(x_t, timesteps, rows)
+        return eps + 0.03, v
+
+    x_T, noise = keyed_trajectory_noise(0, torch.arange(2000), 50, 2)
+    loose = sample_trajectory(erring, DiffusionSchedule.cosine(50), x_T, noise)
+    clipped = sample_trajectory(erring, DiffusionSchedule.cosine(50, x0_clip=4.0), x_T, noise)
+    assert loose.x[49].abs().min() > 10 and clipped.x[49].abs().max() < 6 and clipped.token.abs().max() <= 4.0
+    schedule = DiffusionSchedule.cosine(10, x0_clip=1.0)
+    x_t, eps = torch.randn(6, 3) * 3, torch.randn(6, 3)
+    mean, _ = schedule.reverse_step(x_t, 4, eps, None)
+    c = schedule.step_coefficients[:, 4]
+    assert torch.allclose(mean, c[2] * (c[0] * x_t - c[1] * eps).clamp(-1, 1) + c[3] * x_t)
+    with pytest.raises(ValueError, match="x0_clip must be > 0"):
+        DiffusionSchedule.cosine(10, x0_clip=0.0)
+
+
 @pytest.mark.parametrize("v", [None, -1.0, 1.0])
 def test_many_step_sampler_with_the_ideal_head_draws_the_data_law(v):
     """With the exact denoiser of N(m, s^2) data, 250 DDPM steps sample the data law (up to discretisation)."""

@@ -51,6 +51,49 @@ def test_pass_counts_and_every_token_written_once(pair, num_iter, gamma, prefill
     assert (tokens.abs().sum(-1) > 0).all()  # every position written
 
 
+class Spy:
+    """Wraps a MAR: records the known-token mask of every encoder-decoder pass and the rows of every head."""
+
+    def __init__(self, model):
+        self.model, self.config, self.device, self.dtype = model, model.config, model.device, model.dtype
+        self.masks, self.head_rows = [], []
+
+    def class_embedding(self, labels, batch_size):
+        return self.model.class_embedding(labels, batch_size)
+
+    def encode_decode(self, tokens, unknown, class_embedding):
+        self.masks.append(unknown.clone())  # [B, L] without CFG
+        return self.model.encode_decode(tokens, unknown, class_embedding)
+
+    def diffusion_head(self, z, z_uncond=None, guidance_scale=1.0):
+        self.head_rows.append(z.shape[0])
+        return self.model.diffusion_head(z, z_uncond, guidance_scale)
+
+
+def test_each_target_pass_verifies_exactly_the_block_drafted_since_the_last(pair):
+    """The target's verification pass conditions on the tokens known before its block, its head sees exactly the
+    block's positions, and prefill + blocks finalise every position once."""
+    target, draft = Spy(pair[0]), Spy(pair[1])
+    B, num_iter, gamma, prefill = 3, 12, 4, 0.25
+    generate_speculative(target, draft, torch.arange(B), num_iter, DiffusionSchedule.cosine(3), gamma=gamma,
+                         prefill_ratio=prefill)  # no CFG: one mask row per sample
+    n_pre, plan = math.floor(num_iter * prefill), cosine_plan(16, num_iter)
+    verifications = target.masks[n_pre:]
+    assert len(verifications) == math.ceil((num_iter - n_pre) / gamma)
+    block_starts = list(range(0, num_iter - n_pre, gamma))
+    ends = [*verifications[1:], torch.zeros_like(verifications[0])]
+    finalised = (~verifications[0]).long()  # the target's own pre-fill steps
+    assert (finalised.sum(1) == sum(plan[:n_pre])).all()
+    for j, (context, start) in enumerate(zip(verifications, block_starts)):
+        assert torch.equal(context, draft.masks[start])  # the pass sees what the block's first draft step saw
+        block = context & ~ends[j]  # positions that became known during the block
+        drafted = sum(plan[n_pre + start : n_pre + start + gamma])
+        assert (block.sum(1) == drafted).all()
+        assert target.head_rows[n_pre + j] == B * drafted  # the verification head scores exactly the block
+        finalised += block.long()
+    assert (finalised == 1).all()
+
+
 def test_gamma_1_with_the_target_as_draft_is_the_target_bit_for_bit(pair):
     target, _ = pair
     seeds, labels, schedule = torch.arange(32), torch.arange(32) % 10, DiffusionSchedule.cosine(10)

@@ -46,6 +46,15 @@ def test_ar_on_a_given_plan(pipe):
     assert out.stats.target_forwards == len(plan) == 3 and torch.isfinite(out.images).all()
 
 
+def test_the_model_s_x0_clip_bounds_every_token(pipe):
+    clipped = MARPipeline(MARModel(**{**TINY, "x0_clip": 0.5}), pipe.vae, MARModel(**{**TINY, "x0_clip": 0.5}))
+    clipped.transformer.load_state_dict(pipe.transformer.state_dict())
+    for decoding in ("ar", "speculative"):
+        tokens = clipped([1, 2], decoding=decoding, generator=torch.Generator().manual_seed(0), output_type="latent",
+                         **CALL).images
+        assert tokens.abs().max() <= 0.5 and tokens.abs().max() > 0.1
+
+
 def test_save_and_load_round_trip(pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
     again = MARPipeline.from_pretrained(tmp_path)

@@ -148,14 +148,15 @@ class MARModel(ModelMixin, ConfigMixin):
 
     `encode_decode(tokens [B, L, C], mask [B, L] bool (True = unknown), class_embedding [B, D]) -> z [B, L, D_dec]`
     conditions every position's head; `head(x_t, t, z)` is the diffusion MLP. Generation (masked random order,
-    cosine schedule, CFG) lives in `mmspec.continuous`.
+    cosine schedule, CFG) lives in `mmspec.continuous`. `x0_clip` (not in the official models, None = MAR's sampler)
+    is the sampling-time clamp of the head's x_0 prediction (`DiffusionSchedule.x0_clip`) that the pipeline applies.
     """
 
     @register_to_config
     def __init__(self, seq_len: int = 256, token_dim: int = 16, num_classes: int = 1000, buffer_size: int = 64,
                  encoder_embed_dim: int = 1024, encoder_depth: int = 16, encoder_num_heads: int = 16,
                  decoder_embed_dim: int = 1024, decoder_depth: int = 16, decoder_num_heads: int = 16,
-                 mlp_ratio: float = 4.0, diffloss_d: int = 3, diffloss_w: int = 1024):
+                 mlp_ratio: float = 4.0, diffloss_d: int = 3, diffloss_w: int = 1024, x0_clip: float | None = None):
         super().__init__()
         D, D_dec = encoder_embed_dim, decoder_embed_dim
         self.class_emb = nn.Embedding(num_classes, D)
