@@ -5,7 +5,8 @@
     python -m eval.bench_continuous --json eval/results/bench_continuous.json --grid docs/images/mar_samples.png
 
 Every method generates the same classes (those of the first held-out scenes) with the same per-image seeds (image i:
-seed 1000 + i), CFG 3 (MAR's linear schedule), temperature 1, after an untimed warm-up call of each method:
+seed 1000 + i), 64 AR steps (one token each), 100 diffusion steps, CFG 3 (MAR's linear schedule), temperature 1,
+gamma 16, pre-fill 5 % of the steps (CSpD's demo setting), after an untimed warm-up call of each method:
 
     ar            the target alone on MAR's cosine schedule of `num_iter` steps: the baseline
     exact         speculative, exact trajectory-level acceptance: samples the target on the *coarsened* schedule
@@ -61,7 +62,7 @@ def load_pipeline(name_or_path: str = MAR_C2I):
 
     path = Path(name_or_path)
     path = path if path.exists() else zoo_path(name_or_path)
-    pipe = MARPipeline.from_pretrained(path, torch_dtype=torch.float32)
+    pipe = MARPipeline.from_pretrained(path, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -152,8 +153,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--num-iter", type=int, default=64)
     parser.add_argument("--diffusion-steps", type=int, default=100)
-    parser.add_argument("--gamma", type=int, default=8)
-    parser.add_argument("--prefill-ratio", type=float, default=0.15)
+    parser.add_argument("--gamma", type=int, default=16)
+    parser.add_argument("--prefill-ratio", type=float, default=0.05)
     parser.add_argument("--guidance", type=float, default=3.0)
     parser.add_argument("--no-fd", action="store_true", help="skip FD-CLIP")
     parser.add_argument("--json", type=Path, default=None)

@@ -91,8 +91,30 @@ def target_tokens(head, schedule, n, dim, temperature, seed):
     return sample_trajectory(head, schedule, x_T, noise, temperature).token
 
 
+def energy_distance_p_value(a: torch.Tensor, b: torch.Tensor, permutations: int = 500, seed: int = 0) -> float:
+    """Permutation p-value of the multivariate energy distance (Szekely & Rizzo) between samples a, b [m, C]: the
+    statistic 2 E|X - Y| - E|X - X'| - E|Y - Y'| recomputed under random relabellings of the pooled sample."""
+    pooled = torch.cat([a, b]).double()
+    distances = torch.cdist(pooled, pooled)
+    m, total = len(a), len(pooled)
+
+    def statistic(labels: torch.Tensor) -> torch.Tensor:  # labels [P, total] float, 1 = first sample
+        to_a = labels @ distances  # [P, total]: each point's summed distance to the first sample
+        to_b = distances.sum(0) - to_a
+        within_a = (to_a * labels).sum(1) / m**2
+        within_b = (to_b * (1 - labels)).sum(1) / (total - m) ** 2
+        between = (to_a * (1 - labels)).sum(1) / (m * (total - m))
+        return 2 * between - within_a - within_b
+
+    observed = statistic(torch.cat([torch.ones(m), torch.zeros(total - m)]).double()[None])
+    generator = torch.Generator().manual_seed(seed)
+    shuffled = (torch.rand(permutations, total, generator=generator).argsort(1) < m).double()
+    return ((statistic(shuffled) >= observed).sum().item() + 1) / (permutations + 1)
+
+
 def assert_same_law(a: torch.Tensor, b: torch.Tensor) -> None:
-    """Two samples [n, C] from one law: per-dimension means and variances within 5 standard errors, KS p > 1e-3."""
+    """Two samples [n, C] from one law: per-dimension means and variances within 5 standard errors, KS p > 1e-3 per
+    dimension, and the energy-distance permutation test on the first 1,500 of each (joint law) p > 0.01."""
     n = a.shape[0]
     a, b = a.double(), b.double()
     se_mean = torch.sqrt((a.var(0) + b.var(0)) / n)
@@ -101,6 +123,7 @@ def assert_same_law(a: torch.Tensor, b: torch.Tensor) -> None:
     assert ((a.var(0) - b.var(0)).abs() < 5 * se_var).all(), (a.var(0), b.var(0))
     for d in range(a.shape[1]):
         assert stats.ks_2samp(a[:, d].numpy(), b[:, d].numpy()).pvalue > 1e-3
+    assert energy_distance_p_value(a[:1500], b[:1500]) > 0.01  # 500 permutations: p can be as small as 0.002
 
 
 TARGET = dict(m=[0.5, -1.0, 0.0, 2.0], s=[1.0, 0.5, 2.0, 0.8], v=0.3)

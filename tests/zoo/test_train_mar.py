@@ -47,7 +47,7 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     for component in ("vae", "transformer", "draft_transformer"):
         stored = load_file(tmp_path / "pipeline" / component / "diffusion_pytorch_model.safetensors")
         assert {t.dtype for t in stored.values()} == {torch.float16}
-    pipe = MARPipeline.from_pretrained(tmp_path / "pipeline", torch_dtype=torch.float32)
+    pipe = MARPipeline.from_pretrained(tmp_path / "pipeline", dtype=torch.float32)
     assert pipe.draft_transformer.config.decoder_embed_dim < pipe.transformer.config.decoder_embed_dim
     image = pipe(3, num_iter=2, num_diffusion_steps=2, decoding="speculative", gamma=1,
                  generator=torch.Generator().manual_seed(0)).images[0]
