@@ -141,7 +141,7 @@ def _tint(rng: random.Random, avoid: set[tuple[int, int, int]]) -> np.ndarray:
             return tint
 
 
-def _background(kind: str, size: int, rng: random.Random, avoid: set) -> np.ndarray:
+def background_texture(kind: str, size: int, rng: random.Random, avoid: set) -> np.ndarray:
     """[size, size, 3] float32 in [0, 255]."""
     a, b = _tint(rng, avoid), _tint(rng, avoid)
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
@@ -186,7 +186,7 @@ def _region(relation: str | None, which: int) -> tuple[float, float, float, floa
     return (1 - x1, 1 - y1, 1 - x0, 1 - y0) if relation in ("above", "below") else (1 - x1, y0, 1 - x0, y1)
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill, rotation: float) -> None:
+def draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill, rotation: float) -> None:
     if shape == "circle":
         draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill)
         return
@@ -208,7 +208,7 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: 
 def render(spec: SceneSpec, rng: random.Random, size: int = 64, supersample: int = 4) -> np.ndarray:
     """[size, size, 3] uint8 image of `spec`, with the uncaptioned details drawn from `rng`."""
     groups = [spec.first] + ([spec.second] if spec.second is not None else [])
-    background = _background(spec.background, size, rng, {COLORS[g.color] for g in groups})
+    background = background_texture(spec.background, size, rng, {COLORS[g.color] for g in groups})
     canvas = Image.fromarray(np.repeat(np.repeat(background.astype(np.uint8), supersample, 0), supersample, 1))
     draw = ImageDraw.Draw(canvas)
     for which, group in enumerate(groups):
@@ -225,7 +225,7 @@ def render(spec: SceneSpec, rng: random.Random, size: int = 64, supersample: int
             jitter = np.array(COLORS[group.color]) + np.array([rng.randint(-12, 12) for _ in range(3)])
             fill = tuple(int(v) for v in np.clip(jitter, 0, 255))
             rotation = rng.uniform(-0.3, 0.3)
-            _draw_shape(draw, group.shape, cx * supersample, cy * supersample, r * supersample, fill, rotation)
+            draw_shape(draw, group.shape, cx * supersample, cy * supersample, r * supersample, fill, rotation)
     return np.asarray(canvas.resize((size, size), Image.BOX), dtype=np.uint8)
 
 
