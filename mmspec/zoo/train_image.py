@@ -30,7 +30,7 @@ from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.shapes import CAPTION_WORDS, scenes
-from mmspec.zoo.training import save_stage, train_loop
+from mmspec.zoo.training import add_stage_arguments, save_stage, train_loop
 
 logger = logging.getLogger(__name__)
 
@@ -344,15 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     add_pool_arguments(parser)
     parser.add_argument("--out-dir", default=str(ZOO_DIR / "shapes"))
     parser.add_argument("--only", choices=["vq", "tokenize", "ar", "draft"], default=None)
-    parser.add_argument("--vq-steps", type=int, default=1800)
-    parser.add_argument("--vq-batch-size", type=int, default=32)
-    parser.add_argument("--vq-lr", type=float, default=1e-3)
-    parser.add_argument("--ar-steps", type=int, default=1600)
-    parser.add_argument("--ar-batch-size", type=int, default=32)
-    parser.add_argument("--ar-lr", type=float, default=1.5e-3)
-    parser.add_argument("--draft-steps", type=int, default=1000)
-    parser.add_argument("--draft-batch-size", type=int, default=24)
-    parser.add_argument("--draft-lr", type=float, default=2e-3)
+    for stage, steps, batch_size, lr in (("vq", 1800, 32, 1e-3), ("ar", 1600, 32, 1.5e-3), ("draft", 1000, 24, 2e-3)):
+        add_stage_arguments(parser, stage, steps, batch_size, lr)
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -29,7 +29,7 @@ from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, parse_caption
 from mmspec.zoo.train_image import add_pool_arguments, load_pools, psnr, to_model_range, to_uint8
-from mmspec.zoo.training import save_stage, train_loop
+from mmspec.zoo.training import add_stage_arguments, save_stage, train_loop
 
 logger = logging.getLogger(__name__)
 
@@ -198,13 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     add_pool_arguments(parser)
     parser.add_argument("--only", choices=["vae", "tokens", "target", "draft", "export"], default=None)
     parser.add_argument("--out-dir", default=str(ZOO_DIR / "mar_shapes"))
-    parser.add_argument("--vae-steps", type=int, default=2000)
-    parser.add_argument("--vae-batch-size", type=int, default=32)
-    parser.add_argument("--vae-lr", type=float, default=1e-3)
-    for role, steps, lr in (("target", 3000, 1e-3), ("draft", 3000, 1.5e-3)):
-        parser.add_argument(f"--{role}-steps", type=int, default=steps)
-        parser.add_argument(f"--{role}-batch-size", type=int, default=32)
-        parser.add_argument(f"--{role}-lr", type=float, default=lr)
+    for stage, steps, lr in (("vae", 2000, 1e-3), ("target", 3000, 1e-3), ("draft", 3000, 1.5e-3)):
+        add_stage_arguments(parser, stage, steps, 32, lr)
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -15,6 +15,13 @@ from tqdm.auto import tqdm
 logger = logging.getLogger(__name__)
 
 
+def add_stage_arguments(parser, stage: str, steps: int, batch_size: int, lr: float) -> None:
+    """--<stage>-steps, --<stage>-batch-size, --<stage>-lr with their defaults (read back as args.<stage>_steps ...)."""
+    parser.add_argument(f"--{stage}-steps", type=int, default=steps)
+    parser.add_argument(f"--{stage}-batch-size", type=int, default=batch_size)
+    parser.add_argument(f"--{stage}-lr", type=float, default=lr)
+
+
 def cosine_lr(lr: float, steps: int, warmup: int) -> Callable[[int], float]:
     """Linear warm-up over `warmup` steps, then cosine decay to 10% of `lr` at `steps`."""
 
