@@ -62,9 +62,7 @@ def load_pipeline(name_or_path: str = MAR_C2I):
 
     path = Path(name_or_path)
     path = path if path.exists() else zoo_path(name_or_path)
-    pipe = MARPipeline.from_pretrained(path, dtype=torch.float32)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return MARPipeline.from_pretrained(path, dtype=torch.float32)
 
 
 def method_options(method: str, pipes: dict, args) -> tuple[object, dict]:

@@ -86,8 +86,9 @@ def residual_sample(propose: Proposal, uniform: Uniforms, rows: torch.Tensor, di
             break
         k = min(proposals_per_round, max_tries - done)
         attempts = torch.arange(done + 1, done + k + 1, device=rows.device).repeat_interleave(index.numel())
-        candidates, log_p, log_q = propose(attempts, rows[index].repeat(k))  # attempt-major: [k * n_pending]
-        keep = accept_residual(log_p, log_q, uniform(attempts, rows[index].repeat(k))).view(k, -1)
+        tried = rows[index].repeat(k)  # attempt-major: [k * n_pending]
+        candidates, log_p, log_q = propose(attempts, tried)
+        keep = accept_residual(log_p, log_q, uniform(attempts, tried)).view(k, -1)
         passed = keep.any(0)
         first = torch.where(passed, keep.int().argmax(0), k - 1)  # the last attempt when none passed
         done += k

@@ -91,6 +91,20 @@ def _noise(seeds, positions, schedule, dim, attempt=0):
     return draws[-1], draws[:-1]
 
 
+def _draw_step(conditioner: _Conditioner, tokens: torch.Tensor, unknown: torch.Tensor, positions: torch.Tensor,
+               seeds: torch.Tensor, schedule: DiffusionSchedule, cfg: float, temperature: float):
+    """One MAR step with the conditioner's model: draw the tokens at `positions` [B, n] from keyed noise, write them
+    into `tokens` [B, L, C] and mark them known in `unknown` [B, L] (in place). Returns (z, z_uncond, trajectory)."""
+    (B, n), C = positions.shape, tokens.shape[2]
+    z, z_uncond = conditioner.z(tokens, unknown, positions)
+    x_T, noise = _noise(seeds.repeat_interleave(n), positions.reshape(-1), schedule, C)
+    head = conditioner.model.diffusion_head(z, z_uncond, cfg)
+    trajectory = sample_trajectory(head, schedule, x_T, noise, temperature)
+    tokens.scatter_(1, positions[..., None].expand(-1, -1, C), trajectory.token.view(B, n, C).to(tokens.dtype))
+    unknown.scatter_(1, positions, False)
+    return z, z_uncond, trajectory
+
+
 def _check(model, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
     for method in ("class_embedding", "encode_decode", "diffusion_head"):
         if not callable(getattr(model, method, None)):
@@ -119,14 +133,9 @@ def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSch
     for count in plan:
         positions = orders[:, done : done + count]  # [B, n]
         done += count
-        z, z_uncond = conditioner.z(tokens, unknown, positions)
+        _draw_step(conditioner, tokens, unknown, positions, seeds, schedule, _cfg_at(guidance_scale, L, L - done),
+                   temperature)
         stats.target_forwards += 1
-        head = model.diffusion_head(z, z_uncond, _cfg_at(guidance_scale, L, L - done))
-        row_seeds, flat = seeds.repeat_interleave(count), positions.reshape(-1)
-        x_T, noise = _noise(row_seeds, flat, schedule, C)
-        step_tokens = sample_trajectory(head, schedule, x_T, noise, temperature).token
-        tokens.scatter_(1, positions[..., None].expand(-1, -1, C), step_tokens.view(B, count, C).to(tokens.dtype))
-        unknown.scatter_(1, positions, False)
     return tokens, _finish(stats, B, L, start)
 
 
@@ -179,14 +188,9 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
         done += count
         cfg = _cfg_at(guidance_scale, L, L - done)
         role = "target" if step < n_prefill else "draft"
-        model = target if role == "target" else draft
-        z, z_uncond = conditioners[role].z(tokens, unknown, positions)
+        z, z_uncond, trajectory = _draw_step(conditioners[role], tokens, unknown, positions, seeds, schedule, cfg,
+                                             temperature)
         setattr(stats, f"{role}_forwards", getattr(stats, f"{role}_forwards") + 1)
-        row_seeds, flat = seeds.repeat_interleave(count), positions.reshape(-1)
-        x_T, noise = _noise(row_seeds, flat, schedule, C)
-        trajectory = sample_trajectory(model.diffusion_head(z, z_uncond, cfg), schedule, x_T, noise, temperature)
-        tokens.scatter_(1, positions[..., None].expand(-1, -1, C), trajectory.token.view(B, count, C).to(tokens.dtype))
-        unknown.scatter_(1, positions, False)
         if role == "target":
             context = unknown.clone()
             continue

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
-from mmspec.models.mar.model import Mlp, TimestepEmbedder
+from mmspec.models.mar.model import Mlp, TimestepEmbedder, modulate
 from mmspec.video.cache import FrameKVCache
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
@@ -52,10 +52,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate interleaved pairs of x [B, H, T, d] by the angles (cos, sin) [T, d / 2]."""
     x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
     return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).to(x.dtype)
-
-
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale) + shift
 
 
 class Block(nn.Module):

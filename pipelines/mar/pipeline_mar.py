@@ -16,7 +16,7 @@ from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
 from mmspec.continuous.diffusion import DiffusionSchedule
-from mmspec.continuous.mar_decoding import ACCEPTANCE_MODES, cosine_plan, generate, generate_speculative
+from mmspec.continuous.mar_decoding import cosine_plan, generate, generate_speculative
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import SpecStats
 from mmspec.models.mar import KLAutoencoder, MARModel
@@ -110,8 +110,6 @@ class MARPipeline(DiffusionPipeline):
                 one (counted in `stats.fallbacks`).
         """
         labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps)
-        if decoding == "speculative" and acceptance not in ACCEPTANCE_MODES:
-            raise ValueError(f"acceptance must be one of {ACCEPTANCE_MODES}, got {acceptance!r}")
         if plan is not None and decoding != "ar":
             raise ValueError("plan applies to decoding='ar' only (speculative decoding runs the cosine schedule)")
         device = self._execution_device

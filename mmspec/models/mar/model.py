@@ -89,6 +89,11 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(timestep_embedding(t, self.frequency_dim))
 
 
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN: x * (1 + scale) + shift."""
+    return x * (1 + scale) + shift
+
+
 class ResBlock(nn.Module):
     """adaLN residual MLP block: x + gate * MLP(LN(x) * (1 + scale) + shift), (shift, scale, gate) from y."""
 
@@ -100,7 +105,7 @@ class ResBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         shift, scale, gate = self.adaLN_modulation(y).chunk(3, dim=-1)
-        return x + gate * self.mlp(self.in_ln(x) * (1 + scale) + shift)
+        return x + gate * self.mlp(modulate(self.in_ln(x), shift, scale))
 
 
 class FinalLayer(nn.Module):
@@ -112,7 +117,7 @@ class FinalLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         shift, scale = self.adaLN_modulation(y).chunk(2, dim=-1)
-        return self.linear(self.norm_final(x) * (1 + scale) + shift)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
 class SimpleMLPAdaLN(nn.Module):
