@@ -23,6 +23,14 @@ def check_generators(generator: Generators, batch_size: int, name: str = "genera
         raise ValueError(f"{name} is a list of {len(generator)} generators but the batch size is {batch_size}")
 
 
+def sample_seeds(generator: Generators, batch_size: int) -> torch.Tensor:
+    """[B] long: one seed per sample from the caller's generator(s), for the keyed draws below; with a list of
+    generators, sample b's seed comes from generator[b]."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        return torch.cat([torch.randint(0, 2**31 - 1, (1,), generator=g) for g in generator])
+    return torch.randint(0, 2**31 - 1, (batch_size,), generator=generator)
+
+
 def uniform(shape: tuple[int, ...], generator: Generators, device: torch.device, dtype=torch.float32) -> torch.Tensor:
     """U[0, 1) draws of `shape`; with a list of generators, row b of dim 0 comes from generator[b]."""
     if generator is None or isinstance(generator, torch.Generator):

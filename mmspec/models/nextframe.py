@@ -3,7 +3,8 @@ Next-Frame Diffusion", arXiv 2506.01380), as a diffusers `ModelMixin, ConfigMixi
 
 Frames are grids of continuous latents (from a per-frame autoencoder). Attention is **block-causal**: bidirectional
 within a frame, causal across frames, so a frame never sees a later one and all tokens of a frame are denoised in
-parallel. Positions are 3-D rotary embeddings over (absolute frame index, row, column) with the head dimension split
+parallel; a frame attends to itself and the `attention_window` frames before it (a sliding window, used in training
+and sampling alike, so a rollout of any length stays within the relative positions seen in training). Positions are 3-D rotary embeddings over (absolute frame index, row, column) with the head dimension split
 between the three axes (HunyuanVideo style), so cached keys stay valid when older frames are dropped. Every frame has
 its own flow-matching time t (0 = clean data, 1 = noise) and its own action; both enter every block through adaLN-zero.
 
@@ -91,10 +92,12 @@ class NextFrameTransformer(ModelMixin, ConfigMixin):
 
     @register_to_config
     def __init__(self, latent_channels: int = 4, latent_size: int = 8, num_actions: int = 5, dim: int = 128,
-                 depth: int = 4, num_heads: int = 4, mlp_ratio: float = 4.0):
+                 depth: int = 4, num_heads: int = 4, mlp_ratio: float = 4.0, attention_window: int = 4):
         super().__init__()
         if dim % num_heads or (dim // num_heads) % 2:
             raise ValueError(f"dim / num_heads must be an even integer, got dim={dim}, num_heads={num_heads}")
+        if attention_window < 1:
+            raise ValueError(f"attention_window must be >= 1, got {attention_window}")
         self.proj_in = nn.Linear(latent_channels, dim)
         self.time_embed = TimestepEmbedder(dim)
         self.action_embed = nn.Embedding(num_actions, dim)
@@ -110,11 +113,11 @@ class NextFrameTransformer(ModelMixin, ConfigMixin):
     def tokens_per_frame(self) -> int:
         return self.config.latent_size**2
 
-    def new_cache(self, batch_size: int, window: int, max_speculative: int) -> FrameKVCache:
-        """An empty cache for this model's layers and frames."""
+    def new_cache(self, batch_size: int, max_speculative: int) -> FrameKVCache:
+        """An empty cache for this model's layers and frames, holding `attention_window` committed frames."""
         heads = self.config.num_heads
         return FrameKVCache(self.config.depth, batch_size, heads, self.config.dim // heads, self.tokens_per_frame,
-                            window, max_speculative, dtype=self.dtype, device=self.device)
+                            self.config.attention_window, max_speculative, dtype=self.dtype, device=self.device)
 
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor, first_frame: int = 0,
                 cache: FrameKVCache | None = None) -> tuple[torch.Tensor, KV]:
@@ -133,10 +136,11 @@ class NextFrameTransformer(ModelMixin, ConfigMixin):
         frames = torch.arange(first_frame, first_frame + n)
         head_dim = self.config.dim // self.config.num_heads
         cos, sin = (t.to(latents.device) for t in rope_cos_sin(frames, self.config.latent_size, head_dim))
-        held = 0 if cache is None else cache.num_frames
-        own_frame = torch.arange(n, device=latents.device).repeat_interleave(L_f)
-        causal = own_frame[:, None] >= own_frame[None, :]  # block-causal among the new frames
-        mask = torch.cat([torch.ones(n * L_f, held * L_f, dtype=torch.bool, device=latents.device), causal], dim=1)
+        held = torch.arange(0) if cache is None else cache.positions
+        query_frame = frames.repeat_interleave(L_f).to(latents.device)
+        key_frame = torch.cat([held, frames]).repeat_interleave(L_f).to(latents.device)
+        behind = query_frame[:, None] - key_frame[None, :]  # block-causal, within the sliding window
+        mask = (behind >= 0) & (behind <= self.config.attention_window)
         x = self.proj_in(latents.reshape(B, n * L_f, -1))
         new_kv = []
         for layer, block in enumerate(self.blocks):

@@ -17,7 +17,7 @@ from diffusers.utils import BaseOutput
 
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.mar_decoding import cosine_plan, generate, generate_speculative
-from mmspec.core.rng import Generators, check_generators
+from mmspec.core.rng import Generators, check_generators, sample_seeds
 from mmspec.core.stats import SpecStats
 from mmspec.models.mar import KLAutoencoder, MARModel
 
@@ -76,13 +76,6 @@ class MARPipeline(DiffusionPipeline):
             raise ValueError(f"num_diffusion_steps must be an int in [1, 1000], got {num_diffusion_steps!r}")
         return class_labels
 
-    @staticmethod
-    def sample_seeds(generator: Generators, batch_size: int) -> torch.Tensor:
-        """[B] long: one seed per image from the caller's generator(s); every draw of the image is keyed by it."""
-        if isinstance(generator, (list, tuple)):
-            return torch.cat([torch.randint(0, 2**31 - 1, (1,), generator=g) for g in generator])
-        return torch.randint(0, 2**31 - 1, (batch_size,), generator=generator)
-
     @torch.no_grad()
     def __call__(self, class_labels: int | list[int], num_iter: int = 64, num_diffusion_steps: int = 100,
                  guidance_scale: float = 3.0, temperature: float = 1.0, generator: Generators = None,
@@ -113,7 +106,7 @@ class MARPipeline(DiffusionPipeline):
         if plan is not None and decoding != "ar":
             raise ValueError("plan applies to decoding='ar' only (speculative decoding runs the cosine schedule)")
         device = self._execution_device
-        seeds = self.sample_seeds(generator, len(labels)).to(device)
+        seeds = sample_seeds(generator, len(labels)).to(device)
         label_tensor = torch.tensor(labels, device=device)
         schedule = DiffusionSchedule.cosine(num_diffusion_steps, x0_clip=self.transformer.config.x0_clip)
         if decoding == "ar":

@@ -1,11 +1,11 @@
-"""NextFrameTransformer: block-causal attention, absolute frame positions, cached = uncached."""
+"""NextFrameTransformer: block-causal sliding-window attention, cached = uncached (with eviction)."""
 
 import pytest
 import torch
 
 from mmspec.models.nextframe import NextFrameTransformer, rope_split
 
-CONFIG = dict(latent_channels=3, latent_size=2, num_actions=5, dim=32, depth=2, num_heads=2)
+CONFIG = dict(latent_channels=3, latent_size=2, num_actions=5, dim=32, depth=2, num_heads=2, attention_window=8)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def test_attention_is_block_causal(model):
 def test_cached_frames_give_the_uncached_result(model):
     latents, t, actions = inputs(6)
     full, _ = model(latents, t, actions)
-    cache = model.new_cache(2, window=8, max_speculative=8)
+    cache = model.new_cache(2, max_speculative=8)
     pieces = []
     for start, stop in ((0, 2), (2, 3), (3, 6)):
         out, kv = model(latents[:, start:stop], t[:, start:stop], actions[:, start:stop], start, cache)
@@ -59,24 +59,45 @@ def test_cached_frames_give_the_uncached_result(model):
     assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-5)
 
 
-@torch.no_grad()
-def test_positions_are_absolute_so_an_evicted_window_needs_no_re_encoding():
-    """One layer, so a cached frame's keys depend on that frame alone: after frames 0-2 leave the window, frame 6
-    computed from the cache equals an uncached pass over frames 3-6 at their absolute positions (not at 0-3)."""
+def randomised(**config) -> NextFrameTransformer:
     torch.manual_seed(1)
-    model = NextFrameTransformer(**{**CONFIG, "depth": 1}).eval()
+    model = NextFrameTransformer(**{**CONFIG, **config}).eval()
     for p in model.parameters():
         p.data.normal_(0, 0.2)
+    return model
+
+
+@torch.no_grad()
+def test_a_frame_sees_only_the_attention_window_before_it():
+    model = randomised(attention_window=2)
+    latents, t, actions = inputs(6)
+    out, _ = model(latents, t, actions)
+    changed = latents.clone()
+    changed[:, 1] += 1.0
+    out2, _ = model(changed, t, actions)
+    # frames 1-3 see frame 1 directly; 4-5 only through the keys of frames 2-3, in the second layer
+    assert not torch.allclose(out[:, 3], out2[:, 3], atol=1e-4)
+    one_layer = randomised(attention_window=2, depth=1)
+    out, _ = one_layer(latents, t, actions)
+    out2, _ = one_layer(changed, t, actions)
+    assert torch.equal(out[:, 4:], out2[:, 4:]) and not torch.allclose(out[:, 3], out2[:, 3], atol=1e-4)
+
+
+@torch.no_grad()
+def test_an_evicted_window_gives_the_uncached_result_at_absolute_positions():
+    """After frames 0-2 leave a 3-frame cache, frame 6 from the cache equals frame 6 of an uncached pass over 0-6:
+    the cached keys of frames 3-5 keep their positions and what they saw, nothing is re-encoded."""
+    model = randomised(attention_window=3)
     latents, t, actions = inputs(7)
-    cache = model.new_cache(2, window=3, max_speculative=1)
+    full, _ = model(latents, t, actions)
+    cache = model.new_cache(2, max_speculative=1)
     for f in range(6):
         _, kv = model(latents[:, f : f + 1], t[:, f : f + 1], actions[:, f : f + 1], f, cache)
         cache.append([k for k, _ in kv], [v for _, v in kv])
         cache.commit(1)
     assert cache.positions.tolist() == [3, 4, 5]
     cached, _ = model(latents[:, 6:], t[:, 6:], actions[:, 6:], 6, cache)
-    window, _ = model(latents[:, 3:], t[:, 3:], actions[:, 3:], first_frame=3)  # frames 3..6 at their own positions
-    assert torch.allclose(cached, window[:, -1:], atol=1e-5)
+    assert torch.allclose(cached, full[:, 6:], atol=1e-5)
 
 
 def test_clear_errors(model):
@@ -84,6 +105,8 @@ def test_clear_errors(model):
     with pytest.raises(ValueError, match=r"actions must be in \[0, 5\)"):
         model(latents, t, actions + 5)
     with pytest.raises(ValueError, match="first_frame must follow the cached frames"):
-        model(latents, t, actions, first_frame=3, cache=model.new_cache(2, 4, 2))
+        model(latents, t, actions, first_frame=3, cache=model.new_cache(2, 2))
     with pytest.raises(ValueError, match="dim / num_heads must be an even integer"):
         NextFrameTransformer(dim=30, num_heads=4)
+    with pytest.raises(ValueError, match="attention_window must be >= 1"):
+        NextFrameTransformer(attention_window=0)

@@ -1,0 +1,284 @@
+"""Frame speculation for action-conditioned next-frame diffusion (NFD, arXiv 2506.01380, "speculative sampling").
+
+A `FrameSession` rolls a next-frame model forward one action at a time. Without speculation each frame costs
+`num_inference_steps` Euler steps of the flow ODE over that frame (attending to the cached context) plus one context
+pass that writes its keys / values, at the context noise level, into the cache. With `FrameSpeculation(frames=N)` a step
+denoises frames k .. k + N - 1 **jointly** (one batched forward per Euler step, block-causal attention) under the
+current action, as if the action will persist. The following steps emit those frames at no cost while the incoming
+action equals the assumed one; on a change the speculated frames are discarded, the cache rolls back to the last
+emitted frame (O(1), `FrameKVCache.rollback`) and the frame is generated under the true action.
+
+Semantics (reference C, "Semantics warning"): the first frame of a block never attends to the later ones, so it is
+the sequential frame; frames 2..N are denoised while their predecessors are still noisy, so they are samples of the
+model's diffusion-forcing joint law, *not* of sequential next-frame sampling. `FrameSpeculation.strict()` (N = 1)
+equals sequential generation; it computes the context pass of the emitted frame inside the next frame's first Euler
+step (`context="pipelined"`), which saves a forward per frame and changes no output.
+
+Noise is keyed by (seed, absolute frame index, purpose): the initial noise of a frame and its context noise are pure
+functions of those, so discarded frames never shift the stream, and a regenerated frame gets the noise it would have
+had. Shapes: B batch, L_f tokens per frame, C latent channels.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from mmspec.core.rng import keyed_normal
+
+if TYPE_CHECKING:  # the model module imports mmspec.video.cache
+    from mmspec.models.nextframe import NextFrameTransformer
+
+INITIAL_NOISE, CONTEXT_NOISE = 0, 1  # keys of the two draws of a frame
+CONTEXT_MODES = ("eager", "pipelined")
+
+
+@dataclass(frozen=True)
+class FrameSpeculation:
+    """How many frames a step speculates under the current action.
+
+    frames: N >= 1, the frames denoised jointly per block (the most, when adaptive).
+    adaptive: choose N per block from the observed action persistence: with q the estimated probability that the
+        action is kept for another frame (Beta(1, 1) posterior over the ticks seen), N maximises the expected frames
+        emitted, sum_{j < N} q^j, per unit of cost, 1 + frame_cost * (N - 1).
+    frame_cost: the cost of one more frame in a pass relative to a one-frame pass (measure it with
+        `python -m eval.bench_video`; the default is this CPU's, where a pass is mostly fixed overhead).
+    context: "eager" writes the block's keys / values into the cache right after it is denoised (NFD's design: the
+        speculative frames sit in the cache and are rolled back on a mismatch); "pipelined" defers the context pass
+        of the emitted frames into the next block's first forward (no extra forward; discarded frames never get one).
+    """
+
+    frames: int = 4
+    adaptive: bool = False
+    frame_cost: float = 0.3
+    context: str = "eager"
+
+    def __post_init__(self):
+        if isinstance(self.frames, bool) or not isinstance(self.frames, int) or self.frames < 1:
+            raise ValueError(f"frames must be an int >= 1, got {self.frames!r}")
+        if not self.frame_cost >= 0:
+            raise ValueError(f"frame_cost must be >= 0, got {self.frame_cost!r}")
+        if self.context not in CONTEXT_MODES:
+            raise ValueError(f"context must be one of {CONTEXT_MODES}, got {self.context!r}")
+
+    @classmethod
+    def sequential(cls) -> FrameSpeculation:
+        """The non-speculative baseline: one frame per step, its context pass after it."""
+        return cls(frames=1)
+
+    @classmethod
+    def strict(cls) -> FrameSpeculation:
+        """One frame per step with the context pass pipelined into the next step: the sequential law, exactly."""
+        return cls(frames=1, context="pipelined")
+
+    def block_size(self, kept: int, changed: int) -> int:
+        """N for the next block, given how many ticks so far kept / changed the action."""
+        if not self.adaptive:
+            return self.frames
+        q = (kept + 1) / (kept + changed + 2)
+        value = [sum(q**j for j in range(n)) / (1 + self.frame_cost * (n - 1)) for n in range(1, self.frames + 1)]
+        return 1 + max(range(self.frames), key=value.__getitem__)
+
+
+@dataclass
+class FrameStats:
+    """Frame accounting of a session (once closed, emitted = computed - discarded); forwards counts model calls,
+    seconds the model's time (denoising and context passes), decode_seconds the autoencoder's (added by a pipeline)."""
+
+    frames_computed: int = 0
+    frames_emitted: int = 0
+    frames_discarded: int = 0
+    rollbacks: int = 0
+    blocks: int = 0
+    forwards: int = 0
+    seconds: float = 0.0
+    decode_seconds: float = 0.0
+    block_sizes: list[int] = field(default_factory=list)
+
+    @property
+    def fps(self) -> float:
+        """Emitted frames per second of model and decoder time."""
+        total = self.seconds + self.decode_seconds
+        return self.frames_emitted / total if total else 0.0
+
+    def as_dict(self) -> dict:
+        return {"frames_computed": self.frames_computed, "frames_emitted": self.frames_emitted,
+                "frames_discarded": self.frames_discarded, "rollbacks": self.rollbacks, "blocks": self.blocks,
+                "forwards": self.forwards, "seconds": round(self.seconds, 4),
+                "decode_seconds": round(self.decode_seconds, 4), "fps": round(self.fps, 2)}
+
+
+def frame_noise(seeds: torch.Tensor, frames: torch.Tensor, purpose: int, tokens: int, channels: int) -> torch.Tensor:
+    """Keyed N(0, 1) [B, n, tokens, channels] for rows with `seeds` [B] and absolute frame indices `frames` [n]."""
+    return keyed_normal(seeds[:, None, None], frames[None, :, None], purpose, torch.arange(tokens)[None, None],
+                        dim=channels)
+
+
+class FrameSession:
+    """An interactive rollout: `step(actions)` returns the next frame's latents; `close()` ends it.
+
+    model: a NextFrameTransformer. context: latents [B, k, L_f, C] of the first k frames (1 <= k <= the model's
+    attention window), frames 0 .. k - 1. context_actions: [B, k] long, the action that led to each context frame
+    (None: "stay", 0). seeds: [B] long, one per row (keys every draw). num_inference_steps: Euler steps of the flow
+    ODE per frame.
+    context_noise: the flow time at which emitted frames enter the cache (NFD's context noise against drift).
+
+    Rows of a batch share the cache, so a block is kept only while every row's action matches its assumed one.
+    """
+
+    def __init__(self, model: NextFrameTransformer, context: torch.Tensor, seeds: torch.Tensor,
+                 context_actions: torch.Tensor | None = None, num_inference_steps: int = 4, context_noise: float = 0.1,
+                 speculation: FrameSpeculation | None = None):
+        config = model.config
+        if context.ndim != 4 or context.shape[2:] != (model.tokens_per_frame, config.latent_channels):
+            raise ValueError(f"context must be latents [B, k, {model.tokens_per_frame}, {config.latent_channels}], "
+                             f"got {tuple(context.shape)}")
+        B, k = context.shape[:2]
+        if not 1 <= k <= config.attention_window:
+            raise ValueError(f"context holds {k} frames; it must hold 1 to {config.attention_window} (the model's "
+                             f"attention window)")
+        if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
+            raise ValueError(f"num_inference_steps must be an int >= 1, got {num_inference_steps!r}")
+        if not 0 <= context_noise < 1:
+            raise ValueError(f"context_noise must be in [0, 1), got {context_noise!r}")
+        seeds = torch.as_tensor(seeds, dtype=torch.long).reshape(-1)
+        if len(seeds) != B:
+            raise ValueError(f"seeds holds {len(seeds)} values for a batch of {B}")
+        self.model, self.seeds, self.context_noise = model, seeds, context_noise
+        self.num_inference_steps = num_inference_steps
+        self.speculation = speculation or FrameSpeculation.sequential()
+        self.stats = FrameStats()
+        self.actions_used: list[torch.Tensor] = []  # [B] per emitted frame: the action it was generated under
+        self.cache = model.new_cache(B, max_speculative=max(k, self.speculation.frames))
+        self.closed = False
+        self._kept = self._changed = 0
+        self._last_action: torch.Tensor | None = None
+        # speculated frames not yet emitted: latents [B, m, L_f, C] and the actions they were generated under [B, m]
+        self._queue = context.new_zeros(B, 0, *context.shape[2:])
+        self._queue_actions = torch.zeros(B, 0, dtype=torch.long)
+        # emitted frames whose context pass is deferred into the next block ("pipelined"): latents, actions
+        self._pending = (context.new_zeros(B, 0, *context.shape[2:]), torch.zeros(B, 0, dtype=torch.long))
+        self.frame = k  # absolute index of the next frame to emit
+        context_actions = torch.zeros(B, k, dtype=torch.long) if context_actions is None else context_actions
+        self._check_actions(context_actions, "context_actions")
+        self._run(self._write_context, context.float(), torch.as_tensor(context_actions, dtype=torch.long), 0)
+
+    @property
+    def num_actions(self) -> int:
+        return self.model.config.num_actions
+
+    def _check_actions(self, actions, name: str) -> None:
+        actions = torch.as_tensor(actions)
+        if actions.is_floating_point() or actions.dtype == torch.bool:
+            raise TypeError(f"{name} must be integers, got dtype {actions.dtype}")
+        if actions.numel() and (actions.min() < 0 or actions.max() >= self.num_actions):
+            raise ValueError(f"{name} must be in [0, {self.num_actions}) (the model's action space), got "
+                             f"{sorted(actions.unique().tolist())}")
+
+    def _run(self, fn, *args):
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = fn(*args)
+        self.stats.seconds += time.perf_counter() - start
+        return out
+
+    def step(self, actions) -> torch.Tensor:
+        """The next frame's latents [B, L_f, C] under `actions` (an int for every row, or [B] long)."""
+        if self.closed:
+            raise ValueError("this session is closed; start a new one")
+        B = len(self.seeds)
+        self._check_actions(actions, "actions")
+        actions = torch.as_tensor(actions, dtype=torch.long).reshape(-1).expand(B).clone()
+        return self._run(self._step, actions)
+
+    def close(self) -> FrameStats:
+        """End the session; speculated frames still queued are discarded (so emitted = computed - discarded)."""
+        if not self.closed:
+            self.stats.frames_discarded += self._queue.shape[1]
+            self._queue, self._queue_actions = self._queue[:, :0], self._queue_actions[:, :0]
+            self.closed = True
+        return self.stats
+
+    def _step(self, actions: torch.Tensor) -> torch.Tensor:
+        if self._last_action is not None:
+            same = bool((actions == self._last_action).all())
+            self._kept, self._changed = self._kept + same, self._changed + (not same)
+        self._last_action = actions
+        if self._queue.shape[1] and not self._matches(actions):
+            self.stats.frames_discarded += self._queue.shape[1]
+            self.stats.rollbacks += 1
+            self._queue, self._queue_actions = self._queue[:, :0], self._queue_actions[:, :0]
+            self.cache.rollback()
+        if not self._queue.shape[1]:
+            self._speculate(actions, self.speculation.block_size(self._kept, self._changed))
+        frame, self._queue = self._queue[:, 0], self._queue[:, 1:]
+        self.actions_used.append(self._queue_actions[:, 0])
+        self._queue_actions = self._queue_actions[:, 1:]
+        self.stats.frames_emitted += 1
+        if self.speculation.context == "eager":
+            self.cache.commit(1)
+        else:
+            pending, pending_actions = self._pending
+            self._pending = (torch.cat([pending, frame[:, None]], 1), torch.cat([pending_actions, actions[:, None]], 1))
+        self.frame += 1
+        return frame
+
+    def _matches(self, actions: torch.Tensor) -> bool:
+        """Whether the next queued frame was generated under `actions` in every row."""
+        return torch.equal(actions, self._queue_actions[:, 0])
+
+    def _forward(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor, first_frame: int):
+        """The model on latents [B, n, L_f, C] at flow times [B, n] after the cached frames -> (velocity, kv)."""
+        self.stats.forwards += 1
+        dtype = self.model.dtype
+        velocity, kv = self.model(latents.to(dtype), timesteps.to(dtype), actions, first_frame, self.cache)
+        return velocity.float(), kv
+
+    def _to_context(self, latents: torch.Tensor, first_frame: int) -> torch.Tensor:
+        """Emitted latents [B, n, L_f, C] at the context noise level, with their keyed context noise."""
+        frames = torch.arange(first_frame, first_frame + latents.shape[1])
+        noise = frame_noise(self.seeds, frames, CONTEXT_NOISE, *latents.shape[2:])
+        return (1 - self.context_noise) * latents + self.context_noise * noise
+
+    def _append(self, kv, commit: int) -> None:
+        self.cache.append([k for k, _ in kv], [v for _, v in kv])
+        self.cache.commit(commit)
+
+    def _write_context(self, latents: torch.Tensor, actions: torch.Tensor, first_frame: int) -> None:
+        """Context pass: the keys / values of emitted frames (committed at once)."""
+        times = torch.full(actions.shape, self.context_noise)
+        _, kv = self._forward(self._to_context(latents, first_frame), times, actions, first_frame)
+        self._append(kv, latents.shape[1])
+
+    def _speculate(self, actions: torch.Tensor, n: int) -> None:
+        """Denoise frames self.frame .. + n - 1 jointly under `actions` [B] and queue them."""
+        B, first = len(self.seeds), self.frame
+        L_f, C = self.model.tokens_per_frame, self.model.config.latent_channels
+        block_actions = actions[:, None].expand(B, n)
+        x = frame_noise(self.seeds, torch.arange(first, first + n), INITIAL_NOISE, L_f, C)
+        pending, pending_actions = self._pending
+        p = pending.shape[1]
+        for step in range(self.num_inference_steps):
+            t, t_next = 1 - step / self.num_inference_steps, 1 - (step + 1) / self.num_inference_steps
+            if step == 0 and p:  # pipelined: the pending frames' context pass rides on the first Euler step
+                ctx = self._to_context(pending, first - p)
+                times = torch.cat([torch.full((B, p), self.context_noise), torch.full((B, n), t)], 1)
+                velocity, kv = self._forward(torch.cat([ctx, x], 1), times, torch.cat([pending_actions,
+                                                                                        block_actions], 1), first - p)
+                self._append([(k[:, :, : p * L_f], v[:, :, : p * L_f]) for k, v in kv], p)
+                velocity = velocity[:, p:]
+                self._pending = (pending[:, :0], pending_actions[:, :0])
+            else:
+                velocity, _ = self._forward(x, torch.full((B, n), t), block_actions, first)
+            x = x + (t_next - t) * velocity
+        if self.speculation.context == "eager":  # speculative keys / values: committed as emitted, else rolled back
+            _, kv = self._forward(self._to_context(x, first), torch.full((B, n), self.context_noise), block_actions,
+                                  first)
+            self._append(kv, commit=0)
+        self._queue, self._queue_actions = x, block_actions.clone()
+        self.stats.blocks += 1
+        self.stats.frames_computed += n
+        self.stats.block_sizes.append(n)
