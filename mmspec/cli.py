@@ -3,6 +3,7 @@
     mmspec text "def fibonacci(n):" --method model|ngram|layerskip|ar [--max-new-tokens 64 --temperature 0 ...]
     mmspec generate "a red circle above a blue square on a striped background" --out out.png [--n 4 --seed 0 ...]
     mmspec generate "..." --decoding draft --acceptance lantern --lantern-k 100 --lantern-delta 0.2
+    mmspec video --actions right*6 down*4 stay*2 --speculate 4 --out rollout.gif [--adaptive --strict --episode 0]
     mmspec demo [--port 7860 --only image|text ...]
 
 This is the top of the stack (like `apps/`): it may import `pipelines` and `apps`; the engine below it does not.
@@ -96,6 +97,67 @@ def run_generate(args) -> int:
     return 0
 
 
+def parse_actions(words: list[str], names: tuple[str, ...]) -> list[int]:
+    """Action words -> ids: a name ("right") or id ("4"), optionally repeated ("right*6")."""
+    actions = []
+    for word in words:
+        name, _, repeat = word.partition("*")
+        if name not in names and not (name.isdigit() and int(name) < len(names)):
+            raise ValueError(f"--actions: {word!r} is not one of {names} or an id below {len(names)} (optionally "
+                             "followed by *count)")
+        if repeat and not (repeat.isdigit() and int(repeat) >= 1):
+            raise ValueError(f"--actions: the count in {word!r} must be an integer >= 1")
+        actions += [names.index(name) if name in names else int(name)] * (int(repeat) if repeat else 1)
+    return actions
+
+
+def run_video(args) -> int:
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+    from diffusers.utils import export_to_gif, export_to_video
+
+    from eval.bench_video import load_pipeline
+    from mmspec.video import FrameSpeculation
+    from mmspec.zoo.video_world import ACTIONS, episode, render_frame
+
+    actions = parse_actions(args.actions, ACTIONS)
+    pipe = load_pipeline(args.model)
+    if args.image:
+        from PIL import Image
+
+        start = np.asarray(Image.open(args.image).convert("RGB"))
+    else:
+        world = episode(args.episode, "heldout")
+        start = render_frame(world, world.start)
+    if args.strict:
+        speculation = FrameSpeculation.strict()
+    elif args.speculate > 1 or args.adaptive:
+        speculation = FrameSpeculation(frames=args.speculate, adaptive=args.adaptive,
+                                       context="pipelined" if args.pipelined else "eager")
+    else:
+        speculation = None
+    runs = [("speculative" if speculation else "sequential", speculation)]
+    if speculation is not None and args.compare:
+        runs.insert(0, ("sequential", None))
+    pipe(start, actions[:2], speculation=speculation, num_inference_steps=args.steps)  # warm-up, untimed
+    print(f"{'method':<13}{'FPS':>8}{'forwards':>10}{'computed':>10}{'discarded':>11}{'rollbacks':>11}")
+    for name, spec in runs:
+        out = pipe(start, actions, speculation=spec, num_inference_steps=args.steps,
+                   generator=torch.Generator().manual_seed(args.seed))
+        s = out.stats
+        print(f"{name:<13}{s.fps:>8.1f}{s.target_forwards:>10}{s.frames_computed:>10}{s.frames_discarded:>11}"
+              f"{s.rollbacks:>11}")
+    frames = [frame.resize((frame.width * args.upscale,) * 2, 0) for frame in out.frames[0]]  # 0 = nearest
+    if Path(args.out).suffix == ".mp4":
+        export_to_video(frames, args.out, fps=args.fps, macro_block_size=1)
+    else:
+        export_to_gif(frames, args.out, fps=args.fps)
+    print(f"wrote {args.out}: {len(frames)} frames of the {runs[-1][0]} rollout")
+    return 0
+
+
 def run_demo(demo_args: list[str]) -> int:
     try:
         import gradio  # noqa: F401
@@ -109,7 +171,7 @@ def run_demo(demo_args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from mmspec.image import ACCEPTANCES, COUPLINGS, DECODINGS, INITS
-    from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET
+    from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD
     from pipelines.text import TEXT_METHODS
 
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for AR generation.")
@@ -157,6 +219,22 @@ def main(argv: list[str] | None = None) -> int:
                        help="skip the plain-AR run that the chosen decoding is compared with")
     image.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
+    video = commands.add_parser("video", help="action-conditioned video with frame speculation (embedded world)")
+    video.add_argument("--actions", nargs="+", required=True,
+                       help="one per frame: stay / up / down / left / right or 0-4, optionally *count (right*6)")
+    video.add_argument("--speculate", type=int, default=4, help="frames speculated per pass (1 = none)")
+    video.add_argument("--adaptive", action="store_true", help="up to --speculate frames, by action persistence")
+    video.add_argument("--pipelined", action="store_true", help="pipeline context passes into the next block")
+    video.add_argument("--strict", action="store_true", help="one frame per pass, pipelined: sequential exactly")
+    video.add_argument("--steps", type=int, default=4, help="Euler steps per frame")
+    video.add_argument("--episode", type=int, default=0, help="start from this held-out episode's first frame")
+    video.add_argument("--image", default=None, help="start from this frame (a 32 x 32 image) instead")
+    video.add_argument("--seed", type=int, default=0)
+    video.add_argument("--out", default="rollout.gif", help="GIF, or MP4 with the [video] extra (imageio)")
+    video.add_argument("--fps", type=int, default=8, help="frame rate of the written file")
+    video.add_argument("--upscale", type=int, default=4, help="enlarge the written frames (nearest neighbour)")
+    video.add_argument("--no-compare", dest="compare", action="store_false", help="skip the sequential run")
+    video.add_argument("--model", default=VIDEO_WORLD, help="zoo name or saved NextFramePipeline folder")
     # listed for --help only: `mmspec demo ...` hands all its options to apps.demo's own parser
     commands.add_parser("demo", help="launch the Gradio demo (AR vs speculative, side by side); --help for its options")
     argv = sys.argv[1:] if argv is None else argv
@@ -164,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["demo"]:
             return run_demo(argv[1:])
         args = parser.parse_args(argv)
-        return run_text(args) if args.command == "text" else run_generate(args)
+        return {"text": run_text, "generate": run_generate, "video": run_video}[args.command](args)
     except (ValueError, TypeError) as error:
         parser.exit(2, f"mmspec: error: {error}\n")
 

@@ -98,3 +98,28 @@ def test_mmspec_demo_without_gradio_says_how_to_install_it(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["demo"])
     assert "the demo needs Gradio" in capsys.readouterr().err
+
+
+def test_mmspec_video_writes_a_gif_and_compares_with_sequential(tmp_path, capsys):
+    from PIL import Image
+
+    out = tmp_path / "rollout.gif"
+    assert main(["video", "--actions", "right*3", "down", "2*2", "--speculate", "3", "--steps", "2", "--out",
+                 str(out), "--upscale", "2"]) == 0
+    printed = capsys.readouterr().out
+    rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.startswith(("sequential", "spec"))}
+    assert set(rows) == {"sequential", "speculative"}
+    assert rows["sequential"][3] == "6" and rows["sequential"][4] == "0"  # computed, discarded
+    assert int(rows["speculative"][2]) < int(rows["sequential"][2])  # fewer forwards
+    with Image.open(out) as gif:
+        assert gif.size == (64, 64) and gif.n_frames == 6
+
+
+def test_mmspec_video_reports_unknown_actions():
+    with pytest.raises(SystemExit) as exit_info:
+        main(["video", "--actions", "jump"])
+    assert exit_info.value.code == 2
+    with pytest.raises(ValueError, match="the count in 'up\\*0' must be an integer >= 1"):
+        from mmspec.cli import parse_actions
+
+        parse_actions(["up*0"], ("stay", "up"))

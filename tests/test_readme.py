@@ -7,7 +7,8 @@ import pytest
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 EXAMPLES = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
-EXPECTED_OUTPUT = ["target_forwards", "mean_accepted_length", "acceptance_rate", "FD-CLIP"]  # what each example prints, in order
+# what each example prints, in order
+EXPECTED_OUTPUT = ["target_forwards", "mean_accepted_length", "acceptance_rate", "frames_discarded", "FD-CLIP"]
 
 
 def test_readme_has_one_example_per_expected_output():
@@ -15,7 +16,7 @@ def test_readme_has_one_example_per_expected_output():
 
 
 @pytest.mark.parametrize(("example", "expected"), zip(EXAMPLES, EXPECTED_OUTPUT, strict=True),
-                         ids=["image", "text", "mar", "metrics"])
+                         ids=["image", "text", "mar", "video", "metrics"])
 def test_readme_python_example_runs(example, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples may write files
     exec(compile(example, "README.md", "exec"), {})

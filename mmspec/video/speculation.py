@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mmspec.core.rng import keyed_normal
+from mmspec.core.stats import SpecStats
 
 if TYPE_CHECKING:  # the model module imports mmspec.video.cache
     from mmspec.models.nextframe import NextFrameTransformer
@@ -84,31 +85,32 @@ class FrameSpeculation:
 
 
 @dataclass
-class FrameStats:
-    """Frame accounting of a session (once closed, emitted = computed - discarded); forwards counts model calls,
-    seconds the model's time (denoising and context passes), decode_seconds the autoencoder's (added by a pipeline)."""
+class FrameStats(SpecStats):
+    """The core's SpecStats of a session (target_forwards = model calls, timings["model"] / ["decode"] = seconds in
+    the model and, added by a pipeline, in the autoencoder) plus its frame accounting: once closed,
+    frames_emitted = frames_computed - frames_discarded."""
 
     frames_computed: int = 0
     frames_emitted: int = 0
     frames_discarded: int = 0
     rollbacks: int = 0
     blocks: int = 0
-    forwards: int = 0
-    seconds: float = 0.0
-    decode_seconds: float = 0.0
     block_sizes: list[int] = field(default_factory=list)
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        self.timings[phase] = self.timings.get(phase, 0.0) + seconds
 
     @property
     def fps(self) -> float:
         """Emitted frames per second of model and decoder time."""
-        total = self.seconds + self.decode_seconds
+        total = self.timings.get("model", 0.0) + self.timings.get("decode", 0.0)
         return self.frames_emitted / total if total else 0.0
 
     def as_dict(self) -> dict:
         return {"frames_computed": self.frames_computed, "frames_emitted": self.frames_emitted,
                 "frames_discarded": self.frames_discarded, "rollbacks": self.rollbacks, "blocks": self.blocks,
-                "forwards": self.forwards, "seconds": round(self.seconds, 4),
-                "decode_seconds": round(self.decode_seconds, 4), "fps": round(self.fps, 2)}
+                "target_forwards": self.target_forwards, "fps": round(self.fps, 2),
+                **{f"{phase}_seconds": round(t, 4) for phase, t in self.timings.items()}}
 
 
 def frame_noise(seeds: torch.Tensor, frames: torch.Tensor, purpose: int, tokens: int, channels: int) -> torch.Tensor:
@@ -182,7 +184,7 @@ class FrameSession:
         start = time.perf_counter()
         with torch.no_grad():
             out = fn(*args)
-        self.stats.seconds += time.perf_counter() - start
+        self.stats.add_time("model", time.perf_counter() - start)
         return out
 
     def step(self, actions) -> torch.Tensor:
@@ -232,7 +234,7 @@ class FrameSession:
 
     def _forward(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor, first_frame: int):
         """The model on latents [B, n, L_f, C] at flow times [B, n] after the cached frames -> (velocity, kv)."""
-        self.stats.forwards += 1
+        self.stats.target_forwards += 1
         dtype = self.model.dtype
         velocity, kv = self.model(latents.to(dtype), timesteps.to(dtype), actions, first_frame, self.cache)
         return velocity.float(), kv

@@ -12,6 +12,7 @@ TEXT_TARGET = "pycode/target"
 TEXT_DRAFT = "pycode/draft"
 IMAGE_T2I = "shapes"  # LlamaGenPipeline layout (model_index.json + components)
 MAR_C2I = "mar_shapes"  # MARPipeline layout: class-to-image target + draft MAR over a KL autoencoder's tokens
+VIDEO_WORLD = "nextframe_shapes"  # NextFramePipeline layout: action-conditioned next-frame model + frame autoencoder
 IMAGE_CLIP = "shapes_clip"  # CLIPModel + CLIPProcessor: the in-domain evaluation model of the image world
 
 

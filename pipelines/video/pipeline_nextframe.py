@@ -28,7 +28,8 @@ OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 class NextFramePipelineOutput(BaseOutput):
     """frames: per video, the generated frames (not the start frames): a list of lists of PIL images, an array
     [B, T, H, W, 3] / tensor [B, T, 3, H, W] in [0, 1], or latents [B, T, L_f, C]; `export_to_video(frames[0], path)`
-    writes video 0. stats: frames computed / emitted / discarded, rollbacks, forwards, seconds and FPS."""
+    writes video 0. stats: `FrameStats`, a SpecStats with frames computed / emitted / discarded, rollbacks, model
+    forwards, timings and FPS."""
 
     frames: list[list[PIL.Image.Image]] | np.ndarray | torch.Tensor
     stats: FrameStats
@@ -114,7 +115,7 @@ class NextFramePipeline(DiffusionPipeline):
     @torch.no_grad()
     def decode_latents(self, latents: torch.Tensor, output_type: str = "pil", stats: FrameStats | None = None):
         """Frames of latents [B, T, L_f, C] as lists of PIL images / [B, T, H, W, 3] array / [B, T, 3, H, W] tensor in
-        [0, 1] (latents returned as they are for "latent"); the time spent is added to `stats.decode_seconds`."""
+        [0, 1] (latents returned as they are for "latent"); the time spent is added to `stats.timings["decode"]`."""
         if output_type == "latent":
             return latents
         start = time.perf_counter()
@@ -128,7 +129,7 @@ class NextFramePipeline(DiffusionPipeline):
         else:
             frames = frames.reshape(B, T, *frames.shape[1:])
         if stats is not None:
-            stats.decode_seconds += time.perf_counter() - start
+            stats.add_time("decode", time.perf_counter() - start)
         return frames
 
     def _check_call(self, output_type, generator, batch_size):

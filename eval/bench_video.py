@@ -1,0 +1,211 @@
+"""Frame speculation benchmark on the embedded next-frame world model (mmspec/zoo/nextframe_shapes), in one process.
+
+    python -m eval.bench_video                      # full: 8 held-out episodes x 64 frames per change probability
+    python -m eval.bench_video --quick              # under 10 minutes on 2 CPU cores: 3 episodes x 32 frames
+    python -m eval.bench_video --json eval/results/bench_video.json --plot docs/images/video_speculation.png
+
+Each episode of the held-out video world starts from its true first frame and is rolled out interactively (batch 1,
+one `session.step(action)` per frame, every frame decoded as it is emitted) under persistent random actions whose
+per-frame change probability is swept over --change-probs; every method sees the same episodes, actions and seeds,
+after an untimed warm-up. Methods (`mmspec.video.FrameSpeculation`):
+
+    sequential     one frame per step, its context pass after it: the baseline (a KV cache, no speculation)
+    strict         one frame per step, the context pass pipelined into the next step: the sequential law exactly
+    spec4          4 frames per block under the current action (NFD's speculative sampling), eager context passes
+    spec4_pipe     the same, with the context pass of the emitted frames pipelined into the next block
+    adaptive       up to 8 frames per block, N chosen from the observed action persistence (pipelined)
+
+Columns per (method, change probability): FPS (emitted frames / wall-clock seconds of the stepping loop, decoding
+included), the speedup against `sequential` in the same run, model forwards per frame, frames discarded, rollbacks,
+the model / decoder share of the time, and quality against the ground-truth rollout of the world's physics: PSNR and
+SSIM of every generated frame (frames 2..N of a block are joint samples, so speculation may change quality; the
+sequential row is the reference). JSON key `speedup_at_change_rate_0.1` is the headline method's (--headline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmspec.video import FrameSpeculation
+from mmspec.zoo import VIDEO_WORLD, zoo_path
+from mmspec.zoo.video_world import episode, persistent_actions, rollout
+
+METHODS = {
+    "sequential": FrameSpeculation.sequential(),
+    "strict": FrameSpeculation.strict(),
+    "spec4": FrameSpeculation(frames=4),
+    "spec4_pipe": FrameSpeculation(frames=4, context="pipelined"),
+    "adaptive": FrameSpeculation(frames=8, adaptive=True, context="pipelined"),
+}
+CHANGE_PROBS = (0.0, 0.05, 0.1, 0.2, 0.5)
+
+
+@dataclass
+class Row:
+    method: str
+    change_prob: float
+    fps: float
+    forwards_per_frame: float
+    frames_discarded: int
+    rollbacks: int
+    model_share: float
+    psnr_db: float
+    ssim: float
+    speedup_vs_sequential: float = 1.0
+
+
+def load_pipeline(name_or_path: str = VIDEO_WORLD):
+    """The next-frame pipeline from a zoo name or a saved folder, in float32."""
+    from pipelines.video import NextFramePipeline
+
+    path = Path(name_or_path)
+    path = path if path.exists() else zoo_path(name_or_path)
+    return NextFramePipeline.from_pretrained(path, dtype=torch.float32)
+
+
+def ground_truth(episodes: int, frames: int, change_prob: float) -> list[tuple[np.ndarray, list[int]]]:
+    """(true frames [T + 1, H, W, 3] uint8, actions [T]) of held-out episodes 0 .. episodes - 1."""
+    out = []
+    for index in range(episodes):
+        actions = persistent_actions(10**6 + index, frames, change_prob)
+        out.append((rollout(episode(index, "heldout"), actions)[0], actions))
+    return out
+
+
+def psnr_ssim(frames: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-frame PSNR (dB) and SSIM of frames vs truth, both float [T, H, W, 3] in [0, 1]."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    mse = ((frames - truth) ** 2).reshape(len(frames), -1).mean(1)
+    psnr = 10 * np.log10(1.0 / np.maximum(mse, 1e-10))
+    frames, truth = (torch.from_numpy(x).permute(0, 3, 1, 2).double() for x in (frames, truth))
+    ssim = structural_similarity_index_measure(frames, truth, data_range=1.0, kernel_size=7, reduction="none")
+    return psnr, ssim.numpy()
+
+
+def rollout_session(pipe, start: np.ndarray, actions: list[int], speculation, seed: int, steps: int):
+    """Step one episode interactively; returns (frames [T, H, W, 3] in [0, 1], wall seconds, stats)."""
+    session = pipe.start_session(start, speculation=speculation, num_inference_steps=steps,
+                                 generator=torch.Generator().manual_seed(seed), output_type="np")
+    began = time.perf_counter()
+    frames = [session.step(action) for action in actions]
+    seconds = time.perf_counter() - began
+    return np.concatenate(frames), seconds, session.close()
+
+
+def run(pipe, method: str, episodes, change_prob: float, args) -> tuple[Row, np.ndarray]:
+    """One method on every episode; returns the row and per-frame PSNR [episodes, T]."""
+    frames = seconds = forwards = discarded = rollbacks = model_seconds = decode_seconds = 0
+    psnrs, ssims = [], []
+    for index, (truth, actions) in enumerate(episodes):
+        video, wall, stats = rollout_session(pipe, truth[0], actions, METHODS[method], 1000 + index, args.steps)
+        psnr, ssim = psnr_ssim(video, truth[1:].astype(np.float64) / 255)
+        psnrs.append(psnr)
+        ssims.append(ssim)
+        frames += len(actions)
+        seconds += wall
+        forwards += stats.target_forwards
+        discarded += stats.frames_discarded
+        rollbacks += stats.rollbacks
+        model_seconds += stats.timings["model"]
+        decode_seconds += stats.timings["decode"]
+    psnrs = np.stack(psnrs)
+    row = Row(method, change_prob, frames / seconds, forwards / frames, discarded, rollbacks,
+              model_seconds / (model_seconds + decode_seconds), float(psnrs.mean()), float(np.mean(ssims)))
+    return row, psnrs
+
+
+def print_table(rows: list[Row]) -> None:
+    print("| method | change prob | FPS | speedup vs sequential | forwards / frame | discarded | rollbacks | "
+          "model share | PSNR (dB) | SSIM |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.method} | {r.change_prob:g} | {r.fps:.1f} | {r.speedup_vs_sequential:.2f} | "
+              f"{r.forwards_per_frame:.2f} | {r.frames_discarded} | {r.rollbacks} | {r.model_share:.0%} | "
+              f"{r.psnr_db:.2f} | {r.ssim:.3f} |")
+
+
+def plot(rows: list[Row], psnr_curves: dict[str, np.ndarray], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (speed, quality) = plt.subplots(1, 2, figsize=(11, 4))
+    for method in dict.fromkeys(r.method for r in rows):
+        mine = [r for r in rows if r.method == method]
+        speed.plot([r.change_prob for r in mine], [r.fps for r in mine], marker="o", label=method)
+        if method in psnr_curves:
+            curve = psnr_curves[method]
+            quality.plot(np.arange(1, len(curve) + 1), curve, label=method)
+    speed.set(xlabel="action change probability per frame", ylabel="FPS (batch 1, decoding included)",
+              title="Frame speculation: throughput")
+    quality.set(xlabel="frame", ylabel="PSNR vs ground truth (dB)", title="Quality along the rollout (change 0.1)")
+    for ax in (speed, quality):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=VIDEO_WORLD, help="zoo name or saved NextFramePipeline folder")
+    parser.add_argument("--quick", action="store_true", help="3 episodes x 32 frames")
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--frames", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=4, help="Euler steps per frame")
+    parser.add_argument("--change-probs", type=float, nargs="+", default=list(CHANGE_PROBS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--headline", default="spec4_pipe", choices=list(METHODS))
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None, help="PNG: FPS vs change probability, PSNR per frame")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.episodes, args.frames = 3, 32
+    torch.set_grad_enabled(False)
+    pipe = load_pipeline(args.model)
+    pipe.set_progress_bar_config(disable=True)
+    warm = ground_truth(1, 8, 0.2)[0]
+    for method in args.methods:  # untimed warm-up of every code path
+        rollout_session(pipe, warm[0][0], warm[1], METHODS[method], 0, args.steps)
+
+    rows, curves = [], {}
+    for change_prob in args.change_probs:
+        episodes = ground_truth(args.episodes, args.frames, change_prob)
+        for method in args.methods:
+            row, psnrs = run(pipe, method, episodes, change_prob, args)
+            rows.append(row)
+            if change_prob == 0.1:
+                curves[method] = psnrs.mean(0)
+            print(f"{method} @ {change_prob:g}: {row.fps:.1f} FPS, PSNR {row.psnr_db:.2f} dB", flush=True)
+    for row in rows:
+        base = next((r for r in rows if r.method == "sequential" and r.change_prob == row.change_prob), None)
+        row.speedup_vs_sequential = float("nan") if base is None else row.fps / base.fps
+    print_table(rows)
+    if args.plot:
+        plot(rows, curves, args.plot)
+
+    result = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
+              "rows": [asdict(r) for r in rows],
+              "psnr_per_frame_at_change_0.1": {m: [round(float(v), 3) for v in c] for m, c in curves.items()}}
+    for row in rows:
+        if row.method == args.headline:
+            result[f"speedup_at_change_rate_{row.change_prob:g}"] = round(row.speedup_vs_sequential, 4)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
