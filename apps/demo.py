@@ -1,7 +1,7 @@
 """The mmspec Gradio demo: see the acceleration live, side by side with plain AR decoding.
 
     mmspec demo                       # the embedded models on http://127.0.0.1:7860
-    mmspec demo --port 8000 --only image
+    mmspec demo --port 8000 --only world
 
 `build_demo(pipes)` builds the app from pipelines keyed by tab kind (see `apps.tabs.TABS`), so tests and users can
 pass their own; `main()` loads the embedded default models, warms them up and launches.
@@ -43,32 +43,36 @@ def build_demo(pipes: Mapping[str, object], warm_up: bool = False) -> gr.Blocks:
     return demo
 
 
-def load_default_pipes(kinds=("image", "text"), image_model: str | None = None, text_target: str | None = None,
-                       text_draft: str | None = None) -> dict[str, object]:
+def load_default_pipes(kinds=tuple(TABS), image_model: str | None = None, text_target: str | None = None,
+                       text_draft: str | None = None, video_model: str | None = None) -> dict[str, object]:
     """The embedded default pipelines (or the given zoo names / folders) for the requested tab kinds."""
-    from mmspec.cli import load_image_pipeline
-    from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET
+    from mmspec.cli import load_image_pipeline, load_video_pipeline
+    from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD
     from pipelines.text import SpeculativeTextPipeline
 
     loaders = {
         "image": lambda: load_image_pipeline(image_model or IMAGE_T2I),
         "text": lambda: SpeculativeTextPipeline.from_pretrained(text_target or TEXT_TARGET,
                                                                 draft=text_draft or TEXT_DRAFT),
+        "world": lambda: load_video_pipeline(video_model or VIDEO_WORLD),
     }
     return {kind: loaders[kind]() for kind in kinds}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="mmspec demo", description="Launch the Gradio demo.")
-    parser.add_argument("--only", choices=("image", "text"), default=None, help="show one tab only")
+    parser.add_argument("--only", choices=tuple(TABS), default=None, help="show one tab only")
     parser.add_argument("--image-model", default=None, help="zoo name or saved pipeline folder (default: shapes)")
     parser.add_argument("--text-target", default=None, help="zoo name or transformers folder (default: pycode)")
     parser.add_argument("--text-draft", default=None, help="draft for the text target (default: the pycode draft)")
+    parser.add_argument("--video-model", default=None, help="zoo name or saved NextFramePipeline folder (default: "
+                        "nextframe_shapes)")
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 = every interface)")
     parser.add_argument("--port", type=int, default=7860)
     args = parser.parse_args(argv)
-    kinds = (args.only,) if args.only else ("image", "text")
-    pipes = COMPUTE.submit(load_default_pipes, kinds, args.image_model, args.text_target, args.text_draft).result()
+    kinds = (args.only,) if args.only else tuple(TABS)
+    pipes = COMPUTE.submit(load_default_pipes, kinds, args.image_model, args.text_target, args.text_draft,
+                           args.video_model).result()
     build_demo(pipes, warm_up=True).launch(server_name=args.host, server_port=args.port, show_error=True)
 
 

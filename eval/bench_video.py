@@ -2,7 +2,8 @@
 
     python -m eval.bench_video                      # full: 8 held-out episodes x 64 frames per change probability
     python -m eval.bench_video --quick              # under 10 minutes on 2 CPU cores: 3 episodes x 32 frames
-    python -m eval.bench_video --json eval/results/bench_video.json --plot docs/images/video_speculation.png
+    python -m eval.bench_video --json eval/results/bench_video.json --plot docs/images/video_speculation.png \
+        --strip docs/images/video_rollouts.png
 
 Each episode of the held-out video world starts from its true first frame and is rolled out interactively (batch 1,
 one `session.step(action)` per frame, every frame decoded as it is emitted) under persistent random actions whose
@@ -33,8 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmspec.cli import load_video_pipeline
 from mmspec.video import FrameSpeculation
-from mmspec.zoo import VIDEO_WORLD, zoo_path
+from mmspec.zoo import VIDEO_WORLD
 from mmspec.zoo.video_world import episode, persistent_actions, rollout
 
 METHODS = {
@@ -59,15 +61,6 @@ class Row:
     psnr_db: float
     ssim: float
     speedup_vs_sequential: float = 1.0
-
-
-def load_pipeline(name_or_path: str = VIDEO_WORLD):
-    """The next-frame pipeline from a zoo name or a saved folder, in float32."""
-    from pipelines.video import NextFramePipeline
-
-    path = Path(name_or_path)
-    path = path if path.exists() else zoo_path(name_or_path)
-    return NextFramePipeline.from_pretrained(path, dtype=torch.float32)
 
 
 def ground_truth(episodes: int, frames: int, change_prob: float) -> list[tuple[np.ndarray, list[int]]]:
@@ -100,8 +93,8 @@ def rollout_session(pipe, start: np.ndarray, actions: list[int], speculation, se
     return np.concatenate(frames), seconds, session.close()
 
 
-def run(pipe, method: str, episodes, change_prob: float, args) -> tuple[Row, np.ndarray]:
-    """One method on every episode; returns the row and per-frame PSNR [episodes, T]."""
+def run(pipe, method: str, episodes, change_prob: float, args) -> tuple[Row, np.ndarray, np.ndarray]:
+    """One method on every episode; returns the row, per-frame PSNR [episodes, T] and episode 0's frames."""
     frames = seconds = forwards = discarded = rollbacks = model_seconds = decode_seconds = 0
     psnrs, ssims = [], []
     for index, (truth, actions) in enumerate(episodes):
@@ -116,10 +109,12 @@ def run(pipe, method: str, episodes, change_prob: float, args) -> tuple[Row, np.
         rollbacks += stats.rollbacks
         model_seconds += stats.timings["model"]
         decode_seconds += stats.timings["decode"]
+        if index == 0:
+            first_video = video
     psnrs = np.stack(psnrs)
     row = Row(method, change_prob, frames / seconds, forwards / frames, discarded, rollbacks,
               model_seconds / (model_seconds + decode_seconds), float(psnrs.mean()), float(np.mean(ssims)))
-    return row, psnrs
+    return row, psnrs, first_video
 
 
 def print_table(rows: list[Row]) -> None:
@@ -157,6 +152,17 @@ def plot(rows: list[Row], psnr_curves: dict[str, np.ndarray], path: Path) -> Non
     plt.close(fig)
 
 
+def save_strip(truth: np.ndarray, videos: dict[str, np.ndarray], path: Path, frames: int = 16) -> None:
+    """PNG: a row per rollout (ground truth, then each method) of episode 0's first `frames` frames, 2x nearest."""
+    from PIL import Image
+
+    rows = [truth[1 : frames + 1]] + [video[:frames] for video in videos.values()]
+    strip = np.concatenate([np.concatenate(list(row), axis=1) for row in rows], axis=0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(strip if strip.dtype == np.uint8 else (strip * 255).round().astype(np.uint8))
+    image.resize((image.width * 2, image.height * 2), Image.NEAREST).save(path)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=VIDEO_WORLD, help="zoo name or saved NextFramePipeline folder")
@@ -169,24 +175,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--headline", default="spec4_pipe", choices=list(METHODS))
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None, help="PNG: FPS vs change probability, PSNR per frame")
+    parser.add_argument("--strip", type=Path, default=None,
+                        help="PNG: episode 0 at change probability 0.1, ground truth then each method, 16 frames")
     args = parser.parse_args(argv)
     if args.quick:
         args.episodes, args.frames = 3, 32
     torch.set_grad_enabled(False)
-    pipe = load_pipeline(args.model)
+    pipe = load_video_pipeline(args.model)
     pipe.set_progress_bar_config(disable=True)
     warm = ground_truth(1, 8, 0.2)[0]
     for method in args.methods:  # untimed warm-up of every code path
         rollout_session(pipe, warm[0][0], warm[1], METHODS[method], 0, args.steps)
 
-    rows, curves = [], {}
+    rows, curves, strip_videos = [], {}, {}
     for change_prob in args.change_probs:
         episodes = ground_truth(args.episodes, args.frames, change_prob)
         for method in args.methods:
-            row, psnrs = run(pipe, method, episodes, change_prob, args)
+            row, psnrs, first_video = run(pipe, method, episodes, change_prob, args)
             rows.append(row)
             if change_prob == 0.1:
-                curves[method] = psnrs.mean(0)
+                curves[method], strip_videos[method] = psnrs.mean(0), first_video
+                strip_truth = episodes[0][0]
             print(f"{method} @ {change_prob:g}: {row.fps:.1f} FPS, PSNR {row.psnr_db:.2f} dB", flush=True)
     for row in rows:
         base = next((r for r in rows if r.method == "sequential" and r.change_prob == row.change_prob), None)
@@ -194,8 +203,10 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(rows)
     if args.plot:
         plot(rows, curves, args.plot)
+    if args.strip and strip_videos:
+        save_strip(strip_truth, strip_videos, args.strip)
 
-    result = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
+    result = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot", "strip")},
               "rows": [asdict(r) for r in rows],
               "psnr_per_frame_at_change_0.1": {m: [round(float(v), 3) for v in c] for m, c in curves.items()}}
     for row in rows:

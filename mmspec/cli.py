@@ -4,7 +4,7 @@
     mmspec generate "a red circle above a blue square on a striped background" --out out.png [--n 4 --seed 0 ...]
     mmspec generate "..." --decoding draft --acceptance lantern --lantern-k 100 --lantern-delta 0.2
     mmspec video --actions right*6 down*4 stay*2 --speculate 4 --out rollout.gif [--adaptive --strict --episode 0]
-    mmspec demo [--port 7860 --only image|text ...]
+    mmspec demo [--port 7860 --only image|text|world ...]
 
 This is the top of the stack (like `apps/`): it may import `pipelines` and `apps`; the engine below it does not.
 """
@@ -48,6 +48,21 @@ def load_image_pipeline(name_or_path: str):
     if not path.exists():
         path = zoo_path(name_or_path)
     return LlamaGenPipeline.from_pretrained(path, dtype=torch.float32, low_cpu_mem_usage=False)
+
+
+def load_video_pipeline(name_or_path: str):
+    """The next-frame pipeline from a zoo name ("nextframe_shapes") or a saved pipeline folder, in float32."""
+    from pathlib import Path
+
+    import torch
+
+    from mmspec.zoo import zoo_path
+    from pipelines.video import NextFramePipeline
+
+    path = Path(name_or_path)
+    if not path.exists():
+        path = zoo_path(name_or_path)
+    return NextFramePipeline.from_pretrained(path, dtype=torch.float32)
 
 
 def image_grid(images: list, columns: int):
@@ -118,12 +133,11 @@ def run_video(args) -> int:
     import torch
     from diffusers.utils import export_to_gif, export_to_video
 
-    from eval.bench_video import load_pipeline
     from mmspec.video import FrameSpeculation
     from mmspec.zoo.video_world import ACTIONS, episode, render_frame
 
     actions = parse_actions(args.actions, ACTIONS)
-    pipe = load_pipeline(args.model)
+    pipe = load_video_pipeline(args.model)
     if args.image:
         from PIL import Image
 

@@ -233,16 +233,18 @@ class FrameSession:
         return torch.equal(actions, self._queue_actions[:, 0])
 
     def _forward(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor, first_frame: int):
-        """The model on latents [B, n, L_f, C] at flow times [B, n] after the cached frames -> (velocity, kv)."""
+        """The model on latents [B, n, L_f, C] (on the model's device) at flow times [B, n] under actions [B, n]
+        after the cached frames -> (velocity, kv). Actions and times live on the host and move here."""
         self.stats.target_forwards += 1
-        dtype = self.model.dtype
-        velocity, kv = self.model(latents.to(dtype), timesteps.to(dtype), actions, first_frame, self.cache)
+        device, dtype = latents.device, self.model.dtype
+        velocity, kv = self.model(latents.to(dtype), timesteps.to(device, dtype), actions.to(device), first_frame,
+                                  self.cache)
         return velocity.float(), kv
 
     def _to_context(self, latents: torch.Tensor, first_frame: int) -> torch.Tensor:
         """Emitted latents [B, n, L_f, C] at the context noise level, with their keyed context noise."""
         frames = torch.arange(first_frame, first_frame + latents.shape[1])
-        noise = frame_noise(self.seeds, frames, CONTEXT_NOISE, *latents.shape[2:])
+        noise = frame_noise(self.seeds, frames, CONTEXT_NOISE, *latents.shape[2:]).to(latents.device)
         return (1 - self.context_noise) * latents + self.context_noise * noise
 
     def _append(self, kv, commit: int) -> None:
@@ -260,7 +262,7 @@ class FrameSession:
         B, first = len(self.seeds), self.frame
         L_f, C = self.model.tokens_per_frame, self.model.config.latent_channels
         block_actions = actions[:, None].expand(B, n)
-        x = frame_noise(self.seeds, torch.arange(first, first + n), INITIAL_NOISE, L_f, C)
+        x = frame_noise(self.seeds, torch.arange(first, first + n), INITIAL_NOISE, L_f, C).to(self.model.device)
         pending, pending_actions = self._pending
         p = pending.shape[1]
         for step in range(self.num_inference_steps):

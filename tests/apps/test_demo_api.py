@@ -118,3 +118,25 @@ def test_two_concurrent_requests_both_complete(demo_url):
         assert len(table["data"]) == 2 and speedup(table, 1) > 0
     for c in clients:
         c.close()
+
+
+def test_world_tab_steps_a_sequential_and_a_speculative_session(client):
+    seq, spec, table, status = client.predict(0, 4, False, 2, 0, api_name="/start_world")
+    assert "press an arrow" in status and table["data"][0][1] == "0"
+    statuses = [client.predict(api_name=f"/world_{name}")[3] for name in ("right", "right", "right")]
+    assert "block of 4" in statuses[0] and all("no model call" in s for s in statuses[1:])
+    seq, spec, table, status = client.predict(api_name="/world_up")
+    assert status.startswith("Frame 4 (up): the action changed")
+    rows = {row[0]: row for row in table["data"]}
+    assert rows["sequential"][1:5] == ["4", "4", "0", "0"]  # emitted, computed, discarded, rollbacks
+    assert rows["speculative"][1:5] == ["4", "8", "1", "1"]
+    assert float(rows["sequential"][7]) == 1.0 and float(rows["speculative"][6]) > 0
+    for path in (seq, spec):
+        assert Image.open(path).size == (256, 256)
+
+
+def test_world_tab_asks_to_start_first(demo_url):
+    client = Client(demo_url, verbose=False)
+    with pytest.raises(Exception, match="Press Start first"):
+        client.predict(api_name="/world_left")
+    client.close()

@@ -106,3 +106,19 @@ def test_text_tab_highlights_accepted_drafts(page):
     expect(data_rows(page, "text-stats")).to_have_count(2)
     expect(page.locator("#text-fast span.draft").first).to_be_visible()
     expect(page.locator("#text-status")).to_contain_text("identical to AR")
+
+
+def test_world_tab_plays_with_the_arrows(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="World").click()
+    page.locator("#world-start").click()
+    expect(page.locator("#world-status")).to_contain_text("press an arrow")
+    for button in ("right", "right", "up"):
+        page.locator(f"#world-{button}").click()
+        expect(page.locator("#world-status")).to_contain_text(f"({button})")
+    expect(page.locator("#world-status")).to_contain_text("Frame 3 (up): the action changed")
+    expect(page.locator("#world-sequential img")).to_be_visible()
+    expect(page.locator("#world-speculative img")).to_be_visible()
+    expect(data_rows(page, "world-stats")).to_have_count(2)
+    expect(cell(page, "world-stats", 1, 3)).to_have_text("2")  # frames 3-4 of the first block discarded

@@ -44,8 +44,8 @@ def test_check_number_names_the_control(value, integer, message):
 def test_build_demo_rejects_unknown_tabs():
     with pytest.raises(ValueError, match="non-empty mapping"):
         build_demo({})
-    with pytest.raises(ValueError, match=r"no demo tab for \['video'\]; tab kinds: \['image', 'text'\]"):
-        build_demo({"video": object()})
+    with pytest.raises(ValueError, match=r"no demo tab for \['audio'\]; tab kinds: \['image', 'text', 'world'\]"):
+        build_demo({"audio": object()})
 
 
 def test_closing_a_stream_interrupts_the_pipeline(zoo_pipes):
