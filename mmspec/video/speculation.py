@@ -272,7 +272,8 @@ class FrameSession:
                 times = torch.cat([torch.full((B, p), self.context_noise), torch.full((B, n), t)], 1)
                 velocity, kv = self._forward(torch.cat([ctx, x], 1), times, torch.cat([pending_actions,
                                                                                         block_actions], 1), first - p)
-                self._append([(k[:, :, : p * L_f], v[:, :, : p * L_f]) for k, v in kv], p)
+                held = p * self.cache.tokens_per_frame
+                self._append([(k[:, :, :held], v[:, :, :held]) for k, v in kv], p)
                 velocity = velocity[:, p:]
                 self._pending = (pending[:, :0], pending_actions[:, :0])
             else:

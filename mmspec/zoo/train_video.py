@@ -4,9 +4,9 @@ matching over its latents, saved together as the zoo's `nextframe_shapes` pipeli
 
     python -m mmspec.zoo.train_video                 # every stage below, in order (resumable)
     python -m mmspec.zoo.train_video --only data     # rollouts of random persistent actions (uint8 frames, actions)
-    python -m mmspec.zoo.train_video --only vae      # KL autoencoder: 32 px -> 8 x 8 x 4 latents (64 tokens / frame)
+    python -m mmspec.zoo.train_video --only vae      # KL autoencoder: 32 px -> 8 x 8 x 4 latents per frame
     python -m mmspec.zoo.train_video --only latents  # encode every frame (scaled mean latents)
-    python -m mmspec.zoo.train_video --only model    # the next-frame transformer
+    python -m mmspec.zoo.train_video --only model    # the next-frame transformer (2 x 2 patches: 16 tokens / frame)
     python -m mmspec.zoo.train_video --only export   # write mmspec/zoo/nextframe_shapes (NextFramePipeline, fp16)
 
 Training clips are CLIP_FRAMES consecutive frames. Half of them get an independent logit-normal flow time per frame
@@ -40,8 +40,8 @@ logger = logging.getLogger(__name__)
 
 VAE_CONFIG = dict(embed_dim=4, ch=32, ch_mult=(1, 2, 4), num_res_blocks=1, encoder_attn_resolutions=(8,),
                   decoder_attn_resolutions=(), resolution=32)
-MODEL_CONFIG = dict(latent_channels=4, latent_size=8, num_actions=5, dim=128, depth=4, num_heads=4,
-                    attention_window=4)
+MODEL_CONFIG = dict(latent_channels=4, latent_size=8, num_actions=5, dim=192, depth=6, num_heads=6,
+                    attention_window=4, patch_size=2)
 CLIP_FRAMES = 6  # a frame and up to attention_window frames before it, plus one
 ROLLOUT_ACTIONS = 24  # actions per training rollout (25 frames)
 ACTION_CHANGE_PROB = 0.25  # of the training rollouts' persistent actions
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-episodes", type=int, default=3000)
     parser.add_argument("--held-out-episodes", type=int, default=256)
     add_stage_arguments(parser, "vae", 1500, 32, 1e-3)
-    add_stage_arguments(parser, "model", 3000, 16, 1e-3)
+    add_stage_arguments(parser, "model", 3500, 32, 6e-4)
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

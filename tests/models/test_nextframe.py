@@ -100,6 +100,26 @@ def test_an_evicted_window_gives_the_uncached_result_at_absolute_positions():
     assert torch.allclose(cached, full[:, 6:], atol=1e-5)
 
 
+@torch.no_grad()
+def test_patches_round_trip_and_keep_block_causality_and_the_cache():
+    model = randomised(latent_size=4, patch_size=2, attention_window=2)
+    g = torch.Generator().manual_seed(2)
+    latents = torch.randn(2, 5, 16, 3, generator=g)
+    assert model.grid_size == 2 and model.patchify(latents).shape == (2, 5, 4, 12)
+    assert torch.equal(model.unpatchify(model.patchify(latents)), latents)
+    # a patch holds a 2 x 2 block of the raster-ordered grid: positions 0, 1, 4, 5 form patch 0
+    assert torch.equal(model.patchify(latents)[0, 0, 0].view(4, 3), latents[0, 0, [0, 1, 4, 5]])
+    t, actions = torch.rand(2, 5, generator=g), torch.randint(0, 5, (2, 5), generator=g)
+    full, _ = model(latents, t, actions)
+    cache = model.new_cache(2, max_speculative=2)
+    for f in range(4):
+        _, kv = model(latents[:, f : f + 1], t[:, f : f + 1], actions[:, f : f + 1], f, cache)
+        cache.append([k for k, _ in kv], [v for _, v in kv])
+        cache.commit(1)
+    cached, _ = model(latents[:, 4:], t[:, 4:], actions[:, 4:], 4, cache)
+    assert cache.positions.tolist() == [2, 3] and torch.allclose(cached, full[:, 4:], atol=1e-5)
+
+
 def test_clear_errors(model):
     latents, t, actions = inputs(2)
     with pytest.raises(ValueError, match=r"actions must be in \[0, 5\)"):
@@ -110,3 +130,5 @@ def test_clear_errors(model):
         NextFrameTransformer(dim=30, num_heads=4)
     with pytest.raises(ValueError, match="attention_window must be >= 1"):
         NextFrameTransformer(attention_window=0)
+    with pytest.raises(ValueError, match="patch_size must divide latent_size=8, got 3"):
+        NextFrameTransformer(patch_size=3)

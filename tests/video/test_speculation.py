@@ -9,7 +9,9 @@ import mmspec.video.speculation as speculation
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.video import FrameSession, FrameSpeculation
 
-CONFIG = dict(latent_channels=3, latent_size=2, num_actions=5, dim=32, depth=2, num_heads=2, attention_window=3)
+# 4 x 4 latents in 2 x 2 patches: 16 latent positions, 4 tokens per frame
+CONFIG = dict(latent_channels=3, latent_size=4, patch_size=2, num_actions=5, dim=32, depth=2, num_heads=2,
+              attention_window=3)
 STEPS, CONTEXT_NOISE = 3, 0.1
 ATOL = 1e-5
 
@@ -25,7 +27,7 @@ def model():
 
 
 def context_frames(batch: int = 2, frames: int = 2, seed: int = 0) -> torch.Tensor:
-    return torch.randn(batch, frames, 4, 3, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(batch, frames, 16, 3, generator=torch.Generator().manual_seed(seed))
 
 
 def action_sequence(length: int, batch: int = 2, change_prob: float = 0.35, seed: int = 0) -> torch.Tensor:
@@ -62,9 +64,10 @@ def uncached_rollout(model, context, actions, block_size: int):
         if not queue:
             first = len(emitted)
             frames = torch.arange(first)
-            noise = speculation.frame_noise(seeds, frames, speculation.CONTEXT_NOISE, 4, 3)
+            noise = speculation.frame_noise(seeds, frames, speculation.CONTEXT_NOISE, 16, 3)
             ctx = (1 - CONTEXT_NOISE) * torch.stack(emitted, 1) + CONTEXT_NOISE * noise
-            x = speculation.frame_noise(seeds, torch.arange(first, first + block_size), speculation.INITIAL_NOISE, 4, 3)
+            block = torch.arange(first, first + block_size)
+            x = speculation.frame_noise(seeds, block, speculation.INITIAL_NOISE, 16, 3)
             acts = torch.cat([torch.stack(emitted_actions, 1), a[:, None].expand(B, block_size)], 1)
             for step in range(STEPS):
                 t, t_next = 1 - step / STEPS, 1 - (step + 1) / STEPS
@@ -129,10 +132,10 @@ def fresh_context(model, emitted: torch.Tensor, actions: torch.Tensor):
     """Per layer (k, v) of the last `attention_window` frames of a fresh uncached context pass over every emitted
     frame [B, F, L_f, C] (frames 0 .. F - 1)."""
     F = emitted.shape[1]
-    noise = speculation.frame_noise(torch.tensor([3, 8]), torch.arange(F), speculation.CONTEXT_NOISE, 4, 3)
+    noise = speculation.frame_noise(torch.tensor([3, 8]), torch.arange(F), speculation.CONTEXT_NOISE, 16, 3)
     ctx = (1 - CONTEXT_NOISE) * emitted + CONTEXT_NOISE * noise
     _, kv = model(ctx, torch.full((2, F), CONTEXT_NOISE), actions)
-    keep = min(F, CONFIG["attention_window"]) * 4
+    keep = min(F, CONFIG["attention_window"]) * model.grid_size**2
     return [(k[:, :, -keep:], v[:, :, -keep:]) for k, v in kv]
 
 
