@@ -102,6 +102,20 @@ def test_the_first_frame_of_every_block_is_the_sequential_frame(model, frames):
     assert not torch.allclose(speculative[:, 1:], sequential[:, 1:], atol=1e-3)
 
 
+def test_first_frame_check_rejects_attention_to_later_frames_of_the_block(model, monkeypatch):
+    """Mutation: attention without the block-causal mask. Sequential frames are unchanged (a lone frame over a full
+    cache attends to everything anyway); a block's first frame now sees its successors and leaves the sequential law."""
+    actions, start = torch.full((4, 2), 2), context_frames(frames=1)
+    sequential, _ = run(model, actions, FrameSpeculation.sequential(), context=start)
+    attention = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, attn_mask=None: attention(q, k, v))
+    unmasked_sequential, _ = run(model, actions, FrameSpeculation.sequential(), context=start)
+    unmasked, _ = run(model, actions, FrameSpeculation(frames=4), context=start)
+    assert torch.allclose(unmasked_sequential[:, 0], sequential[:, 0], atol=ATOL)
+    assert not torch.allclose(unmasked[:, 0], unmasked_sequential[:, 0], atol=1e-3)
+
+
 @pytest.mark.parametrize("frames", [1, 2, 3])
 @pytest.mark.parametrize("context", ["eager", "pipelined"])
 def test_cached_speculation_equals_an_uncached_recompute(model, frames, context):
