@@ -1,4 +1,4 @@
-"""Demo tabs, one per pipeline kind. A new pipeline family (continuous MAR-style, next-frame video) adds its module
+"""Demo tabs, one per pipeline kind (image, text, world = next-frame video). A new pipeline family adds its module
 here and one entry to `TABS`; `build_demo` and the other tabs stay as they are."""
 
 from apps.tabs.base import Tab
