@@ -18,11 +18,12 @@ after an untimed warm-up. Methods (`mmspec.video.FrameSpeculation`):
 
 Columns per (method, change probability): FPS (emitted frames / wall-clock seconds of the stepping loop, decoding
 included), the speedup against `sequential` and against `strict` (the faster way to generate without speculation:
-one forward fewer per frame) in the same run, model forwards per frame, frames discarded, rollbacks,
-the model / decoder share of the time, and quality against the ground-truth rollout of the world's physics: PSNR and
-SSIM of every generated frame (frames 2..N of a block are joint samples, so speculation may change quality; the
-sequential row is the reference). JSON key `speedup_at_change_rate_0.1` is the headline method's (--headline) FPS
-over `strict`'s: speculation's own gain, with the context-pass pipelining that both use factored out.
+one forward fewer per frame) in the same run, the time split (model-only FPS: the DiT's Euler steps and cache
+updates; autoencoder decoding in ms per frame), model forwards per frame, frames discarded, rollbacks, and quality
+against the ground-truth rollout of the world's physics: PSNR and SSIM of every generated frame (frames 2..N of a
+block are joint samples, so speculation may change quality; the sequential row is the reference). JSON key
+`speedup_at_change_rate_0.1` is the headline method's (--headline) FPS over `strict`'s: speculation's own gain, with
+the context-pass pipelining that both use factored out.
 """
 
 from __future__ import annotations
@@ -56,10 +57,11 @@ class Row:
     method: str
     change_prob: float
     fps: float
+    model_fps: float
+    decode_ms_per_frame: float
     forwards_per_frame: float
     frames_discarded: int
     rollbacks: int
-    model_share: float
     psnr_db: float
     ssim: float
     speedup_vs_sequential: float = 1.0
@@ -96,39 +98,66 @@ def rollout_session(pipe, start: np.ndarray, actions: list[int], speculation, se
     return np.concatenate(frames), seconds, session.close()
 
 
-def run(pipe, method: str, episodes, change_prob: float, args) -> tuple[Row, np.ndarray, np.ndarray]:
-    """One method on every episode; returns the row, per-frame PSNR [episodes, T] and episode 0's frames."""
-    frames = seconds = forwards = discarded = rollbacks = model_seconds = decode_seconds = 0
-    psnrs, ssims = [], []
+def run(pipe, methods: list[str], episodes, change_prob: float, args) -> tuple[list[Row], dict, dict]:
+    """Every method on every episode, interleaved (episode by episode, so that drifts of the machine's speed hit every
+    method alike); returns the rows, per method the per-frame PSNR [episodes, T] and episode 0's frames."""
+    totals = {m: dict(frames=0, seconds=0.0, forwards=0, discarded=0, rollbacks=0, model=0.0, decode=0.0)
+              for m in methods}
+    psnrs, ssims, first_videos = {m: [] for m in methods}, {m: [] for m in methods}, {}
     for index, (truth, actions) in enumerate(episodes):
-        video, wall, stats = rollout_session(pipe, truth[0], actions, METHODS[method], 1000 + index, args.steps)
-        psnr, ssim = psnr_ssim(video, truth[1:].astype(np.float64) / 255)
-        psnrs.append(psnr)
-        ssims.append(ssim)
-        frames += len(actions)
-        seconds += wall
-        forwards += stats.target_forwards
-        discarded += stats.frames_discarded
-        rollbacks += stats.rollbacks
-        model_seconds += stats.timings["model"]
-        decode_seconds += stats.timings["decode"]
-        if index == 0:
-            first_video = video
-    psnrs = np.stack(psnrs)
-    row = Row(method, change_prob, frames / seconds, forwards / frames, discarded, rollbacks,
-              model_seconds / (model_seconds + decode_seconds), float(psnrs.mean()), float(np.mean(ssims)))
-    return row, psnrs, first_video
+        for method in methods:
+            video, wall, stats = rollout_session(pipe, truth[0], actions, METHODS[method], 1000 + index, args.steps)
+            psnr, ssim = psnr_ssim(video, truth[1:].astype(np.float64) / 255)
+            psnrs[method].append(psnr)
+            ssims[method].append(ssim)
+            total = totals[method]
+            total["frames"] += len(actions)
+            total["seconds"] += wall
+            total["forwards"] += stats.target_forwards
+            total["discarded"] += stats.frames_discarded
+            total["rollbacks"] += stats.rollbacks
+            total["model"] += stats.timings["model"]
+            total["decode"] += stats.timings["decode"]
+            if index == 0:
+                first_videos[method] = video
+    rows = []
+    for method, t in totals.items():
+        rows.append(Row(method, change_prob, t["frames"] / t["seconds"], t["frames"] / t["model"],
+                        1000 * t["decode"] / t["frames"], t["forwards"] / t["frames"], t["discarded"],
+                        t["rollbacks"], float(np.mean(psnrs[method])), float(np.mean(ssims[method]))))
+    return rows, {m: np.stack(v) for m, v in psnrs.items()}, first_videos
+
+
+def pass_costs(model, frames=(1, 2, 4, 8), repeats: int = 30) -> dict[int, float]:
+    """Median ms of one forward over n new frames after a full cache (batch 1), per n: what a block of n costs per
+    Euler step, and where `FrameSpeculation.frame_cost` comes from."""
+    window, tokens, channels = model.config.attention_window, model.tokens_per_frame, model.config.latent_channels
+    costs = {}
+    for n in frames:
+        cache = model.new_cache(1, max_speculative=max(n, window))
+        _, kv = model(torch.zeros(1, window, tokens, channels), torch.zeros(1, window),
+                      torch.zeros(1, window, dtype=torch.long), 0, cache)
+        cache.append([k for k, _ in kv], [v for _, v in kv])
+        cache.commit(window)
+        latents, times = torch.zeros(1, n, tokens, channels), torch.ones(1, n)
+        actions = torch.zeros(1, n, dtype=torch.long)
+        samples = []
+        for _ in range(repeats + 3):
+            began = time.perf_counter()
+            model(latents, times, actions, window, cache)
+            samples.append(time.perf_counter() - began)
+        costs[n] = round(1000 * float(np.median(samples[3:])), 3)
+    return costs
 
 
 def print_table(rows: list[Row]) -> None:
-    print("| method | change prob | FPS | speedup vs sequential | vs strict | forwards / frame | discarded | "
-          "rollbacks | model share | PSNR (dB) | SSIM |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| method | change prob | FPS | speedup vs sequential | vs strict | model-only FPS | decode ms / frame | "
+          "forwards / frame | discarded | rollbacks | PSNR (dB) | SSIM |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r.method} | {r.change_prob:g} | {r.fps:.1f} | {r.speedup_vs_sequential:.2f} | "
-              f"{r.speedup_vs_strict:.2f} | "
-              f"{r.forwards_per_frame:.2f} | {r.frames_discarded} | {r.rollbacks} | {r.model_share:.0%} | "
-              f"{r.psnr_db:.2f} | {r.ssim:.3f} |")
+              f"{r.speedup_vs_strict:.2f} | {r.model_fps:.1f} | {r.decode_ms_per_frame:.1f} | "
+              f"{r.forwards_per_frame:.2f} | {r.frames_discarded} | {r.rollbacks} | {r.psnr_db:.2f} | {r.ssim:.3f} |")
 
 
 def plot(rows: list[Row], psnr_curves: dict[str, np.ndarray], path: Path) -> None:
@@ -160,10 +189,10 @@ def save_strip(truth: np.ndarray, videos: dict[str, np.ndarray], path: Path, fra
     """PNG: a row per rollout (ground truth, then each method) of episode 0's first `frames` frames, 2x nearest."""
     from PIL import Image
 
-    rows = [truth[1 : frames + 1]] + [video[:frames] for video in videos.values()]
+    rows = [truth[1 : frames + 1] / 255] + [video[:frames] for video in videos.values()]
     strip = np.concatenate([np.concatenate(list(row), axis=1) for row in rows], axis=0)
     path.parent.mkdir(parents=True, exist_ok=True)
-    image = Image.fromarray(strip if strip.dtype == np.uint8 else (strip * 255).round().astype(np.uint8))
+    image = Image.fromarray((strip * 255).round().astype(np.uint8))
     image.resize((image.width * 2, image.height * 2), Image.NEAREST).save(path)
 
 
@@ -191,16 +220,17 @@ def main(argv: list[str] | None = None) -> dict:
     for method in args.methods:  # untimed warm-up of every code path
         rollout_session(pipe, warm[0][0], warm[1], METHODS[method], 0, args.steps)
 
+    costs = pass_costs(pipe.transformer)
+    print("ms per forward by frames in the pass: " + ", ".join(f"{n}: {ms:.2f}" for n, ms in costs.items()))
     rows, curves, strip_videos = [], {}, {}
     for change_prob in args.change_probs:
         episodes = ground_truth(args.episodes, args.frames, change_prob)
-        for method in args.methods:
-            row, psnrs, first_video = run(pipe, method, episodes, change_prob, args)
-            rows.append(row)
-            if change_prob == 0.1:
-                curves[method], strip_videos[method] = psnrs.mean(0), first_video
-                strip_truth = episodes[0][0]
-            print(f"{method} @ {change_prob:g}: {row.fps:.1f} FPS, PSNR {row.psnr_db:.2f} dB", flush=True)
+        prob_rows, psnrs, first_videos = run(pipe, args.methods, episodes, change_prob, args)
+        rows += prob_rows
+        if change_prob == 0.1:
+            curves = {m: p.mean(0) for m, p in psnrs.items()}
+            strip_videos, strip_truth = first_videos, episodes[0][0]
+        print(", ".join(f"{r.method} {r.fps:.1f} FPS" for r in prob_rows) + f" @ change {change_prob:g}", flush=True)
     for row in rows:
         for baseline in ("sequential", "strict"):
             base = next((r for r in rows if r.method == baseline and r.change_prob == row.change_prob), None)
@@ -212,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
         save_strip(strip_truth, strip_videos, args.strip)
 
     result = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot", "strip")},
-              "rows": [asdict(r) for r in rows],
+              "pass_ms_by_frames": costs, "rows": [asdict(r) for r in rows],
               "psnr_per_frame_at_change_0.1": {m: [round(float(v), 3) for v in c] for m, c in curves.items()}}
     for row in rows:
         if row.method == args.headline:

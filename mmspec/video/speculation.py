@@ -54,7 +54,7 @@ class FrameSpeculation:
 
     frames: int = 4
     adaptive: bool = False
-    frame_cost: float = 0.3
+    frame_cost: float = 0.2
     context: str = "eager"
 
     def __post_init__(self):
