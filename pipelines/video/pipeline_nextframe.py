@@ -91,7 +91,7 @@ class NextFramePipeline(DiffusionPipeline):
         if isinstance(image, list) and image and all(isinstance(i, PIL.Image.Image) for i in image):
             image = np.stack([np.asarray(i.convert("RGB")) for i in image])[:, None]
         if isinstance(image, np.ndarray):
-            image = torch.from_numpy(image)
+            image = torch.from_numpy(np.array(image))  # a copy: arrays of PIL images are read-only
         if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8:
             raise TypeError("image must be a PIL image, a list of them (one per video), or a uint8 array / tensor "
                             f"[H, W, 3], [B, H, W, 3] or [B, k, H, W, 3]; got {type(image).__name__}"
