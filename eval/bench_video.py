@@ -128,6 +128,7 @@ def run(pipe, methods: list[str], episodes, change_prob: float, args) -> tuple[l
     return rows, {m: np.stack(v) for m, v in psnrs.items()}, first_videos
 
 
+@torch.no_grad()
 def pass_costs(model, frames=(1, 2, 4, 8), repeats: int = 30) -> dict[int, float]:
     """Median ms of one forward over n new frames after a full cache (batch 1), per n: what a block of n costs per
     Euler step, and where `FrameSpeculation.frame_cost` comes from."""
@@ -213,7 +214,6 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.episodes, args.frames = 3, 32
-    torch.set_grad_enabled(False)
     pipe = load_video_pipeline(args.model)
     pipe.set_progress_bar_config(disable=True)
     warm = ground_truth(1, 8, 0.2)[0]
