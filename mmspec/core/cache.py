@@ -43,25 +43,32 @@ def forward_window(model, state: RaggedCacheState, tokens: torch.Tensor, valid: 
     tokens: [B, W] long. valid: [B, W] bool, False for padding slots that must stay invisible (None = all valid).
     Returns logits [B, W, V] in the model's dtype. Logits at invalid slots are meaningless.
     """
+    return forward_ragged(model, state, valid, input_ids=tokens).logits
+
+
+def forward_ragged(model, state: RaggedCacheState, valid: torch.Tensor | None = None, **inputs):
+    """`forward_window` for any transformers decoder: `inputs` is `input_ids=[B, W]` or `inputs_embeds=[B, W, D]`
+    (e.g. a model whose image tokens enter through their own embedding); returns the model's output (logits or
+    last_hidden_state, whatever the model returns)."""
     from transformers import DynamicCache
 
-    B, W = tokens.shape
+    B, W = next(iter(inputs.values())).shape[:2]
     if valid is None:
-        valid = torch.ones_like(tokens, dtype=torch.bool)
+        valid = torch.ones(B, W, dtype=torch.bool, device=state.slot_mask.device)
     positions = state.lengths[:, None] + valid.long().cumsum(-1) - 1  # [B, W]
     slot_mask = torch.cat([state.slot_mask, valid], dim=1)  # [B, S + W]
     if state.cache is None:
         state.cache = DynamicCache(config=model.config)
     # An invalid slot with no valid slot before it is a fully masked query; transformers' masks handle that (no NaN).
     out = model(
-        input_ids=tokens,
+        **inputs,
         attention_mask=slot_mask.long(),
         position_ids=positions.clamp(min=0),
         past_key_values=state.cache,
         use_cache=True,
     )
     state.slot_mask = slot_mask
-    return out.logits
+    return out
 
 
 def truncate(state: RaggedCacheState, keep: torch.Tensor) -> None:

@@ -1,0 +1,182 @@
+"""JanusAdapter on a tiny random JanusForConditionalGeneration (built in code, offline): AR through the adapter equals
+transformers' own image-mode generate token for token (greedy, CFG), SJD equals AR greedily, the ragged cache after
+every SJD iteration equals a fresh prefill of the committed prefix, LANTERN's neighbour table builds from the
+codebook, clear errors."""
+
+import pytest
+import torch
+
+from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.stats import SpecStats
+from mmspec.image import COUPLINGS, ARDecoding, NeighbourTable, SJDDecoding
+from mmspec.models.janus import JanusAdapter, JanusCondition
+from tests.law import chi_square_p_value
+
+BOS, PAD, BOI = 2, 1, 3
+
+
+def tiny_janus(seed: int = 0):
+    from transformers import JanusConfig, JanusForConditionalGeneration
+
+    config = JanusConfig(
+        text_config={"model_type": "llama", "vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "intermediate_size": 37, "max_position_embeddings": 512,
+                     "pad_token_id": PAD},
+        vision_config={"image_size": 20, "patch_size": 5, "num_image_tokens": 16, "hidden_size": 32,
+                       "projection_dim": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "mlp_ratio": 2},
+        vq_config={"embed_dim": 12, "num_embeddings": 12, "latent_channels": 12, "base_channels": 32,
+                   "channel_multiplier": [1, 1], "projection_dim": 32, "image_token_embed_dim": 32},
+        image_token_id=0)
+    torch.manual_seed(seed)
+    model = JanusForConditionalGeneration(config).eval()
+    model.generation_config.generation_kwargs = {"boi_token_id": BOI}
+    model.generation_config.bos_token_id, model.generation_config.pad_token_id = BOS, PAD
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_janus()
+
+
+PROMPTS = torch.tensor([[BOS, 5, 6, 7, 8, BOI], [BOS, 9, 10, 11, 12, BOI], [BOS, 13, 5, 14, 9, BOI]])
+
+
+def run(decoding, adapter, condition, sampling, generator=None):
+    stats = SpecStats()
+    with torch.no_grad():
+        *_, last = decoding(adapter, condition, sampling, generator, stats)
+    return last.tokens, stats
+
+
+def test_greedy_ar_through_the_adapter_equals_transformers_image_generate(model):
+    adapter = JanusAdapter(model)
+    assert adapter.grid == (4, 4) and adapter.vocab_size == 12
+    for guidance in (1.5, 2.0, 5.0):  # transformers' image loop needs CFG > 1 (at 1 its scores keep both halves)
+        ours, stats = run(ARDecoding(), adapter, JanusCondition(PROMPTS), SamplingConfig(0, guidance_scale=guidance))
+        with torch.no_grad():
+            theirs = model.generate(input_ids=PROMPTS, attention_mask=torch.ones_like(PROMPTS),
+                                    generation_mode="image", do_sample=False, guidance_scale=guidance)
+        assert torch.equal(ours, theirs), guidance
+        assert stats.target_forwards == 16
+
+
+def test_left_padded_prompts_give_each_prompt_its_own_image(model):
+    adapter = JanusAdapter(model)
+    short = torch.tensor([[PAD, PAD, BOS, 7, 8, BOI]])
+    mask = (short != PAD).long()
+    greedy = SamplingConfig(0, guidance_scale=3.0)
+    padded, _ = run(ARDecoding(), adapter, JanusCondition(torch.cat([short, PROMPTS[:1]]),
+                                                          torch.cat([mask, torch.ones(1, 6, dtype=torch.long)])),
+                    greedy)
+    alone, _ = run(ARDecoding(), adapter, JanusCondition(short[:, 2:]), greedy)
+    first, _ = run(ARDecoding(), adapter, JanusCondition(PROMPTS[:1]), greedy)
+    assert torch.equal(padded[0], alone[0]) and torch.equal(padded[1], first[0])
+
+
+@pytest.mark.parametrize("window", [3, 16])
+def test_greedy_sjd_equals_greedy_ar(model, window):
+    adapter, condition = JanusAdapter(model), JanusCondition(PROMPTS)
+    greedy = SamplingConfig(0, guidance_scale=3.0)
+    ar, _ = run(ARDecoding(), adapter, condition, greedy)
+    for coupling in COUPLINGS:
+        sjd, stats = run(SJDDecoding(window, "horizontal", coupling), adapter, condition, greedy,
+                         torch.Generator().manual_seed(0))
+        assert torch.equal(sjd, ar), coupling
+        assert stats.target_forwards <= 16
+
+
+def check_cache_after_every_iteration(adapter):
+    """After every SJD iteration, each row's valid cache slots (and its unconditional twin's) hold exactly the keys /
+    values of a fresh prefill of its prompt plus its committed image tokens."""
+    ids = torch.cat([torch.tensor([[PAD, BOS, 7, 8, 9, BOI]]), PROMPTS[1:]])
+    mask = (ids != PAD).long()
+    condition = JanusCondition(ids, mask)
+    captured, prefill = {}, adapter.prefill
+
+    def spy(*args, **kwargs):
+        captured["state"], logits = prefill(*args, **kwargs)
+        return captured["state"], logits
+
+    adapter.prefill = spy
+    iterations = 0
+    with torch.no_grad():
+        for step in SJDDecoding(4, "vertical", "maximal")(adapter, condition, SamplingConfig(1.0, guidance_scale=3.0),
+                                                          torch.Generator().manual_seed(0), SpecStats()):
+            state = captured["state"].cache
+            for b, c in enumerate(step.n_committed.tolist()):
+                fresh, _ = prefill(JanusCondition(ids[b : b + 1], mask[b : b + 1]), cfg=True)
+                if c > 1:
+                    adapter.forward(step.tokens[b : b + 1, : c - 1], fresh)
+                for row, fresh_row in ((b, 0), (b + 3, 1)):  # conditional row and its unconditional twin
+                    slots, fresh_slots = state.slot_mask[row], fresh.cache.slot_mask[fresh_row]
+                    assert int(slots.sum()) == int(fresh_slots.sum()) == int(mask[b].sum()) + c - 1
+                    for ours, theirs in zip(state.cache.layers, fresh.cache.cache.layers, strict=True):
+                        for mine, reference in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
+                            torch.testing.assert_close(mine[row][:, slots], reference[fresh_row][:, fresh_slots],
+                                                       rtol=0, atol=1e-5)
+            iterations += 1
+    assert 1 < iterations < 16
+
+
+def test_cache_equals_a_fresh_prefill_of_the_committed_prefix_after_every_iteration(model):
+    check_cache_after_every_iteration(JanusAdapter(model))
+
+
+def test_cache_check_rejects_a_skipped_rollback(model):
+    adapter = JanusAdapter(model)
+    adapter.rollback = lambda state, keep: None  # mutation: rejected drafts stay in the cache
+    with pytest.raises(AssertionError):
+        check_cache_after_every_iteration(adapter)
+
+
+def exact_law_of_the_first_two_tokens(adapter, prompt, sampling):
+    """[V, V] float64: P(token 0, token 1) of the adapter's processed laws."""
+    V = adapter.vocab_size
+    with torch.no_grad():
+        state, logits = adapter.prefill(JanusCondition(prompt.expand(V, -1)), cfg=True)
+        first = process_logits(logits.cond[0, -1].double(), sampling, logits.uncond[0, -1].double())
+        logits = adapter.forward(torch.arange(V)[:, None], state)
+        second = process_logits(logits.cond[:, -1].double(), sampling, logits.uncond[:, -1].double())
+    return first[:, None] * second
+
+
+def test_sampled_ar_and_transformers_sampling_follow_the_same_law(model):
+    """Seeded sampling cannot match draw for draw (different random streams); both samplers' first two tokens are
+    chi-square tested against the exact law (CFG 2, top-k 6), and a stale law is rejected."""
+    adapter, rows = JanusAdapter(model), 4000
+    sampling = SamplingConfig(1.0, top_k=6, guidance_scale=2.0)
+    law = exact_law_of_the_first_two_tokens(adapter, PROMPTS[:1], sampling).flatten()
+    ours, _ = run(ARDecoding(), adapter, JanusCondition(PROMPTS[:1].expand(rows, -1)), sampling,
+                  torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        theirs = model.generate(input_ids=PROMPTS[:1].expand(rows, -1), attention_mask=torch.ones(rows, 6),
+                                generation_mode="image", do_sample=True, top_k=6, guidance_scale=2.0)
+    V = adapter.vocab_size
+    for tokens in (ours, theirs):
+        counts = torch.bincount(tokens[:, 0] * V + tokens[:, 1], minlength=V * V)
+        assert chi_square_p_value(counts, law) > 1e-3
+    no_cfg = exact_law_of_the_first_two_tokens(adapter, PROMPTS[:1], SamplingConfig(1.0, top_k=6)).flatten()
+    assert chi_square_p_value(torch.bincount(ours[:, 0] * V + ours[:, 1], minlength=V * V), no_cfg) < 1e-6
+
+
+def test_decode_and_lantern_neighbours_from_the_codebook(model):
+    adapter = JanusAdapter(model)
+    images = adapter.decode(torch.zeros(2, 16, dtype=torch.long))
+    assert images.shape == (2, 3, 8, 8)
+    table = NeighbourTable.build(adapter.codebook(), k_max=4, cache=False)
+    assert table.k_max == 4
+
+
+def test_clear_errors(model):
+    with pytest.raises(TypeError, match="must be a transformers JanusForConditionalGeneration"):
+        JanusAdapter(torch.nn.Linear(2, 2))
+    broken = tiny_janus()
+    broken.generation_config.generation_kwargs = {}
+    with pytest.raises(ValueError, match=r"lacks \['generation_kwargs\[\"boi_token_id\"\]'\]"):
+        JanusAdapter(broken)
+    with pytest.raises(ValueError, match=r"tokens must have shape \[3, W\]"):
+        adapter = JanusAdapter(model)
+        state, _ = adapter.prefill(JanusCondition(PROMPTS), cfg=False)
+        adapter.forward(torch.zeros(2, 1, dtype=torch.long), state)
