@@ -13,6 +13,7 @@ import torch
 
 from apps.tabs.base import COMPUTE, StreamedImages, check_number, shows_errors
 from mmspec.video import FrameSpeculation
+from mmspec.zoo.video_world import ACTIONS, episode, render_frame
 
 BUTTONS = (("left", "←"), ("up", "↑"), ("down", "↓"), ("right", "→"), ("stay", "stay"))
 WORLD_HEADERS = ["method", "frames emitted", "computed", "discarded", "rollbacks", "model forwards / frame", "FPS",
@@ -69,7 +70,7 @@ class WorldTab:
             "from the model's joint law, so the two rollouts drift apart."
         )
         with gr.Row():
-            episode = gr.Number(label="Start: held-out episode", value=0, precision=0)
+            start_episode = gr.Number(label="Start: held-out episode", value=0, precision=0)
             frames = gr.Slider(1, 8, value=4, step=1, label="Frames speculated per pass (N)")
             adaptive = gr.Checkbox(label="Adaptive N (up to the slider)", value=False)
             steps = gr.Slider(1, 8, value=4, step=1, label="Euler steps per frame")
@@ -86,7 +87,7 @@ class WorldTab:
         status = gr.Markdown(elem_id="world-status")
         state = gr.State(None)
         outputs = [state, sequential, speculative, stats, status]
-        start.click(self.start, [episode, frames, adaptive, steps, seed], outputs, api_name="start_world",
+        start.click(self.start, [start_episode, frames, adaptive, steps, seed], outputs, api_name="start_world",
                     concurrency_limit=1)
         for name, button in buttons.items():
             button.click(self.stepper(name), [state], outputs, api_name=f"world_{name}", concurrency_limit=1)
@@ -99,24 +100,22 @@ class WorldTab:
         return (world, self.shown(world.frames["sequential"]), self.shown(world.frames["speculative"]),
                 world.rows(), status)
 
-    @shows_errors
-    def start(self, episode, frames, adaptive, steps, seed):
-        from mmspec.zoo.video_world import episode as world_episode
-        from mmspec.zoo.video_world import render_frame
+    def open_world(self, index: int, speculation: FrameSpeculation, seed: int, steps: int) -> WorldSessions:
+        """Both sessions from the first frame of held-out episode `index`, built on the compute thread."""
+        world = episode(index, "heldout")
+        start = render_frame(world, world.start)
+        return COMPUTE.submit(WorldSessions, self.pipe, start, speculation, seed, steps).result()
 
-        index = check_number("Start: held-out episode", episode, 0, 10**6, integer=True)
+    @shows_errors
+    def start(self, episode_index, frames, adaptive, steps, seed):
+        index = check_number("Start: held-out episode", episode_index, 0, 10**6, integer=True)
         n = check_number("Frames speculated per pass", frames, 1, 8, integer=True)
         steps = check_number("Euler steps per frame", steps, 1, 8, integer=True)
         seed = check_number("Seed", seed, 0, 2**31 - 1, integer=True)
-        world = world_episode(index, "heldout")
-        start = render_frame(world, world.start)
         speculation = FrameSpeculation(frames=n, adaptive=bool(adaptive), context="pipelined")
-        sessions = COMPUTE.submit(WorldSessions, self.pipe, start, speculation, seed, steps).result()
-        return self.outputs(sessions, f"Episode {index}: press an arrow.")
+        return self.outputs(self.open_world(index, speculation, seed, steps), f"Episode {index}: press an arrow.")
 
     def stepper(self, name: str):
-        from mmspec.zoo.video_world import ACTIONS
-
         action = ACTIONS.index(name)
 
         @shows_errors
@@ -137,11 +136,6 @@ class WorldTab:
         return step
 
     def warm_up(self) -> None:
-        from mmspec.zoo.video_world import episode as world_episode
-        from mmspec.zoo.video_world import render_frame
-
-        world = world_episode(0, "heldout")
-        sessions = COMPUTE.submit(WorldSessions, self.pipe, render_frame(world, world.start),
-                                  FrameSpeculation(frames=4, context="pipelined"), 0, 4).result()
+        sessions = self.open_world(0, FrameSpeculation(frames=4, context="pipelined"), seed=0, steps=4)
         for action in (4, 4, 1):
             COMPUTE.submit(sessions.step, action).result()

@@ -75,9 +75,13 @@ def vae_metrics(vae: KLAutoencoder, images: torch.Tensor) -> dict:
             "latent_std": round(latents.std().item(), 4)}
 
 
-def train_vae(work: Path, pool: torch.Tensor, held_out: torch.Tensor, args) -> KLAutoencoder:
+def train_kl_autoencoder(work: Path, config: dict, name: str, folder: str, pool: torch.Tensor, held_out: torch.Tensor,
+                         args, seed: int) -> KLAutoencoder:
+    """Train `KLAutoencoder(**config)` on uint8 images pool [N, H, W, 3] (--vae-steps / --vae-batch-size / --vae-lr,
+    checkpoint `ckpt-<name>.pt`), set its scaling factor to 1 / the held-out latents' std and save it in
+    `<work>/<folder>` with its held-out metrics. Shared by the MAR and the video world."""
     torch.manual_seed(args.seed)
-    vae = KLAutoencoder(**VAE_CONFIG)
+    vae = KLAutoencoder(**config)
 
     def batch_fn(generator):
         return to_model_range(pool[torch.randint(0, len(pool), (args.vae_batch_size,), generator=generator)])
@@ -88,12 +92,11 @@ def train_vae(work: Path, pool: torch.Tensor, held_out: torch.Tensor, args) -> K
         mse = F.mse_loss(model.decode(latents), x)
         return mse + KL_WEIGHT * kl_divergence(mean, logvar).mean(), mse
 
-    seconds = train_loop("vae", vae, steps=args.vae_steps, lr=args.vae_lr, loss_fn=loss_fn, batch_fn=batch_fn,
-                         work_dir=work, seed=args.seed + STAGE_SEEDS["vae"], ckpt_every=args.ckpt_every,
-                         weight_decay=0.0)
+    seconds = train_loop(name, vae, steps=args.vae_steps, lr=args.vae_lr, loss_fn=loss_fn, batch_fn=batch_fn,
+                         work_dir=work, seed=seed, ckpt_every=args.ckpt_every, weight_decay=0.0)
     metrics = vae_metrics(vae, held_out)
     vae.register_to_config(scaling_factor=round(1 / metrics["latent_std"], 4))
-    save_stage(vae, work / "mar_vae", metrics, args.vae_steps, args.vae_batch_size, seconds)
+    save_stage(vae, work / folder, metrics, args.vae_steps, args.vae_batch_size, seconds)
     return vae
 
 
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
     if args.only in (None, "vae"):
-        train_vae(work, pool, held_out, args)
+        train_kl_autoencoder(work, VAE_CONFIG, "vae", "mar_vae", pool, held_out, args, args.seed + STAGE_SEEDS["vae"])
     if args.only in (None, "tokens"):
         vae = KLAutoencoder.from_pretrained(work / "mar_vae")
         for split, images, captions in (("train", pool, train_captions), ("heldout", held_out, held_out_captions)):

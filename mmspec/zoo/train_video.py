@@ -31,8 +31,7 @@ from tqdm.auto import tqdm
 from mmspec.models.mar import KLAutoencoder
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.zoo import ZOO_DIR
-from mmspec.zoo.train_image import to_model_range
-from mmspec.zoo.train_mar import KL_WEIGHT, kl_divergence, vae_metrics
+from mmspec.zoo.train_mar import encode_tokens, train_kl_autoencoder
 from mmspec.zoo.training import add_stage_arguments, save_stage, train_loop
 from mmspec.zoo.video_world import episode, persistent_actions, rollout
 
@@ -61,35 +60,9 @@ def make_rollouts(split: str, episodes: int, num_actions: int = ROLLOUT_ACTIONS)
     return np.stack(frames), np.array(actions, dtype=np.int8)
 
 
-def train_vae(work: Path, frames: torch.Tensor, held_out: torch.Tensor, args) -> KLAutoencoder:
-    torch.manual_seed(args.seed)
-    vae = KLAutoencoder(**VAE_CONFIG)
-
-    def batch_fn(generator):
-        return to_model_range(frames[torch.randint(0, len(frames), (args.vae_batch_size,), generator=generator)])
-
-    def loss_fn(model, x):
-        mean, logvar = model.encode(x)
-        latents = mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
-        mse = F.mse_loss(model.decode(latents), x)
-        return mse + KL_WEIGHT * kl_divergence(mean, logvar).mean(), mse
-
-    seconds = train_loop("video-vae", vae, steps=args.vae_steps, lr=args.vae_lr, loss_fn=loss_fn, batch_fn=batch_fn,
-                         work_dir=work, seed=args.seed + STAGE_SEEDS["vae"], ckpt_every=args.ckpt_every,
-                         weight_decay=0.0)
-    metrics = vae_metrics(vae, held_out)
-    vae.register_to_config(scaling_factor=round(1 / metrics["latent_std"], 4))
-    save_stage(vae, work / "video_vae", metrics, args.vae_steps, args.vae_batch_size, seconds)
-    return vae
-
-
-@torch.no_grad()
 def encode_frames(vae: KLAutoencoder, frames: np.ndarray) -> torch.Tensor:
     """uint8 frames [E, T, H, W, 3] -> latent tokens [E, T, h*w, C]: scaled mean latents in raster order."""
-    vae.eval()
-    flat = torch.from_numpy(frames.reshape(-1, *frames.shape[2:]))
-    latents = torch.cat([vae.encode(to_model_range(chunk))[0] for chunk in flat.split(256)])
-    tokens = (latents * vae.config.scaling_factor).flatten(2).transpose(1, 2)
+    tokens = encode_tokens(vae, torch.from_numpy(frames.reshape(-1, *frames.shape[2:])))
     return tokens.reshape(*frames.shape[:2], *tokens.shape[1:])
 
 
@@ -193,9 +166,11 @@ def main(argv: list[str] | None = None) -> None:
             np.save(work / f"video-{split}-actions.npy", actions)
     if args.only in (None, "vae"):
         frames = {split: np.load(work / f"video-{split}-frames.npy") for split in splits}
-        train_vae(work, torch.from_numpy(frames["train"].reshape(-1, *frames["train"].shape[2:])),
-                  torch.from_numpy(frames["heldout"][:, :: math.ceil(ROLLOUT_ACTIONS / 4)].reshape(
-                      -1, *frames["heldout"].shape[2:])), args)
+        pool = torch.from_numpy(frames["train"].reshape(-1, *frames["train"].shape[2:]))
+        held_out = torch.from_numpy(frames["heldout"][:, :: math.ceil(ROLLOUT_ACTIONS / 4)].reshape(
+            -1, *frames["heldout"].shape[2:]))
+        train_kl_autoencoder(work, VAE_CONFIG, "video-vae", "video_vae", pool, held_out, args,
+                             args.seed + STAGE_SEEDS["vae"])
     if args.only in (None, "latents"):
         vae = KLAutoencoder.from_pretrained(work / "video_vae")
         for split in splits:

@@ -67,6 +67,16 @@ def randomised(**config) -> NextFrameTransformer:
     return model
 
 
+def cached_one_by_one(model, latents, t, actions, frames: int):
+    """A cache that appended and committed frames 0 .. frames - 1 one at a time."""
+    cache = model.new_cache(2, max_speculative=1)
+    for f in range(frames):
+        _, kv = model(latents[:, f : f + 1], t[:, f : f + 1], actions[:, f : f + 1], f, cache)
+        cache.append([k for k, _ in kv], [v for _, v in kv])
+        cache.commit(1)
+    return cache
+
+
 @torch.no_grad()
 def test_a_frame_sees_only_the_attention_window_before_it():
     model = randomised(attention_window=2)
@@ -90,11 +100,7 @@ def test_an_evicted_window_gives_the_uncached_result_at_absolute_positions():
     model = randomised(attention_window=3)
     latents, t, actions = inputs(7)
     full, _ = model(latents, t, actions)
-    cache = model.new_cache(2, max_speculative=1)
-    for f in range(6):
-        _, kv = model(latents[:, f : f + 1], t[:, f : f + 1], actions[:, f : f + 1], f, cache)
-        cache.append([k for k, _ in kv], [v for _, v in kv])
-        cache.commit(1)
+    cache = cached_one_by_one(model, latents, t, actions, 6)
     assert cache.positions.tolist() == [3, 4, 5]
     cached, _ = model(latents[:, 6:], t[:, 6:], actions[:, 6:], 6, cache)
     assert torch.allclose(cached, full[:, 6:], atol=1e-5)
@@ -111,11 +117,7 @@ def test_patches_round_trip_and_keep_block_causality_and_the_cache():
     assert torch.equal(model.patchify(latents)[0, 0, 0].view(4, 3), latents[0, 0, [0, 1, 4, 5]])
     t, actions = torch.rand(2, 5, generator=g), torch.randint(0, 5, (2, 5), generator=g)
     full, _ = model(latents, t, actions)
-    cache = model.new_cache(2, max_speculative=2)
-    for f in range(4):
-        _, kv = model(latents[:, f : f + 1], t[:, f : f + 1], actions[:, f : f + 1], f, cache)
-        cache.append([k for k, _ in kv], [v for _, v in kv])
-        cache.commit(1)
+    cache = cached_one_by_one(model, latents, t, actions, 4)
     cached, _ = model(latents[:, 4:], t[:, 4:], actions[:, 4:], 4, cache)
     assert cache.positions.tolist() == [2, 3] and torch.allclose(cached, full[:, 4:], atol=1e-5)
 
