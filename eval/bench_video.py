@@ -88,9 +88,10 @@ def psnr_ssim(frames: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.nda
     return psnr, ssim.numpy()
 
 
-def rollout_session(pipe, start: np.ndarray, actions: list[int], speculation, seed: int, steps: int):
+def rollout_session(pipe, start: np.ndarray, actions: list[int], speculation, seed: int, steps: int,
+                    context_noise: float = 0.1):
     """Step one episode interactively; returns (frames [T, H, W, 3] in [0, 1], wall seconds, stats)."""
-    session = pipe.start_session(start, speculation=speculation, num_inference_steps=steps,
+    session = pipe.start_session(start, speculation=speculation, num_inference_steps=steps, context_noise=context_noise,
                                  generator=torch.Generator().manual_seed(seed), output_type="np")
     began = time.perf_counter()
     frames = [session.step(action) for action in actions]
@@ -106,7 +107,8 @@ def run(pipe, methods: list[str], episodes, change_prob: float, args) -> tuple[l
     psnrs, ssims, first_videos = {m: [] for m in methods}, {m: [] for m in methods}, {}
     for index, (truth, actions) in enumerate(episodes):
         for method in methods:
-            video, wall, stats = rollout_session(pipe, truth[0], actions, METHODS[method], 1000 + index, args.steps)
+            video, wall, stats = rollout_session(pipe, truth[0], actions, METHODS[method], 1000 + index, args.steps,
+                                                 args.context_noise)
             psnr, ssim = psnr_ssim(video, truth[1:].astype(np.float64) / 255)
             psnrs[method].append(psnr)
             ssims[method].append(ssim)
@@ -204,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--frames", type=int, default=64)
     parser.add_argument("--steps", type=int, default=4, help="Euler steps per frame")
+    parser.add_argument("--context-noise", type=float, default=0.1, help="flow time of emitted frames in the cache")
     parser.add_argument("--change-probs", type=float, nargs="+", default=list(CHANGE_PROBS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--headline", default="spec4_pipe", choices=list(METHODS))
