@@ -6,11 +6,17 @@ codebook, clear errors."""
 import pytest
 import torch
 
-from mmspec.core.probs import SamplingConfig, process_logits
-from mmspec.core.stats import SpecStats
-from mmspec.image import COUPLINGS, ARDecoding, NeighbourTable, SJDDecoding
+from mmspec.core.probs import SamplingConfig
+from mmspec.image import ARDecoding
 from mmspec.models.janus import JanusAdapter, JanusCondition
-from tests.law import chi_square_p_value
+from tests.models.family_checks import (
+    check_cache_and_its_mutation,
+    check_first_two_tokens_follow,
+    check_greedy_sjd_equals_ar,
+    check_lantern_table,
+    exact_law_of_the_first_two_tokens,
+    run,
+)
 
 BOS, PAD, BOI = 2, 1, 3
 
@@ -42,13 +48,6 @@ def model():
 PROMPTS = torch.tensor([[BOS, 5, 6, 7, 8, BOI], [BOS, 9, 10, 11, 12, BOI], [BOS, 13, 5, 14, 9, BOI]])
 
 
-def run(decoding, adapter, condition, sampling, generator=None):
-    stats = SpecStats()
-    with torch.no_grad():
-        *_, last = decoding(adapter, condition, sampling, generator, stats)
-    return last.tokens, stats
-
-
 def test_greedy_ar_through_the_adapter_equals_transformers_image_generate(model):
     adapter = JanusAdapter(model)
     assert adapter.grid == (4, 4) and adapter.vocab_size == 12
@@ -74,71 +73,13 @@ def test_left_padded_prompts_give_each_prompt_its_own_image(model):
     assert torch.equal(padded[0], alone[0]) and torch.equal(padded[1], first[0])
 
 
-@pytest.mark.parametrize("window", [3, 16])
-def test_greedy_sjd_equals_greedy_ar(model, window):
-    adapter, condition = JanusAdapter(model), JanusCondition(PROMPTS)
-    greedy = SamplingConfig(0, guidance_scale=3.0)
-    ar, _ = run(ARDecoding(), adapter, condition, greedy)
-    for coupling in COUPLINGS:
-        sjd, stats = run(SJDDecoding(window, "horizontal", coupling), adapter, condition, greedy,
-                         torch.Generator().manual_seed(0))
-        assert torch.equal(sjd, ar), coupling
-        assert stats.target_forwards <= 16
+def test_greedy_sjd_equals_greedy_ar(model):
+    check_greedy_sjd_equals_ar(JanusAdapter(model), JanusCondition(PROMPTS), 3.0)
 
 
-def check_cache_after_every_iteration(adapter):
-    """After every SJD iteration, each row's valid cache slots (and its unconditional twin's) hold exactly the keys /
-    values of a fresh prefill of its prompt plus its committed image tokens."""
+def test_cache_equals_a_fresh_prefill_after_every_iteration_and_a_skipped_rollback_is_caught(model):
     ids = torch.cat([torch.tensor([[PAD, BOS, 7, 8, 9, BOI]]), PROMPTS[1:]])
-    mask = (ids != PAD).long()
-    condition = JanusCondition(ids, mask)
-    captured, prefill = {}, adapter.prefill
-
-    def spy(*args, **kwargs):
-        captured["state"], logits = prefill(*args, **kwargs)
-        return captured["state"], logits
-
-    adapter.prefill = spy
-    iterations = 0
-    with torch.no_grad():
-        for step in SJDDecoding(4, "vertical", "maximal")(adapter, condition, SamplingConfig(1.0, guidance_scale=3.0),
-                                                          torch.Generator().manual_seed(0), SpecStats()):
-            state = captured["state"].cache
-            for b, c in enumerate(step.n_committed.tolist()):
-                fresh, _ = prefill(JanusCondition(ids[b : b + 1], mask[b : b + 1]), cfg=True)
-                if c > 1:
-                    adapter.forward(step.tokens[b : b + 1, : c - 1], fresh)
-                for row, fresh_row in ((b, 0), (b + 3, 1)):  # conditional row and its unconditional twin
-                    slots, fresh_slots = state.slot_mask[row], fresh.cache.slot_mask[fresh_row]
-                    assert int(slots.sum()) == int(fresh_slots.sum()) == int(mask[b].sum()) + c - 1
-                    for ours, theirs in zip(state.cache.layers, fresh.cache.cache.layers, strict=True):
-                        for mine, reference in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
-                            torch.testing.assert_close(mine[row][:, slots], reference[fresh_row][:, fresh_slots],
-                                                       rtol=0, atol=1e-5)
-            iterations += 1
-    assert 1 < iterations < 16
-
-
-def test_cache_equals_a_fresh_prefill_of_the_committed_prefix_after_every_iteration(model):
-    check_cache_after_every_iteration(JanusAdapter(model))
-
-
-def test_cache_check_rejects_a_skipped_rollback(model):
-    adapter = JanusAdapter(model)
-    adapter.rollback = lambda state, keep: None  # mutation: rejected drafts stay in the cache
-    with pytest.raises(AssertionError):
-        check_cache_after_every_iteration(adapter)
-
-
-def exact_law_of_the_first_two_tokens(adapter, prompt, sampling):
-    """[V, V] float64: P(token 0, token 1) of the adapter's processed laws."""
-    V = adapter.vocab_size
-    with torch.no_grad():
-        state, logits = adapter.prefill(JanusCondition(prompt.expand(V, -1)), cfg=True)
-        first = process_logits(logits.cond[0, -1].double(), sampling, logits.uncond[0, -1].double())
-        logits = adapter.forward(torch.arange(V)[:, None], state)
-        second = process_logits(logits.cond[:, -1].double(), sampling, logits.uncond[:, -1].double())
-    return first[:, None] * second
+    check_cache_and_its_mutation(JanusAdapter(model), JanusCondition(ids, (ids != PAD).long()))
 
 
 def test_sampled_ar_and_transformers_sampling_follow_the_same_law(model):
@@ -146,27 +87,23 @@ def test_sampled_ar_and_transformers_sampling_follow_the_same_law(model):
     chi-square tested against the exact law (CFG 2, top-k 6), and a stale law is rejected."""
     adapter, rows = JanusAdapter(model), 4000
     sampling = SamplingConfig(1.0, top_k=6, guidance_scale=2.0)
-    law = exact_law_of_the_first_two_tokens(adapter, PROMPTS[:1], sampling).flatten()
+    law = exact_law_of_the_first_two_tokens(adapter, JanusCondition(PROMPTS[:1]), sampling)
+    no_cfg = exact_law_of_the_first_two_tokens(adapter, JanusCondition(PROMPTS[:1]), SamplingConfig(1.0, top_k=6))
     ours, _ = run(ARDecoding(), adapter, JanusCondition(PROMPTS[:1].expand(rows, -1)), sampling,
                   torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     with torch.no_grad():
         theirs = model.generate(input_ids=PROMPTS[:1].expand(rows, -1), attention_mask=torch.ones(rows, 6),
                                 generation_mode="image", do_sample=True, top_k=6, guidance_scale=2.0)
-    V = adapter.vocab_size
-    for tokens in (ours, theirs):
-        counts = torch.bincount(tokens[:, 0] * V + tokens[:, 1], minlength=V * V)
-        assert chi_square_p_value(counts, law) > 1e-3
-    no_cfg = exact_law_of_the_first_two_tokens(adapter, PROMPTS[:1], SamplingConfig(1.0, top_k=6)).flatten()
-    assert chi_square_p_value(torch.bincount(ours[:, 0] * V + ours[:, 1], minlength=V * V), no_cfg) < 1e-6
+    check_first_two_tokens_follow(law, ours, adapter.vocab_size, wrong_law=no_cfg)
+    check_first_two_tokens_follow(law, theirs, adapter.vocab_size)
 
 
 def test_decode_and_lantern_neighbours_from_the_codebook(model):
     adapter = JanusAdapter(model)
     images = adapter.decode(torch.zeros(2, 16, dtype=torch.long))
     assert images.shape == (2, 3, 8, 8)
-    table = NeighbourTable.build(adapter.codebook(), k_max=4, cache=False)
-    assert table.k_max == 4
+    check_lantern_table(adapter)
 
 
 def test_clear_errors(model):

@@ -1,0 +1,122 @@
+"""Checks every transformers-family image adapter (`mmspec.models.hf_image`) must pass, shared by the family tests:
+decoding runs, the ragged cache after every SJD iteration against a fresh prefill, the exact law of the first two
+image tokens (for chi-square tests of seeded samplers), LANTERN tables from the codebook."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.stats import SpecStats
+from mmspec.image import COUPLINGS, ARDecoding, NeighbourTable, SJDDecoding
+from mmspec.models.hf_image import PromptCondition
+from tests.law import chi_square_p_value
+
+
+def run(decoding, adapter, condition, sampling, generator=None):
+    stats = SpecStats()
+    with torch.no_grad():
+        *_, last = decoding(adapter, condition, sampling, generator, stats)
+    return last.tokens, stats
+
+
+def row_of(condition: PromptCondition, b: int) -> PromptCondition:
+    def pick(x):
+        return None if x is None else x[b : b + 1]
+
+    return PromptCondition(pick(condition.input_ids), pick(condition.attention_mask), pick(condition.negative_ids),
+                           pick(condition.negative_mask))
+
+
+def check_greedy_sjd_equals_ar(adapter, condition, guidance, windows=(3, 16)):
+    greedy = SamplingConfig(0, guidance_scale=guidance)
+    ar, _ = run(ARDecoding(), adapter, condition, greedy)
+    N = adapter.grid[0] * adapter.grid[1]
+    for window in windows:
+        for coupling in COUPLINGS:
+            sjd, stats = run(SJDDecoding(window, "horizontal", coupling), adapter, condition, greedy,
+                             torch.Generator().manual_seed(0))
+            assert torch.equal(sjd, ar), (window, coupling)
+            assert stats.target_forwards <= N
+    return ar
+
+
+def check_cache_after_every_iteration(adapter, condition: PromptCondition, guidance: float = 3.0):
+    """After every SJD iteration, each row's valid cache slots (and its unconditional row's) hold exactly the keys /
+    values of a fresh prefill of its prompt plus its committed image tokens."""
+    B = condition.input_ids.shape[0]
+    captured, prefill = {}, adapter.prefill
+
+    def spy(*args, **kwargs):
+        captured["state"], logits = prefill(*args, **kwargs)
+        return captured["state"], logits
+
+    adapter.prefill = spy
+    iterations = 0
+    try:
+        with torch.no_grad():
+            for step in SJDDecoding(4, "vertical", "maximal")(adapter, condition,
+                                                              SamplingConfig(1.0, guidance_scale=guidance),
+                                                              torch.Generator().manual_seed(0), SpecStats()):
+                state = captured["state"]
+                for b, c in enumerate(step.n_committed.tolist()):
+                    fresh, _ = prefill(row_of(condition, b), cfg=True)
+                    if c > 1:
+                        adapter.forward(step.tokens[b : b + 1, : c - 1], fresh)
+                    for row, fresh_row in ((b, 0), (b + B, 1)):  # conditional row and its unconditional row
+                        slots, fresh_slots = state.cache.slot_mask[row], fresh.cache.slot_mask[fresh_row]
+                        assert int(slots.sum()) == int(fresh_slots.sum()) == int(state.prompt_lengths[row]) + c - 1
+                        for ours, theirs in zip(state.cache.cache.layers, fresh.cache.cache.layers, strict=True):
+                            for mine, reference in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
+                                torch.testing.assert_close(mine[row][:, slots], reference[fresh_row][:, fresh_slots],
+                                                           rtol=0, atol=1e-5)
+                iterations += 1
+    finally:
+        del adapter.prefill
+    N = adapter.grid[0] * adapter.grid[1]
+    assert 1 < iterations < N
+
+
+def check_cache_and_its_mutation(adapter, condition):
+    check_cache_after_every_iteration(adapter, condition)
+    adapter.rollback = lambda state, keep: None  # mutation: rejected drafts stay in the cache
+    try:
+        with pytest.raises(AssertionError):
+            check_cache_after_every_iteration(adapter, condition)
+    finally:
+        del adapter.rollback
+
+
+def exact_law_of_the_first_two_tokens(adapter, condition: PromptCondition, sampling) -> torch.Tensor:
+    """[V * V] float64: P(token 0, token 1) of the adapter's processed laws for the one-row `condition`."""
+    V = adapter.vocab_size
+    expanded = PromptCondition(*(None if x is None else x.expand(V, -1) for x in
+                                 (condition.input_ids, condition.attention_mask, condition.negative_ids,
+                                  condition.negative_mask)))
+    with torch.no_grad():
+        state, logits = adapter.prefill(expanded, cfg=sampling.guidance_scale != 1)
+        uncond = None if logits.uncond is None else logits.uncond[0, -1].double()
+        first = process_logits(logits.cond[0, -1].double(), sampling, uncond)
+        logits = adapter.forward(torch.arange(V)[:, None], state)
+        uncond = None if logits.uncond is None else logits.uncond[:, -1].double()
+        second = process_logits(logits.cond[:, -1].double(), sampling, uncond)
+    return (first[:, None] * second).flatten()
+
+
+def check_first_two_tokens_follow(law: torch.Tensor, tokens: torch.Tensor, V: int,
+                                  wrong_law: torch.Tensor | None = None):
+    """Chi-square of sampled [rows, >= 2] tokens' first two against `law` [V * V]; `wrong_law` must be rejected."""
+    counts = torch.bincount(tokens[:, 0] * V + tokens[:, 1], minlength=V * V)
+    assert chi_square_p_value(counts, law) > 1e-3
+    if wrong_law is not None:
+        assert chi_square_p_value(counts, wrong_law) < 1e-6
+
+
+def check_lantern_table(adapter, k_max: int = 4):
+    table = NeighbourTable.build(adapter.codebook(), k_max=k_max, cache=False)
+    assert table.k_max == k_max
+    neighbours = table.in_token_space(adapter.vocab_size, getattr(adapter, "codebook_token_ids", None))
+    assert neighbours.shape == (adapter.vocab_size, k_max)
+    codes = adapter.codebook().shape[0]
+    assert (neighbours[:codes] >= 0).all() and (neighbours[codes:] == -1).all()  # structure tokens never relax
