@@ -160,7 +160,8 @@ def test_vqgan_decoder_is_taming_s_and_loads_meta_s_checkpoint_layout(tmp_path):
     ours = ChameleonVQGAN(**VQGAN).eval()
     reference = VQModel(in_channels=3, out_channels=3, latent_channels=32, num_vq_embeddings=CODES, vq_embed_dim=8,
                         block_out_channels=(32, 64), layers_per_block=1, norm_num_groups=32,
-                        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"))
+                        down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("AttnUpDecoderBlock2D", "UpDecoderBlock2D"))  # attention at the 8x8 level only
     decoder_state = taming_to_diffusers(ours.state_dict(), levels=2)
     missing, unexpected = reference.load_state_dict(decoder_state, strict=False)
     assert not unexpected and all(key.startswith(("encoder.", "quant_conv.")) for key in missing)
