@@ -86,7 +86,7 @@ def forward_seconds(pipe, transformer, batch_size: int, windows=(1,), repeats: i
     """Median seconds of one CFG forward of `transformer` (the pipeline's target or draft GPT) over a W-token window
     after 128 cached image tokens, per W."""
     adapter = LlamaGenAdapter(transformer, pipe.vqvae)
-    condition = pipe.encode_prompt(["a red circle"] * batch_size, pipe.device)
+    condition = pipe.encode_prompt(["a red circle"] * batch_size)
     seconds = {}
     with torch.no_grad():
         for W in windows:

@@ -93,7 +93,7 @@ def probe_accuracy(probe: CaptionProbe, images, captions: list[str]) -> dict[str
 @torch.no_grad()
 def mean_token_entropy(pipe, captions: list[str], tokens: torch.Tensor, guidance_scale: float) -> float:
     """Mean entropy (nats) of the temperature-1 sampling law at each generated position (teacher-forced)."""
-    condition = pipe.encode_prompt(captions, torch.device("cpu"))
+    condition = pipe.encode_prompt(captions)
     model = pipe.transformer
     cond = model(tokens, condition.states, condition.mask)
     uncond = None

@@ -84,7 +84,7 @@ def test_pipeline_equals_sampling_from_the_recomputed_model(pipe, guidance_scale
     from mmspec.core.probs import SamplingConfig
 
     sampling = SamplingConfig(temperature=0.9, top_k=6, guidance_scale=guidance_scale)
-    condition = pipe.encode_prompt(PROMPTS, torch.device("cpu"))
+    condition = pipe.encode_prompt(PROMPTS)
     with torch.no_grad():
         expected = recompute_sampling(pipe.transformer, condition.states, condition.mask, sampling, seeded(7, 8))
     got = pipe(PROMPTS, guidance_scale=guidance_scale, temperature=0.9, top_k=6, generator=seeded(7, 8),

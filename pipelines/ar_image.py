@@ -1,0 +1,289 @@
+"""`ARImagePipeline`: what every discrete-token text-to-image pipeline shares — input checks, the decoding chosen per
+call (`decoding="sjd" | "ar" | "draft"`, `acceptance="exact" | "lantern"`), the decode loop with progress bar,
+step-end callbacks and interruption, decoding to pixels, and loading a family's own checkpoint directory.
+
+A family pipeline (LlamaGen, Janus, Emu3, Lumina-mGPT) supplies three hooks: `image_adapter(height, width)` (its
+`mmspec.image.DiscreteImageModel` adapter for that image size, raising for sizes the model cannot make),
+`encode_prompt(prompts, negative_prompt, adapter)` (the condition of one image per prompt) and, for transformers
+checkpoints, `from_checkpoint_dir`. Every family is called the same way and returns the same output and stats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from contextlib import closing
+from pathlib import Path
+
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.rng import Generators, check_generators
+from mmspec.core.stats import SpecStats
+from mmspec.image.decoding import PAD_ID, ImageDecoding
+from mmspec.image.registry import get_decoding
+from pipelines.pipeline_output import ARImagePipelineOutput
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+
+
+
+class ARImagePipeline(DiffusionPipeline):
+    """Base of the discrete-token text-to-image pipelines (see the module docstring)."""
+
+    _callback_tensor_inputs = ["tokens", "n_committed"]
+    default_guidance_scale: float = 3.0
+    default_top_k: int = 0
+    checkpoint_model_type: str | None = None  # config.json model_type of the family's own checkpoints
+
+    # --- family hooks -------------------------------------------------------------------------------------------
+    def image_adapter(self, height: int | None = None, width: int | None = None):
+        """The family's image adapter for an image of height x width pixels (None = native size)."""
+        raise NotImplementedError
+
+    def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None, adapter):
+        """The condition of one image per prompt."""
+        raise NotImplementedError
+
+    def draft_adapter(self):
+        """The adapter of the pipeline's draft model for `decoding="draft"`, or None."""
+        return None
+
+    # --- state during a call ------------------------------------------------------------------------------------
+    @property
+    def guidance_scale(self) -> float:
+        return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        return self._guidance_scale != 1.0
+
+    @property
+    def interrupt(self) -> bool:
+        return self._interrupt
+
+    # --- loading ------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """A directory saved by `save_pretrained` (`model_index.json`), or for transformers families the
+        checkpoint directory of the model itself (`config.json`, e.g. a download of `deepseek-community/Janus-Pro-1B`),
+        then `from_checkpoint_dir(path, **kwargs)`."""
+        path = Path(pretrained_model_name_or_path)
+        index = path / "model_index.json"
+        if index.is_file():
+            saved = json.loads(index.read_text()).get("_class_name")
+            if saved != cls.__name__:
+                raise ValueError(f"{path} holds a {saved} (model_index.json), not a {cls.__name__}; load it with "
+                                 f"{saved}.from_pretrained or pipelines.auto.AutoARImagePipeline")
+        elif (path / "config.json").is_file():
+            model_type = json.loads((path / "config.json").read_text()).get("model_type")
+            if cls.checkpoint_model_type is None or model_type != cls.checkpoint_model_type:
+                from pipelines.auto import pipeline_class_for
+
+                other = pipeline_class_for(path)
+                raise ValueError(f"{path} is a {model_type!r} checkpoint, which {cls.__name__} does not load; use "
+                                 f"{other.__name__}.from_pretrained")
+            return cls.from_checkpoint_dir(path, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
+    def from_checkpoint_dir(cls, path: Path, **kwargs):
+        raise NotImplementedError
+
+    # --- inputs -------------------------------------------------------------------------------------------------
+    def check_inputs(self, prompt, num_images_per_prompt, negative_prompt, generator, output_type,
+                     callback_on_step_end_tensor_inputs) -> tuple[list[str], list[str] | None]:
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise TypeError(f"prompt must be a str or a list of str, got {type(prompt).__name__}")
+        if not prompts:
+            raise ValueError("prompt is an empty list; pass at least one prompt")
+        negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else negative_prompt
+        if negatives is not None and (not isinstance(negatives, list) or len(negatives) != len(prompts)
+                                      or not all(isinstance(p, str) for p in negatives)):
+            raise ValueError(f"negative_prompt must be a str or a list of {len(prompts)} str (one per prompt)")
+        if isinstance(num_images_per_prompt, bool) or not isinstance(num_images_per_prompt, int):
+            raise TypeError(f"num_images_per_prompt must be an int, got {type(num_images_per_prompt).__name__}")
+        if num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be >= 1, got {num_images_per_prompt}")
+        check_generators(generator, len(prompts) * num_images_per_prompt)
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
+        unknown = set(callback_on_step_end_tensor_inputs or ()) - set(self._callback_tensor_inputs)
+        if unknown:
+            raise ValueError(
+                f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not in {self._callback_tensor_inputs}"
+            )
+        return prompts, negatives
+
+    # --- outputs ------------------------------------------------------------------------------------------------
+    def _decode_partial(self, adapter, tokens: torch.Tensor) -> torch.Tensor:
+        """Pixels [B, 3, H, W] in [-1, 1] of image-span tokens [B, N] with PAD_ID where not generated (an interrupted
+        run): generated cells are decoded, the rest shown mid-grey. Forced structure columns are filled in."""
+        h, span_w = adapter.grid
+        missing = tokens == PAD_ID
+        forced = getattr(adapter, "forced_tokens", None)
+        filled = tokens.masked_fill(missing, 0)
+        if forced is not None:
+            filled = torch.where(forced.to(tokens.device) >= 0, forced.to(tokens.device), filled)
+        images = adapter.decode(filled)
+        if missing.any():
+            scale = images.shape[-2] // h
+            cells = missing.view(-1, 1, h, span_w)[..., : images.shape[-1] // scale]
+            images = images.masked_fill(cells.repeat_interleave(scale, 2).repeat_interleave(scale, 3), 0.0)
+        return images
+
+    @torch.no_grad()
+    def decode_tokens(self, tokens: torch.Tensor, output_type: str = "pil", height: int | None = None,
+                      width: int | None = None):
+        """Images of image-span tokens [B, N] as `output_type="latent"` returns them (PAD_ID cells mid-grey), for an
+        image of height x width pixels (None = native): PIL images (`"pil"`), an NHWC float array (`"np"`) or an
+        NCHW float tensor (`"pt"`) in [0, 1]."""
+        if output_type not in OUTPUT_TYPES or output_type == "latent":
+            raise ValueError(f"output_type must be one of {[t for t in OUTPUT_TYPES if t != 'latent']}, got "
+                             f"{output_type!r}")
+        pixels = self._decode_partial(self.image_adapter(height, width), tokens).float()
+        return self.image_processor.postprocess(pixels, output_type=output_type)
+
+    # --- the call -----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str | list[str],
+        height: int | None = None,
+        width: int | None = None,
+        num_images_per_prompt: int = 1,
+        guidance_scale: float | None = None,
+        negative_prompt: str | list[str] | None = None,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float = 1.0,
+        generator: Generators = None,
+        output_type: str = "pil",
+        return_dict: bool = True,
+        callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
+        decoding: str | ImageDecoding = "sjd",
+        window: int | None = None,
+        init: str | None = None,
+        coupling: str | None = None,
+        draft_length: int | None = None,
+        acceptance: str | None = None,
+        lantern_k: int | None = None,
+        lantern_delta: float | None = None,
+        lantern_lam: float | None = None,
+    ) -> ARImagePipelineOutput | tuple:
+        r"""Generate images from text.
+
+        Args:
+            prompt (`str` or `list[str]`): what to draw.
+            height (`int`, *optional*), width (`int`, *optional*): the image size in pixels; defaults to the model's
+                native size. A size the model cannot generate raises a `ValueError` that names the allowed ones.
+            num_images_per_prompt (`int`, defaults to 1): images per prompt; the batch is prompts x this.
+            guidance_scale (`float`, *optional*): classifier-free guidance scale s >= 0, combined on logits as
+                `uncond + s * (cond - uncond)` before temperature / top-k / top-p; 1.0 turns guidance off (no
+                unconditional rows are run). Defaults to the family's recommended value (`default_guidance_scale`).
+            negative_prompt (`str` or `list[str]`, *optional*): the unconditional rows' text, for the families whose
+                CFG takes one (Emu3); the others raise.
+            temperature (`float`, defaults to 1.0): softmax temperature; 0 = greedy.
+            top_k (`int`, *optional*): keep the k most likely image tokens; 0 = all. Defaults to the family's
+                recommended value (`default_top_k`).
+            top_p (`float`, defaults to 1.0): nucleus sampling mass; 1.0 = off.
+            generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator for the batch, or one
+                per image (prompts x num_images_per_prompt), which makes each image depend on its own seed only.
+            output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (NHWC in [0, 1]), `"pt"` (NCHW in [0, 1]) or
+                `"latent"` (the image-span token ids [B, N], the adapter's local ids).
+            return_dict (`bool`, defaults to `True`): return an [`ARImagePipelineOutput`] instead of a tuple
+                `(images, stats)`.
+            callback_on_step_end (`Callable`, *optional*): called after every target forward as
+                `callback_on_step_end(pipe, step, n_generated, callback_kwargs)`; `callback_kwargs` holds the tensors
+                named in `callback_on_step_end_tensor_inputs` (`"tokens"`: [B, N] with -1 where not generated yet,
+                `"n_committed"`: [B]). They are read-only: committed tokens already sit in the KV cache. Set
+                `pipe._interrupt = True` to stop early; unfinished cells are then shown grey (or -1 in latents).
+            callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["tokens"]`.
+            decoding (`str` or decoding object, defaults to `"sjd"`): how tokens are generated, see
+                `mmspec.image.DECODINGS`: `"sjd"` (speculative Jacobi decoding, lossless: the same output law as
+                `"ar"` in fewer target forwards), `"draft"` (a draft model drafts, the target verifies; pipelines with
+                a `draft_transformer`) or `"ar"` (one token per target forward).
+            window (`int`, *optional*): `"sjd"` only: tokens scored per target forward (`SJDDecoding` default).
+            init (`str`, *optional*): `"sjd"` only: how positions no window has reached are drafted, `"random"`,
+                `"horizontal"` or `"vertical"`.
+            coupling (`str`, *optional*): `"sjd"` only: how drafts are redrafted between iterations, `"none"`
+                (original SJD), `"maximal"` (MC-SJD, = SJD-PAC's adaptive continuation) or `"gumbel"`.
+            draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward.
+            acceptance (`str`, *optional*): `"sjd"` / `"draft"`: `"exact"` (default, lossless) or `"lantern"`
+                (LANTERN relaxed acceptance over codebook neighbours: faster, lossy; `stats.excess_acceptance` reports
+                the realised distortion, the per-position TV distance of the output law from the model's).
+            lantern_k (`int`, *optional*): `"lantern"`: nearest codes that may join a draft's neighbourhood
+                (default min(1000, V - 1)).
+            lantern_delta (`float`, *optional*): `"lantern"`: LANTERN's TV budget per candidate, in [0, 1] (default
+                0.1 when `lantern_lam` is not given).
+            lantern_lam (`float`, *optional*): `"lantern"`: LANTERN++'s budget, neighbourhood mass <= lam * p(x),
+                lam >= 1.
+        """
+        # 1. Check inputs
+        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        tensor_inputs = callback_on_step_end_tensor_inputs or ["tokens"]
+        prompts, negatives = self.check_inputs(prompt, num_images_per_prompt, negative_prompt, generator,
+                                               output_type, tensor_inputs)
+        guidance_scale = self.default_guidance_scale if guidance_scale is None else guidance_scale
+        top_k = self.default_top_k if top_k is None else top_k
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        adapter = self.image_adapter(height, width)
+        drafter = self.draft_adapter() if decoding == "draft" else None
+        decoder = get_decoding(decoding, window=window, init=init, coupling=coupling, drafter=drafter,
+                               draft_length=draft_length, acceptance=acceptance, lantern_k=lantern_k,
+                               lantern_delta=lantern_delta, lantern_lam=lantern_lam)
+        self._guidance_scale, self._interrupt = guidance_scale, False
+
+        # 2. Encode the prompts, one condition row per image
+        repeat = num_images_per_prompt
+        condition = self.encode_prompt([p for p in prompts for _ in range(repeat)],
+                                       None if negatives is None else [p for p in negatives for _ in range(repeat)],
+                                       adapter)
+
+        # 3. Decode image tokens
+        stats, tokens = SpecStats(), None
+        N = adapter.grid[0] * adapter.grid[1]
+        steps = decoder(adapter, condition, sampling, generator, stats)
+        with self.progress_bar(total=N) as progress, closing(steps):
+            done = 0
+            for step in steps:
+                tokens = step.tokens
+                if callback_on_step_end is not None:
+                    self._run_callback(callback_on_step_end, step, tensor_inputs)
+                progress.update(step.min_committed - done)
+                done = step.min_committed
+                if self._interrupt:
+                    break
+
+        # 4. Post-process
+        if output_type == "latent":
+            images = tokens
+        else:
+            images = self.image_processor.postprocess(self._decode_partial(adapter, tokens).float(), output_type)
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return images, stats
+        return ARImagePipelineOutput(images=images, stats=stats)
+
+    def _run_callback(self, callback, step, tensor_inputs: list[str]) -> None:
+        callback_kwargs = {name: getattr(step, name) for name in tensor_inputs}
+        returned = callback(self, step.step, step.min_committed, dict(callback_kwargs)) or {}
+        replaced = [name for name, value in returned.items()
+                    if name in callback_kwargs and value is not callback_kwargs[name]]
+        if replaced:
+            raise ValueError(
+                f"callback_on_step_end returned new {replaced}: an AR pipeline's committed tokens are read-only "
+                "(they already sit in the KV cache)"
+            )
+
+
+def size_error(family: str, height, width, allowed: str) -> ValueError:
+    return ValueError(f"{family} cannot generate a {height}x{width} (height x width) image; {allowed}")
