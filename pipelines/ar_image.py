@@ -287,3 +287,23 @@ class ARImagePipeline(DiffusionPipeline):
 
 def size_error(family: str, height, width, allowed: str) -> ValueError:
     return ValueError(f"{family} cannot generate a {height}x{width} (height x width) image; {allowed}")
+
+
+def left_padded(rows: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token id rows of different lengths -> (input_ids [B, T] long, attention_mask [B, T] long), left-padded."""
+    T = max(len(row) for row in rows)
+    ids = torch.tensor([[pad_id] * (T - len(row)) + row for row in rows], device=device)
+    mask = torch.tensor([[0] * (T - len(row)) + [1] * len(row) for row in rows], device=device)
+    return ids, mask
+
+
+def load_transformers_model(model_class, path: Path, **kwargs):
+    """`model_class.from_pretrained(path, **kwargs)` that refuses to fill missing weights with random values (which
+    transformers does with a warning): a checkpoint lacking its VQ decoder or any other weight raises."""
+    model, info = model_class.from_pretrained(path, output_loading_info=True, **kwargs)
+    missing = sorted(info["missing_keys"])
+    if missing:
+        decoder = [key for key in missing if ".decoder." in key or "post_quant" in key]
+        what = f"VQ decoder weight(s), e.g. {decoder[:3]}" if decoder else f"weight(s), e.g. {missing[:3]}"
+        raise ValueError(f"{path} lacks {len(missing)} {what}: an incomplete or different checkpoint")
+    return model.eval()

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import torch
 from transformers import ChameleonForConditionalGeneration, DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers import PreTrainedModel  # noqa: F401  diffusers finds a saved component's loader by this module's names
 
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import CausalLMImageAdapter, restricted_logits, structured_span
 
 IMAGE_START, IMAGE_END, NEW_LINE, TURN_SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
-PATCH = 32  # pixels per grid token (2 x 2 VQ tokens)
-PIXELS_PER_TOKEN = 16
+PATCH = 32  # pixels per grid token (2 x 2 VQ tokens of 16 pixels)
 
 
 def grid_token(n: int) -> str:
@@ -42,15 +42,15 @@ def lumina_prompt(caption: str, height: int, width: int) -> str:
     return f"Generate an image of {width}x{height} according to the following prompt:\n{caption}{TURN_SEPARATOR}"
 
 
-def supported_sizes(target_size: int, max_ratio: float = 4.0) -> list[tuple[int, int]]:
+def supported_sizes(target_size: int, patch: int = PATCH, max_ratio: float = 4.0) -> list[tuple[int, int]]:
     """The (height, width) pixel sizes a Lumina-mGPT checkpoint trained at `target_size` generates (its
-    `generate_crop_size_list`): walking the width w down from (target_size / 32)^2 patches while the height h grows as
-    far as h * w <= that budget, every (h, w) with aspect ratio <= max_ratio, in multiples of 32 pixels."""
-    patches = (target_size // PATCH) ** 2
+    `generate_crop_size_list`): walking the width w down from (target_size / patch)^2 patches while the height h grows
+    as far as h * w <= that budget, every (h, w) with aspect ratio <= max_ratio, in multiples of `patch` pixels."""
+    patches = (target_size // patch) ** 2
     sizes, w, h = [], patches, 1
     while w > 0:
         if max(w, h) / min(w, h) <= max_ratio:
-            sizes.append((h * PATCH, w * PATCH))
+            sizes.append((h * patch, w * patch))
         if (h + 1) * w <= patches:
             h += 1
         else:

@@ -87,7 +87,8 @@ class LlamaGenPipeline(ARImagePipeline):
 
     def image_adapter(self, height: int | None = None, width: int | None = None) -> LlamaGenAdapter:
         size = self.native_size
-        if (height or size, width or size) != (size, size):
+        height, width = height or size, width or size
+        if (height, width) != (size, size):
             raise size_error("this LlamaGen model", height, width, f"its token grid makes {size}x{size} only")
         return LlamaGenAdapter(self.transformer, self.vqvae)
 

@@ -37,6 +37,7 @@ def tiny_janus(seed: int = 0):
     model = JanusForConditionalGeneration(config).eval()
     model.generation_config.generation_kwargs = {"boi_token_id": BOI}
     model.generation_config.bos_token_id, model.generation_config.pad_token_id = BOS, PAD
+    model.generation_config._from_model_config = False  # a checkpoint's own generation_config.json, kept on reload
     return model
 
 
