@@ -54,7 +54,8 @@ from eval.metrics import (
     paired_mmd_test,
 )
 from eval.samples import Method, SampleStore, generate, read_prompts, speed_summary
-from mmspec.zoo import IMAGE_CLIP, IMAGE_T2I
+from mmspec.cli import add_image_model_args
+from mmspec.zoo import IMAGE_CLIP
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "quality"
@@ -63,7 +64,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
+    add_image_model_args(parser)
     parser.add_argument("--methods", nargs="+", default=["ar", "sjd", "lantern"])
     parser.add_argument("--prompts", default=None, help="prompt file (.txt, .tsv, .json); default: the world's "
                                                          "held-out captions")
@@ -81,9 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--inception-weights", default=None, help="weights-inception-2015-12-05-6726825d.pth, for "
                                                                   "the standard FID / KID")
     parser.add_argument("--batch-size", type=int, default=1, help="rows per pipeline call (latency is per call)")
-    parser.add_argument("--guidance-scale", type=float, default=3.0)
+    parser.add_argument("--guidance-scale", type=float, default=None, help="default: the family's (3 embedded)")
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-k", type=int, default=None, help="default: the family's (0 embedded)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", default=str(DEFAULT_OUT), help="where the images are kept (resumable)")
@@ -350,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.inception_weights:
         spaces["inception"] = load_inception(args.inception_weights).to(state.device)
 
-    pipe = load_image_pipeline(args.model).to(state.device)
+    pipe = load_image_pipeline(args.model, args.dtype, args.vqgan, args.target_size).to(state.device)
     pipe.set_progress_bar_config(disable=True)
     made = generate(pipe, store, plan, args.batch_size, args.model, state.process_index, state.num_processes)
     state.wait_for_everyone()

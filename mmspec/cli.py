@@ -35,19 +35,37 @@ def run_text(args) -> int:
     return 0
 
 
-def load_image_pipeline(name_or_path: str):
-    """The t2i pipeline from a zoo name ("shapes") or a saved pipeline folder, in float32."""
+def add_image_model_args(parser) -> None:
+    """The options that pick and load an image pipeline (shared by `mmspec generate` and `eval.quality`)."""
+    from mmspec.zoo import IMAGE_T2I
+
+    parser.add_argument("--model", default=IMAGE_T2I, help="zoo name, saved pipeline folder, or a Janus / Emu3 / "
+                                                           "Lumina-mGPT checkpoint folder")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="weights dtype (bfloat16 for the 1B-7B checkpoints on a GPU)")
+    parser.add_argument("--vqgan", default=None, help="Lumina-mGPT: Meta's Chameleon tokenizer/vqgan.ckpt")
+    parser.add_argument("--target-size", type=int, default=None, help="Lumina-mGPT: the checkpoint's resolution "
+                                                                      "(512 / 768 / 1024)")
+
+
+def load_image_pipeline(name_or_path: str, dtype: str = "float32", vqgan: str | None = None,
+                        target_size: int | None = None):
+    """The t2i pipeline of any family (`pipelines.auto`) from a zoo name ("shapes"), a saved pipeline folder or a
+    family's checkpoint folder; `vqgan` / `target_size` are Lumina-mGPT's extra pieces."""
     from pathlib import Path
 
     import torch
 
     from mmspec.zoo import zoo_path
-    from pipelines.llamagen import LlamaGenPipeline
+    from pipelines.auto import AutoARImagePipeline
 
     path = Path(name_or_path)
     if not path.exists():
         path = zoo_path(name_or_path)
-    return LlamaGenPipeline.from_pretrained(path, dtype=torch.float32, low_cpu_mem_usage=False)
+    extra = {key: value for key, value in (("vqgan", vqgan), ("target_size", target_size)) if value is not None}
+    if (path / "model_index.json").is_file():
+        extra["low_cpu_mem_usage"] = False  # the zoo's fp16 files load into float32 modules
+    return AutoARImagePipeline.from_pretrained(path, dtype=getattr(torch, dtype), **extra)
 
 
 def load_video_pipeline(name_or_path: str):
@@ -80,9 +98,10 @@ def image_grid(images: list, columns: int):
 def run_generate(args) -> int:
     import torch
 
-    pipe = load_image_pipeline(args.model)
+    pipe = load_image_pipeline(args.model, args.dtype, args.vqgan, args.target_size)
     call = {"num_images_per_prompt": args.n, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
-            "top_k": args.top_k, "top_p": args.top_p}
+            "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
+            "negative_prompt": args.negative_prompt}
     method = {"decoding": args.decoding, "window": args.window, "init": args.init, "coupling": args.coupling,
               "draft_length": args.draft_length, "acceptance": args.acceptance, "lantern_k": args.lantern_k,
               "lantern_delta": args.lantern_delta, "lantern_lam": args.lantern_lam}
@@ -185,7 +204,7 @@ def run_demo(demo_args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from mmspec.image import ACCEPTANCES, COUPLINGS, DECODINGS, INITS
-    from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD
+    from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD
     from pipelines.text import TEXT_METHODS
 
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for AR generation.")
@@ -212,9 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     image.add_argument("--out", default="out.png", help="PNG to write: one row per prompt, --n images per row")
     image.add_argument("--n", type=int, default=1, help="images per prompt")
     image.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
-    image.add_argument("--guidance-scale", type=float, default=3.0, help="classifier-free guidance; 1 = off")
+    image.add_argument("--guidance-scale", type=float, default=None,
+                       help="classifier-free guidance; 1 = off (default: the family's, 3 for the embedded model)")
     image.add_argument("--temperature", type=float, default=1.0)
-    image.add_argument("--top-k", type=int, default=0)
+    image.add_argument("--top-k", type=int, default=None, help="default: the family's (0 = all codes)")
+    image.add_argument("--height", type=int, default=None, help="pixels (default: the model's native size)")
+    image.add_argument("--width", type=int, default=None, help="pixels (default: the model's native size)")
+    image.add_argument("--negative-prompt", default=None, help="Emu3: the CFG rows' text")
     image.add_argument("--top-p", type=float, default=1.0)
     image.add_argument("--decoding", choices=tuple(DECODINGS), default="sjd",
                        help="'sjd': speculative Jacobi decoding (fewer forwards); 'draft': the pipeline's draft model "
@@ -231,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     image.add_argument("--lantern-lam", type=float, default=None, help="lantern++: neighbourhood mass <= lam * p(x)")
     image.add_argument("--no-compare", dest="compare", action="store_false",
                        help="skip the plain-AR run that the chosen decoding is compared with")
-    image.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
+    add_image_model_args(image)
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
     video = commands.add_parser("video", help="action-conditioned video with frame speculation (embedded world)")
     video.add_argument("--actions", nargs="+", required=True,

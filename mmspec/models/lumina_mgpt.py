@@ -22,8 +22,13 @@ Shapes: B samples, h x w the image in VQ tokens (pixels / 16), C codes, local id
 from __future__ import annotations
 
 import torch
-from transformers import ChameleonForConditionalGeneration, DynamicCache, LogitsProcessor, LogitsProcessorList
-from transformers import PreTrainedModel  # noqa: F401  diffusers finds a saved component's loader by this module's names
+from transformers import (
+    ChameleonForConditionalGeneration,
+    DynamicCache,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,  # noqa: F401  diffusers finds a saved component's loader among the names this module holds
+)
 
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import CausalLMImageAdapter, restricted_logits, structured_span

@@ -121,17 +121,18 @@ class LlamaGenPipeline(ARImagePipeline):
     @classmethod
     def from_llamagen_checkpoints(cls, gpt: str | Path, vq: str | Path, text_encoder: str | Path | PreTrainedModel,
                                   tokenizer: PreTrainedTokenizerBase | None = None, image_size: int = 512,
-                                  dtype: torch.dtype | None = None) -> LlamaGenPipeline:
+                                  dtype: torch.dtype | None = None, gpt_config: dict | None = None,
+                                  vq_config: dict | None = None) -> LlamaGenPipeline:
         """The official t2i release: a GPT `.pt` (`t2i_XL_stage1_256.pt` with image_size=256, `t2i_XL_stage2_512.pt`
         with 512), the VQ `.pt` (`vq_ds16_t2i.pt`) and the text encoder — a FLAN-T5-XL directory (loaded with
         `T5EncoderModel` + `AutoTokenizer`) or any encoder module with its `tokenizer` (pluggable: whatever returns
-        `last_hidden_state` [B, T, caption_dim])."""
+        `last_hidden_state` [B, T, caption_dim]). `gpt_config` / `vq_config` override what the loaders infer."""
         from transformers import AutoTokenizer, T5EncoderModel
 
-        transformer = LlamaGenTransformer.from_llamagen_checkpoint(gpt, image_size=image_size)
+        transformer = LlamaGenTransformer.from_llamagen_checkpoint(gpt, image_size=image_size, **(gpt_config or {}))
         if transformer.config.model_type != "t2i":
             raise ValueError(f"{gpt} is a class-conditional (c2i) GPT; LlamaGenPipeline generates from text (t2i)")
-        vqvae = LlamaGenVQModel.from_llamagen_checkpoint(vq)
+        vqvae = LlamaGenVQModel.from_llamagen_checkpoint(vq, **(vq_config or {}))
         if isinstance(text_encoder, (str, Path)):
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(text_encoder)
             text_encoder = T5EncoderModel.from_pretrained(text_encoder)

@@ -11,7 +11,12 @@ from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerB
 
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import PromptCondition
-from mmspec.models.lumina_mgpt import LuminaMGPTAdapter, LuminaMGPTForConditionalGeneration, lumina_prompt, supported_sizes
+from mmspec.models.lumina_mgpt import (
+    LuminaMGPTAdapter,
+    LuminaMGPTForConditionalGeneration,
+    lumina_prompt,
+    supported_sizes,
+)
 from pipelines.ar_image import ARImagePipeline, left_padded, load_transformers_model, size_error
 
 
@@ -31,8 +36,9 @@ class LuminaMGPTPipeline(ARImagePipeline):
         >>> from mmspec.models.chameleon_vqgan import ChameleonVQGAN
         >>> from pipelines.lumina_mgpt import LuminaMGPTPipeline
 
-        >>> pipe = LuminaMGPTPipeline.from_pretrained("path/to/Lumina-mGPT-7B-768", vqgan="ckpts/chameleon/tokenizer/vqgan.ckpt",
-        ...                                           target_size=768, dtype=torch.bfloat16).to("cuda")
+        >>> pipe = LuminaMGPTPipeline.from_pretrained("path/to/Lumina-mGPT-7B-768", target_size=768,
+        ...                                           vqgan="ckpts/chameleon/tokenizer/vqgan.ckpt",
+        ...                                           dtype=torch.bfloat16).to("cuda")
         >>> out = pipe("a cat on a windowsill at sunset", decoding="sjd")
         >>> out.images[0].save("cat.png"); print(out.stats.table())
         ```

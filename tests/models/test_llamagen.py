@@ -2,6 +2,7 @@
 
 import argparse
 
+import numpy as np
 import pytest
 import torch
 
@@ -219,3 +220,35 @@ def test_vq_nearest_code_round_trip_and_decode_shapes():
         vq.decode(torch.arange(15)[None], (4, 4))
     with pytest.raises(ValueError, match="ids must be in"):
         vq.decode(torch.full((1, 16), 24), (4, 4))
+
+
+def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_path):
+    """The official t2i files (GPT .pt, VQ .pt, a T5 folder) assemble a LlamaGenPipeline that generates what the same
+    weights do in code; a c2i GPT and a VQ file without its decoder are refused with the reason."""
+    from pipelines.llamagen import LlamaGenPipeline
+    from tests.models.llamagen_tiny import tiny_pipeline
+
+    reference = tiny_pipeline(dtype=torch.float32)
+    save_official(tmp_path / "t2i.pt", {f"module.{k}": v for k, v in reference.transformer.state_dict().items()},
+                  wrapper="ema")
+    save_official(tmp_path / "vq.pt", reference.vqvae.state_dict())
+    reference.text_encoder.save_pretrained(tmp_path / "t5")
+    reference.tokenizer.save_pretrained(tmp_path / "t5")
+    vq_config = {"ch": 32, "ch_mult": (1, 1), "num_res_blocks": 1, "z_channels": 32}
+    gpt_config = {"n_head": 4, "n_kv_head": 2, "multiple_of": 16}
+    pipe = LlamaGenPipeline.from_llamagen_checkpoints(tmp_path / "t2i.pt", tmp_path / "vq.pt", tmp_path / "t5",
+                                                      image_size=64, gpt_config=gpt_config, vq_config=vq_config)
+    pipe.set_progress_bar_config(disable=True)
+    reference.set_progress_bar_config(disable=True)
+    prompts = ["a red circle", "a blue square on the left"]
+    a = pipe(prompts, generator=torch.Generator().manual_seed(0), output_type="np").images
+    b = reference(prompts, generator=torch.Generator().manual_seed(0), output_type="np").images
+    assert np.array_equal(a, b)
+    save_official(tmp_path / "c2i.pt", tiny_transformer("c2i", dtype=torch.float32).state_dict())
+    with pytest.raises(ValueError, match="class-conditional"):
+        LlamaGenPipeline.from_llamagen_checkpoints(tmp_path / "c2i.pt", tmp_path / "vq.pt", tmp_path / "t5",
+                                                   image_size=64, gpt_config=gpt_config, vq_config=vq_config)
+    save_official(tmp_path / "encoder_only.pt", {k: v for k, v in reference.vqvae.state_dict().items()
+                                                 if not k.startswith("decoder.")})
+    with pytest.raises(ValueError, match=r"lacks \d+ VQ decoder weight"):
+        LlamaGenVQModel.from_llamagen_checkpoint(tmp_path / "encoder_only.pt", **vq_config)

@@ -218,5 +218,10 @@ class LlamaGenVQModel(ModelMixin, ConfigMixin):
             raise ValueError(f"{path} has no 'quantize.embedding.weight': not a LlamaGen VQ checkpoint")
         codebook_size, embed_dim = state["quantize.embedding.weight"].shape
         model = cls(codebook_size=codebook_size, codebook_embed_dim=embed_dim, **config)
+        missing = sorted(set(model.state_dict()) - set(state))
+        if missing:
+            decoder = [key for key in missing if key.startswith(("decoder.", "post_quant_conv."))]
+            what = f"VQ decoder weight(s), e.g. {decoder[:3]}" if decoder else f"weight(s), e.g. {missing[:3]}"
+            raise ValueError(f"{path} lacks {len(missing)} {what} (or was saved with another config: {config})")
         model.load_state_dict(state, strict=True)
         return model.eval()
