@@ -40,6 +40,7 @@ class ARImagePipeline(DiffusionPipeline):
     default_guidance_scale: float = 3.0
     default_top_k: int = 0
     checkpoint_model_type: str | None = None  # config.json model_type of the family's own checkpoints
+    checkpoint_files: str | None = None  # or: a glob naming the family's released weight files in a folder
 
     # --- family hooks -------------------------------------------------------------------------------------------
     def image_adapter(self, height: int | None = None, width: int | None = None):
@@ -70,9 +71,9 @@ class ARImagePipeline(DiffusionPipeline):
     # --- loading ------------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """A directory saved by `save_pretrained` (`model_index.json`), or for transformers families the
-        checkpoint directory of the model itself (`config.json`, e.g. a download of `deepseek-community/Janus-Pro-1B`),
-        then `from_checkpoint_dir(path, **kwargs)`."""
+        """A directory saved by `save_pretrained` (`model_index.json`), or the family's own release: the checkpoint
+        directory of a transformers model (`config.json`, e.g. a download of `deepseek-community/Janus-Pro-1B`) or a
+        folder of released weight files (`checkpoint_files`), then `from_checkpoint_dir(path, **kwargs)`."""
         path = Path(pretrained_model_name_or_path)
         index = path / "model_index.json"
         if index.is_file():
@@ -88,6 +89,8 @@ class ARImagePipeline(DiffusionPipeline):
                 other = pipeline_class_for(path)
                 raise ValueError(f"{path} is a {model_type!r} checkpoint, which {cls.__name__} does not load; use "
                                  f"{other.__name__}.from_pretrained")
+            return cls.from_checkpoint_dir(path, **kwargs)
+        elif cls.checkpoint_files is not None and any(path.glob(cls.checkpoint_files)):
             return cls.from_checkpoint_dir(path, **kwargs)
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 

@@ -1,6 +1,6 @@
 """`AutoARImagePipeline`: one `from_pretrained` for every discrete-image family — the pipeline class is read from the
-directory (`model_index.json` of a saved pipeline, or `config.json` of a transformers checkpoint: Janus, Emu3,
-Lumina-mGPT / Chameleon)."""
+directory (`model_index.json` of a saved pipeline, `config.json` of a transformers checkpoint: Janus, Emu3,
+Lumina-mGPT / Chameleon, or LlamaGen's released `t2i_*.pt` files)."""
 
 from __future__ import annotations
 
@@ -30,12 +30,13 @@ def pipeline_class_for(path: str | Path) -> type:
         model_type = json.loads((path / "config.json").read_text()).get("model_type")
         if model_type not in CHECKPOINT_FAMILIES:
             raise ValueError(f"{path} is a {model_type!r} checkpoint; the transformers families mmspec loads are "
-                             f"{sorted(CHECKPOINT_FAMILIES)} (LlamaGen's official .pt files load with "
-                             "LlamaGenPipeline.from_llamagen_checkpoints)")
+                             f"{sorted(CHECKPOINT_FAMILIES)}")
         name = CHECKPOINT_FAMILIES[model_type]
+    elif any(path.glob("t2i_*.pt")):
+        name = "LlamaGenPipeline"  # LlamaGen's released files (t2i GPT, VQ, a T5 folder)
     else:
-        raise ValueError(f"{path} has neither model_index.json (a saved pipeline) nor config.json (a transformers "
-                         "checkpoint)")
+        raise ValueError(f"{path} has neither model_index.json (a saved pipeline), config.json (a transformers "
+                         "checkpoint) nor LlamaGen's t2i_*.pt release")
     return getattr(importlib.import_module(PIPELINES[name]), name)
 
 

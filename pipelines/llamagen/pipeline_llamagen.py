@@ -7,7 +7,9 @@ sampling with a KV cache; both draw from the same law).
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from pathlib import Path
 
 import torch
@@ -54,6 +56,7 @@ class LlamaGenPipeline(ARImagePipeline):
     _optional_components = ["draft_transformer"]
     default_guidance_scale = 3.0
     default_top_k = 0
+    checkpoint_files = "t2i_*.pt"
 
     transformer: LlamaGenTransformer
     vqvae: LlamaGenVQModel
@@ -140,3 +143,24 @@ class LlamaGenPipeline(ARImagePipeline):
             raise ValueError("pass the tokenizer of a text_encoder given as a module")
         pipe = cls(transformer, vqvae, tokenizer, text_encoder.eval())
         return pipe if dtype is None else pipe.to(dtype=dtype)
+
+    @classmethod
+    def from_checkpoint_dir(cls, path: Path, image_size: int | None = None, **kwargs) -> LlamaGenPipeline:
+        """A folder holding LlamaGen's t2i release as downloaded: one `t2i_*.pt` GPT, one `vq_*.pt` tokenizer and the
+        T5 encoder folder (a subfolder with a t5 `config.json`); the image size is read from the GPT's name
+        (`t2i_XL_stage2_512.pt` -> 512) unless given. `kwargs` go to `from_llamagen_checkpoints`."""
+        def one(found: list[Path], what: str) -> Path:
+            if len(found) != 1:
+                raise ValueError(f"{path} must hold exactly one {what}, found {[p.name for p in found]}")
+            return found[0]
+
+        gpt = one(sorted(path.glob("t2i_*.pt")), "t2i GPT (t2i_*.pt)")
+        vq = one(sorted(path.glob("vq_*.pt")), "VQ tokenizer (vq_*.pt)")
+        t5 = one([d for d in sorted(path.iterdir()) if (d / "config.json").is_file()
+                  and json.loads((d / "config.json").read_text()).get("model_type") == "t5"], "T5 encoder folder")
+        if image_size is None:
+            match = re.search(r"_(\d+)\.pt$", gpt.name)
+            if match is None:
+                raise ValueError(f"{gpt.name} does not name its image size; pass image_size=")
+            image_size = int(match.group(1))
+        return cls.from_llamagen_checkpoints(gpt, vq, t5, image_size=image_size, **kwargs)

@@ -225,6 +225,7 @@ def test_vq_nearest_code_round_trip_and_decode_shapes():
 def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_path):
     """The official t2i files (GPT .pt, VQ .pt, a T5 folder) assemble a LlamaGenPipeline that generates what the same
     weights do in code; a c2i GPT and a VQ file without its decoder are refused with the reason."""
+    from pipelines.auto import AutoARImagePipeline
     from pipelines.llamagen import LlamaGenPipeline
     from tests.models.llamagen_tiny import tiny_pipeline
 
@@ -238,12 +239,19 @@ def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_pa
     gpt_config = {"n_head": 4, "n_kv_head": 2, "multiple_of": 16}
     pipe = LlamaGenPipeline.from_llamagen_checkpoints(tmp_path / "t2i.pt", tmp_path / "vq.pt", tmp_path / "t5",
                                                       image_size=64, gpt_config=gpt_config, vq_config=vq_config)
-    pipe.set_progress_bar_config(disable=True)
+    # the release as a folder (names as published): one from_pretrained, through the auto registry too
+    release = tmp_path / "release"
+    release.mkdir()
+    for source, name in (("t2i.pt", "t2i_XL_stage1_64.pt"), ("vq.pt", "vq_ds16_t2i.pt"), ("t5", "flan-t5-xl")):
+        (release / name).symlink_to(tmp_path / source)
+    from_folder = AutoARImagePipeline.from_pretrained(release, gpt_config=gpt_config, vq_config=vq_config)
+    assert isinstance(from_folder, LlamaGenPipeline) and from_folder.native_size == 8
     reference.set_progress_bar_config(disable=True)
     prompts = ["a red circle", "a blue square on the left"]
-    a = pipe(prompts, generator=torch.Generator().manual_seed(0), output_type="np").images
     b = reference(prompts, generator=torch.Generator().manual_seed(0), output_type="np").images
-    assert np.array_equal(a, b)
+    for loaded in (pipe, from_folder):
+        loaded.set_progress_bar_config(disable=True)
+        assert np.array_equal(loaded(prompts, generator=torch.Generator().manual_seed(0), output_type="np").images, b)
     save_official(tmp_path / "c2i.pt", tiny_transformer("c2i", dtype=torch.float32).state_dict())
     with pytest.raises(ValueError, match="class-conditional"):
         LlamaGenPipeline.from_llamagen_checkpoints(tmp_path / "c2i.pt", tmp_path / "vq.pt", tmp_path / "t5",
