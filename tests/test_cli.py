@@ -123,3 +123,26 @@ def test_mmspec_video_reports_unknown_actions():
         from mmspec.cli import parse_actions
 
         parse_actions(["up*0"], ("stay", "up"))
+
+
+def test_mmspec_generate_loads_a_transformers_family_checkpoint_folder(tmp_path, capsys):
+    """`--model` takes a family's own checkpoint folder (here a tiny Emu3 in transformers layout) with its size and
+    negative prompt; an image size the model cannot make exits with a usage error."""
+    from PIL import Image
+
+    from tests.pipelines.test_family_pipelines import emu3_pipeline
+
+    pipe = emu3_pipeline()
+    pipe.model.save_pretrained(tmp_path / "emu3")
+    pipe.tokenizer.save_pretrained(tmp_path / "emu3")
+    out = tmp_path / "emu3.png"
+    assert main(["generate", "a red circle", "--model", str(tmp_path / "emu3"), "--height", "12", "--width", "16",
+                 "--negative-prompt", "ugly", "--out", str(out)]) == 0
+    comparison = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[-2:]}
+    assert comparison["ar"][1] == "15" and int(comparison["sjd"][1]) < 15  # 3 rows x (4 + end-of-line)
+    with Image.open(out) as image:
+        assert image.size == (16, 12)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "a red circle", "--model", str(tmp_path / "emu3"), "--height", "13", "--width", "16",
+              "--out", str(out)])
+    assert exit_info.value.code == 2
