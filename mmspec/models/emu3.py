@@ -43,8 +43,8 @@ class Emu3Adapter(CausalLMImageAdapter):
         self.grid = (height, width + 1)
         self.vocab_size = n_codes + 1
         self.eol = n_codes
-        self.forced_tokens = structured_span(height, width, self.eol)
         device = model.lm_head.weight.device
+        self.forced_tokens = structured_span(height, width, self.eol).to(device)
         self.token_ids = torch.tensor([mapping.img2bpe[c] for c in range(n_codes)] + [mapping.eol_token_id],
                                       device=device)  # [V], BPE id of each local id
         self.codebook_token_ids = torch.arange(n_codes)

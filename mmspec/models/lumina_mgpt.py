@@ -215,8 +215,8 @@ class LuminaMGPTAdapter(CausalLMImageAdapter):
         self.grid = (height, width + 1)
         self.vocab_size = n_codes + 1
         self.new_line = n_codes
-        self.forced_tokens = structured_span(height, width, self.new_line)
         device = model.lm_head.weight.device
+        self.forced_tokens = structured_span(height, width, self.new_line).to(device)
         self.token_ids = torch.tensor([mapping.img2bpe[c] for c in range(n_codes)] + [self.tokens.new_line],
                                       device=device)  # [V], BPE id of each local id
         self.codebook_token_ids = torch.arange(n_codes)
