@@ -13,7 +13,9 @@
 - Draft initialisation of positions no window has reached yet: `"random"` (uniform over the image tokens, carrying
   the uniform law, which accepts with min(1, V p(x)) where the one-hot bookkeeping of the official code accepts with
   p(x)), `"horizontal"` (the token to the left) or `"vertical"` (the token one grid row above), both deterministic
-  given earlier positions, so they carry a one-hot law.
+  given earlier positions, so they carry a one-hot law. Structure tokens (what `forced_tokens` names, e.g. Emu3's
+  end-of-line) are never an initial draft of a free position: random drafts skip them, copies come from the nearest
+  free position (`DraftSpan`).
 
 One iteration for a row with c committed tokens and window W = min(L, N - c):
     inputs  [x_{c-1}, d_c, ..., d_{c+W-2}]     x_{c-1} is the last committed token, whose key/value is not cached yet
@@ -206,6 +208,7 @@ class SJDDecoding:
             gumbel = None
             if self.coupling == "gumbel":
                 gumbel = -(-uniform((B, N + L, V), generator, device, p0.dtype).clamp(min=1e-30).log()).log()
+            span = DraftSpan.of(forced, N, L, V, device)
         drafted_end = rows.committed.clone()  # positions < drafted_end hold a committed token or a draft
         try:
             yield rows.progress()
@@ -217,7 +220,8 @@ class SJDDecoding:
                 with timer("draft"):
                     # A fixed number of draws per row and iteration (init, accept, residual, fresh), whatever W is.
                     uniforms = uniform((B, 4, L), generator, device, p0.dtype)
-                    self._initialise(seq, laws, inputs_at[:, 1:], drafted_end, uniforms[:, 0], model.grid[1], forced)
+                    self._initialise(seq, laws, inputs_at[:, 1:], drafted_end, uniforms[:, 0], model.grid[1], forced,
+                                     span)
                     inputs = seq.gather(1, inputs_at)
                 with timer("target"):
                     logits = model.forward(inputs, state)
@@ -247,19 +251,21 @@ class SJDDecoding:
         draws: torch.Tensor,
         width: int,
         forced: torch.Tensor | None,
+        span: DraftSpan,
     ) -> None:
         """Draft the window positions [B, W - 1] that no earlier window reached (>= drafted_end), in place; draws:
-        [B, >= W - 1] uniforms for the random initialisation."""
+        [B, >= W - 1] uniforms for the random initialisation. Free positions get image tokens only (`span`)."""
         V = laws.shape[-1]
         if self.init == "random":
-            tokens = (draws[:, : positions.shape[1]] * V).long().clamp(max=V - 1)
-            law = torch.full((*positions.shape, V), 1.0 / V, dtype=laws.dtype, device=seq.device)
+            F = span.ids.shape[0]
+            tokens = span.ids[(draws[:, : positions.shape[1]] * F).long().clamp(max=F - 1)]
+            law = span.uniform.to(laws.dtype).expand(*positions.shape, V)
         else:
-            last = (drafted_end - 1)[:, None].expand_as(positions)
+            last = span.last_free_at(drafted_end - 1)[:, None].expand_as(positions)
             source = last
             if self.init == "vertical":  # the nearest row above that is already drafted; the first row repeats left
                 above = positions - ((positions - drafted_end[:, None]) // width + 1) * width
-                source = torch.where(above >= 0, above, last)
+                source = torch.where(above >= 0, span.last_free_at(above), last)
             tokens = seq.gather(1, source)
             law = torch.nn.functional.one_hot(tokens, V).to(laws.dtype)
         if forced is not None:
@@ -269,6 +275,37 @@ class SJDDecoding:
         new = positions >= drafted_end[:, None]
         _write(seq, positions, tokens, new)
         _write(laws, positions, law, new)
+
+
+@dataclass(frozen=True)
+class DraftSpan:
+    """What a free position's initial draft may be: never a structure token (an id some position is forced to, e.g.
+    an end-of-line), which has probability 0 there.
+
+    ids: [F] long, the draftable ids; uniform: [V], the uniform law over them; last_free: [N + L] long, for each
+    absolute position the nearest free position at or before it (positions >= N are scratch, free)."""
+
+    ids: torch.Tensor
+    uniform: torch.Tensor
+    last_free: torch.Tensor
+
+    @classmethod
+    def of(cls, forced: torch.Tensor | None, N: int, L: int, V: int, device: torch.device) -> DraftSpan:
+        free = torch.ones(N + L, dtype=torch.bool, device=device)
+        draftable = torch.ones(V, dtype=torch.bool, device=device)
+        if forced is not None:
+            free[:N] = forced < 0
+            draftable[forced[forced >= 0]] = False
+            if not draftable.any():  # every id is forced somewhere: nothing to exclude
+                draftable[:] = True
+        positions = torch.arange(N + L, device=device)
+        last_free = torch.where(free, positions, -1).cummax(0).values
+        ids = draftable.nonzero().flatten()
+        return cls(ids, draftable.float() / len(ids), torch.where(last_free >= 0, last_free, positions))
+
+    def last_free_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """The nearest free position at or before each of `positions` (any shape, values in [0, N + L))."""
+        return self.last_free[positions]
 
 
 def _rows(positions: torch.Tensor, V: int) -> torch.Tensor:
