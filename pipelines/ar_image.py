@@ -11,7 +11,6 @@ checkpoints, `from_checkpoint_dir`. Every family is called the same way and retu
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
@@ -27,10 +26,7 @@ from mmspec.image.decoding import PAD_ID, ImageDecoding
 from mmspec.image.registry import get_decoding
 from pipelines.pipeline_output import ARImagePipelineOutput
 
-logger = logging.getLogger(__name__)
-
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-
 
 
 class ARImagePipeline(DiffusionPipeline):

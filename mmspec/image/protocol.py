@@ -21,6 +21,11 @@ class ImageLogits:
     cond: torch.Tensor
     uncond: torch.Tensor | None = None
 
+    @classmethod
+    def from_rows(cls, logits: torch.Tensor, batch_size: int, cfg: bool) -> ImageLogits:
+        """Split logits [B or 2B, W, V] of a batch run with CFG as rows [0, B) conditional, [B, 2B) unconditional."""
+        return cls(logits[:batch_size], logits[batch_size:]) if cfg else cls(logits)
+
     def at(self, index: int | slice) -> ImageLogits:
         """The logits of window position(s) `index` (an int drops the window dim: [B, V])."""
         return ImageLogits(self.cond[:, index], None if self.uncond is None else self.uncond[:, index])

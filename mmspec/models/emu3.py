@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.models.hf_image import CausalLMImageAdapter, restricted_logits, structured_span
+from mmspec.models.hf_image import LineStructuredAdapter
 
 
-class Emu3Adapter(CausalLMImageAdapter):
+class Emu3Adapter(LineStructuredAdapter):
     """`height`, `width`: the image in VQ tokens (pixels / 8 for Emu3-Gen); the prompt must announce the same size
     (`Emu3Processor(..., return_for_image_generation=True)` writes `{h}*{w}`)."""
 
@@ -39,34 +39,15 @@ class Emu3Adapter(CausalLMImageAdapter):
                 f"{'' if mapping.eol_token_id is not None else ' and <|extra_200|>'}"
             )
         self.model, self.language_model = model, model.model.text_model
-        self.height, self.width, self.n_codes = height, width, n_codes
-        self.grid = (height, width + 1)
-        self.vocab_size = n_codes + 1
-        self.eol = n_codes
-        device = model.lm_head.weight.device
-        self.forced_tokens = structured_span(height, width, self.eol).to(device)
-        self.token_ids = torch.tensor([mapping.img2bpe[c] for c in range(n_codes)] + [mapping.eol_token_id],
-                                      device=device)  # [V], BPE id of each local id
-        self.codebook_token_ids = torch.arange(n_codes)
+        self.set_span(height, width, [mapping.img2bpe[c] for c in range(n_codes)], mapping.eol_token_id)
 
     def unconditional(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' default without `negative_prompt_ids`: the last prompt token alone (the image wrapper)."""
         return input_ids[:, -1:], mask[:, -1:]
 
-    def embed_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(self.token_ids[tokens])
-
-    def image_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return restricted_logits(self.model.lm_head(hidden), self.token_ids, self.n_codes)
-
-    def to_bpe(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Local ids [B, N] -> the BPE ids transformers' loop writes for the same image span."""
-        return self.token_ids[tokens]
-
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, h * (w + 1)] -> images [B, 3, 8h, 8w] in about [-1, 1] (Emu3's VQ decoder, one frame)."""
-        codes = tokens.view(-1, self.height, self.width + 1)[..., : self.width]
-        return self.model.model.vqmodel.decode(codes)
+        return self.model.model.vqmodel.decode(self.codes(tokens))
 
     def codebook(self) -> torch.Tensor:
         """[C, d] code vectors as the quantizer compares them (plain L2); for LANTERN's neighbour table."""

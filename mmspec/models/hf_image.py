@@ -105,23 +105,17 @@ class CausalLMImageAdapter:
                             mask.sum(-1))
         embeds = self.model.get_input_embeddings()(ids)
         hidden = forward_ragged(self.language_model, state.cache, mask, inputs_embeds=embeds)
-        return state, self._split(self.image_logits(hidden.last_hidden_state[:, -1:]), state)
+        return state, ImageLogits.from_rows(self.image_logits(hidden.last_hidden_state[:, -1:]), state.batch_size, cfg)
 
     def forward(self, tokens: torch.Tensor, state: PromptState) -> ImageLogits:
         if tokens.ndim != 2 or tokens.shape[0] != state.batch_size:
             raise ValueError(f"tokens must have shape [{state.batch_size}, W], got {tuple(tokens.shape)}")
         rows = torch.cat([tokens, tokens]) if state.cfg else tokens  # both halves see the same image tokens
         hidden = forward_ragged(self.language_model, state.cache, inputs_embeds=self.embed_image(rows))
-        return self._split(self.image_logits(hidden.last_hidden_state), state)
+        return ImageLogits.from_rows(self.image_logits(hidden.last_hidden_state), state.batch_size, state.cfg)
 
     def rollback(self, state: PromptState, keep: torch.Tensor) -> None:
         truncate(state.cache, state.prompt_lengths + (torch.cat([keep, keep]) if state.cfg else keep))
-
-    @staticmethod
-    def _split(logits: torch.Tensor, state: PromptState) -> ImageLogits:
-        if not state.cfg:
-            return ImageLogits(logits)
-        return ImageLogits(logits[: state.batch_size], logits[state.batch_size :])
 
 
 def structured_span(height: int, width: int, line_token: int) -> torch.Tensor:
@@ -132,10 +126,38 @@ def structured_span(height: int, width: int, line_token: int) -> torch.Tensor:
     return forced.flatten()
 
 
-def restricted_logits(logits: torch.Tensor, columns: torch.Tensor, n_codes: int) -> torch.Tensor:
-    """Logits [R, W, vocab] of a full LM head -> float32 [R, W, len(columns)] over the local ids: the code columns as
-    they are, the structure tokens after them (ids >= n_codes) at the float32 minimum — they are only ever emitted where
-    `forced_tokens` names them, and a finite minimum keeps CFG's difference of logits finite."""
-    local = logits[..., columns].float()
-    local[..., n_codes:] = torch.finfo(torch.float32).min
-    return local
+class LineStructuredAdapter(CausalLMImageAdapter):
+    """Base of the families that write an image as text-vocabulary tokens through the LM head (Emu3, Lumina-mGPT):
+    `height` rows of `width` codes, each row closed by a line token. Local ids 0..C-1 are the codes, id C
+    (`line_token`) the line token, forced on the last column of the span (h, w + 1); `token_ids` [V] maps local ids
+    to the model's vocabulary. A subclass calls `set_span` and implements `unconditional` and `decode` (of `codes`)."""
+
+    def set_span(self, height: int, width: int, code_ids: list[int], line_id: int) -> None:
+        """code_ids: the vocabulary id of each code 0..C-1; line_id: the vocabulary id of the line token."""
+        device = self.model.lm_head.weight.device
+        self.height, self.width, self.n_codes = height, width, len(code_ids)
+        self.grid = (height, width + 1)
+        self.vocab_size = self.n_codes + 1
+        self.line_token = self.n_codes
+        self.forced_tokens = structured_span(height, width, self.line_token).to(device)
+        self.token_ids = torch.tensor(code_ids + [line_id], device=device)  # [V]
+        self.codebook_token_ids = torch.arange(self.n_codes)
+
+    def embed_image(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(self.token_ids[tokens])
+
+    def image_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head's logits at the local ids, float32: the codes as they are, the line token at the float32
+        minimum — it is only ever emitted where `forced_tokens` names it, and a finite minimum keeps CFG's difference
+        of logits finite."""
+        local = self.model.lm_head(hidden)[..., self.token_ids].float()
+        local[..., self.line_token] = torch.finfo(torch.float32).min
+        return local
+
+    def to_bpe(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Local ids [B, N] -> the vocabulary (BPE) ids the family's own loop writes for the same image span."""
+        return self.token_ids[tokens]
+
+    def codes(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The codes [B, h, w] of image-span tokens [B, h * (w + 1)] (line column dropped)."""
+        return tokens.view(-1, self.height, self.width + 1)[..., : self.width]

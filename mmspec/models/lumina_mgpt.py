@@ -31,7 +31,7 @@ from transformers import (
 )
 
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
-from mmspec.models.hf_image import CausalLMImageAdapter, restricted_logits, structured_span
+from mmspec.models.hf_image import LineStructuredAdapter
 
 IMAGE_START, IMAGE_END, NEW_LINE, TURN_SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 PATCH = 32  # pixels per grid token (2 x 2 VQ tokens of 16 pixels)
@@ -87,13 +87,12 @@ class LuminaTokens:
         if missing:
             raise ValueError(f"the model's vocabulary_map lacks {missing}: not a Chameleon / Lumina-mGPT vocabulary")
         self.image_start, self.image_end, self.new_line = vocab[IMAGE_START], vocab[IMAGE_END], vocab[NEW_LINE]
-        self.grid_sizes = {vocab[grid_token(n)]: n for n in range(1, 200) if grid_token(n) in vocab}  # id -> n
+        self.grid_ids = {n: vocab[grid_token(n)] for n in range(1, 200) if grid_token(n) in vocab}  # n -> id
 
     def grid_id(self, n: int) -> int:
-        ids = {n: i for i, n in self.grid_sizes.items()}
-        if n not in ids:
+        if n not in self.grid_ids:
             raise ValueError(f"the vocabulary has no grid token {grid_token(n)} for {n} patches")
-        return ids[n]
+        return self.grid_ids[n]
 
 
 def image_position(input_ids: torch.Tensor, tokens: LuminaTokens) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,7 +139,7 @@ class ImageStructure(LogitsProcessor):
         self.suppressed = torch.full((vocab_size,), True)
         self.suppressed[image_token_ids] = False
         self.patches_of = torch.zeros(vocab_size, dtype=torch.long)  # grid token id -> patches, else 0
-        self.patches_of[list(tokens.grid_sizes)] = torch.tensor(list(tokens.grid_sizes.values()))
+        self.patches_of[list(tokens.grid_ids.values())] = torch.tensor(list(tokens.grid_ids))
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         inside, offset = image_position(input_ids, self.tokens)
@@ -189,7 +188,7 @@ def lumina_logits_processors(model, guidance_scale: float = 4.0, image_top_k: in
     return LogitsProcessorList(processors)
 
 
-class LuminaMGPTAdapter(CausalLMImageAdapter):
+class LuminaMGPTAdapter(LineStructuredAdapter):
     """`height`, `width`: the image in VQ tokens (pixels / 16), even (whole 32-pixel patches). Conditions are
     `PromptCondition`s whose rows end with `prompt_suffix` (image start, grid tokens); their unconditional rows default
     to that suffix alone (Lumina-mGPT's image-start-triggered CFG)."""
@@ -211,17 +210,9 @@ class LuminaMGPTAdapter(CausalLMImageAdapter):
             raise ValueError(f"the model's vocabulary has no IMGIMG token for codes {missing[:5]} of the VQGAN's "
                              f"{n_codes}: the VQGAN does not belong to this model")
         self.model, self.language_model, self.vqgan = model, model.model, vqgan
-        self.height, self.width, self.n_codes = height, width, n_codes
-        self.grid = (height, width + 1)
-        self.vocab_size = n_codes + 1
-        self.new_line = n_codes
-        device = model.lm_head.weight.device
-        self.forced_tokens = structured_span(height, width, self.new_line).to(device)
-        self.token_ids = torch.tensor([mapping.img2bpe[c] for c in range(n_codes)] + [self.tokens.new_line],
-                                      device=device)  # [V], BPE id of each local id
-        self.codebook_token_ids = torch.arange(n_codes)
+        self.set_span(height, width, [mapping.img2bpe[c] for c in range(n_codes)], self.tokens.new_line)
         self.prompt_suffix = torch.tensor([self.tokens.image_start, self.tokens.grid_id(height // 2),
-                                           self.tokens.grid_id(width // 2)], device=device)
+                                           self.tokens.grid_id(width // 2)], device=self.token_ids.device)
 
     def prefill(self, condition, cfg: bool, max_window: int = 1):
         if not (condition.input_ids[:, -3:] == self.prompt_suffix).all():
@@ -232,19 +223,9 @@ class LuminaMGPTAdapter(CausalLMImageAdapter):
     def unconditional(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return input_ids[:, -3:], mask[:, -3:]
 
-    def embed_image(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(self.token_ids[tokens])
-
-    def image_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return restricted_logits(self.model.lm_head(hidden), self.token_ids, self.n_codes)
-
-    def to_bpe(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Local ids [B, N] -> the BPE ids the official loop writes for the same image span."""
-        return self.token_ids[tokens]
-
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, h * (w + 1)] -> images [B, 3, 16h, 16w] in about [-1, 1]."""
-        return self.vqgan.decode(tokens.view(-1, self.height, self.width + 1)[..., : self.width])
+        return self.vqgan.decode(self.codes(tokens))
 
     def codebook(self) -> torch.Tensor:
         """[C, d] the VQGAN's code vectors (plain L2, as its quantizer compares them); for LANTERN."""

@@ -113,6 +113,12 @@ def check_first_two_tokens_follow(law: torch.Tensor, tokens: torch.Tensor, V: in
         assert chi_square_p_value(counts, wrong_law) < 1e-6
 
 
+def from_bpe(adapter, tokens: torch.Tensor) -> torch.Tensor:
+    """Vocabulary (BPE) ids [B, N] a family's own loop wrote -> the adapter's local ids (inverse of `to_bpe`)."""
+    local = {int(bpe): i for i, bpe in enumerate(adapter.token_ids)}
+    return tokens.clone().apply_(lambda bpe: local[bpe])
+
+
 def check_lantern_table(adapter, k_max: int = 4):
     table = NeighbourTable.build(adapter.codebook(), k_max=k_max, cache=False)
     assert table.k_max == k_max

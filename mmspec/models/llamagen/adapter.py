@@ -44,7 +44,8 @@ class LlamaGenAdapter:
     def num_image_tokens(self) -> int:
         return self.grid[0] * self.grid[1]
 
-    def prefill(self, condition: LlamaGenCondition, cfg: bool, max_window: int = 1) -> tuple[LlamaGenState, ImageLogits]:
+    def prefill(self, condition: LlamaGenCondition, cfg: bool,
+                max_window: int = 1) -> tuple[LlamaGenState, ImageLogits]:
         model = self.transformer
         B = condition.states.shape[0]
         prefix = model.embed_condition(condition.states)  # [B, T, dim]
@@ -55,14 +56,14 @@ class LlamaGenAdapter:
             cache.key_valid[:B, : prefix.shape[1]] = condition.mask
         logits = model.forward_window(prefix, cache)[:, -1:]  # [B or 2B, 1, V]
         state = LlamaGenState(cache, B, cfg)
-        return state, self._split(logits, state)
+        return state, ImageLogits.from_rows(logits, B, cfg)
 
     def forward(self, tokens: torch.Tensor, state: LlamaGenState) -> ImageLogits:
         if tokens.ndim != 2 or tokens.shape[0] != state.batch_size:
             raise ValueError(f"tokens must have shape [{state.batch_size}, W], got {tuple(tokens.shape)}")
         rows = torch.cat([tokens, tokens]) if state.cfg else tokens  # both halves see the same image tokens
         logits = self.transformer.forward_window(self.transformer.tok_embeddings(rows), state.cache)
-        return self._split(logits, state)
+        return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
 
     def rollback(self, state: LlamaGenState, keep: torch.Tensor) -> None:
         lengths = keep + self.transformer.config.cls_token_num
@@ -74,9 +75,3 @@ class LlamaGenAdapter:
     def codebook(self) -> torch.Tensor:
         """[V, d] code vectors as the quantizer compares them (l2-normalised when it normalises); for LANTERN."""
         return self.vqvae.quantize.codebook()
-
-    @staticmethod
-    def _split(logits: torch.Tensor, state: LlamaGenState) -> ImageLogits:
-        if not state.cfg:
-            return ImageLogits(logits)
-        return ImageLogits(logits[: state.batch_size], logits[state.batch_size :])
