@@ -36,6 +36,7 @@ class ARImagePipeline(DiffusionPipeline):
     default_guidance_scale: float = 3.0
     default_top_k: int = 0
     checkpoint_model_type: str | None = None  # config.json model_type of the family's own checkpoints
+    checkpoint_model_class: type | None = None  # the transformers class that loads them
     checkpoint_files: str | None = None  # or: a glob naming the family's released weight files in a folder
 
     # --- family hooks -------------------------------------------------------------------------------------------
@@ -91,8 +92,13 @@ class ARImagePipeline(DiffusionPipeline):
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
-    def from_checkpoint_dir(cls, path: Path, **kwargs):
-        raise NotImplementedError
+    def from_checkpoint_dir(cls, path: Path, dtype: torch.dtype | None = None, **kwargs):
+        """A transformers family's checkpoint folder: its `checkpoint_model_class` model (missing weights refused)
+        and its tokenizer. Families with more pieces override this."""
+        from transformers import AutoTokenizer
+
+        model = load_transformers_model(cls.checkpoint_model_class, path, dtype=dtype, **kwargs)
+        return cls(model, AutoTokenizer.from_pretrained(path))
 
     # --- inputs -------------------------------------------------------------------------------------------------
     def check_inputs(self, prompt, num_images_per_prompt, negative_prompt, generator, output_type,

@@ -3,15 +3,12 @@ same call, outputs and stats as every `ARImagePipeline`, with CFG rows batched b
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import torch
 from diffusers.image_processor import VaeImageProcessor
 from transformers import Emu3ForConditionalGeneration, PreTrainedTokenizerBase
 
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition
-from pipelines.ar_image import ARImagePipeline, left_padded, load_transformers_model, size_error
+from pipelines.ar_image import ARImagePipeline, left_padded, size_error
 
 IMAGE_START, IMAGE_WRAPPER = "<|image start|>", "<|image token|>"  # Emu3's fixed tokens around the size text
 NATIVE_SIZE = 720  # Emu3-Gen's default image area is 720 x 720 pixels
@@ -44,6 +41,7 @@ class Emu3Pipeline(ARImagePipeline):
     """
 
     model_cpu_offload_seq = "model"
+    checkpoint_model_class = Emu3ForConditionalGeneration
     checkpoint_model_type = "emu3"
     default_guidance_scale = 3.0  # Emu3-Gen's recommended CFG
     default_top_k = 2048  # Emu3-Gen's recommended top-k
@@ -80,10 +78,3 @@ class Emu3Pipeline(ARImagePipeline):
                              f"{self.model.config.text_config.max_position_embeddings} (make the image smaller)")
         pad, device = self.tokenizer.pad_token_id or 0, self._execution_device
         return PromptCondition(*left_padded(rows, pad, device), *left_padded(negative_rows, pad, device))
-
-    @classmethod
-    def from_checkpoint_dir(cls, path: Path, dtype: torch.dtype | None = None, **kwargs) -> Emu3Pipeline:
-        from transformers import AutoTokenizer
-
-        model = load_transformers_model(Emu3ForConditionalGeneration, path, dtype=dtype, **kwargs)
-        return cls(model, AutoTokenizer.from_pretrained(path))

@@ -3,15 +3,12 @@ decodings: the same call, outputs and stats as every `ARImagePipeline`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import torch
 from diffusers.image_processor import VaeImageProcessor
 from transformers import JanusForConditionalGeneration, PreTrainedTokenizerBase
 
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.janus import JanusAdapter
-from pipelines.ar_image import ARImagePipeline, left_padded, load_transformers_model, size_error
+from pipelines.ar_image import ARImagePipeline, left_padded, size_error
 
 # DeepSeek's "deepseek" SFT format with an empty system prompt, as Janus builds image-generation prompts; the
 # begin-of-image token follows it.
@@ -37,6 +34,7 @@ class JanusPipeline(ARImagePipeline):
     """
 
     model_cpu_offload_seq = "model"
+    checkpoint_model_class = JanusForConditionalGeneration
     checkpoint_model_type = "janus"
     default_guidance_scale = 5.0  # Janus-Pro's cfg_weight
     default_top_k = 0
@@ -69,10 +67,3 @@ class JanusPipeline(ARImagePipeline):
                              "every token but BOS and begin-of-image padded out")
         rows = [self.tokenizer(PROMPT_TEMPLATE.format(prompt=p))["input_ids"] + [adapter.boi] for p in prompts]
         return PromptCondition(*left_padded(rows, adapter.pad, self._execution_device))
-
-    @classmethod
-    def from_checkpoint_dir(cls, path: Path, dtype: torch.dtype | None = None, **kwargs) -> JanusPipeline:
-        from transformers import AutoTokenizer
-
-        model = load_transformers_model(JanusForConditionalGeneration, path, dtype=dtype, **kwargs)
-        return cls(model, AutoTokenizer.from_pretrained(path))
