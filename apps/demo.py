@@ -3,8 +3,8 @@
     mmspec demo                       # the embedded models on http://127.0.0.1:7860
     mmspec demo --port 8000 --only world
 
-`build_demo(pipes)` builds the app from pipelines keyed by tab kind (see `apps.tabs.TABS`), so tests and users can
-pass their own; `main()` loads the embedded default models, warms them up and launches.
+`build_demo(pipes)` builds the app from pipelines keyed by tab kind (see `mmspec.apps.tabs.TABS`), so tests and users
+can pass their own; `main()` loads the embedded default models, warms them up and launches.
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from collections.abc import Mapping
 
 import gradio as gr
 
-from apps.tabs import TABS
-from apps.tabs.base import COMPUTE
+from mmspec.apps.tabs import TABS
+from mmspec.apps.tabs.base import COMPUTE
 
 TITLE = "mmspec: speculative decoding, live"
 QUEUE_SIZE = 32  # waiting requests beyond this are refused with a "queue full" message
 
 
 def build_demo(pipes: Mapping[str, object], warm_up: bool = False) -> gr.Blocks:
-    """A `gr.Blocks` app with one tab per pipeline: `pipes` maps a tab kind ("image", "text", see `apps.tabs.TABS`)
-    to its pipeline. Events run one at a time per tab and further requests queue. `warm_up` runs one short call per
-    method first, so the first request is not timed with lazy initialisation."""
+    """A `gr.Blocks` app with one tab per pipeline: `pipes` maps a tab kind ("image", "text", "world", see
+    `mmspec.apps.tabs.TABS`) to its pipeline. Events run one at a time per tab and further requests queue. `warm_up`
+    runs one short call per method first, so the first request is not timed with lazy initialisation."""
     if not isinstance(pipes, Mapping) or not pipes:
         raise ValueError(f"pipes must be a non-empty mapping of tab kind to pipeline, kinds: {sorted(TABS)}")
     unknown = sorted(set(pipes) - set(TABS))
@@ -46,15 +46,18 @@ def build_demo(pipes: Mapping[str, object], warm_up: bool = False) -> gr.Blocks:
 def load_default_pipes(kinds=tuple(TABS), image_model: str | None = None, text_target: str | None = None,
                        text_draft: str | None = None, video_model: str | None = None) -> dict[str, object]:
     """The embedded default pipelines (or the given zoo names / folders) for the requested tab kinds."""
-    from mmspec.cli import load_image_pipeline, load_video_pipeline
+    import torch
+
+    from mmspec.pipelines.auto import AutoARImagePipeline
+    from mmspec.pipelines.text import SpeculativeTextPipeline
+    from mmspec.pipelines.video import NextFramePipeline
     from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD
-    from pipelines.text import SpeculativeTextPipeline
 
     loaders = {
-        "image": lambda: load_image_pipeline(image_model or IMAGE_T2I),
+        "image": lambda: AutoARImagePipeline.from_pretrained(image_model or IMAGE_T2I, dtype=torch.float32),
         "text": lambda: SpeculativeTextPipeline.from_pretrained(text_target or TEXT_TARGET,
                                                                 draft=text_draft or TEXT_DRAFT),
-        "world": lambda: load_video_pipeline(video_model or VIDEO_WORLD),
+        "world": lambda: NextFramePipeline.from_pretrained(video_model or VIDEO_WORLD, dtype=torch.float32),
     }
     return {kind: loaders[kind]() for kind in kinds}
 

@@ -1,8 +1,8 @@
 """Continuous speculative decoding benchmark on the embedded MAR pair (mmspec/zoo/mar_shapes), in one process.
 
-    python -m eval.bench_continuous                  # full: 8 images at batch 1, 128 at batch 8, FD on the latter
-    python -m eval.bench_continuous --quick          # under 10 minutes on 2 CPU cores: 2 and 16 images
-    python -m eval.bench_continuous --json eval/results/bench_continuous.json --grid docs/images/mar_samples.png
+    python -m mmspec.eval.bench_continuous          # full: 8 images at batch 1, 128 at batch 8, FD on the latter
+    python -m mmspec.eval.bench_continuous --quick  # under 10 minutes on 2 CPU cores: 2 and 16 images
+    python -m mmspec.eval.bench_continuous --json eval/results/bench_continuous.json --grid docs/images/mar_samples.png
 
 Every method generates the same classes (those of the first held-out scenes) with the same per-image seeds (image i:
 seed 1000 + i), 64 AR steps (one token each), 100 diffusion steps, CFG 3 (MAR's linear schedule), temperature 1,
@@ -36,9 +36,10 @@ import numpy as np
 import torch
 
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
-from mmspec.zoo import MAR_C2I, zoo_path
-from mmspec.zoo.shapes import scenes
-from mmspec.zoo.train_mar import class_label, encode_tokens
+from mmspec.pipelines.mar import MARPipeline
+from mmspec.zoo import MAR_C2I
+from mmspec.zoo.pixels import encode_tokens
+from mmspec.zoo.shapes import class_label, scenes
 
 METHODS = ("ar", "exact", "paper", "ar_coarsened", "draft")
 
@@ -54,15 +55,6 @@ class Row:
     fallbacks: int
     median_latency_s: float
     speedup_vs_ar: float = 1.0
-
-
-def load_pipeline(name_or_path: str = MAR_C2I):
-    """The MAR pipeline (target, draft, VAE) from a zoo name or a saved folder, in float32."""
-    from pipelines.mar import MARPipeline
-
-    path = Path(name_or_path)
-    path = path if path.exists() else zoo_path(name_or_path)
-    return MARPipeline.from_pretrained(path, dtype=torch.float32)
 
 
 def method_options(method: str, pipes: dict, args) -> tuple[object, dict]:
@@ -115,7 +107,7 @@ def run(method: str, pipes: dict, labels: list[int], batch_size: int, args) -> t
 
 
 def fd_clip(images: np.ndarray, reference_features: torch.Tensor, clip) -> float:
-    from eval.metrics import frechet_distance, image_features
+    from mmspec.eval.metrics import frechet_distance, image_features
 
     return frechet_distance(reference_features, image_features(clip, images))
 
@@ -160,9 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.images_bs1, args.images_bs8 = 2, 16
-    from pipelines.mar import MARPipeline
-
-    target = load_pipeline(args.model)
+    target = MARPipeline.from_pretrained(args.model, dtype=torch.float32)
     pipes = {"target": target, "draft": MARPipeline(target.draft_transformer, target.vae)}
     real, captions = scenes(0, max(args.images_bs1, args.images_bs8), "heldout")
     labels = [class_label(c) for c in captions]
@@ -179,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
         ar = next((r for r in rows if r.method == "ar" and r.batch_size == row.batch_size), None)
         row.speedup_vs_ar = math.nan if ar is None else ar.median_latency_s / row.median_latency_s
     if not args.no_fd and args.images_bs8 >= 2:
-        from eval.metrics import image_features, load_clip
+        from mmspec.eval.metrics import image_features, load_clip
 
         clip = load_clip()
         reference = image_features(clip, real[: args.images_bs8])
@@ -188,15 +178,15 @@ def main(argv: list[str] | None = None) -> dict:
         fds["vae_reconstruction"] = fd_clip(vae_reconstructions(target, real[: args.images_bs8]), reference, clip)
     print_table(rows, fds)
     if args.grid and images_bs8:
+        from diffusers.utils import make_image_grid
         from PIL import Image
-
-        from mmspec.cli import image_grid
 
         columns = [real] + list(images_bs8.values())
         shown = min(8, args.images_bs8)
         tiles = [Image.fromarray(column[i]) for i in range(shown) for column in columns]
         args.grid.parent.mkdir(parents=True, exist_ok=True)
-        image_grid(tiles, len(columns)).resize((64 * 2 * len(columns), 64 * 2 * shown), Image.NEAREST).save(args.grid)
+        grid = make_image_grid(tiles, rows=shown, cols=len(columns))
+        grid.resize((64 * 2 * len(columns), 64 * 2 * shown), Image.NEAREST).save(args.grid)
 
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "grid")}
     result = {"settings": settings, "rows": [asdict(r) for r in rows], "fd_clip": fds}

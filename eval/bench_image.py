@@ -1,9 +1,9 @@
 """Image decoding benchmark on the embedded text-to-image model (mmspec/zoo/shapes), in one process.
 
-    python -m eval.bench_image                      # full: 32 held-out prompts, batch 1 and 8, 2 repeats
-    python -m eval.bench_image --quick              # about 1 minute: 8 prompts, 1 repeat
-    python -m eval.bench_image --json eval/results/bench_image.json
-    python -m eval.bench_image --sweep              # windows x inits per coupling at batch 1 (how BEST was chosen)
+    python -m mmspec.eval.bench_image          # full: 32 held-out prompts, batch 1 and 8, 2 repeats
+    python -m mmspec.eval.bench_image --quick  # about 1 minute: 8 prompts, 1 repeat
+    python -m mmspec.eval.bench_image --json eval/results/bench_image.json
+    python -m mmspec.eval.bench_image --sweep  # windows x inits per coupling at batch 1 (how BEST was chosen)
 
 Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from mmspec.cli import load_image_pipeline
 from mmspec.image import COUPLINGS, INITS
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
+from mmspec.pipelines.auto import AutoARImagePipeline
 from mmspec.zoo import IMAGE_T2I
 from mmspec.zoo.shapes import scene
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sweep", action="store_true", help="sweep windows and inits per coupling instead")
     parser.add_argument("--json", default=None, help="write the rows and the summary here")
     args = parser.parse_args(argv)
-    pipe = load_image_pipeline(args.model)
+    pipe = AutoARImagePipeline.from_pretrained(args.model, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     prompts = held_out_prompts(8 if args.quick or args.sweep else 32)
     repeats = 1 if args.quick else 2

@@ -1,8 +1,8 @@
 """Text speculative decoding benchmark on the embedded pair (mmspec/zoo/pycode), in one process.
 
-    python -m eval.bench_text            # full: 16 held-out prompts, 128 new tokens
-    python -m eval.bench_text --quick    # < 3 minutes: 4 prompts, 64 new tokens
-    python -m eval.bench_text --json bench_text.json
+    python -m mmspec.eval.bench_text          # full: 16 held-out prompts, 128 new tokens
+    python -m mmspec.eval.bench_text --quick  # < 3 minutes: 4 prompts, 64 new tokens
+    python -m mmspec.eval.bench_text --json bench_text.json
 
 Prompts come from the held-out split of the corpus. Every method runs on the same target, prompts and seeds, after a
 warm-up, at temperature 0 and 1 (no top-k/top-p): the AR baseline (`target.generate` with its KV cache), transformers

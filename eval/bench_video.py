@@ -1,8 +1,8 @@
 """Frame speculation benchmark on the embedded next-frame world model (mmspec/zoo/nextframe_shapes), in one process.
 
-    python -m eval.bench_video                      # full: 8 held-out episodes x 64 frames per change probability
-    python -m eval.bench_video --quick              # under 10 minutes on 2 CPU cores: 3 episodes x 32 frames
-    python -m eval.bench_video --json eval/results/bench_video.json --plot docs/images/video_speculation.png \
+    python -m mmspec.eval.bench_video          # full: 8 held-out episodes x 64 frames per change probability
+    python -m mmspec.eval.bench_video --quick  # under 10 minutes on 2 CPU cores: 3 episodes x 32 frames
+    python -m mmspec.eval.bench_video --json eval/results/bench_video.json --plot docs/images/video_speculation.png \
         --strip docs/images/video_rollouts.png
 
 Each episode of the held-out video world starts from its true first frame and is rolled out interactively (batch 1,
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmspec.cli import load_video_pipeline
+from mmspec.pipelines.video import NextFramePipeline
 from mmspec.video import FrameSpeculation
 from mmspec.zoo import VIDEO_WORLD
 from mmspec.zoo.video_world import episode, persistent_actions, rollout
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.episodes, args.frames = 3, 32
-    pipe = load_video_pipeline(args.model)
+    pipe = NextFramePipeline.from_pretrained(args.model, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     warm = ground_truth(1, 8, 0.2)[0]
     for method in args.methods:  # untimed warm-up of every code path

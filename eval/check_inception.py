@@ -1,10 +1,10 @@
-"""Check `eval.inception.FIDInceptionV3` against torch-fidelity's `FeatureExtractorInceptionV3`, feature for feature,
-on the same random weights (the real weights cannot be downloaded everywhere; a random file in their layout tests the
-same code). torch-fidelity itself imports torchvision, so its feature-extractor module is loaded from its source with
-the package's other imports stubbed:
+"""Check `mmspec.eval.inception.FIDInceptionV3` against torch-fidelity's `FeatureExtractorInceptionV3`, feature for
+feature, on the same random weights (the real weights cannot be downloaded everywhere; a random file in their layout
+tests the same code). torch-fidelity itself imports torchvision, so its feature-extractor module is loaded from its
+source with the package's other imports stubbed:
 
     pip download torch-fidelity==0.4.0 --no-deps -d /tmp/tf && cd /tmp/tf && unzip -o -q torch_fidelity-*.whl
-    python -m eval.check_inception --torch-fidelity-src /tmp/tf/torch_fidelity
+    python -m mmspec.eval.check_inception --torch-fidelity-src /tmp/tf/torch_fidelity
 
 Prints the largest absolute difference of the TF1 resize and of the 2048-d features for several input sizes.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eval.inception import INPUT_SIZE, FIDInceptionV3, resize_bilinear_tf1
+from mmspec.eval.inception import INPUT_SIZE, FIDInceptionV3, resize_bilinear_tf1
 
 
 def load_torch_fidelity(src: Path):

@@ -1,8 +1,8 @@
 """Measure the embedded text-to-image model for its model card: VQ reconstruction PSNR, AR latency per image, mean
 per-token entropy of the sampling law, held-out caption match, and a sample grid.
 
-    python -m eval.image_zoo_card                       # full run (~10 min on 2 CPU cores)
-    python -m eval.image_zoo_card --quick               # fewer captions and repeats
+    python -m mmspec.eval.image_zoo_card          # full run (~10 min on 2 CPU cores)
+    python -m mmspec.eval.image_zoo_card --quick  # fewer captions and repeats
 
 Caption match: a small CNN probe is trained (a few minutes, seeded) on rendered *training* scenes to read four
 attributes back from pixels: background kind, and count, colour and shape of the first object group. It is then
@@ -21,13 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from diffusers.utils import make_image_grid
 from torch import nn
 
-from mmspec.cli import image_grid, load_image_pipeline
 from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.pipelines.auto import AutoARImagePipeline
 from mmspec.zoo import IMAGE_T2I
+from mmspec.zoo.pixels import psnr, reconstruct, to_model_range, to_uint8
 from mmspec.zoo.shapes import BACKGROUNDS, COLORS, SHAPES, parse_caption, scenes
-from mmspec.zoo.train_image import psnr, reconstruct, to_model_range, to_uint8
 
 RESULTS = Path(__file__).resolve().parent / "results"
 GRID_PATH = Path(__file__).resolve().parents[1] / "docs" / "images" / "shapes_samples.png"
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     n_captions, repeats = (16, 2) if args.quick else (64, 5)
 
-    pipe = load_image_pipeline(args.model)
+    pipe = AutoARImagePipeline.from_pretrained(args.model, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     held_images, held_captions = scenes(0, max(n_captions, 256), "heldout")
     report = {"model": args.model, "guidance_scale": args.guidance_scale}
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
                            generator=gens).images
             rows += [Image.fromarray(held_images[i]), *samples]
         GRID_PATH.parent.mkdir(parents=True, exist_ok=True)
-        grid = image_grid(rows, columns=5)
+        grid = make_image_grid(rows, rows=6, cols=5)
         grid.resize((grid.width * 2, grid.height * 2), Image.NEAREST).save(GRID_PATH)
         report["grid_captions"] = captions[:6]
 

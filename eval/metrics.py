@@ -3,7 +3,7 @@
 Feature spaces (always name the one a number comes from):
 - **FD-CLIP** (in-domain): Frechet distance in the image-embedding space of a CLIP model. For the embedded world that is
   the zoo's `shapes_clip`, trained on the synthetic scenes; it is not comparable with published FIDs.
-- **FID** (standard): Inception-v3 pool features (`eval.inception.FIDInceptionV3`) from a local weights file.
+- **FID** (standard): Inception-v3 pool features (`mmspec.eval.inception.FIDInceptionV3`) from a local weights file.
 
 Images are uint8 [N, 3, H, W] tensors throughout (torchmetrics' convention for custom extractors). Features of a set
 are extracted once (`image_features`) and compared with any other set's: the FID / KID metrics get them through a
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmspec.zoo import IMAGE_CLIP, zoo_path
+from mmspec.zoo import IMAGE_CLIP, resolve_model
 
 
 def as_image_tensor(images) -> torch.Tensor:
@@ -86,20 +86,16 @@ def load_clip(name_or_path: str | Path = IMAGE_CLIP) -> CLIPEmbedder:
     zoo name such as "shapes_clip") as a CLIPEmbedder in float32, eval mode."""
     from transformers import CLIPModel, CLIPProcessor
 
-    path = Path(name_or_path)
-    if not path.exists():
-        if len(path.parts) != 1:
-            raise ValueError(f"clip_model: no folder at {str(path)!r}")
-        path = zoo_path(str(name_or_path))
-    if not (path / "config.json").is_file():
+    path = resolve_model(name_or_path, argument="clip_model")
+    if isinstance(path, Path) and not (path / "config.json").is_file():
         raise ValueError(f"clip_model: {str(path)!r} has no config.json (expected a saved CLIPModel + CLIPProcessor)")
     model = CLIPModel.from_pretrained(path, dtype=torch.float32)
     return CLIPEmbedder(model, CLIPProcessor.from_pretrained(path))
 
 
 def load_inception(weights: str | Path) -> nn.Module:
-    """FID's Inception-v3 from a local `weights-inception-2015-12-05-6726825d.pth` (see `eval.inception`)."""
-    from eval.inception import FIDInceptionV3
+    """FID's Inception-v3 from a local `weights-inception-2015-12-05-6726825d.pth` (see `mmspec.eval.inception`)."""
+    from mmspec.eval.inception import FIDInceptionV3
 
     return FIDInceptionV3.from_weights(weights)
 

@@ -1,9 +1,9 @@
 """Quality next to speed for decoding methods on one text-to-image pipeline: FID / KID / CLIP score with AR's
 seed-to-seed spread, beside target forwards, step compression, latency and speedup vs AR, from one command.
 
-    python -m eval.quality --quick --json eval/results/quality_quick.json      # < 10 min on 2 CPU cores
-    python -m eval.quality --json eval/results/quality.json --plot docs/images/quality.png
-    accelerate launch --multi_gpu --num_processes 4 -m eval.quality --json ... # sharded: the same images and numbers
+    python -m mmspec.eval.quality --quick --json eval/results/quality_quick.json  # < 10 min on 2 CPU cores
+    python -m mmspec.eval.quality --json eval/results/quality.json --plot docs/images/quality.png
+    accelerate launch --multi_gpu --num_processes 4 -m mmspec.eval.quality --json ...  # sharded: same images, numbers
 
 Defaults: the embedded model (zoo `shapes`); prompts = captions of the world's held-out scenes, one real scene per
 caption as the reference ("data"); methods `ar` (plain AR with its KV cache), `sjd` (our best exact mode: window 16,
@@ -29,7 +29,7 @@ against AR's sets). Frechet distances are biased upward at small N: compare valu
 Speed (from the same calls): target forwards per call, step compression (image tokens per target forward a row took
 part in, prefill included), median seconds per call of `--batch-size` rows, speedup = AR's median / the method's.
 Each method gets an untimed warm-up call. Sharded runs time processes that share the machine: take speed claims from
-one process (or `eval.bench_image`).
+one process (or `mmspec.eval.bench_image`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from scipy.stats import t, ttest_ind
 
-from eval.metrics import (
+from mmspec.eval.metrics import (
     clip_score,
     frechet_distance,
     image_features,
@@ -53,8 +53,8 @@ from eval.metrics import (
     load_inception,
     paired_mmd_test,
 )
-from eval.samples import Method, SampleStore, generate, read_prompts, speed_summary
-from mmspec.cli import add_image_model_args
+from mmspec.eval.samples import Method, SampleStore, generate, read_prompts, speed_summary
+from mmspec.pipelines.auto import add_image_model_arguments, image_pipeline_from_arguments
 from mmspec.zoo import IMAGE_CLIP
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -64,7 +64,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_image_model_args(parser)
+    add_image_model_arguments(parser)
     parser.add_argument("--methods", nargs="+", default=["ar", "sjd", "lantern"])
     parser.add_argument("--prompts", default=None, help="prompt file (.txt, .tsv, .json); default: the world's "
                                                          "held-out captions")
@@ -316,8 +316,6 @@ def plot(report: dict, primary: str, description: str, path: str | Path) -> None
 def main(argv: list[str] | None = None) -> dict | None:
     from accelerate import PartialState
 
-    from mmspec.cli import load_image_pipeline
-
     args = parse_args(argv)
     state = PartialState(cpu=not torch.cuda.is_available())  # CPU-only machines shard over gloo
     methods = [Method.parse(text) for text in args.methods]
@@ -351,7 +349,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.inception_weights:
         spaces["inception"] = load_inception(args.inception_weights).to(state.device)
 
-    pipe = load_image_pipeline(args.model, args.dtype, args.vqgan, args.target_size).to(state.device)
+    pipe = image_pipeline_from_arguments(args).to(state.device)
     pipe.set_progress_bar_config(disable=True)
     made = generate(pipe, store, plan, args.batch_size, args.model, state.process_index, state.num_processes)
     state.wait_for_everyone()

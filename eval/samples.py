@@ -23,11 +23,11 @@ import torch
 from PIL import Image, PngImagePlugin
 from tqdm.auto import tqdm
 
-from eval.bench_image import BEST
+from mmspec.eval.bench_image import BEST
 
 PRESETS = {
     "ar": {"decoding": "ar"},
-    "sjd": BEST["sjd_maximal"],  # our best exact SJD on the embedded model (eval.bench_image --sweep)
+    "sjd": BEST["sjd_maximal"],  # our best exact SJD on the embedded model (mmspec.eval.bench_image --sweep)
     "draft": {"decoding": "draft"},
     "lantern": {**BEST["sjd_maximal"], "acceptance": "lantern", "lantern_k": 100, "lantern_delta": 0.1},
 }

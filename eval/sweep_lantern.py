@@ -1,8 +1,8 @@
 """LANTERN sweep on the embedded text-to-image model: speed against quality for relaxed acceptance, on two paths.
 
-    python -m eval.sweep_lantern                  # full grid (about 40 min on 2 CPU cores)
-    python -m eval.sweep_lantern --quick          # a sub-grid, fewer images (< 10 min)
-    python -m eval.sweep_lantern --json eval/results/sweep_lantern.json --plot docs/images/lantern_sweep.png
+    python -m mmspec.eval.sweep_lantern          # full grid (about 40 min on 2 CPU cores)
+    python -m mmspec.eval.sweep_lantern --quick  # a sub-grid, fewer images (< 10 min)
+    python -m mmspec.eval.sweep_lantern --json eval/results/sweep_lantern.json --plot docs/images/lantern_sweep.png
 
 Paths: "sjd" (speculative Jacobi decoding, window 16, horizontal init, maximal coupling: our best exact SJD) and
 "draft" (the zoo's draft GPT drafts `--draft-length` tokens, the target verifies the chain). On each: the exact mode,
@@ -12,9 +12,9 @@ Plain AR (KV cache) is the speed baseline; AR with other seeds measures seed-to-
 Speed: batch 1, the same held-out captions and per-image seeds for every setting (image i: seed 1000 + i), after a
 warm-up; median latency per image; speedup vs AR and vs the same path's exact mode, all in this one process.
 Quality (until the evaluation issue lands its in-domain FID / CLIP): a small CNN probe trained on rendered training
-scenes (`eval.image_zoo_card`) gives (a) "FD-probe", the Frechet distance between its 128-d features of the generated
-images and of real held-out scenes — an FID computed with an in-domain feature extractor, not Inception; lower is
-better, biased upward at small n, so only compare values at the same n — and (b) caption match, the mean over four
+scenes (`mmspec.eval.image_zoo_card`) gives (a) "FD-probe", the Frechet distance between its 128-d features of the
+generated images and of real held-out scenes — an FID computed with an in-domain feature extractor, not Inception; lower
+is better, biased upward at small n, so only compare values at the same n — and (b) caption match, the mean over four
 attributes of how often the probe reads back what the caption says. Realised distortion: `excess_acceptance`,
 alpha_relaxed - alpha_exact per tested position (= the per-position TV of the output law, G* residual), and its sum
 per image. `best_speedup_over_exact_at_fid_plus10pct`: per path, the best speedup over that path's exact mode among
@@ -33,13 +33,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from eval.bench_image import forward_seconds
-from eval.image_zoo_card import labels_of, train_probe
-from eval.metrics import frechet_distance
-from mmspec.cli import load_image_pipeline
+from mmspec.eval.bench_image import forward_seconds
+from mmspec.eval.image_zoo_card import labels_of, train_probe
+from mmspec.eval.metrics import frechet_distance
+from mmspec.pipelines.auto import AutoARImagePipeline
 from mmspec.zoo import IMAGE_T2I
+from mmspec.zoo.pixels import to_model_range, to_uint8
 from mmspec.zoo.shapes import scenes
-from mmspec.zoo.train_image import to_model_range, to_uint8
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PLOT = Path(__file__).resolve().parents[1] / "docs" / "images" / "lantern_sweep.png"
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     grid = QUICK_GRID if args.quick else GRID
     torch.manual_seed(0)
 
-    pipe = load_image_pipeline(args.model)
+    pipe = AutoARImagePipeline.from_pretrained(args.model, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     if pipe.draft_transformer is None:
         raise SystemExit(f"{args.model} has no draft_transformer: train one with python -m mmspec.zoo.train_image "

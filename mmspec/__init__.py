@@ -1,6 +1,54 @@
-"""mmspec: speculative decoding for autoregressive image, video and text generation."""
+"""mmspec: speculative decoding for autoregressive image, video and text generation.
 
-from mmspec.core import speculative_generate
+The public classes are exported here, diffusers style, and imported on first use (PEP 562), so `import mmspec` loads
+neither torch nor any model code:
+
+    >>> import torch
+    >>> from mmspec import LlamaGenPipeline
+    >>> pipe = LlamaGenPipeline.from_pretrained("shapes", dtype=torch.float32)  # a zoo name or a saved folder
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["speculative_generate"]
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "speculative_generate": "mmspec.core.text",
+    "AutoARImagePipeline": "mmspec.pipelines.auto",
+    "LlamaGenPipeline": "mmspec.pipelines.llamagen",
+    "JanusPipeline": "mmspec.pipelines.janus",
+    "Emu3Pipeline": "mmspec.pipelines.emu3",
+    "LuminaMGPTPipeline": "mmspec.pipelines.lumina_mgpt",
+    "MARPipeline": "mmspec.pipelines.mar",
+    "NextFramePipeline": "mmspec.pipelines.video",
+    "SpeculativeTextPipeline": "mmspec.pipelines.text",
+    # the pipelines' components: saved pipelines name them ["mmspec", class name] in model_index.json
+    "LlamaGenTransformer": "mmspec.models.llamagen.gpt",
+    "LlamaGenVQModel": "mmspec.models.llamagen.vq",
+    "MARModel": "mmspec.models.mar.model",
+    "KLAutoencoder": "mmspec.models.mar.vae",
+    "NextFrameTransformer": "mmspec.models.nextframe",
+    "ChameleonVQGAN": "mmspec.models.chameleon_vqgan",
+    "LuminaMGPTForConditionalGeneration": "mmspec.models.lumina_mgpt",
+}
+# diffusers loads a component ["mmspec", X] by looking X's base classes up by name in the module it names
+# (`get_class_obj_and_candidates`); these are the bases our components have. Not part of the public API.
+_LOADER_BASES = {"ModelMixin": "diffusers", "PreTrainedModel": "transformers"}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name) or _LOADER_BASES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mmspec' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -6,12 +6,14 @@
     mmspec video --actions right*6 down*4 stay*2 --speculate 4 --out rollout.gif [--adaptive --strict --episode 0]
     mmspec demo [--port 7860 --only image|text|world ...]
 
-This is the top of the stack (like `apps/`): it may import `pipelines` and `apps`; the engine below it does not.
+A thin front end: argument parsing, then calls into the library (`mmspec.pipelines`, `mmspec.apps.demo`). It sits at
+the top of the package graph (tests/test_layering.py): nothing imports it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 
@@ -19,7 +21,7 @@ import time
 def run_text(args) -> int:
     import torch
 
-    from pipelines.text import SpeculativeTextPipeline
+    from mmspec.pipelines.text import SpeculativeTextPipeline
 
     pipe = SpeculativeTextPipeline.from_pretrained(args.target, draft=args.draft if args.method == "model" else None)
     start = time.perf_counter()
@@ -35,70 +37,13 @@ def run_text(args) -> int:
     return 0
 
 
-def add_image_model_args(parser) -> None:
-    """The options that pick and load an image pipeline (shared by `mmspec generate` and `eval.quality`)."""
-    from mmspec.zoo import IMAGE_T2I
-
-    parser.add_argument("--model", default=IMAGE_T2I, help="zoo name, saved pipeline folder, or a Janus / Emu3 / "
-                                                           "Lumina-mGPT checkpoint folder")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                        help="weights dtype (bfloat16 for the 1B-7B checkpoints on a GPU)")
-    parser.add_argument("--vqgan", default=None, help="Lumina-mGPT: Meta's Chameleon tokenizer/vqgan.ckpt")
-    parser.add_argument("--target-size", type=int, default=None, help="Lumina-mGPT: the checkpoint's resolution "
-                                                                      "(512 / 768 / 1024)")
-
-
-def load_image_pipeline(name_or_path: str, dtype: str = "float32", vqgan: str | None = None,
-                        target_size: int | None = None):
-    """The t2i pipeline of any family (`pipelines.auto`) from a zoo name ("shapes"), a saved pipeline folder or a
-    family's checkpoint folder; `vqgan` / `target_size` are Lumina-mGPT's extra pieces."""
-    from pathlib import Path
-
-    import torch
-
-    from mmspec.zoo import zoo_path
-    from pipelines.auto import AutoARImagePipeline
-
-    path = Path(name_or_path)
-    if not path.exists():
-        path = zoo_path(name_or_path)
-    extra = {key: value for key, value in (("vqgan", vqgan), ("target_size", target_size)) if value is not None}
-    if (path / "model_index.json").is_file():
-        extra["low_cpu_mem_usage"] = False  # the zoo's fp16 files load into float32 modules
-    return AutoARImagePipeline.from_pretrained(path, dtype=getattr(torch, dtype), **extra)
-
-
-def load_video_pipeline(name_or_path: str):
-    """The next-frame pipeline from a zoo name ("nextframe_shapes") or a saved pipeline folder, in float32."""
-    from pathlib import Path
-
-    import torch
-
-    from mmspec.zoo import zoo_path
-    from pipelines.video import NextFramePipeline
-
-    path = Path(name_or_path)
-    if not path.exists():
-        path = zoo_path(name_or_path)
-    return NextFramePipeline.from_pretrained(path, dtype=torch.float32)
-
-
-def image_grid(images: list, columns: int):
-    """One PIL image with `images` (equal sizes) laid out `columns` wide."""
-    from PIL import Image
-
-    w, h = images[0].size
-    rows = -(-len(images) // columns)
-    grid = Image.new("RGB", (columns * w, rows * h), "white")
-    for i, image in enumerate(images):
-        grid.paste(image, ((i % columns) * w, (i // columns) * h))
-    return grid
-
-
 def run_generate(args) -> int:
     import torch
+    from diffusers.utils import make_image_grid
 
-    pipe = load_image_pipeline(args.model, args.dtype, args.vqgan, args.target_size)
+    from mmspec.pipelines.auto import image_pipeline_from_arguments
+
+    pipe = image_pipeline_from_arguments(args)
     call = {"num_images_per_prompt": args.n, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
             "negative_prompt": args.negative_prompt}
@@ -116,7 +61,7 @@ def run_generate(args) -> int:
     images = out.images
     if args.upscale > 1:
         images = [im.resize((im.width * args.upscale, im.height * args.upscale), 0) for im in images]  # 0 = nearest
-    image_grid(images, columns=args.n).save(args.out)
+    make_image_grid(images, rows=len(args.prompt), cols=args.n).save(args.out)
     print(f"wrote {args.out}: {len(args.prompt)} prompt(s) x {args.n} image(s), one row per prompt")
     print(f"decoding  {args.decoding}\n{out.stats.table()}")
     runs = [(args.decoding, out.stats, elapsed)]
@@ -152,11 +97,12 @@ def run_video(args) -> int:
     import torch
     from diffusers.utils import export_to_gif, export_to_video
 
+    from mmspec.pipelines.video import NextFramePipeline
     from mmspec.video import FrameSpeculation
     from mmspec.zoo.video_world import ACTIONS, episode, render_frame
 
     actions = parse_actions(args.actions, ACTIONS)
-    pipe = load_video_pipeline(args.model)
+    pipe = NextFramePipeline.from_pretrained(args.model, dtype=torch.float32)
     if args.image:
         from PIL import Image
 
@@ -192,11 +138,9 @@ def run_video(args) -> int:
 
 
 def run_demo(demo_args: list[str]) -> int:
-    try:
-        import gradio  # noqa: F401
-    except ImportError:
-        raise ValueError('the demo needs Gradio: pip install "torch==2.13.0" -e ".[app]" (or mmspec[app])') from None
-    from apps.demo import main as demo_main
+    if importlib.util.find_spec("gradio") is None:
+        raise ValueError('the demo needs Gradio: pip install "torch==2.13.0" -e ".[app]" (or mmspec[app])')
+    from mmspec.apps.demo import main as demo_main
 
     demo_main(demo_args)
     return 0
@@ -204,8 +148,9 @@ def run_demo(demo_args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from mmspec.image import ACCEPTANCES, COUPLINGS, DECODINGS, INITS
+    from mmspec.pipelines.auto import add_image_model_arguments
+    from mmspec.pipelines.text import TEXT_METHODS
     from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD
-    from pipelines.text import TEXT_METHODS
 
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for AR generation.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -213,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")
     text.add_argument("--method", choices=TEXT_METHODS, default="model", help="drafter, or 'ar' for the plain target")
     text.add_argument("--target", default=TEXT_TARGET, help="zoo name or transformers folder of the target")
-    text.add_argument("--draft", default=TEXT_DRAFT, help="zoo name or transformers folder of the draft (--method model)")
+    text.add_argument("--draft", default=TEXT_DRAFT,
+                      help="zoo name or transformers folder of the draft (--method model)")
     text.add_argument("--max-new-tokens", type=int, default=64)
     text.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     text.add_argument("--top-k", type=int, default=0)
@@ -254,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     image.add_argument("--lantern-lam", type=float, default=None, help="lantern++: neighbourhood mass <= lam * p(x)")
     image.add_argument("--no-compare", dest="compare", action="store_false",
                        help="skip the plain-AR run that the chosen decoding is compared with")
-    add_image_model_args(image)
+    add_image_model_arguments(image)
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
     video = commands.add_parser("video", help="action-conditioned video with frame speculation (embedded world)")
     video.add_argument("--actions", nargs="+", required=True,
@@ -272,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     video.add_argument("--upscale", type=int, default=4, help="enlarge the written frames (nearest neighbour)")
     video.add_argument("--no-compare", dest="compare", action="store_false", help="skip the sequential run")
     video.add_argument("--model", default=VIDEO_WORLD, help="zoo name or saved NextFramePipeline folder")
-    # listed for --help only: `mmspec demo ...` hands all its options to apps.demo's own parser
+    # listed for --help only: `mmspec demo ...` hands all its options to mmspec.apps.demo's own parser
     commands.add_parser("demo", help="launch the Gradio demo (AR vs speculative, side by side); --help for its options")
     argv = sys.argv[1:] if argv is None else argv
     try:

@@ -16,7 +16,6 @@ from contextlib import closing
 from pathlib import Path
 
 import torch
-from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 
 from mmspec.core.probs import SamplingConfig
@@ -24,12 +23,14 @@ from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import SpecStats
 from mmspec.image.decoding import PAD_ID, ImageDecoding
 from mmspec.image.registry import get_decoding
-from pipelines.pipeline_output import ARImagePipelineOutput
+from mmspec.pipelines.base import MMSpecPipeline
+from mmspec.pipelines.pipeline_output import ARImagePipelineOutput
+from mmspec.zoo import resolve_model
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
 
-class ARImagePipeline(DiffusionPipeline):
+class ARImagePipeline(MMSpecPipeline):
     """Base of the discrete-token text-to-image pipelines (see the module docstring)."""
 
     _callback_tensor_inputs = ["tokens", "n_committed"]
@@ -68,20 +69,21 @@ class ARImagePipeline(DiffusionPipeline):
     # --- loading ------------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
-        """A directory saved by `save_pretrained` (`model_index.json`), or the family's own release: the checkpoint
-        directory of a transformers model (`config.json`, e.g. a download of `deepseek-community/Janus-Pro-1B`) or a
-        folder of released weight files (`checkpoint_files`), then `from_checkpoint_dir(path, **kwargs)`."""
-        path = Path(pretrained_model_name_or_path)
+        """A zoo name, a directory saved by `save_pretrained` (`model_index.json`), or the family's own release: the
+        checkpoint directory of a transformers model (`config.json`, e.g. a download of
+        `deepseek-community/Janus-Pro-1B`) or a folder of released weight files (`checkpoint_files`), then
+        `from_checkpoint_dir(path, **kwargs)`."""
+        path = Path(resolve_model(pretrained_model_name_or_path))
         index = path / "model_index.json"
         if index.is_file():
             saved = json.loads(index.read_text()).get("_class_name")
             if saved != cls.__name__:
                 raise ValueError(f"{path} holds a {saved} (model_index.json), not a {cls.__name__}; load it with "
-                                 f"{saved}.from_pretrained or pipelines.auto.AutoARImagePipeline")
+                                 f"{saved}.from_pretrained or mmspec.AutoARImagePipeline")
         elif (path / "config.json").is_file():
             model_type = json.loads((path / "config.json").read_text()).get("model_type")
             if cls.checkpoint_model_type is None or model_type != cls.checkpoint_model_type:
-                from pipelines.auto import pipeline_class_for
+                from mmspec.pipelines.auto import pipeline_class_for
 
                 other = pipeline_class_for(path)
                 raise ValueError(f"{path} is a {model_type!r} checkpoint, which {cls.__name__} does not load; use "

@@ -1,19 +1,23 @@
-"""`AutoARImagePipeline`: one `from_pretrained` for every discrete-image family — the pipeline class is read from the
-directory (`model_index.json` of a saved pipeline, `config.json` of a transformers checkpoint: Janus, Emu3,
-Lumina-mGPT / Chameleon, or LlamaGen's released `t2i_*.pt` files)."""
+"""`AutoARImagePipeline`: one `from_pretrained` for every discrete-image family — a zoo name, or a directory whose
+pipeline class is read from it (`model_index.json` of a saved pipeline, `config.json` of a transformers checkpoint:
+Janus, Emu3, Lumina-mGPT / Chameleon, or LlamaGen's released `t2i_*.pt` files). `add_image_model_arguments` and
+`image_pipeline_from_arguments` give command lines (`mmspec generate`, `mmspec.eval.quality`) the same options."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 from pathlib import Path
 
+from mmspec.zoo import IMAGE_T2I, resolve_model
+
 # pipeline class name -> module; transformers checkpoint model_type -> pipeline class name
 PIPELINES = {
-    "LlamaGenPipeline": "pipelines.llamagen",
-    "JanusPipeline": "pipelines.janus",
-    "Emu3Pipeline": "pipelines.emu3",
-    "LuminaMGPTPipeline": "pipelines.lumina_mgpt",
+    "LlamaGenPipeline": "mmspec.pipelines.llamagen",
+    "JanusPipeline": "mmspec.pipelines.janus",
+    "Emu3Pipeline": "mmspec.pipelines.emu3",
+    "LuminaMGPTPipeline": "mmspec.pipelines.lumina_mgpt",
 }
 CHECKPOINT_FAMILIES = {"janus": "JanusPipeline", "emu3": "Emu3Pipeline", "chameleon": "LuminaMGPTPipeline"}
 
@@ -44,5 +48,25 @@ class AutoARImagePipeline:
     """`AutoARImagePipeline.from_pretrained(path, **kwargs)` -> the family's pipeline, loaded."""
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **kwargs):
+    def from_pretrained(cls, name_or_path: str | Path, **kwargs):
+        path = resolve_model(name_or_path)
         return pipeline_class_for(path).from_pretrained(path, **kwargs)
+
+
+def add_image_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that pick and load a text-to-image pipeline of any family."""
+    parser.add_argument("--model", default=IMAGE_T2I, help="zoo name, saved pipeline folder, or a Janus / Emu3 / "
+                                                           "Lumina-mGPT checkpoint folder")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="weights dtype (bfloat16 for the 1B-7B checkpoints on a GPU)")
+    parser.add_argument("--vqgan", default=None, help="Lumina-mGPT: Meta's Chameleon tokenizer/vqgan.ckpt")
+    parser.add_argument("--target-size", type=int, default=None, help="Lumina-mGPT: the checkpoint's resolution "
+                                                                      "(512 / 768 / 1024)")
+
+
+def image_pipeline_from_arguments(args: argparse.Namespace):
+    """The pipeline that `add_image_model_arguments`' options name (`vqgan` / `target_size` only when given)."""
+    import torch
+
+    extra = {key: getattr(args, key) for key in ("vqgan", "target_size") if getattr(args, key) is not None}
+    return AutoARImagePipeline.from_pretrained(args.model, dtype=getattr(torch, args.dtype), **extra)

@@ -77,7 +77,7 @@ def test_mmspec_generate_reports_a_prompt_outside_the_text_context(tmp_path):
 
 
 def test_embedded_image_pipeline_loads_with_one_call():
-    from pipelines.llamagen import LlamaGenPipeline
+    from mmspec.pipelines.llamagen import LlamaGenPipeline
 
     pipe = LlamaGenPipeline.from_pretrained(zoo_path("shapes"))
     assert pipe.transformer.num_image_tokens == 256 and pipe.vqvae.config.codebook_size >= 1024
@@ -85,10 +85,10 @@ def test_embedded_image_pipeline_loads_with_one_call():
 
 
 def test_mmspec_demo_hands_its_options_to_the_demo(monkeypatch):
-    import apps.demo
+    import mmspec.apps.demo
 
     received = []
-    monkeypatch.setattr(apps.demo, "main", received.append)
+    monkeypatch.setattr(mmspec.apps.demo, "main", received.append)
     assert main(["demo", "--port", "8000", "--only", "image"]) == 0
     assert received == [["--port", "8000", "--only", "image"]]
 

@@ -1,38 +1,154 @@
-"""DESIGN.md §1 layering: mmspec.core imports nothing else from mmspec; the engine never imports gradio or metrics."""
+"""The package graph of DESIGN.md §1, with no exceptions:
+
+    mmspec.core <- mmspec.{image, continuous, video, text, zoo} <- mmspec.models <- mmspec.pipelines
+        <- mmspec.{apps, eval, zoo training scripts} <- mmspec.cli
+
+A module imports only its own unit or a unit of a lower layer: siblings never import each other (the decoders never
+import a model family, `eval` never imports a training script, `apps` never imports the CLI or `eval`), nothing in the
+package imports the `mmspec` facade (it exists for users), Gradio is imported by `mmspec.apps` alone and torchmetrics by
+`mmspec.eval` alone, and no file anywhere imports the repository folders `pipelines`, `apps`, `eval` as top-level
+modules (they install as `mmspec.pipelines`, `mmspec.apps`, `mmspec.eval`). Every import counts, lazy ones inside
+functions and `TYPE_CHECKING` blocks included.
+"""
+
+from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+LAYERS = (
+    ("mmspec.core",),
+    ("mmspec.image", "mmspec.continuous", "mmspec.video", "mmspec.text", "mmspec.zoo"),
+    ("mmspec.models",),
+    ("mmspec.pipelines",),
+    ("mmspec.apps", "mmspec.eval", "mmspec.zoo.training"),
+    ("mmspec.cli",),
+)
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+ONLY_IMPORTED_BY = {"gradio": "mmspec.apps", "torchmetrics": "mmspec.eval"}
+REPOSITORY_FOLDERS = ("pipelines", "apps", "eval")  # importable only as mmspec.<name>
 
 
-def imported_modules(path: Path) -> list[str]:
-    names = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.append(node.module)
-        elif isinstance(node, ast.Import):
-            names.extend(alias.name for alias in node.names)
-    return names
+def package_roots(root: Path = ROOT) -> dict[Path, str]:
+    """Folder -> package name, from pyproject.toml's setuptools package-dir (mmspec/ itself maps to itself)."""
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return {root / "mmspec": "mmspec"} | {root / folder: name for name, folder in setuptools["package-dir"].items()}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "mmspec" / "core").glob("*.py")), ids=lambda p: p.name)
-def test_core_imports_only_core(path):
-    upward = [m for m in imported_modules(path) if m.startswith("mmspec") and not m.startswith("mmspec.core")]
-    assert upward == []
+def module_name(path: Path, roots: dict[Path, str]) -> str:
+    folder = next(folder for folder in roots if path.is_relative_to(folder))
+    parts = [roots[folder], *path.relative_to(folder).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "mmspec").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
-def test_engine_has_no_app_or_metric_imports(path):
-    """The command line (mmspec/cli.py) sits on top of the stack, like apps/: it alone may load pipelines and launch
-    the demo (apps), and it imports Gradio only to say that it is missing."""
-    top = path.name == "cli.py"
-    banned = {"torchmetrics", "eval"} | (set() if top else {"gradio", "apps", "pipelines"})
-    assert [m for m in imported_modules(path) if m.split(".")[0] in banned] == []
+def unit_of(module: str) -> str:
+    """The layer unit of a module: `mmspec.<sub-package>`, with the zoo's training scripts a unit of their own."""
+    parts = module.split(".")
+    if parts[:2] == ["mmspec", "zoo"] and len(parts) > 2 and parts[2].startswith("train"):
+        return "mmspec.zoo.training"
+    return ".".join(parts[:2])
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "mmspec" / "image").glob("*.py")), ids=lambda p: p.name)
-def test_decoders_never_import_a_model_family(path):
-    assert [m for m in imported_modules(path) if m.startswith("mmspec.models")] == []
+def imports_of(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file, relative imports resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            name = ".".join(part for part in (base, node.module) if part)
+            # `from mmspec.core import verify` imports the module mmspec.core.verify, not only mmspec.core
+            found += [(node.lineno, name)] if node.module else [(node.lineno, f"{name}.{a.name}") for a in node.names]
+    return found
+
+
+def violations(files: list[Path], roots: dict[Path, str]) -> list[str]:
+    """Every import in `files` that breaks the graph, as 'path:line: importer imports imported (why)'."""
+    found = []
+    for path in files:
+        importer = module_name(path, roots) if any(path.is_relative_to(f) for f in roots) else None
+        for line, imported in imports_of(path, importer or ""):
+            top = imported.split(".")[0]
+            why = None
+            if top in REPOSITORY_FOLDERS:
+                why = f"the repository folder {top}/ installs as mmspec.{top}"
+            elif importer is None:
+                pass  # tests and scripts outside the package may import any part of mmspec
+            elif top in ONLY_IMPORTED_BY and unit_of(importer) != ONLY_IMPORTED_BY[top]:
+                why = f"only {ONLY_IMPORTED_BY[top]} imports {top}"
+            elif imported == "mmspec":
+                why = "the mmspec facade is for users; import the defining module"
+            elif top == "mmspec":
+                mine, theirs = unit_of(importer), unit_of(imported)
+                if mine == "mmspec":
+                    pass  # the facade itself sits above everything
+                elif mine not in RANK or theirs not in RANK:
+                    why = f"{mine if mine not in RANK else theirs} has no place in the layers"
+                elif mine != theirs and RANK[theirs] >= RANK[mine]:
+                    why = f"{mine} (layer {RANK[mine]}) imports only lower layers, not {theirs} (layer {RANK[theirs]})"
+            if why:
+                found.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{line}: "
+                             f"{importer or path.name} imports {imported} ({why})")
+    return found
+
+
+def project_files() -> list[Path]:
+    return sorted(p for folder in (*package_roots(), ROOT / "tests") for p in folder.rglob("*.py"))
+
+
+def test_every_package_module_has_a_layer():
+    roots = package_roots()
+    units = {unit_of(module_name(p, roots)) for p in project_files() if not p.is_relative_to(ROOT / "tests")}
+    assert units - {"mmspec"} <= set(RANK), units - set(RANK)
+
+
+def test_the_package_graph_holds():
+    assert violations(project_files(), package_roots()) == []
+
+
+PLANTED = {  # importer (a module path under the planted package) -> a line that breaks the graph
+    "mmspec/core/planted.py": "from mmspec.image.jacobi import SJDDecoding",
+    "mmspec/image/planted.py": "from mmspec.models.llamagen.gpt import LlamaGenTransformer",
+    "mmspec/video/planted.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mmspec.models import x",
+    "mmspec/image/planted_sibling.py": "import mmspec.continuous.diffusion",
+    "mmspec/models/planted.py": "def lazy():\n    from mmspec.pipelines.auto import AutoARImagePipeline",
+    "mmspec/pipelines/planted.py": "from mmspec.eval.metrics import clip_score",
+    "mmspec/apps/planted.py": "from mmspec.cli import main",
+    "mmspec/apps/planted_eval.py": "from mmspec.eval.metrics import clip_score",
+    "mmspec/eval/planted.py": "from mmspec.zoo.train_mar import main",
+    "mmspec/zoo/planted.py": "from mmspec.models.mar import KLAutoencoder",
+    "mmspec/pipelines/llamagen/planted.py": "from ...apps import demo",  # relative, resolved to mmspec.apps
+    "mmspec/models/planted_facade.py": "from mmspec import LlamaGenPipeline",
+    "mmspec/pipelines/planted_gradio.py": "import gradio as gr",
+    "mmspec/models/planted_metrics.py": "from torchmetrics.image.fid import FrechetInceptionDistance",
+    "mmspec/eval/planted_top_level.py": "from pipelines.llamagen import LlamaGenPipeline",
+    "mmspec/image/planted_unknown.py": "from mmspec.utils import helper",
+}
+
+
+@pytest.mark.parametrize("relative", PLANTED, ids=lambda r: r.removeprefix("mmspec/").removesuffix(".py"))
+def test_a_planted_import_that_breaks_the_graph_is_caught(tmp_path, relative):
+    """Mutation companion: one import against the graph, planted in a temporary package tree, is reported."""
+    planted = tmp_path / relative
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("import torch\n\nfrom mmspec.core.probs import SamplingConfig\n" + PLANTED[relative] + "\n")
+    found = violations([planted], {tmp_path / "mmspec": "mmspec"})
+    assert len(found) == 1, found
+
+
+def test_allowed_imports_are_not_reported(tmp_path):
+    planted = tmp_path / "mmspec" / "pipelines" / "allowed.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from mmspec.models.llamagen.gpt import LlamaGenTransformer\n"
+                       "from mmspec.zoo import resolve_model\n"
+                       "from mmspec.pipelines.ar_image import ARImagePipeline\n"
+                       "from .ar_image import OUTPUT_TYPES\n"
+                       "import mmspec.core.verify\n"
+                       "from mmspec.video.protocol import NextFrameModel\n")
+    assert violations([planted], {tmp_path / "mmspec": "mmspec"}) == []

@@ -19,7 +19,7 @@ import numpy as np
 import PIL.Image
 import torch
 
-from apps.tabs.base import (
+from mmspec.apps.tabs.base import (
     COMPUTE,
     STATS_HEADERS,
     StreamedImages,

@@ -9,7 +9,7 @@ import time
 import gradio as gr
 import torch
 
-from apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
+from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
 
 METHOD_LABELS = {
     "model": "draft model",

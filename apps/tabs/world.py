@@ -11,7 +11,7 @@ import numpy as np
 import PIL.Image
 import torch
 
-from apps.tabs.base import COMPUTE, StreamedImages, check_number, shows_errors
+from mmspec.apps.tabs.base import COMPUTE, StreamedImages, check_number, shows_errors
 from mmspec.video import FrameSpeculation
 from mmspec.zoo.video_world import ACTIONS, episode, render_frame
 

@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from mmspec.core.rng import keyed_normal
 from mmspec.core.stats import SpecStats
-
-if TYPE_CHECKING:  # the model module imports mmspec.video.cache
-    from mmspec.models.nextframe import NextFrameTransformer
+from mmspec.video.protocol import NextFrameModel
 
 INITIAL_NOISE, CONTEXT_NOISE = 0, 1  # keys of the two draws of a frame
 CONTEXT_MODES = ("eager", "pipelined")
@@ -46,7 +43,7 @@ class FrameSpeculation:
         action is kept for another frame (Beta(1, 1) posterior over the ticks seen), N maximises the expected frames
         emitted, sum_{j < N} q^j, per unit of cost, 1 + frame_cost * (N - 1).
     frame_cost: the cost of one more frame in a pass relative to a one-frame pass (measure it with
-        `python -m eval.bench_video`; the default is this CPU's, where a pass is mostly fixed overhead).
+        `python -m mmspec.eval.bench_video`; the default is this CPU's, where a pass is mostly fixed overhead).
     context: "eager" writes the block's keys / values into the cache right after it is denoised (NFD's design: the
         speculative frames sit in the cache and are rolled back on a mismatch); "pipelined" defers the context pass
         of the emitted frames into the next block's first forward (no extra forward; discarded frames never get one).
@@ -122,16 +119,16 @@ def frame_noise(seeds: torch.Tensor, frames: torch.Tensor, purpose: int, tokens:
 class FrameSession:
     """An interactive rollout: `step(actions)` returns the next frame's latents; `close()` ends it.
 
-    model: a NextFrameTransformer. context: latents [B, k, L_f, C] of the first k frames (1 <= k <= the model's
-    attention window), frames 0 .. k - 1. context_actions: [B, k] long, the action that led to each context frame
-    (None: "stay", 0). seeds: [B] long, one per row (keys every draw). num_inference_steps: Euler steps of the flow
-    ODE per frame.
+    model: a `NextFrameModel` (e.g. `mmspec.models.nextframe.NextFrameTransformer`). context: latents [B, k, L_f, C] of
+    the first k frames (1 <= k <= the model's attention window), frames 0 .. k - 1. context_actions: [B, k] long, the
+    action that led to each context frame (None: "stay", 0). seeds: [B] long, one per row (keys every draw).
+    num_inference_steps: Euler steps of the flow ODE per frame.
     context_noise: the flow time at which emitted frames enter the cache (NFD's context noise against drift).
 
     Rows of a batch share the cache, so a block is kept only while every row's action matches its assumed one.
     """
 
-    def __init__(self, model: NextFrameTransformer, context: torch.Tensor, seeds: torch.Tensor,
+    def __init__(self, model: NextFrameModel, context: torch.Tensor, seeds: torch.Tensor,
                  context_actions: torch.Tensor | None = None, num_inference_steps: int = 4, context_noise: float = 0.1,
                  speculation: FrameSpeculation | None = None):
         config = model.config

@@ -108,6 +108,12 @@ def parse_caption(caption: str) -> SceneSpec:
     return SceneSpec(first, words[at + 2], second, relation)
 
 
+def class_label(caption: str) -> int:
+    """The scene's class for the class-to-image MAR (`mar_shapes`): first object's shape x background, 0 .. 29."""
+    spec = parse_caption(caption)
+    return SHAPES.index(spec.first.shape) * len(BACKGROUNDS) + BACKGROUNDS.index(spec.background)
+
+
 def is_held_out(caption: str) -> bool:
     digest = hashlib.sha256(caption.encode()).digest()
     return int.from_bytes(digest[:4], "little") % HELD_OUT_FRACTION == 0

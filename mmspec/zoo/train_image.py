@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.zoo import ZOO_DIR
+from mmspec.zoo.pixels import psnr, reconstruct, to_model_range
 from mmspec.zoo.shapes import CAPTION_WORDS, scenes
 from mmspec.zoo.training import add_stage_arguments, save_stage, train_loop
 
@@ -69,34 +70,6 @@ def load_pools(args) -> tuple[Path, tuple[torch.Tensor, list[str]], tuple[torch.
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     return work, load_pool(work, "train", args.train_scenes), load_pool(work, "heldout", args.held_out_scenes)
-
-
-def to_model_range(images: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """uint8 [N, H, W, 3] -> float [N, 3, H, W] in [-1, 1]."""
-    return torch.as_tensor(images).permute(0, 3, 1, 2).float() / 127.5 - 1
-
-
-def to_uint8(images: torch.Tensor) -> torch.Tensor:
-    """float [N, 3, H, W], roughly in [-1, 1] -> uint8 [N, H, W, 3] (clamped, rounded)."""
-    return ((images.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1)
-
-
-def psnr(images: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Per-image PSNR [N] in dB between uint8 images [N, H, W, 3], on the [0, 255] scale."""
-    mse = (images.double() - reference.double()).pow(2).flatten(1).mean(1)
-    return 10 * torch.log10(255.0**2 / mse.clamp_min(1e-10))
-
-
-@torch.no_grad()
-def reconstruct(vq: LlamaGenVQModel, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images [N, H, W, 3] -> (code ids [N, h*w], uint8 reconstructions [N, H, W, 3]) through the VQ."""
-    vq.eval()
-    grid = (images.shape[1] // vq.downsample_factor, images.shape[2] // vq.downsample_factor)
-    ids, recon = [], []
-    for chunk in images.split(64):
-        ids.append(vq.encode(to_model_range(chunk)))
-        recon.append(to_uint8(vq.decode(ids[-1], grid)))
-    return torch.cat(ids), torch.cat(recon)
 
 
 class CodebookReviver:

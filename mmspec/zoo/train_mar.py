@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from mmspec.continuous.diffusion import DiffusionSchedule, training_loss
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo import ZOO_DIR
-from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, parse_caption
-from mmspec.zoo.train_image import add_pool_arguments, load_pools, psnr, to_model_range, to_uint8
+from mmspec.zoo.pixels import encode_tokens, psnr, to_model_range, to_uint8
+from mmspec.zoo.shapes import class_label
+from mmspec.zoo.train_image import add_pool_arguments, load_pools
 from mmspec.zoo.training import add_stage_arguments, save_stage, train_loop
 
 logger = logging.getLogger(__name__)
@@ -48,12 +49,6 @@ MAR_CONFIGS = {
 LABEL_DROP = 0.1  # classifier-free guidance: the class is replaced by the unconditional latent this often
 DIFFUSION_BATCH_MUL = 4  # noise levels drawn per token and step (MAR's diffusion_batch_mul)
 STAGE_SEEDS = {"vae": 11, "target": 12, "draft": 13}
-
-
-def class_label(caption: str) -> int:
-    """The scene's class: first object's shape x background, 0 .. 29."""
-    spec = parse_caption(caption)
-    return SHAPES.index(spec.first.shape) * len(BACKGROUNDS) + BACKGROUNDS.index(spec.background)
 
 
 def kl_divergence(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -98,14 +93,6 @@ def train_kl_autoencoder(work: Path, config: dict, name: str, folder: str, pool:
     vae.register_to_config(scaling_factor=round(1 / metrics["latent_std"], 4))
     save_stage(vae, work / folder, metrics, args.vae_steps, args.vae_batch_size, seconds)
     return vae
-
-
-@torch.no_grad()
-def encode_tokens(vae: KLAutoencoder, images: torch.Tensor) -> torch.Tensor:
-    """uint8 scenes [N, 64, 64, 3] -> MAR tokens [N, h*w, C]: scaled mean latents, raster order (patch size 1)."""
-    vae.eval()
-    latents = torch.cat([vae.encode(to_model_range(chunk))[0] for chunk in images.split(128)])
-    return (latents * vae.config.scaling_factor).flatten(2).transpose(1, 2)
 
 
 def mask_ratios(batch_size: int, generator: torch.Generator) -> torch.Tensor:

@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 from mmspec.models.mar import KLAutoencoder
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.zoo import ZOO_DIR
-from mmspec.zoo.train_mar import encode_tokens, train_kl_autoencoder
+from mmspec.zoo.pixels import encode_tokens
+from mmspec.zoo.train_mar import train_kl_autoencoder
 from mmspec.zoo.training import add_stage_arguments, save_stage, train_loop
 from mmspec.zoo.video_world import episode, persistent_actions, rollout
 

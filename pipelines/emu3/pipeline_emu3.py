@@ -8,7 +8,7 @@ from transformers import Emu3ForConditionalGeneration, PreTrainedTokenizerBase
 
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition
-from pipelines.ar_image import ARImagePipeline, left_padded, size_error
+from mmspec.pipelines.ar_image import ARImagePipeline, left_padded, size_error
 
 IMAGE_START, IMAGE_WRAPPER = "<|image start|>", "<|image token|>"  # Emu3's fixed tokens around the size text
 NATIVE_SIZE = 720  # Emu3-Gen's default image area is 720 x 720 pixels
@@ -31,7 +31,7 @@ class Emu3Pipeline(ARImagePipeline):
 
     Examples:
         ```py
-        >>> from pipelines.emu3 import Emu3Pipeline
+        >>> from mmspec.pipelines.emu3 import Emu3Pipeline
 
         >>> pipe = Emu3Pipeline.from_pretrained("path/to/Emu3-Gen-hf", dtype=torch.bfloat16).to("cuda")
         >>> out = pipe("a portrait of young girl. masterpiece, film grained, best quality.",

@@ -1,5 +1,5 @@
 """Janus / Janus-Pro text-to-image pipeline."""
 
-from pipelines.janus.pipeline_janus import JanusPipeline
+from mmspec.pipelines.janus.pipeline_janus import JanusPipeline
 
 __all__ = ["JanusPipeline"]

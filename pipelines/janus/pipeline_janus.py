@@ -8,7 +8,7 @@ from transformers import JanusForConditionalGeneration, PreTrainedTokenizerBase
 
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.janus import JanusAdapter
-from pipelines.ar_image import ARImagePipeline, left_padded, size_error
+from mmspec.pipelines.ar_image import ARImagePipeline, left_padded, size_error
 
 # DeepSeek's "deepseek" SFT format with an empty system prompt, as Janus builds image-generation prompts; the
 # begin-of-image token follows it.
@@ -25,7 +25,7 @@ class JanusPipeline(ARImagePipeline):
 
     Examples:
         ```py
-        >>> from pipelines.janus import JanusPipeline
+        >>> from mmspec.pipelines.janus import JanusPipeline
 
         >>> pipe = JanusPipeline.from_pretrained("path/to/Janus-Pro-7B", dtype=torch.bfloat16).to("cuda")
         >>> out = pipe("a red fox in the snow", decoding="sjd", acceptance="exact")

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
-from pipelines.ar_image import ARImagePipeline, size_error
+from mmspec.pipelines.ar_image import ARImagePipeline, size_error
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class LlamaGenPipeline(ARImagePipeline):
         ```py
         >>> import torch
         >>> from mmspec.zoo import zoo_path
-        >>> from pipelines.llamagen import LlamaGenPipeline
+        >>> from mmspec.pipelines.llamagen import LlamaGenPipeline
 
         >>> pipe = LlamaGenPipeline.from_pretrained(zoo_path("shapes"))
         >>> out = pipe("two small red triangles above a blue circle on a striped background",

@@ -1,5 +1,5 @@
 """Lumina-mGPT text-to-image pipeline."""
 
-from pipelines.lumina_mgpt.pipeline_lumina_mgpt import LuminaMGPTPipeline
+from mmspec.pipelines.lumina_mgpt.pipeline_lumina_mgpt import LuminaMGPTPipeline
 
 __all__ = ["LuminaMGPTPipeline"]

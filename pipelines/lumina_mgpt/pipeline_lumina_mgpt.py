@@ -17,7 +17,7 @@ from mmspec.models.lumina_mgpt import (
     lumina_prompt,
     supported_sizes,
 )
-from pipelines.ar_image import ARImagePipeline, left_padded, load_transformers_model, size_error
+from mmspec.pipelines.ar_image import ARImagePipeline, left_padded, load_transformers_model, size_error
 
 
 class LuminaMGPTPipeline(ARImagePipeline):
@@ -34,7 +34,7 @@ class LuminaMGPTPipeline(ARImagePipeline):
     Examples:
         ```py
         >>> from mmspec.models.chameleon_vqgan import ChameleonVQGAN
-        >>> from pipelines.lumina_mgpt import LuminaMGPTPipeline
+        >>> from mmspec.pipelines.lumina_mgpt import LuminaMGPTPipeline
 
         >>> pipe = LuminaMGPTPipeline.from_pretrained("path/to/Lumina-mGPT-7B-768", target_size=768,
         ...                                           vqgan="ckpts/chameleon/tokenizer/vqgan.ckpt",

@@ -1,5 +1,5 @@
 """MAR-style class-to-image pipeline over continuous tokens (diffusion head), plain or speculative."""
 
-from pipelines.mar.pipeline_mar import MARPipeline, MARPipelineOutput
+from mmspec.pipelines.mar.pipeline_mar import MARPipeline, MARPipelineOutput
 
 __all__ = ["MARPipeline", "MARPipelineOutput"]

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 import PIL.Image
 import torch
-from diffusers import DiffusionPipeline
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
@@ -20,6 +19,7 @@ from mmspec.continuous.mar_decoding import cosine_plan, generate, generate_specu
 from mmspec.core.rng import Generators, check_generators, sample_seeds
 from mmspec.core.stats import SpecStats
 from mmspec.models.mar import KLAutoencoder, MARModel
+from mmspec.pipelines.base import MMSpecPipeline
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 DECODINGS = ("ar", "speculative")
@@ -34,7 +34,7 @@ class MARPipelineOutput(BaseOutput):
     stats: SpecStats
 
 
-class MARPipeline(DiffusionPipeline):
+class MARPipeline(MMSpecPipeline):
     r"""Class-conditioned MAR generation, optionally accelerated by a draft MAR.
 
     Components:

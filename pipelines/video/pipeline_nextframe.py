@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import numpy as np
 import PIL.Image
 import torch
-from diffusers import DiffusionPipeline
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
 from mmspec.core.rng import Generators, check_generators, sample_seeds
 from mmspec.models.mar import KLAutoencoder
 from mmspec.models.nextframe import NextFrameTransformer
+from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.video import FrameSession, FrameSpeculation, FrameStats
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -65,7 +65,7 @@ class NextFrameSession:
         self.close()
 
 
-class NextFramePipeline(DiffusionPipeline):
+class NextFramePipeline(MMSpecPipeline):
     r"""Next-frame diffusion (NFD architecture) over per-frame autoencoder latents, with frame speculation.
 
     Components:

@@ -16,8 +16,8 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def zoo_pipes():
     """The embedded image and text pipelines, loaded on the demo's compute thread (as `mmspec demo` does)."""
-    from apps.demo import load_default_pipes
-    from apps.tabs.base import COMPUTE
+    from mmspec.apps.demo import load_default_pipes
+    from mmspec.apps.tabs.base import COMPUTE
 
     pipes = COMPUTE.submit(load_default_pipes).result()
     pipes["image"].set_progress_bar_config(disable=True)
@@ -27,7 +27,7 @@ def zoo_pipes():
 @pytest.fixture(scope="session")
 def demo_url(zoo_pipes):
     """The demo on the embedded models, launched in this process on a loopback port."""
-    from apps.demo import build_demo
+    from mmspec.apps.demo import build_demo
 
     demo = build_demo(zoo_pipes)
     _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,

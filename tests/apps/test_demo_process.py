@@ -1,4 +1,4 @@
-"""`python -m apps.demo` as users launch it (a separate process, warm-up included): it serves, and 20 consecutive
+"""`python -m mmspec.apps.demo` as users launch it (a separate process, warm-up included): it serves, and 20 consecutive
 generations leave the server's memory flat."""
 
 import os
@@ -23,12 +23,12 @@ def rss_mib(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def served_demo(tmp_path_factory):
-    """`python -m apps.demo --only image` on a free loopback port; yields (url, pid)."""
+    """`python -m mmspec.apps.demo --only image` on a free loopback port; yields (url, pid)."""
     port = free_port()
     log = tmp_path_factory.mktemp("demo") / "server.log"
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "apps.demo", "--only", "image", "--port", str(port)],
+        server = subprocess.Popen([sys.executable, "-m", "mmspec.apps.demo", "--only", "image", "--port", str(port)],
                                   cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 180
@@ -52,7 +52,7 @@ def served_demo(tmp_path_factory):
 
 def test_memory_stays_flat_over_20_generations(served_demo, capsys):
     url, pid = served_demo
-    client = Client(url, verbose=False)
+    client = Client(url, verbose=False, download_files=False)  # gradio_client >= 2.7 opens a TLS context per file
     for seed in range(3):  # warm-up: allocator pools, Gradio's caches
         generate_image(client, seed=seed).result()
     before = rss_mib(pid)

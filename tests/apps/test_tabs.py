@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from apps.demo import build_demo
-from apps.tabs.base import COMPUTE, check_number
-from apps.tabs.image import NOT_YET, VIRIDIS, Preview, Result, acceptance_heatmap, stream_decoding
-from apps.tabs.text import highlight_pieces
-from pipelines.text import TokenPiece
+from mmspec.apps.demo import build_demo
+from mmspec.apps.tabs.base import COMPUTE, check_number
+from mmspec.apps.tabs.image import NOT_YET, VIRIDIS, Preview, Result, acceptance_heatmap, stream_decoding
+from mmspec.apps.tabs.text import highlight_pieces
+from mmspec.pipelines.text import TokenPiece
 
 
 def test_heatmap_colours_by_forward_on_one_scale():

@@ -92,7 +92,7 @@ def test_neighbourhood_is_a_maximal_prefix_within_budget(setting, k):
             budget = min(setting.get("delta", 1.0), (setting.get("lam", torch.inf) - 1) * p[x].item())
             assert masses[:j].sum() <= budget + 1e-12
             assert j == k or masses[: j + 1].sum() > budget  # maximal: the next neighbour would break the budget
-            assert p_A[x] == pytest.approx(p[x] + masses[:j].sum(), abs=1e-12)
+            assert p_A[x].item() == pytest.approx((p[x] + masses[:j].sum()).item(), abs=1e-12)
 
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=str)

@@ -5,7 +5,7 @@ import math
 
 from PIL import Image
 
-from eval.bench_continuous import main
+from mmspec.eval.bench_continuous import main
 
 
 def test_bench_continuous_reports_passes_acceptance_speed_and_fd(tmp_path, capsys):

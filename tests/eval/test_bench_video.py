@@ -5,7 +5,7 @@ import math
 
 from PIL import Image
 
-from eval.bench_video import main
+from mmspec.eval.bench_video import main
 
 
 def test_bench_video_reports_fps_accounting_and_quality(tmp_path, capsys):

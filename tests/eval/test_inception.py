@@ -1,15 +1,15 @@
 """FID's Inception-v3 in plain torch: the weights-file layout, TF1 resize, the local-weights code path and its errors.
 
 Bit-equality with torch-fidelity 0.4.0's `FeatureExtractorInceptionV3` (same random weights, inputs of 32x48 to
-512x384) is checked by `python -m eval.check_inception` against torch-fidelity's source, not here: torch-fidelity
+512x384) is checked by `python -m mmspec.eval.check_inception` against torch-fidelity's source, not here: torch-fidelity
 needs torchvision, which has no CPU build.
 """
 
 import pytest
 import torch
 
-from eval.inception import FIDInceptionV3, resize_bilinear_tf1
-from eval.metrics import frechet_distance, image_features, load_inception
+from mmspec.eval.inception import FIDInceptionV3, resize_bilinear_tf1
+from mmspec.eval.metrics import frechet_distance, image_features, load_inception
 
 # torch-fidelity / pytorch-fid's weights file without its classifier: 94 conv + 94 batch-norm layers
 STATE_DICT_ENTRIES = 94 + 94 * 5

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eval.metrics import (
+from mmspec.eval.metrics import (
     as_image_tensor,
     clip_score,
     frechet_distance,

@@ -1,4 +1,4 @@
-"""`python -m eval.quality` on the embedded model at a tiny size: prompt files, method specs, clear errors, the
+"""`python -m mmspec.eval.quality` on the embedded model at a tiny size: prompt files, method specs, clear errors, the
 report's keys, resumability (nothing regenerated, a missing image remade identically, a relabelled method refused)
 and sharding with `accelerate launch` (the same images and quality numbers as one process)."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from eval.quality import main
-from eval.samples import PRESETS, Method, read_prompts
+from mmspec.eval.quality import main
+from mmspec.eval.samples import PRESETS, Method, read_prompts
 from mmspec.zoo.shapes import scenes
 
 TINY = ["--methods", "ar", "sjd", "--num-prompts", "3", "--ar-seed-sets", "2", "--batch-size", "2"]
@@ -150,7 +150,7 @@ def test_report_and_resume(tmp_path):
 def test_sharded_run_matches_one_process(tmp_path):
     one = main([*TINY, "--out-dir", str(tmp_path / "one")])
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "eval.quality",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "mmspec.eval.quality",
                *TINY, "--out-dir", str(tmp_path / "two"), "--json", str(tmp_path / "two.json")]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=600)
     two = json.loads((tmp_path / "two.json").read_text())

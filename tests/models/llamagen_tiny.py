@@ -48,7 +48,7 @@ def tiny_text_encoder(seed: int = 0, dtype=torch.float64):
 
 
 def tiny_pipeline(dtype=torch.float64):
-    from pipelines.llamagen import LlamaGenPipeline
+    from mmspec.pipelines.llamagen import LlamaGenPipeline
 
     pipe = LlamaGenPipeline(tiny_transformer(dtype=dtype), tiny_vq(dtype=dtype), tiny_tokenizer(),
                             tiny_text_encoder(dtype=dtype))

@@ -225,8 +225,8 @@ def test_vq_nearest_code_round_trip_and_decode_shapes():
 def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_path):
     """The official t2i files (GPT .pt, VQ .pt, a T5 folder) assemble a LlamaGenPipeline that generates what the same
     weights do in code; a c2i GPT and a VQ file without its decoder are refused with the reason."""
-    from pipelines.auto import AutoARImagePipeline
-    from pipelines.llamagen import LlamaGenPipeline
+    from mmspec.pipelines.auto import AutoARImagePipeline
+    from mmspec.pipelines.llamagen import LlamaGenPipeline
     from tests.models.llamagen_tiny import tiny_pipeline
 
     reference = tiny_pipeline(dtype=torch.float32)

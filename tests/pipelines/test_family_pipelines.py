@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pipelines.auto import AutoARImagePipeline
-from pipelines.emu3 import Emu3Pipeline
-from pipelines.janus import JanusPipeline
-from pipelines.lumina_mgpt import LuminaMGPTPipeline
-from pipelines.pipeline_output import ARImagePipelineOutput
+from mmspec.pipelines.auto import AutoARImagePipeline
+from mmspec.pipelines.emu3 import Emu3Pipeline
+from mmspec.pipelines.janus import JanusPipeline
+from mmspec.pipelines.lumina_mgpt import LuminaMGPTPipeline
+from mmspec.pipelines.pipeline_output import ARImagePipelineOutput
 from tests.models import test_emu3, test_janus, test_lumina_mgpt
 
 PROMPTS = ["a red circle", "a blue square"]

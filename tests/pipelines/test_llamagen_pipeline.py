@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmspec.image.decoding import PAD_ID
-from pipelines.llamagen import ARImagePipelineOutput, LlamaGenPipeline
+from mmspec.pipelines.llamagen import ARImagePipelineOutput, LlamaGenPipeline
 from tests.image.test_decoding import recompute_sampling
 from tests.models.llamagen_tiny import tiny_pipeline
 

@@ -3,7 +3,7 @@ import torch
 
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
 from mmspec.models.mar import KLAutoencoder, MARModel
-from pipelines.mar import MARPipeline
+from mmspec.pipelines.mar import MARPipeline
 from tests.models.test_mar import TINY
 
 

@@ -9,8 +9,8 @@ from diffusers.utils import export_to_video
 
 from mmspec.models.mar import KLAutoencoder
 from mmspec.models.nextframe import NextFrameTransformer
+from mmspec.pipelines.video import NextFramePipeline
 from mmspec.video import FrameSpeculation
-from pipelines.video import NextFramePipeline
 
 ACTIONS = [1, 1, 1, 2, 2, 0, 0, 0, 0, 3]
 

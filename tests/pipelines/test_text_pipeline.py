@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from mmspec.pipelines.text import SpeculativeTextPipeline
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
-from pipelines.text import SpeculativeTextPipeline
 
 
 @pytest.fixture(scope="module")

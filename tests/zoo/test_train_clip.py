@@ -6,7 +6,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from eval.metrics import load_clip
+from mmspec.eval.metrics import load_clip
 from mmspec.zoo import IMAGE_CLIP, zoo_path
 from mmspec.zoo.shapes import scenes
 from mmspec.zoo.train_clip import TEXT_CONTEXT, build_processor, main, retrieval_top1

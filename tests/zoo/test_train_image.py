@@ -4,9 +4,9 @@ import json
 
 import torch
 
+from mmspec.pipelines.llamagen import LlamaGenPipeline
 from mmspec.zoo.shapes import scenes
 from mmspec.zoo.train_image import build_tokenizer, main
-from pipelines.llamagen import LlamaGenPipeline
 
 
 def test_train_save_resume_and_reload(tmp_path):

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from mmspec.models.mar import KLAutoencoder, MARModel
-from mmspec.zoo.shapes import BACKGROUNDS, SHAPES
-from mmspec.zoo.train_mar import class_label, main
+from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, class_label
+from mmspec.zoo.train_mar import main
 
 
 def test_class_labels_cover_shape_times_background():
@@ -42,7 +42,7 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     mean, _ = vae.encode(torch.zeros(1, 3, 64, 64))
     assert mean.shape == (1, 8, 8, 8)
 
-    from pipelines.mar import MARPipeline
+    from mmspec.pipelines.mar import MARPipeline
 
     for component in ("vae", "transformer", "draft_transformer"):
         stored = load_file(tmp_path / "pipeline" / component / "diffusion_pytorch_model.safetensors")

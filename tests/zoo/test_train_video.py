@@ -42,7 +42,7 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     assert metrics["steps"] == 2 and metrics["held_out_loss"] > 0
     assert NextFrameTransformer.from_pretrained(work / "video_model").config.attention_window == 4
 
-    from pipelines.video import NextFramePipeline
+    from mmspec.pipelines.video import NextFramePipeline
 
     for component in ("vae", "transformer"):
         stored = load_file(tmp_path / "pipeline" / component / "diffusion_pytorch_model.safetensors")

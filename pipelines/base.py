@@ -1,0 +1,37 @@
+"""`MMSpecPipeline`: the base of mmspec's diffusers pipelines. It adds two things to `DiffusionPipeline`:
+
+- `from_pretrained` takes a zoo name ("shapes", "mar_shapes") as well as a folder or a hub id;
+- components defined in `mmspec.models` are saved in `model_index.json` under their public import path,
+  `["mmspec", "LlamaGenTransformer"]`, not the module that defines them today (`mmspec.models.llamagen.gpt`), so a
+  saved pipeline keeps loading when code moves. Folders saved with module paths load as before.
+"""
+
+from __future__ import annotations
+
+from diffusers import DiffusionPipeline
+
+from mmspec.zoo import resolve_model
+
+PUBLIC_LIBRARY = "mmspec"  # every component class of mmspec.models is exported from the mmspec facade
+COMPONENT_MODULES = "mmspec.models."
+
+
+def public_component(entry):
+    """A `model_index.json` entry `(library, class name)` with a component of `mmspec.models` named by its public
+    path; any other entry (a transformers class, a scalar setting) unchanged."""
+    if (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
+            and entry[0].startswith(COMPONENT_MODULES)):
+        return (PUBLIC_LIBRARY, entry[1])
+    return entry
+
+
+class MMSpecPipeline(DiffusionPipeline):
+    """`DiffusionPipeline` that loads zoo names and saves its components under public import paths."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        return super().from_pretrained(resolve_model(pretrained_model_name_or_path), **kwargs)
+
+    def register_to_config(self, **kwargs):
+        # register_modules and component reassignment both record (library, class name) through here
+        super().register_to_config(**{name: public_component(value) for name, value in kwargs.items()})
