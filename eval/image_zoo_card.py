@@ -30,8 +30,9 @@ from mmspec.zoo import IMAGE_T2I
 from mmspec.zoo.pixels import psnr, reconstruct, to_model_range, to_uint8
 from mmspec.zoo.shapes import BACKGROUNDS, COLORS, SHAPES, parse_caption, scenes
 
-RESULTS = Path(__file__).resolve().parent / "results"
-GRID_PATH = Path(__file__).resolve().parents[1] / "docs" / "images" / "shapes_samples.png"
+# outputs, relative to the working directory (the repository root regenerates the committed files)
+RESULTS = Path("eval") / "results"
+GRID_PATH = Path("docs") / "images" / "shapes_samples.png"
 ATTRIBUTES = {
     "background": (BACKGROUNDS, lambda spec: spec.background),
     "count": ((1, 2, 3), lambda spec: spec.first.count),

@@ -57,8 +57,7 @@ from mmspec.eval.samples import Method, SampleStore, generate, read_prompts, spe
 from mmspec.pipelines.auto import add_image_model_arguments, image_pipeline_from_arguments
 from mmspec.zoo import IMAGE_CLIP
 
-RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_OUT = Path(__file__).resolve().parent / "out" / "quality"
+DEFAULT_OUT = Path("eval") / "out" / "quality"  # relative to the working directory
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 
 

@@ -41,8 +41,9 @@ from mmspec.zoo import IMAGE_T2I
 from mmspec.zoo.pixels import to_model_range, to_uint8
 from mmspec.zoo.shapes import scenes
 
-RESULTS = Path(__file__).resolve().parent / "results"
-PLOT = Path(__file__).resolve().parents[1] / "docs" / "images" / "lantern_sweep.png"
+# outputs, relative to the working directory (the repository root regenerates the committed files)
+RESULTS = Path("eval") / "results"
+PLOT = Path("docs") / "images" / "lantern_sweep.png"
 PATHS = {
     "sjd": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal"},
     "draft": {"decoding": "draft"},

@@ -64,7 +64,8 @@ def test_the_installed_package_works_from_any_directory(wheel, tmp_path):
     result = run_installed(site, ["-c", "import mmspec; from mmspec import LlamaGenPipeline; "
                                         "print(mmspec.__file__, LlamaGenPipeline.__module__)"])
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(site / "mmspec" / "__init__.py"), "mmspec.pipelines.llamagen.pipeline_llamagen"]
+    module = "mmspec.pipelines.llamagen.pipeline_llamagen"
+    assert result.stdout.split() == [str(site / "mmspec" / "__init__.py"), module]
     result = run_installed(site, ["-m", "mmspec.eval.quality", "--help"])
     assert result.returncode == 0 and "usage:" in result.stdout, result.stderr
 

@@ -93,9 +93,11 @@ class NeighbourTable:
             if stored.shape[1] >= k_max:
                 return cls(stored[:, :k_max].contiguous(), digest)
         table = cls(nearest_codes(codebook, k_max), digest)
-        if path is not None:
+        if path is not None:  # written whole, then renamed: concurrent processes never read a partial file
             folder.mkdir(parents=True, exist_ok=True)
-            save_file({"indices": table.indices}, path, metadata={"codebook_hash": digest})
+            partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
+            save_file({"indices": table.indices}, partial, metadata={"codebook_hash": digest})
+            os.replace(partial, path)
         return table
 
     def check(self, codebook: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ class Emu3Pipeline(ARImagePipeline):
 
     Examples:
         ```py
-        >>> from mmspec.pipelines.emu3 import Emu3Pipeline
+        >>> from mmspec import Emu3Pipeline
 
         >>> pipe = Emu3Pipeline.from_pretrained("path/to/Emu3-Gen-hf", dtype=torch.bfloat16).to("cuda")
         >>> out = pipe("a portrait of young girl. masterpiece, film grained, best quality.",

@@ -25,7 +25,7 @@ class JanusPipeline(ARImagePipeline):
 
     Examples:
         ```py
-        >>> from mmspec.pipelines.janus import JanusPipeline
+        >>> from mmspec import JanusPipeline
 
         >>> pipe = JanusPipeline.from_pretrained("path/to/Janus-Pro-7B", dtype=torch.bfloat16).to("cuda")
         >>> out = pipe("a red fox in the snow", decoding="sjd", acceptance="exact")

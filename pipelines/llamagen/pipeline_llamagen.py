@@ -41,10 +41,9 @@ class LlamaGenPipeline(ARImagePipeline):
     Examples:
         ```py
         >>> import torch
-        >>> from mmspec.zoo import zoo_path
-        >>> from mmspec.pipelines.llamagen import LlamaGenPipeline
+        >>> from mmspec import LlamaGenPipeline
 
-        >>> pipe = LlamaGenPipeline.from_pretrained(zoo_path("shapes"))
+        >>> pipe = LlamaGenPipeline.from_pretrained("shapes")
         >>> out = pipe("two small red triangles above a blue circle on a striped background",
         ...            generator=torch.Generator().manual_seed(0))
         >>> out.images[0].save("shapes.png")

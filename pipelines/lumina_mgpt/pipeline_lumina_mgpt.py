@@ -34,7 +34,7 @@ class LuminaMGPTPipeline(ARImagePipeline):
     Examples:
         ```py
         >>> from mmspec.models.chameleon_vqgan import ChameleonVQGAN
-        >>> from mmspec.pipelines.lumina_mgpt import LuminaMGPTPipeline
+        >>> from mmspec import LuminaMGPTPipeline
 
         >>> pipe = LuminaMGPTPipeline.from_pretrained("path/to/Lumina-mGPT-7B-768", target_size=768,
         ...                                           vqgan="ckpts/chameleon/tokenizer/vqgan.ckpt",

@@ -52,7 +52,7 @@ class SpeculativeTextPipeline:
     Examples:
         ```py
         >>> import torch
-        >>> from mmspec.pipelines.text import SpeculativeTextPipeline
+        >>> from mmspec import SpeculativeTextPipeline
 
         >>> pipe = SpeculativeTextPipeline.from_pretrained("pycode/target", draft="pycode/draft")
         >>> out = pipe("def fibonacci(n):\n", method="model", max_new_tokens=32)

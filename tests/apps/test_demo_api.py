@@ -16,7 +16,9 @@ GREY = 128
 
 @pytest.fixture
 def client(demo_url):
-    client = Client(demo_url, verbose=False)
+    # files stay on the server (same machine): outputs are FileData dicts whose "path" we open. gradio_client >= 2.7
+    # downloads each streamed file through a new TLS context, which starves the demo's compute thread here.
+    client = Client(demo_url, verbose=False, download_files=False)
     yield client
     client.close()
 
@@ -41,24 +43,25 @@ def test_image_streams_partial_images_maps_and_stats(client):
     partial = next(u for u in updates if u[5].startswith("AR:") and "committed" in u[5])
     committed = int(re.match(r"AR: (\d+) / 256 tokens committed", partial[5]).group(1))
     assert 0 < committed < 256 and partial[1] is None
-    ar_partial = np.asarray(Image.open(partial[0]).convert("RGB"))
+    ar_partial = np.asarray(Image.open(partial[0]["path"]).convert("RGB"))
     assert ar_partial.shape == (256, 256, 3)
     assert (ar_partial[-16:, -16:] == GREY).all()  # the last token's cell is not generated yet
-    assert (np.asarray(Image.open(partial[2]).convert("RGB"))[-16:, -16:] == GREY).all()
+    assert (np.asarray(Image.open(partial[2]["path"]).convert("RGB"))[-16:, -16:] == GREY).all()
     # then the accelerated run streams while AR's finished image stays
     assert any(u[1] is not None and u[5].startswith("SJD") and "committed" in u[5] for u in updates)
 
     ar_image, fast_image, ar_map, fast_map, table, status = final
     for path in (ar_image, fast_image, ar_map, fast_map):
-        assert not (np.asarray(Image.open(path).convert("RGB")) == GREY).all(axis=-1).any()  # every cell committed
+        pixels = np.asarray(Image.open(path["path"]).convert("RGB"))
+        assert not (pixels == GREY).all(axis=-1).any()  # every cell committed
     assert [row[0] for row in table["data"]] == ["AR", "SJD (speculative Jacobi decoding)"]
     ar_row, fast_row = table["data"]
     assert ar_row[1] == "256" and int(fast_row[1]) < 256 and float(fast_row[2]) > 1.5
     assert speedup(table, 0) == 1.0 and speedup(table, 1) > 0
     assert fast_row[5] == "0.000" and "AR's speed" in status
     # AR commits one token per forward: its map has as many colours as tokens; SJD's runs share colours
-    colours = [len(np.unique(np.asarray(Image.open(p).convert("RGB"))[::16, ::16].reshape(-1, 3), axis=0))
-               for p in (ar_map, fast_map)]
+    colours = [len(np.unique(np.asarray(Image.open(m["path"]).convert("RGB"))[::16, ::16].reshape(-1, 3), axis=0))
+               for m in (ar_map, fast_map)]
     assert colours[0] > 2 * colours[1]
 
 
@@ -111,7 +114,7 @@ def test_server_keeps_serving_after_bad_input(client):
 
 
 def test_two_concurrent_requests_both_complete(demo_url):
-    clients = [Client(demo_url, verbose=False) for _ in range(2)]
+    clients = [Client(demo_url, verbose=False, download_files=False) for _ in range(2)]
     jobs = [generate_image(c, seed=s) for c, s in zip(clients, (1, 2))]
     tables = [job.result(timeout=120)[4] for job in jobs]
     for table in tables:
@@ -132,11 +135,11 @@ def test_world_tab_steps_a_sequential_and_a_speculative_session(client):
     assert rows["speculative"][1:5] == ["4", "8", "1", "1"]
     assert float(rows["sequential"][7]) == 1.0 and float(rows["speculative"][6]) > 0
     for path in (seq, spec):
-        assert Image.open(path).size == (256, 256)
+        assert Image.open(path["path"]).size == (256, 256)
 
 
 def test_world_tab_asks_to_start_first(demo_url):
-    client = Client(demo_url, verbose=False)
+    client = Client(demo_url, verbose=False, download_files=False)
     with pytest.raises(Exception, match="Press Start first"):
         client.predict(api_name="/world_left")
     client.close()

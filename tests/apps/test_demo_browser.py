@@ -22,7 +22,7 @@ TIMEOUT_MS = 60_000
 @pytest.fixture(scope="module")
 def browser():
     if not os.path.exists(CHROMIUM):
-        message = "Debian chromium is not installed (tests/setup.sh installs it)"
+        message = "Debian chromium is not installed (tests/run.sh installs it)"
         if os.environ.get("MMSPEC_REQUIRE_BROWSER") == "1":
             pytest.fail(message)
         pytest.skip(message)

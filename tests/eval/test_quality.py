@@ -3,6 +3,7 @@ report's keys, resumability (nothing regenerated, a missing image remade identic
 and sharding with `accelerate launch` (the same images and quality numbers as one process)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -105,10 +106,19 @@ def test_prompt_file_with_a_reference_folder(tmp_path):
     assert report["images_made_by_main_process"] == 6
 
 
-def test_report_and_resume(tmp_path):
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> tuple[dict, Path]:
+    """The TINY run in one process: (report, folder with its images, JSON and plot); tests copy the folder."""
+    folder = tmp_path_factory.mktemp("one_process")
+    report = main([*TINY, "--out-dir", str(folder / "images"), "--json", str(folder / "first.json"),
+                   "--plot", str(folder / "plot.png")])
+    return report, folder
+
+
+def test_report_and_resume(one_process, tmp_path):
+    first = one_process[0]
+    shutil.copytree(one_process[1], tmp_path, dirs_exist_ok=True)
     out = tmp_path / "images"
-    first = main([*TINY, "--out-dir", str(out), "--json", str(tmp_path / "first.json"),
-                  "--plot", str(tmp_path / "plot.png")])
     assert first["images_made_by_main_process"] == 3 * 2 + 3
     for key in ("fid_ar_vs_data", "fid_exact_vs_data", "fid_ar_seed_spread", "clip_ar", "clip_exact",
                 "speedup_exact_vs_ar", "fid_exact_within_ar_spread", "exact_same_law_as_ar_p",
@@ -147,8 +157,8 @@ def test_report_and_resume(tmp_path):
         main(["--methods", "ar", "sjd=sjd:window=8", *TINY[3:], "--out-dir", str(out)])
 
 
-def test_sharded_run_matches_one_process(tmp_path):
-    one = main([*TINY, "--out-dir", str(tmp_path / "one")])
+def test_sharded_run_matches_one_process(one_process, tmp_path):
+    one, one_folder = one_process
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "mmspec.eval.quality",
                *TINY, "--out-dir", str(tmp_path / "two"), "--json", str(tmp_path / "two.json")]
@@ -156,11 +166,11 @@ def test_sharded_run_matches_one_process(tmp_path):
     two = json.loads((tmp_path / "two.json").read_text())
     assert two["processes"] == 2
     assert 0 < two["images_made_by_main_process"] < one["images_made_by_main_process"]
-    one_pixels, two_pixels = pixels(tmp_path / "one"), pixels(tmp_path / "two")
+    one_pixels, two_pixels = pixels(one_folder / "images"), pixels(tmp_path / "two")
     assert one_pixels.keys() == two_pixels.keys() and len(one_pixels) == 9
     # the same tokens; torchrun gives each process one thread, and the VQ decoder's float arithmetic then may round
     # a pixel differently by one grey level
-    assert token_ids(tmp_path / "one") == token_ids(tmp_path / "two")
+    assert token_ids(one_folder / "images") == token_ids(tmp_path / "two")
     assert max(np.abs(one_pixels[k].astype(int) - two_pixels[k]).max() for k in one_pixels) <= 1
     for label, quality in quality_of(two).items():
         assert quality == pytest.approx(quality_of(one)[label], rel=1e-2, abs=1e-3)
