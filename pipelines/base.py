@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from diffusers import DiffusionPipeline
+from diffusers.utils import is_accelerate_available
 
 from mmspec.zoo import resolve_model
 
@@ -30,6 +31,8 @@ class MMSpecPipeline(DiffusionPipeline):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        # without accelerate (the base install) diffusers would warn on every load that it falls back to this
+        kwargs.setdefault("low_cpu_mem_usage", is_accelerate_available())
         return super().from_pretrained(resolve_model(pretrained_model_name_or_path), **kwargs)
 
     def register_to_config(self, **kwargs):
