@@ -1,6 +1,7 @@
 """`MMSpecPipeline`: the base of mmspec's diffusers pipelines. It adds two things to `DiffusionPipeline`:
 
-- `from_pretrained` takes a zoo name ("shapes", "mar_shapes") as well as a folder or a hub id;
+- `from_pretrained` takes a zoo name ("shapes", "mar_shapes") as well as a folder or a hub id, and loads quietly
+  without accelerate (the base install);
 - components defined in `mmspec.models` are saved in `model_index.json` under their public import path,
   `["mmspec", "LlamaGenTransformer"]`, not the module that defines them today (`mmspec.models.llamagen.gpt`), so a
   saved pipeline keeps loading when code moves. Folders saved with module paths load as before.
