@@ -35,3 +35,17 @@ def tiny_target():
 @pytest.fixture
 def tiny_draft():
     return tiny_llama(num_layers=1, hidden_size=16, seed=1)
+
+
+@pytest.fixture(scope="session")
+def small_image_model(tmp_path_factory) -> str:
+    """A saved text-to-image pipeline folder: the embedded `shapes` pipeline with its trained 2-layer draft transformer
+    as the target (and the draft). Same tokenizer, text encoder, VQ codebook and 16 x 16 grid, a third of the compute:
+    for tests of the product around a model (the demo, the eval scripts), not of the model's quality."""
+    from mmspec.pipelines.auto import AutoARImagePipeline
+
+    pipe = AutoARImagePipeline.from_pretrained("shapes", dtype=torch.float32)
+    small = type(pipe)(**{**pipe.components, "transformer": pipe.draft_transformer})
+    folder = tmp_path_factory.mktemp("small_image_model")
+    small.save_pretrained(folder)
+    return str(folder)

@@ -62,19 +62,21 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 _MASK32 = 0xFFFFFFFF
 
 
-def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
-    """(x * constant) mod 2**32 for x in [0, 2**32) (int64), without int64 overflow."""
+def _mul32_(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """x = (x * constant) mod 2**32 in place, for x in [0, 2**32) (int64), without int64 overflow."""
     low, high = constant & 0xFFFF, constant >> 16
-    return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
+    high_part = (x * high).bitwise_and_(0xFFFF).bitwise_left_shift_(16)
+    return x.mul_(low).add_(high_part).bitwise_and_(_MASK32)
 
 
 def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (Wellons' lowbias32) of x in [0, 2**32), elementwise."""
+    """A 32-bit integer hash (Wellons' lowbias32) of x in [0, 2**32), elementwise, into a new tensor (in-place steps
+    after the first: the hash is most of the cost of a keyed draw)."""
     x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+    _mul32_(x, 0x7FEB352D)
+    x.bitwise_xor_(x >> 15)
+    _mul32_(x, 0x846CA68B)
+    return x.bitwise_xor_(x >> 16)
 
 
 def keyed_bits(seed: int | torch.Tensor, *keys: int | torch.Tensor) -> torch.Tensor:
@@ -94,9 +96,9 @@ def keyed_uniform(seed: int | torch.Tensor, *keys: int | torch.Tensor, dtype=tor
 def keyed_normal(seed: int | torch.Tensor, *keys: int | torch.Tensor, dim: int, dtype=torch.float32) -> torch.Tensor:
     """N(0, 1) draws of shape [*broadcast(seed, keys), dim] keyed by (seed, *keys, component), by Box-Muller in
     float64."""
-    component = torch.arange(dim)
+    component = torch.arange(2 * dim)  # u1 keyed by component 2c, u2 by 2c + 1: one hash pass for both
     seed = torch.as_tensor(seed, dtype=torch.long)[..., None]
     keys = tuple(torch.as_tensor(k, dtype=torch.long)[..., None] for k in keys)
-    u1 = keyed_uniform(seed, *keys, 2 * component, dtype=torch.float64)
-    u2 = keyed_uniform(seed, *keys, 2 * component + 1, dtype=torch.float64)
+    u = keyed_uniform(seed, *keys, component, dtype=torch.float64)
+    u1, u2 = u[..., 0::2], u[..., 1::2]
     return (torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * torch.pi * u2)).to(dtype)

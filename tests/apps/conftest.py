@@ -14,12 +14,14 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def zoo_pipes():
-    """The embedded image and text pipelines, loaded on the demo's compute thread (as `mmspec demo` does)."""
+def zoo_pipes(small_image_model):
+    """The demo's pipelines, loaded on its compute thread (as `mmspec demo` does): the embedded text and world models,
+    and the embedded image model's components around its 2-layer draft (`small_image_model`: every image generation
+    of the demo tests costs a third)."""
     from mmspec.apps.demo import load_default_pipes
     from mmspec.apps.tabs.base import COMPUTE
 
-    pipes = COMPUTE.submit(load_default_pipes).result()
+    pipes = COMPUTE.submit(load_default_pipes, image_model=small_image_model).result()
     pipes["image"].set_progress_bar_config(disable=True)
     return pipes
 

@@ -1,5 +1,5 @@
-"""`python -m mmspec.apps.demo` as users launch it (a separate process, warm-up included): it serves, and 10 consecutive
-generations leave the server's memory flat."""
+"""`python -m mmspec.apps.demo` as users launch it (a separate process, warm-up included, on a saved pipeline folder):
+it serves, and 10 consecutive generations leave the server's memory flat."""
 
 import os
 import subprocess
@@ -22,13 +22,15 @@ def rss_mib(pid: int) -> float:
 
 
 @pytest.fixture(scope="module")
-def served_demo(tmp_path_factory):
-    """`python -m mmspec.apps.demo --only image` on a free loopback port; yields (url, pid)."""
+def served_demo(tmp_path_factory, small_image_model):
+    """`python -m mmspec.apps.demo --only image --image-model <small_image_model>` on a free loopback port; yields
+    (url, pid)."""
     port = free_port()
     log = tmp_path_factory.mktemp("demo") / "server.log"
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
     with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "mmspec.apps.demo", "--only", "image", "--port", str(port)],
+        server = subprocess.Popen([sys.executable, "-m", "mmspec.apps.demo", "--only", "image", "--image-model",
+                                   small_image_model, "--port", str(port)],
                                   cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 180

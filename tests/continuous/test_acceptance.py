@@ -134,11 +134,13 @@ DRAFTS = {
 
 
 @pytest.mark.parametrize("draft_name", list(DRAFTS))
-@pytest.mark.parametrize("num_steps", [10, 100])
-def test_trajectory_exact_mode_samples_the_target_head(num_steps, draft_name):
+@pytest.mark.parametrize("num_steps,n", [(10, 40_000), (100, 20_000)])
+def test_trajectory_exact_mode_samples_the_target_head(num_steps, n, draft_name):
+    """10 steps carry the power (40,000 tokens, both mutations); 100 steps check the many-step regime with 20,000
+    tokens, where no verification is still 40+ standard errors off in the mean."""
     schedule = DiffusionSchedule.cosine(num_steps)
     target, draft_head = GaussianDataHead(**TARGET), GaussianDataHead(**DRAFTS[draft_name])
-    n, temperature = 40_000, 0.9
+    temperature = 0.9
     draft, result = speculative_tokens(draft_head, target, schedule, n, 4, temperature)
     alpha = result.accepted.double().mean().item()
     assert 0.05 < alpha < 0.95, alpha  # both paths are exercised
@@ -147,10 +149,11 @@ def test_trajectory_exact_mode_samples_the_target_head(num_steps, draft_name):
     assert_same_law(result.tokens, reference)
 
     # mutation companions: no verification at all (the draft head's tokens), and a residual without its rejection test
-    # (with other step variances most of the residual mass is the whole of p, so only the shifted draft can tell)
+    # (with other step variances most of the residual mass is the whole of p, so only the shifted draft can tell; the
+    # residual rule does not depend on the number of steps, so the 10-step case carries that companion)
     with pytest.raises(AssertionError):
         assert_same_law(draft.token, reference)
-    if draft_name != "shifted":
+    if draft_name != "shifted" or num_steps != 10:
         return
     _, unrejected = speculative_tokens(draft_head, target, schedule, n, 4, temperature, residual_test=False)
     with pytest.raises(AssertionError):
