@@ -13,7 +13,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def zoo_pipes(small_image_model):
     """The demo's pipelines, loaded on its compute thread (as `mmspec demo` does): the embedded text and world models,
     and the embedded image model's components around its 2-layer draft (`small_image_model`: every image generation
@@ -26,9 +26,10 @@ def zoo_pipes(small_image_model):
     return pipes
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def demo_url(zoo_pipes):
-    """The demo on the embedded models, launched in this process on a loopback port."""
+    """The demo launched in this process on a loopback port; closed after the tests of `tests/apps`, since its idle
+    server threads would slow every later test by a third on 2 cores."""
     from mmspec.apps.demo import build_demo
 
     demo = build_demo(zoo_pipes)

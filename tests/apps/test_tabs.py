@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mmspec.apps.demo import build_demo
+from mmspec.apps.demo import QUEUE_POLL_S, build_demo, relax_queue_polling
 from mmspec.apps.tabs.base import COMPUTE, check_number
 from mmspec.apps.tabs.image import NOT_YET, VIRIDIS, Preview, Result, acceptance_heatmap, stream_decoding
 from mmspec.apps.tabs.text import highlight_pieces
@@ -46,6 +46,17 @@ def test_build_demo_rejects_unknown_tabs():
         build_demo({})
     with pytest.raises(ValueError, match=r"no demo tab for \['audio'\]; tab kinds: \['image', 'text', 'world'\]"):
         build_demo({"audio": object()})
+
+
+def test_the_idle_queue_polls_every_50_ms_not_every_millisecond():
+    import gradio as gr
+
+    with gr.Blocks() as demo:
+        gr.Button()
+    queue = demo.queue()._queue
+    assert (queue.sleep_when_free, queue.progress_update_sleep_when_free) == (0.001, 0.01)  # Gradio's own
+    relax_queue_polling(demo)
+    assert (queue.sleep_when_free, queue.progress_update_sleep_when_free) == (QUEUE_POLL_S, QUEUE_POLL_S)
 
 
 def test_closing_a_stream_interrupts_the_pipeline(zoo_pipes):
