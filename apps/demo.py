@@ -4,18 +4,20 @@
     mmspec demo --port 8000 --only world
 
 `build_demo(pipes)` builds the app from pipelines keyed by tab kind (see `mmspec.apps.tabs.TABS`), so tests and users
-can pass their own; `main()` loads the embedded default models, warms them up and launches.
+can pass their own; `serve()` (what `mmspec demo` runs) loads the embedded default models, serves at once and warms
+them up in the background, with the progress on the page and in the log.
 """
 
 from __future__ import annotations
 
-import argparse
+import logging
+import threading
 from collections.abc import Mapping
 
 import gradio as gr
 
 from mmspec.apps.tabs import TABS
-from mmspec.apps.tabs.base import COMPUTE
+from mmspec.apps.tabs.base import COMPUTE, LOG
 
 TITLE = "mmspec: speculative decoding, live"
 QUEUE_SIZE = 32  # waiting requests beyond this are refused with a "queue full" message
@@ -23,24 +25,60 @@ QUEUE_SIZE = 32  # waiting requests beyond this are refused with a "queue full" 
 # thread ~20 % of its speed (median AR latency 3.81 s vs 3.17 s without a server, 3.25 s at 50 ms). 50 ms delays the
 # start of a request by at most that.
 QUEUE_POLL_S = 0.05
+STATUS_POLL_S = 1.0  # how often a page open during warm-up asks whether it is over
+
+
+class WarmUp:
+    """The background warm-up of a demo's tabs: one short call per method on the compute thread, so that no user
+    request is timed with lazy initialisation (cost curves, LANTERN tables). Requests sent meanwhile queue behind it
+    on the compute thread; `status()` says how far it is."""
+
+    def __init__(self, tabs: Mapping[str, object]):
+        self.tabs, self.done, self.current, self.error = dict(tabs), threading.Event(), None, None
+
+    def start(self) -> WarmUp:
+        threading.Thread(target=self._run, name="mmspec-warm-up", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            for kind, tab in self.tabs.items():
+                self.current = kind
+                LOG.info("warming up the %s tab", kind)
+                tab.warm_up()
+            LOG.info("warm-up done: ready")
+        except Exception as error:  # the demo still serves; each request then reports its own failure
+            self.error = error
+            LOG.error("warm-up failed (%s: %s); requests run cold", type(error).__name__, error)
+        finally:
+            self.done.set()
+
+    def status(self) -> str:
+        if not self.done.is_set():
+            return (f"⏳ Warming up the models ({self.current or 'starting'}): requests sent now wait for it and "
+                    "are timed fairly.")
+        return "" if self.error is None else f"Warm-up failed ({self.error}); the first requests run cold."
 
 
 def build_demo(pipes: Mapping[str, object], warm_up: bool = False) -> gr.Blocks:
     """A `gr.Blocks` app with one tab per pipeline: `pipes` maps a tab kind ("image", "text", "world", see
     `mmspec.apps.tabs.TABS`) to its pipeline. Events run one at a time per tab and further requests queue. `warm_up`
-    runs one short call per method first, so the first request is not timed with lazy initialisation."""
+    starts one short call per method in the background (`WarmUp`); the page shows its status until it is over."""
     if not isinstance(pipes, Mapping) or not pipes:
         raise ValueError(f"pipes must be a non-empty mapping of tab kind to pipeline, kinds: {sorted(TABS)}")
     unknown = sorted(set(pipes) - set(TABS))
     if unknown:
         raise ValueError(f"no demo tab for {unknown}; tab kinds: {sorted(TABS)}")
-    tabs = [TABS[kind](pipe) for kind, pipe in pipes.items()]
-    if warm_up:
-        for tab in tabs:
-            tab.warm_up()
+    tabs = {kind: TABS[kind](pipe) for kind, pipe in pipes.items()}
+    warming = WarmUp(tabs).start() if warm_up else None
     with gr.Blocks(title=TITLE, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"# {TITLE}")
-        for kind, tab in zip(pipes, tabs, strict=True):
+        if warming is not None:
+            status = gr.Markdown(warming.status, elem_id="warm-up-status")
+            timer = gr.Timer(STATUS_POLL_S)
+            timer.tick(lambda: (warming.status(), gr.Timer(active=not warming.done.is_set())), None,
+                       [status, timer], api_visibility="private", show_progress="hidden")
+        for kind, tab in tabs.items():
             with gr.Tab(tab.title, id=kind):
                 tab.build()
     demo.queue(max_size=QUEUE_SIZE, default_concurrency_limit=1)
@@ -75,22 +113,14 @@ def load_default_pipes(kinds=tuple(TABS), image_model: str | None = None, text_t
     return {kind: loaders[kind]() for kind in kinds}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="mmspec demo", description="Launch the Gradio demo.")
-    parser.add_argument("--only", choices=tuple(TABS), default=None, help="show one tab only")
-    parser.add_argument("--image-model", default=None, help="zoo name or saved pipeline folder (default: shapes)")
-    parser.add_argument("--text-target", default=None, help="zoo name or transformers folder (default: pycode)")
-    parser.add_argument("--text-draft", default=None, help="draft for the text target (default: the pycode draft)")
-    parser.add_argument("--video-model", default=None, help="zoo name or saved NextFramePipeline folder (default: "
-                        "nextframe_shapes)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 = every interface)")
-    parser.add_argument("--port", type=int, default=7860)
-    args = parser.parse_args(argv)
-    kinds = (args.only,) if args.only else tuple(TABS)
-    pipes = COMPUTE.submit(load_default_pipes, kinds, args.image_model, args.text_target, args.text_draft,
-                           args.video_model).result()
-    build_demo(pipes, warm_up=True).launch(server_name=args.host, server_port=args.port, show_error=True)
-
-
-if __name__ == "__main__":
-    main()
+def serve(kinds=tuple(TABS), image_model: str | None = None, text_target: str | None = None,
+          text_draft: str | None = None, video_model: str | None = None, host: str = "127.0.0.1",
+          port: int = 7860) -> None:
+    """Load the pipelines (on the compute thread), serve at once, warm up in the background; blocks until stopped."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    LOG.info("loading %s", ", ".join(kinds))
+    pipes = COMPUTE.submit(load_default_pipes, kinds, image_model, text_target, text_draft, video_model).result()
+    for pipe in pipes.values():
+        if hasattr(pipe, "set_progress_bar_config"):
+            pipe.set_progress_bar_config(disable=True)  # a bar per request would flood the server log
+    build_demo(pipes, warm_up=True).launch(server_name=host, server_port=port, show_error=True)

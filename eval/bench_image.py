@@ -4,6 +4,14 @@
     python -m mmspec.eval.bench_image --quick  # about 1 minute: 8 prompts, 1 repeat
     python -m mmspec.eval.bench_image --json eval/results/bench_image.json
     python -m mmspec.eval.bench_image --sweep  # windows x inits per coupling at batch 1 (how BEST was chosen)
+    python -m mmspec.eval.bench_image --default-policy --json eval/results/bench_default_policy.json
+    python -m mmspec.eval.bench_image --measure-prior  # rewrite mmspec/image/compression_prior.json
+
+`--default-policy` compares the pipelines' default (`decoding="auto"`, `mmspec.image.policy`) with plain AR and with
+SJD at each fixed window, at batch 1, 2, 4 and 8: the methods run one after the other on each batch of prompts, and
+the speed ratio of a method is the median over batches of AR's latency / its latency. `--measure-prior` measures the
+step compression SJD reaches on the embedded model at every window and batch size, the acceptance prior of the policy
+(a count of forwards, not a timing: it does not depend on the machine).
 
 Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
@@ -26,7 +34,9 @@ from pathlib import Path
 
 import torch
 
+from mmspec.core.measured import device_fingerprint
 from mmspec.image import COUPLINGS, INITS
+from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, WINDOWS
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.pipelines.auto import AutoARImagePipeline
 from mmspec.zoo import IMAGE_T2I
@@ -40,6 +50,8 @@ BEST = {  # the best wall-clock settings of each coupling in `--sweep` on this m
 }
 METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST}
 SWEEP_WINDOWS = (8, 12, 16, 24, 32)
+POLICY_BATCH_SIZES = (1, 2, 4, 8)
+POLICY_WINDOWS = (2, 4, 8, 16, 32)  # the fixed windows the default is compared with
 
 
 @dataclass
@@ -145,16 +157,94 @@ def sweep(pipe, prompts: list[str]) -> None:
                       f"speedup {base.median_latency_s / row.median_latency_s:.2f}", flush=True)
 
 
+def measure_prior(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, windows=WINDOWS) -> dict:
+    """Step compression c(W, B) of exact SJD (the policy's settings): N / mean batch forwards (prefill excluded) over
+    the prompts decoded in batches of B, per batch size and window."""
+    compression = {}
+    for batch_size in batch_sizes:
+        compression[batch_size] = {}
+        for window in windows:
+            forwards, batches, N = 0, 0, None
+            for start in range(0, len(prompts) - batch_size + 1, batch_size):
+                generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(batch_size)]
+                out = pipe(prompts[start : start + batch_size], generator=generators, output_type="latent",
+                           decoding="sjd", window=window, **SJD_SETTINGS)
+                forwards += out.stats.target_forwards - out.stats.prefill_forwards
+                batches, N = batches + 1, out.images.shape[1]
+            compression[batch_size][window] = round(N * batches / forwards, 3)
+            print(f"batch {batch_size} window {window}: compression {compression[batch_size][window]}", flush=True)
+    return compression
+
+
+def compare_default_policy(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, windows=POLICY_WINDOWS) -> dict:
+    """Per batch size: median latency per image of AR, the default and SJD at each fixed window (the methods run in
+    turn on every batch of prompts, so drift of the machine hits them alike), each one's median over batches of AR's
+    latency / its latency, and what the default chose."""
+    methods = {"ar": {"decoding": "ar"}, "default": {},
+               **{f"sjd_w{W}": {"decoding": "sjd", "window": W, **SJD_SETTINGS} for W in windows}}
+    results = {}
+    for batch_size in batch_sizes:
+        latency = {name: [] for name in methods}
+        chosen = set()
+        for start in range(0, len(prompts) - batch_size + 1, batch_size):
+            batch = prompts[start : start + batch_size]
+            for name, options in methods.items():
+                generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(batch_size)]
+                began = time.perf_counter()
+                stats = pipe(batch, generator=generators, output_type="latent", **options).stats
+                latency[name].append((time.perf_counter() - began) / batch_size)
+                if name == "default":
+                    chosen.add(stats.chosen_by)
+        ratio = {name: statistics.median(a / b for a, b in zip(latency["ar"], seconds, strict=True))
+                 for name, seconds in latency.items()}
+        best = max((name for name in methods if name.startswith("sjd")), key=ratio.get)
+        results[batch_size] = {"median_latency_per_image_s": {n: round(statistics.median(s), 4)
+                                                               for n, s in latency.items()},
+                               "speed_vs_ar": {n: round(r, 3) for n, r in ratio.items()},
+                               "best_fixed_window": best, "default_chose": sorted(chosen)}
+        print(f"batch {batch_size}: default {ratio['default']:.2f}x AR, best fixed {best} {ratio[best]:.2f}x; "
+              f"{'; '.join(sorted(chosen))}", flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
     parser.add_argument("--quick", action="store_true", help="8 prompts, 1 repeat")
     parser.add_argument("--sweep", action="store_true", help="sweep windows and inits per coupling instead")
+    parser.add_argument("--default-policy", action="store_true",
+                        help="compare the default decoding with AR and fixed windows at batch 1, 2, 4, 8 instead")
+    parser.add_argument("--measure-prior", action="store_true",
+                        help=f"measure SJD's step compression per window and batch size into {PRIOR_FILE.name}")
+    parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default: 32, 16 with "
+                                                                   "--default-policy / --measure-prior, 8 --quick)")
     parser.add_argument("--json", default=None, help="write the rows and the summary here")
     args = parser.parse_args(argv)
     pipe = AutoARImagePipeline.from_pretrained(args.model, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
-    prompts = held_out_prompts(8 if args.quick or args.sweep else 32)
+    if args.measure_prior:
+        prompts = held_out_prompts(args.prompts or 16)
+        report = {"model": args.model, "prompts": len(prompts), "settings": SJD_SETTINGS,
+                  "command": "python -m mmspec.eval.bench_image --measure-prior",
+                  "compression": measure_prior(pipe, prompts)}
+        PRIOR_FILE.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {PRIOR_FILE}")
+        return report
+    if args.default_policy:
+        prompts = held_out_prompts(args.prompts or 16)
+        for options in ({"decoding": "ar"}, {}):  # warm-up, and the default's cost curves for every batch size
+            for batch_size in POLICY_BATCH_SIZES:
+                pipe(prompts[:batch_size], output_type="latent", **options)
+        results = compare_default_policy(pipe, prompts)
+        report = {"model": args.model, "prompts": len(prompts), "torch_threads": torch.get_num_threads(),
+                  "device": device_fingerprint(torch.device("cpu")), "batch_sizes": results,
+                  **{f"default_vs_ar_bs{B}": r["speed_vs_ar"]["default"] for B, r in results.items()}}
+        print(json.dumps({k: v for k, v in report.items() if k.startswith("default_vs")}, indent=1))
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=1))
+        return report
+    prompts = held_out_prompts(args.prompts or (8 if args.quick or args.sweep else 32))
     repeats = 1 if args.quick else 2
     for options in METHODS.values():  # warm-up
         pipe(prompts[:1], output_type="latent", **options)

@@ -112,7 +112,7 @@ def generate_for(pipe, captions: list[str], guidance_scale: float) -> tuple[torc
     for start in range(0, len(captions), 8):
         chunk = captions[start : start + 8]
         gens = [torch.Generator().manual_seed(start + i) for i in range(len(chunk))]
-        out = pipe(chunk, guidance_scale=guidance_scale, generator=gens, output_type="latent")
+        out = pipe(chunk, guidance_scale=guidance_scale, generator=gens, output_type="latent", decoding="sjd")
         pixels = pipe.vqvae.decode(out.images, (pipe.transformer.config.grid_size,) * 2)
         tokens.append(out.images)
         images.append(to_uint8(pixels).numpy())
@@ -138,11 +138,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # latency: batch 1, default sampling, warm-up first
     prompt = held_captions[0]
-    pipe(prompt, guidance_scale=args.guidance_scale, generator=torch.Generator().manual_seed(0))
+    pipe(prompt, guidance_scale=args.guidance_scale, generator=torch.Generator().manual_seed(0), decoding="ar")
     times = []
     for seed in range(repeats):
         start = time.perf_counter()
-        pipe(prompt, guidance_scale=args.guidance_scale, generator=torch.Generator().manual_seed(seed))
+        pipe(prompt, guidance_scale=args.guidance_scale, generator=torch.Generator().manual_seed(seed), decoding="ar")
         times.append(time.perf_counter() - start)
     report["ar_seconds_per_image_bs1"] = round(statistics.median(times), 3)
 
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(6):
             gens = [torch.Generator().manual_seed(100 + 4 * i + j) for j in range(4)]
             samples = pipe(captions[i], num_images_per_prompt=4, guidance_scale=args.guidance_scale,
-                           generator=gens).images
+                           generator=gens, decoding="sjd").images
             rows += [Image.fromarray(held_images[i]), *samples]
         GRID_PATH.parent.mkdir(parents=True, exist_ok=True)
         grid = make_image_grid(rows, rows=6, cols=5)

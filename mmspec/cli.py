@@ -2,20 +2,210 @@
 
     mmspec text "def fibonacci(n):" --method model|ngram|layerskip|ar [--max-new-tokens 64 --temperature 0 ...]
     mmspec generate "a red circle above a blue square on a striped background" --out out.png [--n 4 --seed 0 ...]
-    mmspec generate "..." --decoding draft --acceptance lantern --lantern-k 100 --lantern-delta 0.2
+    mmspec generate "..." --decoding sjd --window 8 --acceptance lantern --lantern-delta 0.2
     mmspec video --actions right*6 down*4 stay*2 --speculate 4 --out rollout.gif [--adaptive --strict --episode 0]
     mmspec demo [--port 7860 --only image|text|world ...]
 
-A thin front end: argument parsing, then calls into the library (`mmspec.pipelines`, `mmspec.apps.demo`). It sits at
-the top of the package graph (tests/test_layering.py): nothing imports it.
+A thin front end: argument parsing and checking, then calls into the library (`mmspec.pipelines`, `mmspec.apps`). It
+answers `--help` and refuses bad arguments before anything heavy is imported: torch, the models and Gradio load only
+once every argument has passed (one line on stderr, exit status 2, nothing written otherwise). It sits at the top of
+the package graph (tests/test_layering.py): nothing imports it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+import re
 import sys
 import time
+from pathlib import Path
+
+from mmspec.options import (
+    ACCEPTANCES,
+    COUPLINGS,
+    IMAGE_DECODINGS,
+    IMAGE_EXTENSIONS,
+    INITS,
+    TEXT_ACCEPTANCES,
+    TEXT_METHODS,
+    VIDEO_EXTENSIONS,
+)
+from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
+from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
+
+DEMO_TABS = ("image", "text", "world")  # mmspec.apps.tabs.TABS, which imports Gradio (a test keeps them equal)
+VIDEO_EXTRA = 'pip install "mmspec[video]" (from a clone: pip install -e ".[video]")'
+APP_EXTRA = 'pip install "mmspec[app]" (from a clone: pip install -e ".[app]")'
+MAX_QUOTE = 60  # characters of a user's input quoted in an error
+# pipeline arguments whose names reach an error message, as the flags users typed
+FLAGS = {"num_images_per_prompt": "--n", "guidance_scale": "--guidance-scale", "negative_prompt": "--negative-prompt",
+         "max_new_tokens": "--max-new-tokens", "draft_length": "--draft-length", "top_k": "--top-k",
+         "top_p": "--top-p", "lantern_k": "--lantern-k", "lantern_delta": "--lantern-delta",
+         "lantern_lam": "--lantern-lam", "exit_layer": "--exit-layer", "max_ngram": "--max-ngram",
+         "confidence_threshold": "--confidence-threshold", "num_inference_steps": "--steps"}
+
+
+class UsageError(ValueError):
+    """A command-line argument that cannot work; the message starts with the flag."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `mmspec generate: error: ...` and exit status 2, no usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def quoted(text: str, limit: int = MAX_QUOTE) -> str:
+    """`text` as repr, cut to `limit` characters with its length noted when longer."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def in_flag_terms(message: str) -> str:
+    """A library error as the CLI user sees it: pipeline argument names as flags, and at most one line of 400
+    characters (an error that echoes a long input never floods the terminal)."""
+    for name, flag in FLAGS.items():
+        message = re.sub(rf"\b{name}\b", flag, message)
+    line = " ".join(message.split())
+    return line if len(line) <= 400 else line[:400] + "..."
+
+
+# --- checks: every one runs before a model loads ------------------------------------------------------------------
+def check_prompts(prompts: list[str]) -> None:
+    for i, prompt in enumerate(prompts):
+        if not prompt.strip():
+            where = "" if len(prompts) == 1 else f" {i + 1} of {len(prompts)}"
+            raise UsageError(f"prompt{where} is empty: say what to generate")
+
+
+def check_number(args, flag: str, low: float | None = None, high: float | None = None,
+                 low_open: bool = False) -> None:
+    """`--flag` (None = not given) within [low, high] ((low, high] when `low_open`)."""
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if value is None:
+        return
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        if high is None:
+            allowed = f"{'>' if low_open else '>='} {low:g}"
+        else:
+            allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        raise UsageError(f"{flag} must be {allowed}, got {value:g}")
+
+
+def check_output(path: str, extensions: tuple[str, ...], flag: str = "--out") -> None:
+    """`path` can be written: a known extension, an existing writable folder, not itself a folder."""
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {quoted(path)} is a folder; name a file")
+    if target.suffix.lower() not in extensions:
+        raise UsageError(f"{flag} {quoted(path)}: the file type is unknown; use one of {', '.join(extensions)}")
+    folder = target.parent
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {quoted(path)}: the folder {quoted(str(folder))} does not exist")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise UsageError(f"{flag} {quoted(path)}: no permission to write there")
+
+
+def check_model(name: str, flag: str) -> None:
+    try:
+        resolve_model(name, argument=flag)
+    except ValueError as error:
+        raise UsageError(str(error).replace(repr(name), quoted(name))) from None
+
+
+def check_only_with(args, flags: tuple[str, ...], allowed: bool, what: str) -> None:
+    """Refuse any of `flags` that was given unless `allowed` (`what` says when they apply)."""
+    for flag in flags:
+        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None and not allowed:
+            raise UsageError(f"{flag} applies to {what} only")
+
+
+def check_text(args) -> None:
+    check_prompts(args.prompt)
+    for flag, low in (("--max-new-tokens", 1), ("--top-k", 0), ("--draft-length", 1), ("--exit-layer", 1),
+                      ("--max-ngram", 1), ("--seed", 0), ("--temperature", 0)):
+        check_number(args, flag, low)
+    check_number(args, "--top-p", 0, 1, low_open=True)
+    check_number(args, "--confidence-threshold", 0, 1)
+    if args.method == "auto" and args.acceptance != "exact":
+        raise UsageError(f"--acceptance {args.acceptance} needs a named --method (auto chooses among the exact ones)")
+    check_model(args.target, "--target")
+    if args.method in ("auto", "model"):
+        check_model(args.draft, "--draft")
+
+
+def check_generate(args) -> None:
+    check_prompts(args.prompt)
+    for flag, low in (("--n", 1), ("--seed", 0), ("--guidance-scale", 0), ("--temperature", 0), ("--top-k", 0),
+                      ("--height", 1), ("--width", 1), ("--window", 1), ("--draft-length", 1), ("--lantern-k", 1),
+                      ("--lantern-lam", 1), ("--upscale", 1)):
+        check_number(args, flag, low)
+    check_number(args, "--top-p", 0, 1, low_open=True)
+    check_number(args, "--lantern-delta", 0, 1)
+    sjd = args.decoding in ("sjd", "auto") and args.draft_length is None
+    check_only_with(args, ("--window", "--init", "--coupling"), sjd, "--decoding sjd (or auto)")
+    check_only_with(args, ("--draft-length",), args.decoding in ("draft", "auto"), "--decoding draft (or auto)")
+    check_only_with(args, ("--acceptance",), args.decoding != "ar", "--decoding sjd, draft or auto")
+    check_only_with(args, ("--lantern-k", "--lantern-delta", "--lantern-lam"), args.acceptance == "lantern",
+                    "--acceptance lantern")
+    check_output(args.out, IMAGE_EXTENSIONS)
+    check_model(args.model, "--model")
+    if args.vqgan is not None and not Path(args.vqgan).is_file():
+        raise UsageError(f"--vqgan {quoted(args.vqgan)}: no such file")
+
+
+def parse_actions(words: list[str], names: tuple[str, ...]) -> list[int]:
+    """Action words -> ids: a name ("right") or id ("4"), optionally repeated ("right*6")."""
+    actions = []
+    for word in words:
+        name, _, repeat = word.partition("*")
+        if name not in names and not (name.isdigit() and int(name) < len(names)):
+            raise UsageError(f"--actions: {quoted(word)} is not one of {names} or an id below {len(names)} "
+                             "(optionally followed by *count)")
+        if repeat and not (repeat.isdigit() and int(repeat) >= 1):
+            raise UsageError(f"--actions: the count in {quoted(word)} must be an integer >= 1")
+        actions += [names.index(name) if name in names else int(name)] * (int(repeat) if repeat else 1)
+    return actions
+
+
+def check_video(args) -> None:
+    from mmspec.zoo.video_world import ACTIONS  # numpy and Pillow, no torch
+
+    parse_actions(args.actions, ACTIONS)
+    for flag in ("--speculate", "--steps", "--fps", "--upscale"):
+        check_number(args, flag, 1)
+    check_number(args, "--episode", 0)
+    check_number(args, "--seed", 0)
+    check_output(args.out, VIDEO_EXTENSIONS)
+    if Path(args.out).suffix.lower() == ".mp4" and not all(
+            importlib.util.find_spec(module) for module in ("imageio", "imageio_ffmpeg")):
+        raise UsageError(f"--out {quoted(args.out)}: writing .mp4 needs the [video] extra: {VIDEO_EXTRA}; or write "
+                         ".gif")
+    if args.image is not None and not Path(args.image).is_file():
+        raise UsageError(f"--image {quoted(args.image)}: no such file")
+    check_model(args.model, "--model")
+
+
+def check_demo(args) -> None:
+    check_number(args, "--port", 1, 65535)
+    for flag in ("--image-model", "--text-target", "--text-draft", "--video-model"):
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            check_model(value, flag)
+    if importlib.util.find_spec("gradio") is None:
+        raise UsageError(f"the demo needs Gradio: {APP_EXTRA}")
+
+
+# --- commands -----------------------------------------------------------------------------------------------------
+def print_comparison(runs: list[tuple[str, object, float]], unit: str, count: int) -> None:
+    """The table of a command's runs (name, stats, seconds), the first one the baseline of the speedup column."""
+    print(f"\n{'method':<10}{'target forwards':>17}{'tokens/forward':>16}{unit:>15}{'speedup':>9}")
+    for name, stats, seconds in runs:
+        print(f"{name:<10}{stats.target_forwards:>17}{stats.tokens_per_target_forward:>16.2f}"
+              f"{seconds / count:>15.3f}{runs[0][2] / seconds:>8.2f}x")
 
 
 def run_text(args) -> int:
@@ -23,17 +213,30 @@ def run_text(args) -> int:
 
     from mmspec.pipelines.text import SpeculativeTextPipeline
 
-    pipe = SpeculativeTextPipeline.from_pretrained(args.target, draft=args.draft if args.method == "model" else None)
-    start = time.perf_counter()
-    out = pipe(args.prompt, method=args.method, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-               top_k=args.top_k, top_p=args.top_p, acceptance=args.acceptance, draft_length=args.draft_length,
-               schedule=args.schedule, confidence_threshold=args.confidence_threshold, exit_layer=args.exit_layer,
-               max_ngram=args.max_ngram, generator=torch.Generator().manual_seed(args.seed))
-    elapsed = time.perf_counter() - start
+    pipe = SpeculativeTextPipeline.from_pretrained(args.target,
+                                                   draft=args.draft if args.method in ("auto", "model") else None)
+    if args.remeasure:
+        pipe.method_policy.remeasure()
+    call = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                acceptance=args.acceptance, draft_length=args.draft_length, schedule=args.schedule,
+                confidence_threshold=args.confidence_threshold, exit_layer=args.exit_layer, max_ngram=args.max_ngram)
+
+    def timed(method: str):
+        start = time.perf_counter()
+        out = pipe(args.prompt, method=method, generator=torch.Generator().manual_seed(args.seed), **call)
+        return out, time.perf_counter() - start
+
+    out, elapsed = timed(args.method)
     for prompt, completion in zip(args.prompt, out.texts, strict=True):
         print(prompt + completion)
         print("-" * 60)
-    print(f"method  {args.method}\n{out.stats.table()}\ntokens/s  {int(out.stats.new_tokens.sum()) / elapsed:.1f}")
+    print(f"method  {args.method}\n{out.stats.table()}")
+    runs = [(args.method, out.stats, elapsed)]
+    if args.method != "ar" and args.compare:  # the same call by the target's own generate, both timed warm
+        ar_out, ar_elapsed = timed("ar")
+        out, elapsed = timed(args.method)
+        runs = [("ar", ar_out.stats, ar_elapsed), (args.method, out.stats, elapsed)]
+    print_comparison(runs, "ms/token", int(out.stats.new_tokens.sum()) / 1000)
     return 0
 
 
@@ -50,6 +253,8 @@ def run_generate(args) -> int:
     method = {"decoding": args.decoding, "window": args.window, "init": args.init, "coupling": args.coupling,
               "draft_length": args.draft_length, "acceptance": args.acceptance, "lantern_k": args.lantern_k,
               "lantern_delta": args.lantern_delta, "lantern_lam": args.lantern_lam}
+    if args.remeasure:
+        pipe.decoding_policy.remeasure()
 
     def timed(**options):
         generator = [torch.Generator().manual_seed(args.seed + i) for i in range(len(args.prompt) * args.n)]
@@ -61,7 +266,7 @@ def run_generate(args) -> int:
     images = out.images
     if args.upscale > 1:
         images = [im.resize((im.width * args.upscale, im.height * args.upscale), 0) for im in images]  # 0 = nearest
-    make_image_grid(images, rows=len(args.prompt), cols=args.n).save(args.out)
+    write_atomically(make_image_grid(images, rows=len(args.prompt), cols=args.n).save, args.out)
     print(f"wrote {args.out}: {len(args.prompt)} prompt(s) x {args.n} image(s), one row per prompt")
     print(f"decoding  {args.decoding}\n{out.stats.table()}")
     runs = [(args.decoding, out.stats, elapsed)]
@@ -69,30 +274,22 @@ def run_generate(args) -> int:
         ar_out, ar_elapsed = timed(decoding="ar", output_type="latent")
         out, elapsed = timed(**method, output_type="latent")
         runs = [("ar", ar_out.stats, ar_elapsed), (args.decoding, out.stats, elapsed)]
-    print(f"\n{'method':<8}{'target forwards':>17}{'tokens/forward':>16}{'seconds/image':>15}{'speedup':>9}")
-    for name, stats, seconds in runs:
-        print(f"{name:<8}{stats.target_forwards:>17}{stats.tokens_per_target_forward:>16.2f}"
-              f"{seconds / len(out.images):>15.3f}{runs[0][2] / seconds:>8.2f}x")
+    print_comparison(runs, "seconds/image", len(out.images))
     return 0
 
 
-def parse_actions(words: list[str], names: tuple[str, ...]) -> list[int]:
-    """Action words -> ids: a name ("right") or id ("4"), optionally repeated ("right*6")."""
-    actions = []
-    for word in words:
-        name, _, repeat = word.partition("*")
-        if name not in names and not (name.isdigit() and int(name) < len(names)):
-            raise ValueError(f"--actions: {word!r} is not one of {names} or an id below {len(names)} (optionally "
-                             "followed by *count)")
-        if repeat and not (repeat.isdigit() and int(repeat) >= 1):
-            raise ValueError(f"--actions: the count in {word!r} must be an integer >= 1")
-        actions += [names.index(name) if name in names else int(name)] * (int(repeat) if repeat else 1)
-    return actions
+def write_atomically(save, path: str) -> None:
+    """`save(file)` into a temporary file beside `path`, then renamed to it: a failed write leaves nothing behind."""
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial{target.suffix}")
+    try:
+        save(str(partial))
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def run_video(args) -> int:
-    from pathlib import Path
-
     import numpy as np
     import torch
     from diffusers.utils import export_to_gif, export_to_video
@@ -129,52 +326,53 @@ def run_video(args) -> int:
         print(f"{name:<13}{s.fps:>8.1f}{s.target_forwards:>10}{s.frames_computed:>10}{s.frames_discarded:>11}"
               f"{s.rollbacks:>11}")
     frames = [frame.resize((frame.width * args.upscale,) * 2, 0) for frame in out.frames[0]]  # 0 = nearest
-    if Path(args.out).suffix == ".mp4":
-        export_to_video(frames, args.out, fps=args.fps, macro_block_size=1)
+    if Path(args.out).suffix.lower() == ".mp4":
+        write_atomically(lambda file: export_to_video(frames, file, fps=args.fps, macro_block_size=1), args.out)
     else:
-        export_to_gif(frames, args.out, fps=args.fps)
+        write_atomically(lambda file: export_to_gif(frames, file, fps=args.fps), args.out)
     print(f"wrote {args.out}: {len(frames)} frames of the {runs[-1][0]} rollout")
     return 0
 
 
-def run_demo(demo_args: list[str]) -> int:
-    if importlib.util.find_spec("gradio") is None:
-        raise ValueError('the demo needs Gradio: pip install "torch==2.13.0" -e ".[app]" (or mmspec[app])')
-    from mmspec.apps.demo import main as demo_main
+def run_demo(args) -> int:
+    from mmspec.apps.demo import serve
 
-    demo_main(demo_args)
+    serve(kinds=(args.only,) if args.only else DEMO_TABS, image_model=args.image_model, text_target=args.text_target,
+          text_draft=args.text_draft, video_model=args.video_model, host=args.host, port=args.port)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from mmspec.image import ACCEPTANCES, COUPLINGS, DECODINGS, INITS
-    from mmspec.pipelines.auto import add_image_model_arguments
-    from mmspec.pipelines.text import TEXT_METHODS
-    from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD
-
-    parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for AR generation.")
+# --- the parser ---------------------------------------------------------------------------------------------------
+def build_parser() -> Parser:
+    parser = Parser(prog="mmspec", description="Speculative decoding for AR generation.")
     commands = parser.add_subparsers(dest="command", required=True)
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")
-    text.add_argument("--method", choices=TEXT_METHODS, default="model", help="drafter, or 'ar' for the plain target")
+    text.add_argument("--method", choices=("auto", *TEXT_METHODS), default="auto",
+                      help="'auto': the fastest exact method here (each one timed on first use, cached); a drafter; "
+                           "or 'ar' for the plain target")
     text.add_argument("--target", default=TEXT_TARGET, help="zoo name or transformers folder of the target")
-    text.add_argument("--draft", default=TEXT_DRAFT,
-                      help="zoo name or transformers folder of the draft (--method model)")
+    text.add_argument("--draft", default=TEXT_DRAFT, help="zoo name or transformers folder of the draft (--method model)")
     text.add_argument("--max-new-tokens", type=int, default=64)
     text.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     text.add_argument("--top-k", type=int, default=0)
     text.add_argument("--top-p", type=float, default=1.0)
-    text.add_argument("--acceptance", choices=("exact", "typical"), default="exact", help="'typical' is lossy")
+    text.add_argument("--acceptance", choices=TEXT_ACCEPTANCES, default="exact", help="'typical' is lossy")
     text.add_argument("--draft-length", type=int, default=4)
     text.add_argument("--schedule", choices=("constant", "heuristic"), default="constant")
     text.add_argument("--confidence-threshold", type=float, default=0.0, help="adaptive draft length: stop below it")
     text.add_argument("--exit-layer", type=int, default=None, help="layer skip: draft with the first N target layers")
     text.add_argument("--max-ngram", type=int, default=3)
     text.add_argument("--seed", type=int, default=0)
+    text.add_argument("--remeasure", action="store_true",
+                      help="auto: time the methods again instead of reading the cached figures")
+    text.add_argument("--no-compare", dest="compare", action="store_false",
+                      help="skip the run of the target's own generate that the method is compared with")
 
     image = commands.add_parser("generate", help="text-to-image generation (default: the embedded shapes model)")
     image.add_argument("prompt", nargs="+", help="one or more prompts (decoded as one batch)")
-    image.add_argument("--out", default="out.png", help="PNG to write: one row per prompt, --n images per row")
+    image.add_argument("--out", default="out.png", help=f"image to write ({', '.join(IMAGE_EXTENSIONS)}): one row "
+                                                        "per prompt, --n images per row")
     image.add_argument("--n", type=int, default=1, help="images per prompt")
     image.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
     image.add_argument("--guidance-scale", type=float, default=None,
@@ -185,10 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     image.add_argument("--width", type=int, default=None, help="pixels (default: the model's native size)")
     image.add_argument("--negative-prompt", default=None, help="Emu3: the CFG rows' text")
     image.add_argument("--top-p", type=float, default=1.0)
-    image.add_argument("--decoding", choices=tuple(DECODINGS), default="sjd",
-                       help="'sjd': speculative Jacobi decoding (fewer forwards); 'draft': the pipeline's draft model "
-                            "drafts; 'ar': a token per forward")
-    image.add_argument("--window", type=int, default=None, help="sjd: tokens per target forward (default: best)")
+    image.add_argument("--decoding", choices=IMAGE_DECODINGS, default="auto",
+                       help="'auto': the fastest exact decoding for this device and batch (SJD at the window a "
+                            "measured cost curve favours, or AR when none pays); 'sjd': speculative Jacobi decoding; "
+                            "'draft': the pipeline's draft model drafts; 'ar': a token per forward")
+    image.add_argument("--window", type=int, default=None, help="sjd: tokens per target forward (default: auto's)")
     image.add_argument("--init", choices=INITS, default=None, help="sjd: draft initialisation (default: best)")
     image.add_argument("--coupling", choices=COUPLINGS, default=None, help="sjd: redraft coupling (default: best)")
     image.add_argument("--draft-length", type=int, default=None, help="draft: tokens drafted per target forward")
@@ -198,10 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     image.add_argument("--lantern-k", type=int, default=None, help="lantern: neighbours per code (default 1000 or V-1)")
     image.add_argument("--lantern-delta", type=float, default=None, help="lantern: TV budget per candidate, in [0, 1]")
     image.add_argument("--lantern-lam", type=float, default=None, help="lantern++: neighbourhood mass <= lam * p(x)")
+    image.add_argument("--remeasure", action="store_true",
+                       help="auto: measure the window cost curve again instead of reading the cached one")
     image.add_argument("--no-compare", dest="compare", action="store_false",
                        help="skip the plain-AR run that the chosen decoding is compared with")
     add_image_model_arguments(image)
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
+
     video = commands.add_parser("video", help="action-conditioned video with frame speculation (embedded world)")
     video.add_argument("--actions", nargs="+", required=True,
                        help="one per frame: stay / up / down / left / right or 0-4, optionally *count (right*6)")
@@ -213,21 +415,39 @@ def main(argv: list[str] | None = None) -> int:
     video.add_argument("--episode", type=int, default=0, help="start from this held-out episode's first frame")
     video.add_argument("--image", default=None, help="start from this frame (a 32 x 32 image) instead")
     video.add_argument("--seed", type=int, default=0)
-    video.add_argument("--out", default="rollout.gif", help="GIF, or MP4 with the [video] extra (imageio)")
+    video.add_argument("--out", default="rollout.gif", help=f"GIF, or MP4 with the [video] extra: {VIDEO_EXTRA}")
     video.add_argument("--fps", type=int, default=8, help="frame rate of the written file")
     video.add_argument("--upscale", type=int, default=4, help="enlarge the written frames (nearest neighbour)")
     video.add_argument("--no-compare", dest="compare", action="store_false", help="skip the sequential run")
     video.add_argument("--model", default=VIDEO_WORLD, help="zoo name or saved NextFramePipeline folder")
-    # listed for --help only: `mmspec demo ...` hands all its options to mmspec.apps.demo's own parser
-    commands.add_parser("demo", help="launch the Gradio demo (AR vs speculative, side by side); --help for its options")
-    argv = sys.argv[1:] if argv is None else argv
+
+    demo = commands.add_parser("demo", help="the Gradio demo (AR vs speculative, side by side, live)",
+                               description=f"Serve the Gradio demo; it needs the [app] extra: {APP_EXTRA}")
+    demo.add_argument("--only", choices=DEMO_TABS, default=None, help="show one tab only")
+    demo.add_argument("--image-model", default=None, help="zoo name or saved pipeline folder (default: shapes)")
+    demo.add_argument("--text-target", default=None, help="zoo name or transformers folder (default: pycode)")
+    demo.add_argument("--text-draft", default=None, help="draft for the text target (default: the pycode draft)")
+    demo.add_argument("--video-model", default=None, help="zoo name or saved NextFramePipeline folder (default: "
+                                                          "nextframe_shapes)")
+    demo.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 = every interface)")
+    demo.add_argument("--port", type=int, default=7860)
+    return parser
+
+
+COMMANDS = {"text": (check_text, run_text), "generate": (check_generate, run_generate),
+            "video": (check_video, run_video), "demo": (check_demo, run_demo)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    prog = f"mmspec {args.command}"
+    check, run = COMMANDS[args.command]
     try:
-        if argv[:1] == ["demo"]:
-            return run_demo(argv[1:])
-        args = parser.parse_args(argv)
-        return {"text": run_text, "generate": run_generate, "video": run_video}[args.command](args)
-    except (ValueError, TypeError) as error:
-        parser.exit(2, f"mmspec: error: {error}\n")
+        check(args)
+        return run(args)
+    except (ValueError, TypeError) as error:  # a usage error, or input a model refused (a size it cannot make)
+        parser.exit(2, f"{prog}: error: {in_flag_terms(str(error))}\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """`ARImagePipeline`: what every discrete-token text-to-image pipeline shares — input checks, the decoding chosen per
-call (`decoding="sjd" | "ar" | "draft"`, `acceptance="exact" | "lantern"`), the decode loop with progress bar,
+call (`decoding="auto" | "sjd" | "ar" | "draft"`, `acceptance="exact" | "lantern"`), the decode loop with progress bar,
 step-end callbacks and interruption, decoding to pixels, and loading a family's own checkpoint directory.
 
 A family pipeline (LlamaGen, Janus, Emu3, Lumina-mGPT) supplies three hooks: `image_adapter(height, width)` (its
@@ -22,6 +22,7 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import SpecStats
 from mmspec.image.decoding import PAD_ID, ImageDecoding
+from mmspec.image.policy import DecodingPolicy, explicit_method
 from mmspec.image.registry import get_decoding
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.pipeline_output import ARImagePipelineOutput
@@ -52,6 +53,14 @@ class ARImagePipeline(MMSpecPipeline):
     def draft_adapter(self):
         """The adapter of the pipeline's draft model for `decoding="draft"`, or None."""
         return None
+
+    @property
+    def decoding_policy(self) -> DecodingPolicy:
+        """What `decoding="auto"` asks: the window cost curves of this pipeline's model on its device (measured once,
+        cached on disk) and the acceptance its runs reached. `pipe.decoding_policy.remeasure()` measures again."""
+        if getattr(self, "_decoding_policy", None) is None:
+            self._decoding_policy = DecodingPolicy()
+        return self._decoding_policy
 
     # --- state during a call ------------------------------------------------------------------------------------
     @property
@@ -110,6 +119,9 @@ class ARImagePipeline(MMSpecPipeline):
             raise TypeError(f"prompt must be a str or a list of str, got {type(prompt).__name__}")
         if not prompts:
             raise ValueError("prompt is an empty list; pass at least one prompt")
+        empty = [i for i, p in enumerate(prompts) if not p.strip()]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} is empty (or only whitespace); say what to draw")
         negatives = [negative_prompt] * len(prompts) if isinstance(negative_prompt, str) else negative_prompt
         if negatives is not None and (not isinstance(negatives, list) or len(negatives) != len(prompts)
                                       or not all(isinstance(p, str) for p in negatives)):
@@ -175,7 +187,7 @@ class ARImagePipeline(MMSpecPipeline):
         return_dict: bool = True,
         callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
-        decoding: str | ImageDecoding = "sjd",
+        decoding: str | ImageDecoding = "auto",
         window: int | None = None,
         init: str | None = None,
         coupling: str | None = None,
@@ -202,7 +214,10 @@ class ARImagePipeline(MMSpecPipeline):
                 recommended value (`default_top_k`).
             top_p (`float`, defaults to 1.0): nucleus sampling mass; 1.0 = off.
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator for the batch, or one
-                per image (prompts x num_images_per_prompt), which makes each image depend on its own seed only.
+                per image (prompts x num_images_per_prompt), which makes each image depend on its own seed only —
+                for a given decoding: `decoding="auto"` may choose another window at another batch size or on
+                another machine, which samples the same law with other numbers. Name the decoding (`window=16`,
+                `decoding="sjd"`) for images that reproduce bit for bit everywhere.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (NHWC in [0, 1]), `"pt"` (NCHW in [0, 1]) or
                 `"latent"` (the image-span token ids [B, N], the adapter's local ids).
             return_dict (`bool`, defaults to `True`): return an [`ARImagePipelineOutput`] instead of a tuple
@@ -213,10 +228,13 @@ class ARImagePipeline(MMSpecPipeline):
                 `"n_committed"`: [B]). They are read-only: committed tokens already sit in the KV cache. Set
                 `pipe._interrupt = True` to stop early; unfinished cells are then shown grey (or -1 in latents).
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["tokens"]`.
-            decoding (`str` or decoding object, defaults to `"sjd"`): how tokens are generated, see
-                `mmspec.image.DECODINGS`: `"sjd"` (speculative Jacobi decoding, lossless: the same output law as
-                `"ar"` in fewer target forwards), `"draft"` (a draft model drafts, the target verifies; pipelines with
-                a `draft_transformer`) or `"ar"` (one token per target forward).
+            decoding (`str` or decoding object, defaults to `"auto"`): how tokens are generated: `"auto"` (the
+                fastest exact decoding for this model, device and batch size: SJD at the window a measured cost curve
+                favours, or plain AR when no window pays, see `mmspec.image.policy`; `stats.chosen_by` says what it
+                chose and why; with any method option below it is the method that option belongs to), `"sjd"`
+                (speculative Jacobi decoding, lossless: the same output law as `"ar"` in fewer target forwards),
+                `"draft"` (a draft model drafts, the target verifies; pipelines with a `draft_transformer`) or `"ar"`
+                (one token per target forward).
             window (`int`, *optional*): `"sjd"` only: tokens scored per target forward (`SJDDecoding` default).
             init (`str`, *optional*): `"sjd"` only: how positions no window has reached are drafted, `"random"`,
                 `"horizontal"` or `"vertical"`.
@@ -243,10 +261,15 @@ class ARImagePipeline(MMSpecPipeline):
         top_k = self.default_top_k if top_k is None else top_k
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         adapter = self.image_adapter(height, width)
-        drafter = self.draft_adapter() if decoding == "draft" else None
-        decoder = get_decoding(decoding, window=window, init=init, coupling=coupling, drafter=drafter,
-                               draft_length=draft_length, acceptance=acceptance, lantern_k=lantern_k,
-                               lantern_delta=lantern_delta, lantern_lam=lantern_lam)
+        options = {"window": window, "init": init, "coupling": coupling, "draft_length": draft_length,
+                   "acceptance": acceptance, "lantern_k": lantern_k, "lantern_delta": lantern_delta,
+                   "lantern_lam": lantern_lam}
+        if isinstance(decoding, str) and decoding == "auto":
+            decoding = explicit_method(options)  # None: the policy chooses once the condition is encoded
+        decoder = None
+        if decoding is not None:
+            drafter = self.draft_adapter() if decoding == "draft" else None
+            decoder = get_decoding(decoding, drafter=drafter, **options)
         self._guidance_scale, self._interrupt = guidance_scale, False
 
         # 2. Encode the prompts, one condition row per image
@@ -254,9 +277,14 @@ class ARImagePipeline(MMSpecPipeline):
         condition = self.encode_prompt([p for p in prompts for _ in range(repeat)],
                                        None if negatives is None else [p for p in negatives for _ in range(repeat)],
                                        adapter)
+        batch_size = len(prompts) * repeat
+        choice = None
+        if decoder is None:
+            choice = self.decoding_policy.choose(adapter, condition, batch_size, sampling)
+            decoder = choice.decoding
 
         # 3. Decode image tokens
-        stats, tokens = SpecStats(), None
+        stats, tokens = SpecStats(method=repr(decoder), chosen_by=choice and choice.reason), None
         N = adapter.grid[0] * adapter.grid[1]
         steps = decoder(adapter, condition, sampling, generator, stats)
         with self.progress_bar(total=N) as progress, closing(steps):
@@ -269,6 +297,9 @@ class ARImagePipeline(MMSpecPipeline):
                 done = step.min_committed
                 if self._interrupt:
                     break
+
+        if choice is not None and not self._interrupt:
+            self.decoding_policy.record(choice, batch_size, stats)
 
         # 4. Post-process
         if output_type == "latent":

@@ -1,4 +1,6 @@
-import sys
+import importlib.util
+import re
+from importlib.util import find_spec
 
 import pytest
 import torch
@@ -13,9 +15,13 @@ from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm, zoo_path
 def test_mmspec_text_prints_completion_and_stats(method, capsys):
     assert main(["text", "def fibonacci(n):\n", "--method", method, "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("def fibonacci(n):\n") and f"method  {method}" in out and "tokens/s" in out
+    assert out.startswith("def fibonacci(n):\n") and f"method  {method}" in out and "ms/token" in out
+    comparison = {line.split()[0]: line.split() for line in out.splitlines()[-2:]}
     if method != "ar":
         assert "mean_accepted_length" in out and "target_forwards" in out
+        assert set(comparison) == {"ar", method} and comparison["ar"][-1] == "1.00x"  # compared with generate
+    else:  # plain AR: forwards and tokens, no acceptance figures
+        assert "acceptance_rate" not in out and "mean_accepted_length" not in out and "new_tokens" in out
 
 
 def test_mmspec_text_reports_bad_arguments():
@@ -53,10 +59,9 @@ def test_mmspec_generate_writes_a_png_and_prints_stats(tmp_path, capsys):
     prompts = ["a large red circle on a plain background", "two small blue squares on a striped background"]
     assert main(["generate", *prompts, "--out", str(out), "--n", "2", "--seed", "1"]) == 0
     printed = capsys.readouterr().out
-    assert "decoding  sjd" in printed and "target_forwards" in printed and "seconds/image" in printed
+    assert "decoding  auto" in printed and re.search(r"chosen_by +auto: ", printed) and "seconds/image" in printed
     comparison = {line.split()[0]: line.split() for line in printed.splitlines()[-2:]}
-    assert set(comparison) == {"ar", "sjd"} and comparison["ar"][1] == "256"  # AR: one forward per token
-    assert int(comparison["sjd"][1]) < 256
+    assert set(comparison) == {"ar", "auto"} and comparison["ar"][1] == "256"  # AR: one forward per token
     with Image.open(out) as image:
         assert image.size == (2 * 64, 2 * 64)  # one row per prompt, --n columns
 
@@ -64,8 +69,11 @@ def test_mmspec_generate_writes_a_png_and_prints_stats(tmp_path, capsys):
 def test_mmspec_generate_takes_sjd_options_and_can_skip_the_comparison(tmp_path, capsys):
     assert main(["generate", "a red circle", "--out", str(tmp_path / "x.png"), "--window", "4", "--init", "vertical",
                  "--coupling", "gumbel", "--no-compare"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].split()[0] == "sjd" and lines[-2].split()[0] == "method"
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
+    assert lines[-1].split()[0] == "auto" and lines[-2].split()[0] == "method"
+    # explicit options win over the automatic choice: SJD with them, no "chosen_by"
+    assert "SJDDecoding(window=4, init='vertical', coupling='gumbel'" in printed and "chosen_by" not in printed
     with pytest.raises(SystemExit):
         main(["generate", "a red circle", "--init", "diagonal"])
 
@@ -86,18 +94,22 @@ def test_embedded_image_pipeline_loads_with_one_call():
 
 def test_mmspec_demo_hands_its_options_to_the_demo(monkeypatch):
     import mmspec.apps.demo
+    from mmspec.apps.tabs import TABS
+    from mmspec.cli import DEMO_TABS
 
     received = []
-    monkeypatch.setattr(mmspec.apps.demo, "main", received.append)
+    monkeypatch.setattr(mmspec.apps.demo, "serve", lambda **options: received.append(options))
     assert main(["demo", "--port", "8000", "--only", "image"]) == 0
-    assert received == [["--port", "8000", "--only", "image"]]
+    assert received == [{"kinds": ("image",), "image_model": None, "text_target": None, "text_draft": None,
+                         "video_model": None, "host": "127.0.0.1", "port": 8000}]
+    assert DEMO_TABS == tuple(TABS)  # the CLI names the tabs without importing Gradio
 
 
 def test_mmspec_demo_without_gradio_says_how_to_install_it(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio -> ImportError
-    with pytest.raises(SystemExit):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gradio" else find_spec(name))
+    with pytest.raises(SystemExit) as exit_info:
         main(["demo"])
-    assert "the demo needs Gradio" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and 'the demo needs Gradio: pip install "mmspec[app]"' in capsys.readouterr().err
 
 
 def test_mmspec_video_writes_a_gif_and_compares_with_sequential(tmp_path, capsys):
@@ -137,7 +149,7 @@ def test_mmspec_generate_loads_a_transformers_family_checkpoint_folder(tmp_path,
     pipe.tokenizer.save_pretrained(tmp_path / "emu3")
     out = tmp_path / "emu3.png"
     assert main(["generate", "a red circle", "--model", str(tmp_path / "emu3"), "--height", "12", "--width", "16",
-                 "--negative-prompt", "ugly", "--out", str(out)]) == 0
+                 "--negative-prompt", "ugly", "--decoding", "sjd", "--out", str(out)]) == 0
     comparison = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[-2:]}
     assert comparison["ar"][1] == "15" and int(comparison["sjd"][1]) < 15  # 3 rows x (4 + end-of-line)
     with Image.open(out) as image:

@@ -1,6 +1,6 @@
 """The package graph of DESIGN.md §1, with no exceptions:
 
-    mmspec.core <- mmspec.{image, continuous, video, text, zoo} <- mmspec.models <- mmspec.pipelines
+    mmspec.options <- mmspec.core <- mmspec.{image, continuous, video, text, zoo} <- mmspec.models <- mmspec.pipelines
         <- mmspec.{apps, eval, zoo training scripts} <- mmspec.cli
 
 A module imports only its own unit or a unit of a lower layer: siblings never import each other (the decoders never
@@ -21,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = (
+    ("mmspec.options",),  # the names of methods and options: imports nothing, so the CLI answers without torch
     ("mmspec.core",),
     ("mmspec.image", "mmspec.continuous", "mmspec.video", "mmspec.text", "mmspec.zoo"),
     ("mmspec.models",),

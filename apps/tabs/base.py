@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from mmspec.core.stats import SpecStats
 # one thread ever drives torch's OpenMP pool: on CPU, a second thread doing torch work (Gradio's handler threads next
 # to the thread that loaded the models) made the embedded models' decoding twice as slow.
 COMPUTE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmspec-compute")
+
+LOG = logging.getLogger("mmspec.demo")
 
 STATS_HEADERS = ["method", "target forwards", "tokens / forward", "latency (s)", "speedup", "distortion / position"]
 
@@ -66,21 +69,26 @@ def _show(number: float) -> str:
 
 def shows_errors(fn: Callable) -> Callable:
     """Wrap an event handler (function or generator) so that a ValueError / TypeError from bad input reaches the page
-    as a `gr.Error` message (the server stays up; the failed request does not disturb the queue)."""
+    as a `gr.Error` message and the server log as one line (no traceback: it is the user's input, not a fault); the
+    server stays up and the failed request does not disturb the queue."""
+    def invalid_input(error: Exception) -> gr.Error:
+        LOG.warning("invalid input to %s: %s", fn.__name__, error)
+        return gr.Error(str(error), title="Invalid input", print_exception=False)
+
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             try:
                 yield from fn(*args, **kwargs)
             except (ValueError, TypeError) as error:
-                raise gr.Error(str(error), title="Invalid input") from error
+                raise invalid_input(error) from error
     else:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             try:
                 return fn(*args, **kwargs)
             except (ValueError, TypeError) as error:
-                raise gr.Error(str(error), title="Invalid input") from error
+                raise invalid_input(error) from error
     return wrapper
 
 

@@ -135,7 +135,7 @@ class ImageTab:
         self.pipe, self.preview_interval = pipe, preview_interval
         self.vocab_size = pipe.transformer.config.vocab_size
         self.num_tokens = pipe.num_timesteps
-        self.methods = [("SJD (speculative Jacobi decoding)", "sjd")]
+        self.methods = [("auto: the fastest exact decoding here", "auto"), ("SJD (speculative Jacobi decoding)", "sjd")]
         if pipe.draft_transformer is not None:
             self.methods.append(("draft model", "draft"))
 
@@ -155,7 +155,7 @@ class ImageTab:
             temperature = gr.Slider(0.0, 2.0, value=1.0, step=0.05, label="Temperature (0 = greedy)")
             top_k = gr.Slider(0, self.vocab_size, value=0, step=1, label="Top-k (0 = all codes)")
         with gr.Row():
-            method = gr.Radio(self.methods, value="sjd", label="Accelerated method")
+            method = gr.Radio(self.methods, value="auto", label="Accelerated method")
             acceptance = gr.Radio([("exact (lossless)", "exact"), ("LANTERN (relaxed, lossy)", "lantern")],
                                   value="exact", label="Acceptance")
         with gr.Row(visible=False) as lantern_controls:
@@ -189,8 +189,9 @@ class ImageTab:
             raise ValueError(f"method must be one of {choices}, got {method!r}")
         if acceptance not in ("exact", "lantern"):
             raise ValueError(f"acceptance must be 'exact' or 'lantern', got {acceptance!r}")
-        options = {"decoding": method, "acceptance": acceptance}
-        if acceptance == "lantern":
+        options = {"decoding": method}
+        if acceptance == "lantern":  # with "auto": SJD, since an explicit setting wins over the automatic choice
+            options["acceptance"] = acceptance
             options["lantern_k"] = check_number("LANTERN k", lantern_k, 1, self.vocab_size - 1, integer=True)
             options["lantern_delta"] = check_number("LANTERN δ", lantern_delta, 0.0, 1.0)
         return options
@@ -234,6 +235,8 @@ class ImageTab:
                 f"({stats.tokens_per_target_forward:.2f} tokens per forward), {result.latency:.2f} s")
         if name != "AR":
             text += f", **{ar_latency / result.latency:.2f}x** AR's speed"
+        if stats.chosen_by:
+            text += f" ({stats.chosen_by})"
         if stats.excess_acceptance is not None:
             text += (f". Realised distortion: {stats.excess_acceptance:.3f} per tested position (the output law's TV "
                      f"distance from the model's per position), {stats.excess_per_sample:.1f} summed over the image")
@@ -247,6 +250,7 @@ class ImageTab:
 
     def warm_up(self) -> None:
         """One short call per decoding (lazy initialisation, the LANTERN neighbour table) before anyone is timed."""
-        for options in ({"decoding": "ar"}, {"decoding": "sjd"}, {"decoding": "sjd", "acceptance": "lantern"}):
+        for options in ({"decoding": "ar"}, {"decoding": "auto"}, {"decoding": "sjd"},
+                        {"decoding": "sjd", "acceptance": "lantern"}):
             COMPUTE.submit(self.pipe, EXAMPLES[0], generator=torch.Generator().manual_seed(0), output_type="latent",
                            **options).result()

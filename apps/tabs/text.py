@@ -12,6 +12,7 @@ import torch
 from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
 
 METHOD_LABELS = {
+    "auto": "auto: the fastest exact method here",
     "model": "draft model",
     "ngram": "n-gram (prompt lookup)",
     "layerskip": "layer skip (self-speculative)",
@@ -44,9 +45,10 @@ class TextTab:
 
     def __init__(self, pipe):
         self.pipe = pipe
-        self.methods = [(METHOD_LABELS[m], m) for m in pipe.methods if m != "ar"]
-        if not self.methods:
+        speculative = [m for m in pipe.methods if m != "ar"]
+        if not speculative:
             raise ValueError("the text pipeline offers no speculative method")
+        self.methods = [(METHOD_LABELS[m], m) for m in ("auto", *speculative)]
 
     def build(self) -> None:
         gr.Markdown(
@@ -91,9 +93,10 @@ class TextTab:
         yield ar.texts[0], "", rows, f"AR: {int(ar.stats.new_tokens[0])} tokens in {ar_latency:.2f} s."
         fast, latency = self.timed(prompt, method, seed, draft_length=draft_length, **sampling)
         rows.append(stats_row(labels[method], fast.stats, latency, ar_latency))
+        rate = fast.stats.acceptance_rate
         status = (f"Speculative: {int(fast.stats.new_tokens[0])} tokens in {fast.stats.target_forwards} target "
-                  f"forwards, acceptance rate {fast.stats.acceptance_rate:.2f}, **{ar_latency / latency:.2f}x** AR's "
-                  "speed.")
+                  f"forwards, acceptance rate {'— (nothing drafted)' if rate is None else f'{rate:.2f}'}, "
+                  f"**{ar_latency / latency:.2f}x** AR's speed.")
         if sampling["temperature"] == 0:
             status += " Greedy: " + ("identical to AR." if fast.texts == ar.texts else "**differs from AR**.")
         yield ar.texts[0], highlight_pieces(fast.pieces[0]), rows, status

@@ -128,7 +128,7 @@ def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSch
     orders = sample_orders(seeds, L)
     tokens = torch.zeros(B, L, C, device=model.device, dtype=model.dtype)
     unknown = torch.ones(B, L, dtype=torch.bool, device=model.device)
-    stats, conditioner, done = SpecStats(), _Conditioner(model, labels, guidance_scale), 0
+    stats, conditioner, done = SpecStats(speculative=False), _Conditioner(model, labels, guidance_scale), 0
     start = time.perf_counter()
     for count in plan:
         positions = orders[:, done : done + count]  # [B, n]

@@ -1,7 +1,13 @@
 """SpecStats: what every speculative generate call returns next to its output (DESIGN.md §2.6).
 
 Counters accumulate as device tensors inside the decoding loop (no host sync) and are read once at the end.
-tau (mean accepted length) counts the bonus/residual token, as Spec-Bench does: tau = 1.0 for plain AR decoding.
+Two acceptance figures, one definition for every drafter and modality:
+- acceptance_rate = accepted / drafted: of the draft tokens proposed (summed over rows and steps), the share the
+  target accepted; a step whose drafter proposed nothing adds nothing to either count (None if nothing was drafted).
+- mean_accepted_length (tau) = new tokens / verification steps, per row: the tokens a row commits per verification
+  forward, the residual / bonus token included (as Spec-Bench counts), so tau >= 1 and tau - 1 is the mean number of
+  accepted drafts per step.
+Plain AR has neither: its table shows forwards and tokens only (`speculative=False`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class SpecStats:
         distortion; 0 = none. excess_per_sample: the same summed over a sample's positions (mean over rows), an
         estimate of the summed per-position TV, which bounds the TV of the whole sequence's law.
     timings: seconds spent per phase ("draft", "target", "verify", "total").
+    speculative: False for plain AR decoding (no drafts: the acceptance fields are left out of `as_dict`).
+    method: the decoding that ran (e.g. "SJDDecoding(window=8, ...)"); chosen_by: why, when `decoding="auto"` chose it.
     acceptance_map: [B, N] long, which forward committed each generated token: image decodings count the prefill as 0,
         text (`speculative_generate`) counts its verification steps from 1 and marks padding after EOS with -1.
     from_draft: text only: [B, N] bool, True where the token is an accepted draft token (else the target drew it).
@@ -50,6 +58,9 @@ class SpecStats:
     residual_tries: torch.Tensor | None = None
     fallbacks: int = 0
     log_ratio_terms: dict[str, torch.Tensor] | None = None
+    speculative: bool = True
+    method: str | None = None
+    chosen_by: str | None = None
     _pending: list = field(default_factory=list, repr=False)
 
     def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor | None = None,
@@ -96,17 +107,24 @@ class SpecStats:
         return float(self.new_tokens.sum()) / max(1, int(self.steps.sum()))
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / max(1, self.drafted)
+    def acceptance_rate(self) -> float | None:
+        """accepted / drafted; None when nothing was drafted (a drafter that found no match proposes nothing)."""
+        return self.accepted / self.drafted if self.drafted else None
 
     def as_dict(self) -> dict:
+        described = {key: value for key, value in (("method", self.method), ("chosen_by", self.chosen_by)) if value}
+        counts = {"target_forwards": self.target_forwards, "new_tokens": int(self.new_tokens.sum()),
+                  "tokens_per_target_forward": round(self.tokens_per_target_forward, 4)}
+        if not self.speculative:
+            return {**described, **counts, "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
         return {
-            "target_forwards": self.target_forwards,
+            **described,
+            **counts,
             "draft_forwards": self.draft_forwards,
-            "new_tokens": int(self.new_tokens.sum()),
             "mean_accepted_length": round(self.mean_accepted_length, 4),
-            "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),
-            "acceptance_rate": round(self.acceptance_rate, 4),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": None if self.acceptance_rate is None else round(self.acceptance_rate, 4),
             **({} if self.excess_acceptance is None else {
                 "lossy_excess_acceptance": round(self.excess_acceptance, 4),
                 "lossy_excess_per_sample": round(self.excess_per_sample, 4),

@@ -20,8 +20,8 @@ from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import PhaseTimer, SpecStats
 from mmspec.core.verify import ACCEPTANCE_RULES, verify
+from mmspec.options import TEXT_ACCEPTANCES
 
-TEXT_ACCEPTANCE = ("exact", "typical")
 
 
 def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, schedule, eos_token_id):
@@ -35,8 +35,8 @@ def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_ne
         raise ValueError("every row of attention_mask needs at least one prompt token")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if acceptance not in TEXT_ACCEPTANCE:
-        raise ValueError(f"acceptance must be one of {TEXT_ACCEPTANCE}, got {acceptance!r}")
+    if acceptance not in TEXT_ACCEPTANCES:
+        raise ValueError(f"acceptance must be one of {TEXT_ACCEPTANCES}, got {acceptance!r}")
     if not all(hasattr(drafter, m) for m in ("reset", "propose", "rollback", "select")):
         raise TypeError(f"drafter must implement the Drafter protocol (reset/propose/rollback/select), got {type(drafter).__name__}")
     vocab = target.config.vocab_size

@@ -150,9 +150,14 @@ class ARDecoding:
     name = "ar"
     lossless = True
 
+    def __repr__(self) -> str:
+        return "ARDecoding()"
+
+    @torch.no_grad()
     def __call__(self, model, condition, sampling, generator, stats):
         start = time.perf_counter()
         timer = PhaseTimer(stats.timings)
+        stats.speculative = False
         N, _, forced = image_span(model)
         with timer("target"):
             state, logits = model.prefill(condition, cfg=sampling.guidance_scale != 1.0)

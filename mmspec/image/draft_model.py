@@ -64,6 +64,7 @@ class DraftModelDecoding:
     def __repr__(self) -> str:
         return f"DraftModelDecoding(draft_length={self.draft_length}, acceptance={self.acceptance.describe()!r})"
 
+    @torch.no_grad()
     def __call__(
         self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
     ):

@@ -63,9 +63,8 @@ from mmspec.core.verify import (
 from mmspec.image.decoding import Commits, forced_at, image_span, probs_of
 from mmspec.image.lantern import LanternAcceptance, NeighbourTable
 from mmspec.image.protocol import DiscreteImageModel
+from mmspec.options import COUPLINGS, INITS
 
-INITS = ("random", "horizontal", "vertical")
-COUPLINGS = ("none", "maximal", "gumbel")
 
 
 @dataclass(frozen=True)
@@ -182,6 +181,7 @@ class SJDDecoding:
         return (f"SJDDecoding(window={self.window}, init={self.init!r}, coupling={self.coupling!r}, "
                 f"acceptance={self.acceptance.describe()!r})")
 
+    @torch.no_grad()
     def __call__(
         self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
     ):

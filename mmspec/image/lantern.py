@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from mmspec.core.paths import cache_root
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.verify import Relaxation, check_relaxation
+from mmspec.options import ACCEPTANCES
 
-ACCEPTANCES = ("exact", "lantern")
 DEFAULT_K_MAX = 1000  # the official CLI's --lantern_k; tables are built this wide (or V - 1) so any k <= it reuses them
 DEFAULT_DELTA = 0.1  # the official CLI's --lantern_delta, used when neither delta nor lam is given
 CHUNK_ROWS = 1024  # rows of the distance matrix computed at once: [1024, V] floats
@@ -38,7 +39,7 @@ CHUNK_ROWS = 1024  # rows of the distance matrix computed at once: [1024, V] flo
 
 def cache_dir() -> Path:
     """Where neighbour tables are cached: $MMSPEC_CACHE_DIR/lantern, default ~/.cache/mmspec/lantern."""
-    return Path(os.environ.get("MMSPEC_CACHE_DIR", Path.home() / ".cache" / "mmspec")) / "lantern"
+    return cache_root() / "lantern"
 
 
 def codebook_hash(codebook: torch.Tensor) -> str:

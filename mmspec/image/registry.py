@@ -7,7 +7,9 @@ import inspect
 from mmspec.image.decoding import ARDecoding, ImageDecoding
 from mmspec.image.draft_model import DraftModelDecoding
 from mmspec.image.jacobi import SJDDecoding
+from mmspec.options import IMAGE_DECODINGS
 
+# every name of IMAGE_DECODINGS but "auto", which pipelines resolve (mmspec.image.policy) before they get here
 DECODINGS: dict[str, type] = {"ar": ARDecoding, "sjd": SJDDecoding, "draft": DraftModelDecoding}
 
 
@@ -16,8 +18,11 @@ def get_decoding(decoding: str | ImageDecoding, **options) -> ImageDecoding:
     built decoding object (then no options). Options left as None take the method's defaults."""
     options = {key: value for key, value in options.items() if value is not None}
     if isinstance(decoding, str):
+        if decoding == "auto":
+            raise ValueError('decoding="auto" needs the model, device and batch size: pipelines resolve it, or call '
+                             "mmspec.image.policy.DecodingPolicy.choose")
         if decoding not in DECODINGS:
-            raise ValueError(f"decoding must be one of {sorted(DECODINGS)} or a decoding object, got {decoding!r}")
+            raise ValueError(f"decoding must be one of {IMAGE_DECODINGS} or a decoding object, got {decoding!r}")
         method = DECODINGS[decoding]
         accepted = set(inspect.signature(method).parameters)
         unknown = sorted(set(options) - accepted)

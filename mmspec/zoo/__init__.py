@@ -40,8 +40,11 @@ def resolve_model(name_or_path: str | os.PathLike, argument: str = "model") -> P
     "pycode/target"), else a hub id ("owner/name") unchanged for the loader to fetch. Anything else is a ValueError that
     names `argument` and lists the zoo."""
     path = Path(name_or_path)
-    if path.exists():
-        return path
+    try:
+        if path.exists():
+            return path
+    except OSError:  # a name the file system refuses (too long, invalid): not a folder
+        pass
     name = str(name_or_path)
     if name in zoo_names():
         return ZOO_DIR / name

@@ -3,6 +3,7 @@ same call, outputs and stats as every `ARImagePipeline`, with CFG rows batched b
 
 from __future__ import annotations
 
+import torch
 from diffusers.image_processor import VaeImageProcessor
 from transformers import Emu3ForConditionalGeneration, PreTrainedTokenizerBase
 
@@ -68,6 +69,7 @@ class Emu3Pipeline(ARImagePipeline):
                              "(one VQ token)")
         return Emu3Adapter(self.model, height // f, width // f)
 
+    @torch.no_grad()
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None, adapter: Emu3Adapter):
         negatives = negative_prompt or [""] * len(prompts)
         rows, negative_rows = ([self.tokenizer(image_prompt(text, adapter.height, adapter.width))["input_ids"]

@@ -3,6 +3,7 @@ decodings: the same call, outputs and stats as every `ARImagePipeline`."""
 
 from __future__ import annotations
 
+import torch
 from diffusers.image_processor import VaeImageProcessor
 from transformers import JanusForConditionalGeneration, PreTrainedTokenizerBase
 
@@ -61,6 +62,7 @@ class JanusPipeline(ARImagePipeline):
             raise size_error("Janus", height, width, f"its VQ grid makes {size}x{size} only")
         return JanusAdapter(self.model)
 
+    @torch.no_grad()
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None, adapter: JanusAdapter):
         if negative_prompt is not None:
             raise ValueError("JanusPipeline takes no negative_prompt: Janus's unconditional rows are the prompt with "

@@ -97,6 +97,7 @@ class LlamaGenPipeline(ARImagePipeline):
     def draft_adapter(self) -> LlamaGenAdapter | None:
         return None if self.draft_transformer is None else LlamaGenAdapter(self.draft_transformer, self.vqvae)
 
+    @torch.no_grad()
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None = None,
                       adapter: LlamaGenAdapter | None = None) -> LlamaGenCondition:
         """Text states [B, T, caption_dim] left-padded to the transformer's T condition slots, with their mask."""
@@ -108,7 +109,8 @@ class LlamaGenPipeline(ARImagePipeline):
         for text, ids in zip(prompts, encoded["input_ids"], strict=True):
             if len(ids) > self.text_context:
                 raise ValueError(
-                    f"prompt {text!r} is {len(ids)} tokens long; the model's text context holds {self.text_context}"
+                    f"prompt {text[:40]!r}{'...' if len(text) > 40 else ''} is {len(ids)} tokens long; the model's "
+                    f"text context holds {self.text_context}"
                 )
         input_ids, mask = torch.tensor(encoded["input_ids"]), torch.tensor(encoded["attention_mask"])
         unk = self.tokenizer.unk_token_id

@@ -75,6 +75,7 @@ class LuminaMGPTPipeline(ARImagePipeline):
         f = self.vqgan.downsample_factor
         return LuminaMGPTAdapter(self.model, self.vqgan, height // f, width // f)
 
+    @torch.no_grad()
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None, adapter: LuminaMGPTAdapter):
         if negative_prompt is not None:
             raise ValueError("LuminaMGPTPipeline takes no negative_prompt: Lumina-mGPT's unconditional rows are the "

@@ -17,8 +17,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
 from mmspec.core.stats import SpecStats
 from mmspec.core.text import speculative_generate
+from mmspec.options import TEXT_METHODS
+from mmspec.pipelines.text.policy import TextMethodPolicy
 
-TEXT_METHODS = ("model", "ngram", "layerskip", "ar")
 
 
 @dataclass(frozen=True)
@@ -45,9 +46,11 @@ class TextPipelineOutput:
 class SpeculativeTextPipeline:
     r"""Speculative text completion with a transformers causal LM.
 
-    Methods (`method=`): `"model"` drafts with `draft` (a small LM sharing the tokenizer), `"ngram"` with prompt lookup,
-    `"layerskip"` with the target's first `exit_layer` layers, and `"ar"` is the baseline: the target's own `generate`
-    with its KV cache, one token per forward.
+    Methods (`method=`): `"auto"` (the default) runs the fastest exact one for these models, this device, batch size
+    and greedy or sampled decoding, timed on first use and cached (`mmspec.pipelines.text.policy`; `stats.chosen_by`
+    says which and why); `"model"` drafts with `draft` (a small LM sharing the tokenizer), `"ngram"` with prompt
+    lookup, `"layerskip"` with the target's first `exit_layer` layers, and `"ar"` is the baseline: the target's own
+    `generate` with its KV cache, one token per forward.
 
     Examples:
         ```py
@@ -55,7 +58,7 @@ class SpeculativeTextPipeline:
         >>> from mmspec import SpeculativeTextPipeline
 
         >>> pipe = SpeculativeTextPipeline.from_pretrained("pycode/target", draft="pycode/draft")
-        >>> out = pipe("def fibonacci(n):\n", method="model", max_new_tokens=32)
+        >>> out = pipe("def fibonacci(n):\n", max_new_tokens=32)  # method="auto"
         >>> print(out.texts[0])
         >>> print(out.stats.table())
         ```
@@ -67,6 +70,7 @@ class SpeculativeTextPipeline:
             raise ValueError(f"draft vocabulary size {draft.config.vocab_size} does not match the target's "
                              f"{target.config.vocab_size}")
         self.target, self.tokenizer, self.draft = target, tokenizer, draft
+        self.method_policy = TextMethodPolicy()
 
     @classmethod
     def from_pretrained(cls, target: str | Path, draft: str | Path | None = None,
@@ -106,7 +110,7 @@ class SpeculativeTextPipeline:
     def __call__(
         self,
         prompt: str | list[str],
-        method: str = "model",
+        method: str = "auto",
         max_new_tokens: int = 64,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -128,9 +132,22 @@ class SpeculativeTextPipeline:
         """
         prompts = [prompt] if isinstance(prompt, str) else prompt
         if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-            raise TypeError(f"prompt must be a str or a non-empty list of str, got {prompt!r}")
-        if method not in TEXT_METHODS:
-            raise ValueError(f"method must be one of {TEXT_METHODS}, got {method!r}")
+            raise TypeError(f"prompt must be a str or a non-empty list of str, got {type(prompt).__name__}")
+        empty = [i for i, p in enumerate(prompts) if not p.strip()]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} is empty (or only whitespace); give text to complete")
+        if method != "auto" and method not in TEXT_METHODS:
+            raise ValueError(f"method must be 'auto' or one of {TEXT_METHODS}, got {method!r}")
+        chosen_by = None
+        if method == "auto":
+            if acceptance != "exact":
+                raise ValueError("method='auto' chooses among the exact methods; name the method to use "
+                                 f"acceptance={acceptance!r}")
+            options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           draft_length=draft_length, schedule=schedule, confidence_threshold=confidence_threshold,
+                           exit_layer=exit_layer, max_ngram=max_ngram)
+            method, chosen_by = self.method_policy.choose(self, prompts, options)
+        started = time.perf_counter()
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")  # as generate needs
         ids, mask = encoded["input_ids"], encoded["attention_mask"]
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
@@ -143,6 +160,11 @@ class SpeculativeTextPipeline:
                 top_p=top_p, draft_length=DraftLengthSchedule(draft_length, kind=schedule), eos_token_id=eos,
                 pad_token_id=pad, generator=generator,
             )
+        if chosen_by is not None:
+            stats.chosen_by = chosen_by
+            self.method_policy.record(method, len(prompts), temperature, int(stats.new_tokens.sum()),
+                                      time.perf_counter() - started)
+        stats.method = stats.method or method
         new = sequences[:, ids.shape[1] :]
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
         pieces = [self._pieces(new[b, : int(stats.new_tokens[b])], stats, b) for b in range(len(prompts))]
@@ -168,6 +190,7 @@ class SpeculativeTextPipeline:
         N = new.shape[1]
         real = torch.arange(N) < new_tokens[:, None]
         stats = SpecStats(target_forwards=N, prefill_forwards=1, steps=new_tokens - 1, new_tokens=new_tokens,
+                          speculative=False, method="ar (transformers generate)",
                           acceptance_map=torch.where(real, torch.arange(N), -1), from_draft=torch.zeros_like(real))
         stats.timings["total"] = time.perf_counter() - start
         return sequences, stats

@@ -6,8 +6,9 @@ import torch
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import sample
 from mmspec.core.stats import SpecStats
-from mmspec.image import ARDecoding, get_decoding
+from mmspec.image import DECODINGS, ARDecoding, get_decoding
 from mmspec.image.decoding import PAD_ID
+from mmspec.options import IMAGE_DECODINGS
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_transformer, tiny_vq
 
@@ -66,8 +67,11 @@ def test_cfg_off_runs_no_unconditional_rows():
 
 def test_get_decoding_names_the_choices():
     assert isinstance(get_decoding("ar"), ARDecoding)
-    with pytest.raises(ValueError, match=r"\['ar', 'draft', 'sjd'\]"):
+    with pytest.raises(ValueError, match=r"\('auto', 'sjd', 'draft', 'ar'\)"):
         get_decoding("jacobi")
+    with pytest.raises(ValueError, match="pipelines resolve it"):
+        get_decoding("auto")
+    assert set(DECODINGS) | {"auto"} == set(IMAGE_DECODINGS)  # the CLI's names are the registry's
     with pytest.raises(ValueError, match=r"'ar'.*does not take \['window'\]"):
         get_decoding("ar", window=4)
     assert get_decoding("ar", window=None).name == "ar"  # None = the method's default

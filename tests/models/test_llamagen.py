@@ -248,10 +248,11 @@ def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_pa
     assert isinstance(from_folder, LlamaGenPipeline) and from_folder.native_size == 8
     reference.set_progress_bar_config(disable=True)
     prompts = ["a red circle", "a blue square on the left"]
-    b = reference(prompts, generator=torch.Generator().manual_seed(0), output_type="np").images
+    b = reference(prompts, generator=torch.Generator().manual_seed(0), output_type="np", decoding="sjd").images
     for loaded in (pipe, from_folder):
         loaded.set_progress_bar_config(disable=True)
-        assert np.array_equal(loaded(prompts, generator=torch.Generator().manual_seed(0), output_type="np").images, b)
+        images = loaded(prompts, generator=torch.Generator().manual_seed(0), output_type="np", decoding="sjd").images
+        assert np.array_equal(images, b)
     save_official(tmp_path / "c2i.pt", tiny_transformer("c2i", dtype=torch.float32).state_dict())
     with pytest.raises(ValueError, match="class-conditional"):
         LlamaGenPipeline.from_llamagen_checkpoints(tmp_path / "c2i.pt", tmp_path / "vq.pt", tmp_path / "t5",

@@ -1,0 +1,92 @@
+"""Measurements taken once per model and device and kept on disk: what the automatic choices of the pipelines
+(`decoding="auto"`, `method="auto"`) read instead of measuring on every call.
+
+A measurement is a flat `{name: seconds or rate}` dict under a key (e.g. "B=4 cfg"); the file it lives in is named by
+fingerprints of the model and of the device, and holds them, so a file measured elsewhere is never reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from mmspec.core.paths import cache_root
+
+
+def device_fingerprint(device: torch.device) -> dict:
+    """What identifies the hardware a measurement was taken on: the accelerator's name, or the CPU's model and the
+    threads torch uses, and torch's version."""
+    if device.type == "cuda":
+        capability = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        name, threads = f"{torch.cuda.get_device_name(device)} (sm {capability})", None
+    else:
+        name, threads = cpu_name(), torch.get_num_threads()
+    return {"type": device.type, "name": name, "threads": threads, "cores": os.cpu_count(), "torch": torch.__version__}
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def modules_fingerprint(modules: dict[str, torch.nn.Module | None], **extra) -> dict:
+    """What identifies a model for its measurements: per module its class, config, parameter count, dtype and
+    device, plus `extra` (e.g. an image span)."""
+    described = {}
+    for name, module in sorted(modules.items()):
+        if module is None:
+            continue
+        config = getattr(module, "config", None)
+        config = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+        first = next(module.parameters(), None)
+        described[name] = {"class": type(module).__name__, "config": json.loads(json.dumps(config, default=str)),
+                           "parameters": sum(p.numel() for p in module.parameters()),
+                           "dtype": str(first.dtype) if first is not None else None,
+                           "device": str(first.device) if first is not None else None}
+    return {**extra, "modules": described}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize(device)
+
+
+class MeasurementCache:
+    """One JSON file per (model, device) under `folder` (default $MMSPEC_CACHE_DIR/<kind>):
+    `{"model": fingerprint, "device": fingerprint, "entries": {key: {name: value}}}`. A file whose fingerprints differ
+    from the caller's (a copy from another machine, an edited model) is ignored and rewritten."""
+
+    def __init__(self, kind: str, folder: str | os.PathLike | None = None):
+        self.folder = Path(folder) if folder is not None else cache_root() / kind
+
+    def path(self, model_print: dict, device_print: dict) -> Path:
+        digest = hashlib.sha256(json.dumps({"model": model_print, "device": device_print}, sort_keys=True).encode())
+        return self.folder / f"{digest.hexdigest()[:20]}.json"
+
+    def _read(self, model_print: dict, device_print: dict) -> dict:
+        try:
+            saved = json.loads(self.path(model_print, device_print).read_text())
+        except (OSError, ValueError):
+            return {}
+        if saved.get("model") != model_print or saved.get("device") != device_print:
+            return {}
+        return saved.get("entries", {})
+
+    def get(self, model_print: dict, device_print: dict, key: str) -> dict[str, float] | None:
+        return self._read(model_print, device_print).get(key)
+
+    def put(self, model_print: dict, device_print: dict, key: str, values: dict[str, float]) -> None:
+        entries = self._read(model_print, device_print) | {key: values}
+        path = self.path(model_print, device_print)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")  # concurrent writers never see half a file
+        partial.write_text(json.dumps({"model": model_print, "device": device_print, "entries": entries}, indent=1))
+        os.replace(partial, path)

@@ -1,0 +1,199 @@
+"""`decoding="auto"`: the fastest exact decoding for the model, device and batch size at hand — and plain AR when no
+speculative configuration pays.
+
+Speculative Jacobi decoding with a window of W tokens needs fewer target forwards than AR, but each forward scores W
+positions. On a GPU a W-token window costs about what one token costs; on a CPU, or at a large batch, the forward is
+compute-bound and a wide window costs several AR steps, so the best window depends on the device and the batch. The
+policy predicts the seconds of one batch of B images decoded with window W as
+
+    T(W, B) = N / c(W, B) * cost(W, B)          (W = 1: AR, c = 1)
+
+- cost(W, B): seconds of one target forward of a W-token window for B samples (their CFG rows included) followed by
+  the logits processing of its W positions, measured once per model, device, batch size and CFG setting at the middle
+  of the image (`measure_cost_curve`) and cached on disk (`mmspec.core.measured.MeasurementCache`), keyed and
+  checked by fingerprints of the model and of the device, so a curve measured elsewhere is never reused;
+- c(W, B): the step compression (image tokens per batch forward, prefill excluded; a batch runs until its slowest row
+  finishes) that SJD with maximal coupling and horizontal init reaches, measured on the embedded model
+  (`compression_prior.json`, written by `python -m mmspec.eval.bench_image --measure-prior`) and scaled by what this
+  pipeline's own runs reached (`DecodingPolicy.record`): the excess over AR, c - 1, times the mean ratio of observed to
+  predicted excess.
+
+It picks the W of least T and runs SJD at W when that is predicted at least `MARGIN` times faster than AR, else AR.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint, synchronize
+from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.image.decoding import ARDecoding, ImageDecoding
+from mmspec.image.jacobi import SJDDecoding
+from mmspec.image.protocol import DiscreteImageModel
+
+WINDOWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows the policy considers (AR is W = 1)
+MARGIN = 1.1  # predicted speedup SJD must reach to be chosen: the model of T ignores SJD's bookkeeping (~5-9 %)
+HISTORY = 32  # runs the acceptance estimate averages over
+REPEATS = 5  # timed forwards per window (after one untimed), their median is the cost
+PRIOR_FILE = Path(__file__).with_name("compression_prior.json")
+SJD_SETTINGS = {"init": "horizontal", "coupling": "maximal"}  # the exact SJD mode the prior was measured with
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What `DecodingPolicy.choose` picked: the decoding, its window (1 = AR), the predicted speedup over AR, and a
+    one-line reason for the stats table."""
+
+    decoding: ImageDecoding
+    window: int
+    predicted_speedup: float
+    reason: str
+
+
+def explicit_method(options: dict) -> str | None:
+    """The method that options given with `decoding="auto"` configure — an explicit setting wins over the policy:
+    `draft_length` -> "draft", any other (window, init, coupling, acceptance, lantern_*) -> "sjd"; None if none is
+    given (then the policy chooses)."""
+    given = {name for name, value in options.items() if value is not None}
+    if "draft_length" in given:
+        return "draft"
+    return "sjd" if given else None
+
+
+def model_fingerprint(model: DiscreteImageModel) -> dict:
+    """What identifies an adapter's model for its cost curve: the adapter class, image span and its modules."""
+    modules = {name: value for name, value in vars(model).items() if isinstance(value, torch.nn.Module)}
+    return modules_fingerprint(modules, adapter=type(model).__name__, grid=list(model.grid),
+                               vocab_size=model.vocab_size)
+
+
+@torch.inference_mode()
+def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingConfig,
+                       windows=(1, *WINDOWS), repeats: int = REPEATS) -> dict[int, float]:
+    """Median seconds of one target forward of a W-token window plus the processing of its W logits, per W, for the
+    samples of `condition` (their CFG rows when `sampling` guides), after half the image's tokens are cached."""
+    N = model.grid[0] * model.grid[1]
+    cfg = sampling.guidance_scale != 1.0
+    state, logits = model.prefill(condition, cfg=cfg, max_window=max(windows))
+    B, device = logits.cond.shape[0], logits.cond.device
+    context = N // 2
+    model.forward(torch.zeros(B, context, dtype=torch.long, device=device), state)
+    keep = torch.full((B,), context, device=device)
+    curve = {}
+    for W in windows:
+        tokens = torch.zeros(B, W, dtype=torch.long, device=device)
+        times = []
+        for repeat in range(repeats + 1):
+            synchronize(device)
+            began = time.perf_counter()
+            logits = model.forward(tokens, state)
+            process_logits(logits.cond, sampling, logits.uncond)
+            synchronize(device)
+            if repeat:  # the first forward of a shape is untimed (allocator, kernel selection)
+                times.append(time.perf_counter() - began)
+            model.rollback(state, keep)
+        curve[W] = statistics.median(times)
+    return curve
+
+
+def load_prior(path: Path = PRIOR_FILE) -> dict[int, dict[int, float]]:
+    """The embedded model's step compression, batch size -> window -> c(W, B)."""
+    saved = json.loads(path.read_text())
+    return {int(B): {int(W): float(c) for W, c in row.items()} for B, row in saved["compression"].items()}
+
+
+class DecodingPolicy:
+    """Chooses the decoding of `decoding="auto"` calls for one pipeline and learns from their outcomes.
+
+    `choose(model, condition, batch_size, sampling)` measures the cost curve on first use for that model, device,
+    batch size and CFG setting (or reads it from `cache`), predicts T(W, B) for AR and every window and returns a
+    `Choice`; `record(choice, batch_size, stats)` folds a finished run's step compression into the acceptance estimate;
+    `remeasure()` makes the next choice measure its cost curve again and overwrite the cached one.
+    """
+
+    def __init__(self, cache: MeasurementCache | None = None, prior: dict[int, dict[int, float]] | None = None,
+                 windows=WINDOWS, margin: float = MARGIN):
+        self.cache = cache if cache is not None else MeasurementCache("cost_curves")
+        self.prior = prior if prior is not None else load_prior()
+        self.windows, self.margin = tuple(windows), margin
+        # observed / prior excess compression (c - 1) of the last runs auto chose SJD for
+        self.history: deque[float] = deque(maxlen=HISTORY)
+        self._fresh: set[str] = set()  # curve keys measured since the last remeasure()
+        self._remeasure = False
+
+    def remeasure(self) -> None:
+        self._remeasure, self._fresh = True, set()
+
+    def cost_curve(self, model: DiscreteImageModel, condition, batch_size: int,
+                   sampling: SamplingConfig) -> tuple[dict[int, float], bool]:
+        """(the cost curve, whether it was measured now rather than read from the cache)."""
+        device = model_device(model)
+        model_print, device_print = model_fingerprint(model), device_fingerprint(device)
+        key = f"B={batch_size} {'cfg' if sampling.guidance_scale != 1.0 else 'no cfg'}"
+        saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
+        curve = None if saved is None else {int(W): seconds for W, seconds in saved.items()}
+        if curve is not None and set(curve) >= {1, *self.windows}:
+            return curve, False
+        curve = measure_cost_curve(model, condition, sampling, (1, *self.windows))
+        self.cache.put(model_print, device_print, key, {str(W): seconds for W, seconds in curve.items()})
+        self._fresh.add(key)
+        return curve, True
+
+    def prior_compression(self, window: int, batch_size: int) -> float:
+        """c(W, B) of the embedded model: the prior at the smallest measured batch size >= B (the largest if none),
+        linear in W between measured windows."""
+        sizes = sorted(self.prior)
+        row = self.prior[next((B for B in sizes if B >= batch_size), sizes[-1])]
+        if window in row:
+            return row[window]
+        below = max((W for W in row if W < window), default=min(row))
+        above = min((W for W in row if W > window), default=max(row))
+        if above == below:
+            return row[below]
+        return row[below] + (row[above] - row[below]) * (window - below) / (above - below)
+
+    def compression(self, window: int, batch_size: int) -> float:
+        """Predicted c(W, B): the prior's excess over AR scaled by the mean observed / prior ratio of this pipeline's
+        runs, and at most W."""
+        scale = statistics.fmean(self.history) if self.history else 1.0
+        return min(float(window), 1.0 + (self.prior_compression(window, batch_size) - 1.0) * scale)
+
+    def choose(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig) -> Choice:
+        curve, measured = self.cost_curve(model, condition, batch_size, sampling)
+        N = model.grid[0] * model.grid[1]
+        ar_seconds = N * curve[1]
+        seconds = {W: N / min(self.compression(W, batch_size), W) * curve[W] for W in self.windows}
+        best = min(seconds, key=seconds.get)
+        speedup = ar_seconds / seconds[best]
+        source = "measured now" if measured else "cached"
+        if speedup >= self.margin:
+            reason = (f"auto: sjd window {best} predicted {speedup:.2f}x AR at batch {batch_size} (a {best}-token "
+                      f"forward costs {curve[best] / curve[1]:.1f} AR steps here, cost curve {source})")
+            return Choice(SJDDecoding(window=best, **SJD_SETTINGS), best, speedup, reason)
+        reason = (f"auto: ar, no window pays at batch {batch_size} (best: sjd window {best} predicted "
+                  f"{speedup:.2f}x < {self.margin}x; cost curve {source})")
+        return Choice(ARDecoding(), 1, 1.0, reason)
+
+    def record(self, choice: Choice, batch_size: int, stats) -> None:
+        """Fold the observed step compression of a finished run of `choice` into the acceptance estimate."""
+        if choice.window == 1:
+            return
+        observed = float(stats.new_tokens.max()) / max(1, stats.target_forwards - stats.prefill_forwards)
+        self.history.append(max(0.0, observed - 1.0) / (self.prior_compression(choice.window, batch_size) - 1.0))
+
+
+def model_device(model: DiscreteImageModel) -> torch.device:
+    """The device of the adapter's first module with parameters (CPU if none)."""
+    for value in vars(model).values():
+        if isinstance(value, torch.nn.Module):
+            first = next(value.parameters(), None)
+            if first is not None:
+                return first.device
+    return torch.device("cpu")

@@ -1,0 +1,84 @@
+"""`method="auto"` of `SpeculativeTextPipeline`: the fastest exact method for the models, device, batch size and
+sampling mode at hand — measured, not guessed.
+
+Text drafters cost different things: a draft model its own forwards, layer skip a share of the target's, prompt
+lookup nothing — but it pays only on text that repeats its context — and every speculative step scores L + 1
+positions where AR scores one, with Python bookkeeping that a small model does not hide. Which one wins depends on
+the machine and the text, so the policy times each method the pipeline offers (and AR, the target's own `generate`)
+on the caller's prompts for `CALIBRATION_TOKENS` new tokens, once per models, device, batch size and greedy or
+sampled decoding, keeps the tokens per second on disk (`mmspec.core.measured.MeasurementCache`) and picks the
+fastest; a speculative method must beat AR by `MARGIN`, else AR runs. The tokens per second of each run it chose
+then join that method's figure (the mean of the calibration and the last runs), so a method that stops paying on
+the caller's text loses its place.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict, deque
+
+import torch
+
+from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint
+
+CALIBRATION_TOKENS = 32  # new tokens per timed calibration call
+MARGIN = 1.05  # a speculative method must be measured this much faster than AR to be chosen
+HISTORY = 8  # runs per method that join its calibrated figure
+
+
+class TextMethodPolicy:
+    """Chooses and learns the method of `method="auto"` calls for one pipeline (see the module docstring)."""
+
+    def __init__(self, cache: MeasurementCache | None = None, margin: float = MARGIN,
+                 calibration_tokens: int = CALIBRATION_TOKENS):
+        self.cache = cache if cache is not None else MeasurementCache("text_methods")
+        self.margin, self.calibration_tokens = margin, calibration_tokens
+        self.history: dict[str, dict[str, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=HISTORY)))
+        self._remeasure, self._fresh = False, set()
+
+    def remeasure(self) -> None:
+        """Time every method again on the next choice (and overwrite the cached figures)."""
+        self._remeasure, self._fresh = True, set()
+
+    def key(self, batch_size: int, temperature: float) -> str:
+        return f"B={batch_size} {'greedy' if temperature == 0 else 'sampled'}"
+
+    def rates(self, pipe, prompts: list[str], options: dict) -> tuple[dict[str, float], bool]:
+        """(tokens per second per method, whether they were measured now rather than read from the cache)."""
+        model_print = modules_fingerprint({"target": pipe.target, "draft": pipe.draft})
+        device_print = device_fingerprint(pipe.target.device)
+        key = self.key(len(prompts), options["temperature"])
+        saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
+        if saved is not None and set(saved) == set(pipe.methods):
+            return saved, False
+        measured = {method: self.tokens_per_second(pipe, prompts, method, options) for method in pipe.methods}
+        self.cache.put(model_print, device_print, key, measured)
+        self._fresh.add(key)
+        return measured, True
+
+    def tokens_per_second(self, pipe, prompts: list[str], method: str, options: dict) -> float:
+        """One untimed call (lazy initialisation), then the new tokens per second of a timed one."""
+        calibration = {**options, "max_new_tokens": self.calibration_tokens}
+        pipe(prompts, method=method, **{**calibration, "max_new_tokens": 4})
+        started = time.perf_counter()
+        out = pipe(prompts, method=method, generator=torch.Generator().manual_seed(0), **calibration)
+        return float(out.stats.new_tokens.sum()) / (time.perf_counter() - started)
+
+    def choose(self, pipe, prompts: list[str], options: dict) -> tuple[str, str]:
+        """(method, the reason for the stats table) for a call of `pipe` on `prompts` with `options`."""
+        measured, now = self.rates(pipe, prompts, options)
+        runs = self.history[self.key(len(prompts), options["temperature"])]
+        rates = {m: statistics.fmean([rate, *runs[m]]) for m, rate in measured.items()}
+        best = max((m for m in rates if m != "ar"), key=rates.get, default="ar")
+        source = "measured now" if now else "cached"
+        speedup = rates[best] / rates["ar"] if best != "ar" else 1.0
+        if speedup >= self.margin:
+            return best, (f"auto: {best}, {speedup:.2f}x AR's tokens/s here at batch {len(prompts)} "
+                          f"({source}, {len(runs[best])} run(s) since)")
+        return "ar", (f"auto: ar, no drafter pays here at batch {len(prompts)} (best: {best} "
+                      f"{speedup:.2f}x < {self.margin}x; {source})")
+
+    def record(self, method: str, batch_size: int, temperature: float, new_tokens: int, seconds: float) -> None:
+        """Fold a finished auto run's tokens per second into its method's figure."""
+        self.history[self.key(batch_size, temperature)][method].append(new_tokens / seconds)

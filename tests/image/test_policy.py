@@ -1,0 +1,137 @@
+"""`decoding="auto"` (mmspec.image.policy): the choice follows the cost curve and the acceptance, an explicit setting
+wins, and a cost curve is reused only for the model and device it was measured on."""
+
+import json
+
+import pytest
+import torch
+
+from mmspec.core.measured import MeasurementCache, device_fingerprint
+from mmspec.core.probs import SamplingConfig
+from mmspec.image.policy import WINDOWS, DecodingPolicy, explicit_method, load_prior, model_fingerprint
+from mmspec.models.llamagen.adapter import LlamaGenAdapter
+
+CFG = SamplingConfig(guidance_scale=3.0)
+PRIOR = {1: {2: 1.4, 4: 2.0, 8: 2.6, 16: 3.0, 32: 3.2}, 8: {2: 1.3, 4: 1.7, 8: 2.0, 16: 2.2, 32: 2.3}}
+
+
+@pytest.fixture(scope="module")
+def pipe(small_image_model):
+    from mmspec.pipelines.llamagen import LlamaGenPipeline
+
+    pipe = LlamaGenPipeline.from_pretrained(small_image_model, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture
+def adapter(pipe):
+    return LlamaGenAdapter(pipe.transformer, pipe.vqvae)
+
+
+def policy_with_curve(tmp_path, adapter, curve: dict[int, float], batch_size: int = 1) -> DecodingPolicy:
+    """A policy whose cache already holds `curve` for this adapter, device and batch size (nothing is measured)."""
+    cache = MeasurementCache("cost_curves", tmp_path)
+    cache.put(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), f"B={batch_size} cfg",
+              {str(W): seconds for W, seconds in curve.items()})
+    return DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16, 32))
+
+
+def test_a_flat_cost_curve_picks_a_wide_window_and_a_compute_bound_one_picks_ar(tmp_path, adapter, pipe):
+    condition = pipe.encode_prompt(["a red circle"])
+    flat = {1: 1.0, 2: 1.0, 4: 1.05, 8: 1.1, 16: 1.2, 32: 1.5}  # a GPU: a window costs about one token
+    choice = policy_with_curve(tmp_path / "flat", adapter, flat).choose(adapter, condition, 1, CFG)
+    assert choice.window == 16 and choice.decoding.name == "sjd" and choice.predicted_speedup > 2
+    assert "sjd window 16" in choice.reason and "cached" in choice.reason
+    linear = {W: float(W) for W in (1, 2, 4, 8, 16, 32)}  # compute-bound: W tokens cost W AR steps
+    choice = policy_with_curve(tmp_path / "linear", adapter, linear).choose(adapter, condition, 1, CFG)
+    assert choice.window == 1 and choice.decoding.name == "ar" and "no window pays" in choice.reason
+
+
+def test_a_small_predicted_gain_stays_ar_below_the_margin(tmp_path, adapter, pipe):
+    """At batch 8, window 4 predicted 1.7 / 1.6 = 1.06x: under the 1.1x margin, so AR."""
+    condition = pipe.encode_prompt(["a red circle"] * 8)
+    curve = {1: 1.0, 2: 1.3, 4: 1.6, 8: 3.0, 16: 6.0, 32: 12.0}
+    choice = policy_with_curve(tmp_path, adapter, curve, batch_size=8).choose(adapter, condition, 8, CFG)
+    assert choice.window == 1, choice.reason
+    assert "1.06x" in choice.reason
+
+
+def test_the_runs_own_acceptance_moves_the_choice(tmp_path, adapter, pipe):
+    """A model that accepts less than the prior says makes a wide window pay less: after runs that reached half the
+    prior's excess compression, the predicted compression halves its excess."""
+    condition = pipe.encode_prompt(["a red circle"])
+    policy = policy_with_curve(tmp_path, adapter, {1: 1.0, 2: 1.2, 4: 1.5, 8: 1.6, 16: 3.0, 32: 5.0})
+    first = policy.choose(adapter, condition, 1, CFG)
+    assert first.window == 8
+    from mmspec.core.stats import SpecStats
+
+    observed = 1 + (PRIOR[1][8] - 1) / 2
+    stats = SpecStats(target_forwards=1 + round(256 / observed), prefill_forwards=1, new_tokens=torch.tensor([256]))
+    policy.record(first, 1, stats)
+    assert policy.compression(8, 1) == pytest.approx(observed, rel=0.01)
+    assert policy.compression(16, 1) == pytest.approx(1 + (PRIOR[1][16] - 1) / 2, rel=0.01)
+    assert policy.choose(adapter, condition, 1, CFG).predicted_speedup < first.predicted_speedup
+
+
+def test_an_explicit_setting_wins_over_the_automatic_choice(pipe):
+    generator = torch.Generator().manual_seed(0)
+    out = pipe("a red circle", generator=generator, output_type="latent", window=4)
+    assert out.stats.chosen_by is None and "window=4" in out.stats.method
+    out = pipe("a red circle", generator=generator, output_type="latent", decoding="ar")
+    assert out.stats.chosen_by is None and out.stats.method == "ARDecoding()" and out.stats.target_forwards == 256
+    out = pipe("a red circle", generator=generator, output_type="latent", decoding="auto", acceptance="lantern")
+    assert out.stats.chosen_by is None and "SJDDecoding" in out.stats.method and "lantern" in out.stats.method
+    out = pipe("a red circle", generator=generator, output_type="latent")
+    assert out.stats.chosen_by.startswith("auto: ")
+    assert explicit_method({"window": None, "draft_length": 3}) == "draft"
+    assert explicit_method({"window": None, "init": None}) is None
+
+
+def test_the_cost_curve_is_measured_once_then_read_from_disk(tmp_path, adapter, pipe):
+    condition = pipe.encode_prompt(["a red circle"] * 2)
+    policy = DecodingPolicy(cache=MeasurementCache("cost_curves", tmp_path), prior=PRIOR)
+    curve, measured = policy.cost_curve(adapter, condition, 2, CFG)
+    assert measured and set(curve) == {1, *WINDOWS} and all(seconds > 0 for seconds in curve.values())
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    again = DecodingPolicy(cache=MeasurementCache("cost_curves", tmp_path), prior=PRIOR)  # a new process, the same machine
+    assert again.cost_curve(adapter, condition, 2, CFG) == (curve, False)
+    again.remeasure()  # on request: measured again and the cached curve overwritten
+    remeasured, measured = again.cost_curve(adapter, condition, 2, CFG)
+    saved = MeasurementCache("cost_curves", tmp_path).get(model_fingerprint(adapter),
+                                                          device_fingerprint(torch.device("cpu")), "B=2 cfg")
+    assert measured and saved == {str(W): seconds for W, seconds in remeasured.items()}
+    assert again.cost_curve(adapter, condition, 2, CFG)[1] is False  # once per remeasure(), not on every call
+
+
+def test_a_cost_curve_from_another_device_or_model_is_not_reused(tmp_path, adapter, pipe):
+    condition = pipe.encode_prompt(["a red circle"])
+    model_print, device_print = model_fingerprint(adapter), device_fingerprint(torch.device("cpu"))
+    cache = MeasurementCache("cost_curves", tmp_path)
+    fake = {W: 1e-9 for W in (1, *WINDOWS)}  # an impossible curve: reusing it would be visible
+    saved_fake = {str(W): seconds for W, seconds in fake.items()}
+    elsewhere = {**device_print, "name": "NVIDIA H100 80GB HBM3 (sm 9.0)", "type": "cuda"}
+    cache.put(model_print, elsewhere, "B=1 cfg", saved_fake)
+    curve, measured = DecodingPolicy(cache=cache, prior=PRIOR).cost_curve(adapter, condition, 1, CFG)
+    assert measured and curve != fake
+    # a file copied from another machine under this machine's name is recognised by its content and rewritten
+    ours = cache.path(model_print, device_print)
+    copied = json.loads(cache.path(model_print, elsewhere).read_text())
+    ours.write_text(json.dumps(copied))
+    curve, measured = DecodingPolicy(cache=cache, prior=PRIOR).cost_curve(adapter, condition, 1, CFG)
+    assert measured and curve != fake and json.loads(ours.read_text())["device"] == device_print
+    # another model (the same pipeline at another size, or another checkpoint) has its own curve
+    deeper = type(pipe.transformer)(**{**pipe.transformer.config, "n_layer": 3}).eval()
+    other = LlamaGenAdapter(deeper, pipe.vqvae)
+    assert model_fingerprint(other) != model_print
+    cache.put(model_print, device_print, "B=1 cfg", saved_fake)
+    assert DecodingPolicy(cache=cache, prior=PRIOR).cost_curve(adapter, condition, 1, CFG) == (fake, False)
+    assert cache.get(model_fingerprint(other), device_print, "B=1 cfg") is None
+
+
+def test_the_shipped_prior_covers_every_window_and_batch_size():
+    prior = load_prior()
+    assert sorted(prior) == [1, 2, 4, 8]
+    for row in prior.values():
+        assert sorted(row) == sorted(WINDOWS)
+        assert all(1 < c <= W for W, c in row.items())

@@ -1,0 +1,95 @@
+"""The README's table of bad command-line input, run row by row as users type it (a subprocess in an empty folder):
+exit status 2, exactly the table's one line on stderr, nothing on stdout, no file written — and torch, so any model,
+never imported (the interpreter is started with torch blocked: importing it would fail with a traceback). Then the
+errors only a loaded model can find, and the speed of `--help`."""
+
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mmspec.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG = "a" * 5000
+# the interpreter of a row: torch blocked, and the optional extras a row's condition removes
+PRELUDE = """import importlib.util, sys
+sys.modules["torch"] = None
+hidden = {hidden!r}
+found = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *args: None if name.split(".")[0] in hidden else found(name, *args)
+from mmspec.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+EXTRAS = {"[video]": ("imageio", "imageio_ffmpeg"), "[app]": ("gradio",)}
+
+
+def table_rows() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(command line, expected stderr line, modules hidden) of each row of the README's bad-input table."""
+    rows = []
+    for line in (ROOT / "README.md").read_text().splitlines():
+        match = re.fullmatch(r"\| `(mmspec [^`]*)`( without the `(\[\w+\])` extra)? \| `([^`]*)` \|", line)
+        if match:
+            command = match.group(1).replace("<a 5,000-character path>", LONG)
+            rows.append((command, match.group(4), EXTRAS[match.group(3)] if match.group(3) else ()))
+    return rows
+
+
+ROWS = table_rows()
+
+
+def test_the_table_covers_every_command_and_the_issue_s_cases():
+    commands = [command for command, _, _ in ROWS]
+    assert len(ROWS) >= 20
+    assert {shlex.split(c)[1] for c in commands} == {"generate", "text", "video", "demo"}
+    for case in ('--out /nonexistent/dir/x.png', '--out x.txt', 'generate ""', '--speculate 0', '--speculate -5',
+                 'text ""', '--n 0', "--out rollout.mp4", LONG):
+        assert any(case in c for c in commands), case
+
+
+@pytest.mark.parametrize("command,expected,hidden", ROWS, ids=[c[:70] for c, _, _ in ROWS])
+def test_bad_input_fails_in_one_line_before_any_model_loads(command, expected, hidden, tmp_path):
+    argv = shlex.split(command)[1:]
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", PRELUDE.format(hidden=hidden), *argv], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    seconds = time.perf_counter() - started
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == expected + "\n"  # one line, exactly the table's; no traceback
+    assert run.stdout == "" and list(tmp_path.iterdir()) == []
+    assert seconds < 10  # an answer, not a model load (which the blocked torch import rules out anyway)
+
+
+def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, capsys):
+    """An image size the model cannot make and a prompt longer than its text context: exit 2, one line that quotes a
+    long prompt shortened, nothing written."""
+    cases = [
+        (["generate", "a red circle", "--height", "100"], "mmspec generate: error: this LlamaGen model cannot "
+         "generate a 100x64 (height x width) image; its token grid makes 64x64 only"),
+        (["generate", "a red circle " * 400], "mmspec generate: error: prompt 'a red circle a red circle a red "
+         "circle a'... is 1200 tokens long; the model's text context holds 16"),
+    ]
+    for argv, expected in cases:
+        out = tmp_path / "out.png"
+        with pytest.raises(SystemExit) as exit_info:
+            main([*argv, "--out", str(out)])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == expected
+        assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["--help"], ["generate", "--help"], ["text", "--help"], ["video", "--help"],
+                                     ["demo", "--help"]])
+def test_help_answers_at_once_without_torch(command, capsys):
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", PRELUDE.format(hidden=()), *command], capture_output=True,
+                         text=True, timeout=60)
+    seconds = time.perf_counter() - started
+    with capsys.disabled():
+        print(f"\nmmspec {' '.join(command)}: {seconds:.2f} s")
+    assert run.returncode == 0 and run.stdout.startswith("usage: mmspec") and run.stderr == ""
+    assert seconds < 3  # about 0.1 s on 2 CPU cores; generous for a busy machine
