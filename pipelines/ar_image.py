@@ -57,7 +57,9 @@ class ARImagePipeline(MMSpecPipeline):
     @property
     def decoding_policy(self) -> DecodingPolicy:
         """What `decoding="auto"` asks: the window cost curves of this pipeline's model on its device (measured once,
-        cached on disk) and the acceptance its runs reached. `pipe.decoding_policy.remeasure()` measures again."""
+        cached on disk) and the acceptance its runs reached. A choice holds for its batch size for the life of the
+        pipeline; `pipe.decoding_policy.reconsider()` chooses again with what the runs reached, `remeasure()` also
+        measures the cost curves again."""
         if getattr(self, "_decoding_policy", None) is None:
             self._decoding_policy = DecodingPolicy()
         return self._decoding_policy
@@ -215,8 +217,9 @@ class ARImagePipeline(MMSpecPipeline):
             top_p (`float`, defaults to 1.0): nucleus sampling mass; 1.0 = off.
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator for the batch, or one
                 per image (prompts x num_images_per_prompt), which makes each image depend on its own seed only —
-                for a given decoding: `decoding="auto"` may choose another window at another batch size or on
-                another machine, which samples the same law with other numbers. Name the decoding (`window=16`,
+                for a given decoding: `decoding="auto"` keeps its choice for a batch size on every call of this
+                pipeline, but may choose another window at another batch size, on another machine or after
+                `decoding_policy.reconsider()`, which samples the same law with other numbers. Name the decoding (`window=16`,
                 `decoding="sjd"`) for images that reproduce bit for bit everywhere.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (NHWC in [0, 1]), `"pt"` (NCHW in [0, 1]) or
                 `"latent"` (the image-span token ids [B, N], the adapter's local ids).

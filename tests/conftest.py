@@ -1,7 +1,15 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# what mmspec measures once per machine (cost curves, method timings, LANTERN tables) starts empty, as on a fresh
+# machine, and never lands in the user's cache; subprocesses of the tests inherit it
+if "MMSPEC_CACHE_DIR" not in os.environ:
+    os.environ["MMSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="mmspec-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["MMSPEC_CACHE_DIR"], ignore_errors=True)
 
 import pytest
 import torch

@@ -17,6 +17,10 @@ import torch
 
 from mmspec.core.paths import cache_root
 
+# config entries that say where a model was loaded from, not what it computes: the same model read from another
+# folder reuses its measurements
+WHERE_IT_WAS_LOADED_FROM = ("_name_or_path", "_commit_hash", "_diffusers_version", "transformers_version")
+
 
 def device_fingerprint(device: torch.device) -> dict:
     """What identifies the hardware a measurement was taken on: the accelerator's name, or the CPU's model and the
@@ -46,6 +50,7 @@ def modules_fingerprint(modules: dict[str, torch.nn.Module | None], **extra) -> 
             continue
         config = getattr(module, "config", None)
         config = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+        config = {key: value for key, value in config.items() if key not in WHERE_IT_WAS_LOADED_FROM}
         first = next(module.parameters(), None)
         described[name] = {"class": type(module).__name__, "config": json.loads(json.dumps(config, default=str)),
                            "parameters": sum(p.numel() for p in module.parameters()),

@@ -19,6 +19,9 @@ policy predicts the seconds of one batch of B images decoded with window W as
   predicted excess.
 
 It picks the W of least T and runs SJD at W when that is predicted at least `MARGIN` times faster than AR, else AR.
+A choice, once made, holds for that batch size and CFG setting for the life of the policy (one per pipeline), so a
+seed gives the same image on every call; what later runs reach changes the choices made after `reconsider()` (or
+`remeasure()`), and those of batch sizes not yet seen.
 """
 
 from __future__ import annotations
@@ -114,8 +117,9 @@ class DecodingPolicy:
 
     `choose(model, condition, batch_size, sampling)` measures the cost curve on first use for that model, device,
     batch size and CFG setting (or reads it from `cache`), predicts T(W, B) for AR and every window and returns a
-    `Choice`; `record(choice, batch_size, stats)` folds a finished run's step compression into the acceptance estimate;
-    `remeasure()` makes the next choice measure its cost curve again and overwrite the cached one.
+    `Choice`, the same one on every later call for them; `record(choice, batch_size, stats)` folds a finished run's
+    step compression into the acceptance estimate; `reconsider()` makes the next calls choose again with it, and
+    `remeasure()` also measures their cost curves again (overwriting the cached ones).
     """
 
     def __init__(self, cache: MeasurementCache | None = None, prior: dict[int, dict[int, float]] | None = None,
@@ -127,16 +131,29 @@ class DecodingPolicy:
         self.history: deque[float] = deque(maxlen=HISTORY)
         self._fresh: set[str] = set()  # curve keys measured since the last remeasure()
         self._remeasure = False
+        self._choices: dict[str, Choice] = {}  # (model, batch size, CFG) -> the choice that holds for them
+
+    def reconsider(self) -> None:
+        """Forget the choices made so far: the next call of each batch size chooses again from its cost curve and
+        what this policy's runs reached."""
+        self._choices = {}
 
     def remeasure(self) -> None:
+        """Measure the cost curves again (and overwrite the cached ones) on the next call of each batch size, and
+        choose again."""
         self._remeasure, self._fresh = True, set()
+        self.reconsider()
+
+    @staticmethod
+    def curve_key(batch_size: int, sampling: SamplingConfig) -> str:
+        return f"B={batch_size} {'cfg' if sampling.guidance_scale != 1.0 else 'no cfg'}"
 
     def cost_curve(self, model: DiscreteImageModel, condition, batch_size: int,
                    sampling: SamplingConfig) -> tuple[dict[int, float], bool]:
         """(the cost curve, whether it was measured now rather than read from the cache)."""
         device = model_device(model)
         model_print, device_print = model_fingerprint(model), device_fingerprint(device)
-        key = f"B={batch_size} {'cfg' if sampling.guidance_scale != 1.0 else 'no cfg'}"
+        key = self.curve_key(batch_size, sampling)
         saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
         curve = None if saved is None else {int(W): seconds for W, seconds in saved.items()}
         if curve is not None and set(curve) >= {1, *self.windows}:
@@ -166,6 +183,13 @@ class DecodingPolicy:
         return min(float(window), 1.0 + (self.prior_compression(window, batch_size) - 1.0) * scale)
 
     def choose(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig) -> Choice:
+        key = json.dumps([model_fingerprint(model), self.curve_key(batch_size, sampling)], sort_keys=True)
+        if key not in self._choices:
+            self._choices[key] = self.predict(model, condition, batch_size, sampling)
+        return self._choices[key]
+
+    def predict(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig) -> Choice:
+        """The decoding of least predicted time for this model, device, batch size and CFG setting, now."""
         curve, measured = self.cost_curve(model, condition, batch_size, sampling)
         N = model.grid[0] * model.grid[1]
         ar_seconds = N * curve[1]

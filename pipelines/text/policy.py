@@ -9,7 +9,9 @@ on the caller's prompts for `CALIBRATION_TOKENS` new tokens, once per models, de
 sampled decoding, keeps the tokens per second on disk (`mmspec.core.measured.MeasurementCache`) and picks the
 fastest; a speculative method must beat AR by `MARGIN`, else AR runs. The tokens per second of each run it chose
 then join that method's figure (the mean of the calibration and the last runs), so a method that stops paying on
-the caller's text loses its place.
+the caller's text loses its place once the choice is reconsidered: a choice holds for its batch size and sampling mode
+for the life of the policy (one per pipeline), so a seed gives the same completion on every call, until
+`reconsider()` or `remeasure()`.
 """
 
 from __future__ import annotations
@@ -36,10 +38,16 @@ class TextMethodPolicy:
         self.margin, self.calibration_tokens = margin, calibration_tokens
         self.history: dict[str, dict[str, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=HISTORY)))
         self._remeasure, self._fresh = False, set()
+        self._choices: dict[str, tuple[str, str]] = {}  # key -> the (method, reason) that holds for it
+
+    def reconsider(self) -> None:
+        """Forget the choices made so far: the next call of each key chooses again with the runs' figures."""
+        self._choices = {}
 
     def remeasure(self) -> None:
         """Time every method again on the next choice (and overwrite the cached figures)."""
         self._remeasure, self._fresh = True, set()
+        self.reconsider()
 
     def key(self, batch_size: int, temperature: float) -> str:
         return f"B={batch_size} {'greedy' if temperature == 0 else 'sampled'}"
@@ -67,6 +75,13 @@ class TextMethodPolicy:
 
     def choose(self, pipe, prompts: list[str], options: dict) -> tuple[str, str]:
         """(method, the reason for the stats table) for a call of `pipe` on `prompts` with `options`."""
+        key = self.key(len(prompts), options["temperature"])
+        if key not in self._choices:
+            self._choices[key] = self.predict(pipe, prompts, options)
+        return self._choices[key]
+
+    def predict(self, pipe, prompts: list[str], options: dict) -> tuple[str, str]:
+        """The fastest method by the calibrated figures and the runs since, now."""
         measured, now = self.rates(pipe, prompts, options)
         runs = self.history[self.key(len(prompts), options["temperature"])]
         rates = {m: statistics.fmean([rate, *runs[m]]) for m, rate in measured.items()}

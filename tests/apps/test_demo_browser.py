@@ -65,7 +65,7 @@ def test_generate_shows_both_images_and_the_stats(page):
     expect(page.locator("#map-fast img")).to_be_visible()
     rows = data_rows(page, "image-stats")
     expect(rows).to_have_count(2)
-    expect(cell(page, "image-stats", 1, 0)).to_contain_text("SJD")
+    expect(cell(page, "image-stats", 1, 0)).to_contain_text("auto")
     speedup = cell(page, "image-stats", 1, 4).inner_text().strip()
     assert float(speedup) > 0, speedup
     assert cell(page, "image-stats", 0, 4).inner_text().strip() == "1.00"

@@ -1,6 +1,6 @@
 """`mmspec demo` as users launch it (a separate process on a loopback port, the image tab on a saved pipeline folder):
 it serves before its warm-up ends, holds 8 concurrent image and 8 concurrent text requests, recovers from a cancelled
-request, and its memory stays flat over 100 requests."""
+request, and its memory stays flat over 100 generations."""
 
 import os
 import subprocess
@@ -91,8 +91,13 @@ def test_8_image_and_8_text_requests_at_once_all_complete(served_demo, capsys):
 
 
 def test_a_cancelled_request_does_not_block_the_next(served_demo):
+    """One slot per tab: had the cancelled request kept running, the next would wait for most of a full request
+    before its own (about 1.9 full durations); freed, it takes one."""
     url = served_demo[0]
     client = Client(url, verbose=False, download_files=False)
+    started = time.perf_counter()
+    generate_image(client, seed=12, method="auto").result(timeout=300)
+    full = time.perf_counter() - started
     job = generate_image(client, seed=11, method="auto")  # with CFG: the slowest request
     deadline = time.time() + 120
     while not job.outputs():  # the request is running: it has streamed its first partial image
@@ -100,27 +105,27 @@ def test_a_cancelled_request_does_not_block_the_next(served_demo):
         time.sleep(0.05)
     job.cancel()
     started = time.perf_counter()
-    table = generate_image(client, seed=12).result(timeout=120)[4]
+    table = generate_image(client, seed=12, method="auto").result(timeout=300)[4]
     assert len(table["data"]) == 2
-    # the next request did not wait for the cancelled one to finish its two full decodings
-    assert time.perf_counter() - started < 120
+    assert time.perf_counter() - started < 1.5 * full, (time.perf_counter() - started, full)
     client.close()
 
 
-def test_memory_stays_flat_over_100_requests(served_demo, capsys):
-    """Resident memory after 100 requests (50 image requests of two images each, 50 text requests of two completions
-    each, alternating) is within 10 % of after the first 10."""
+def test_memory_stays_flat_over_100_generations(served_demo, capsys):
+    """Resident memory after 100 generations is within 10 % of after the first 10. A request generates twice (AR and
+    the accelerated method, side by side): 50 requests, alternating image requests (two 64x64 images each) and text
+    requests (two completions each)."""
     url, pid = served_demo[:2]
     client = Client(url, verbose=False, download_files=False)
     readings = {}
-    for request in range(1, 101):
+    for request in range(1, 51):
         job = generate_image(client, seed=request, **LIGHT) if request % 2 else complete_text(client, request)
         job.result(timeout=120)
-        if request in (10, 50, 100):
-            readings[request] = rss_mib(pid)
+        if request in (5, 25, 50):
+            readings[2 * request] = rss_mib(pid)
     client.close()
     growth = readings[100] / readings[10] - 1
     with capsys.disabled():
-        print(f"\ndemo server RSS after 10 / 50 / 100 requests: {readings[10]:.0f} / {readings[50]:.0f} / "
+        print(f"\ndemo server RSS after 10 / 50 / 100 generations: {readings[10]:.0f} / {readings[50]:.0f} / "
               f"{readings[100]:.0f} MiB ({100 * growth:+.1f} % from 10 to 100)")
     assert abs(growth) < 0.10, readings

@@ -71,7 +71,19 @@ def test_the_runs_own_acceptance_moves_the_choice(tmp_path, adapter, pipe):
     policy.record(first, 1, stats)
     assert policy.compression(8, 1) == pytest.approx(observed, rel=0.01)
     assert policy.compression(16, 1) == pytest.approx(1 + (PRIOR[1][16] - 1) / 2, rel=0.01)
+    assert policy.choose(adapter, condition, 1, CFG) is first  # a choice holds until reconsidered
+    policy.reconsider()
     assert policy.choose(adapter, condition, 1, CFG).predicted_speedup < first.predicted_speedup
+
+
+def test_a_seed_gives_the_same_image_on_every_auto_call(pipe):
+    """The runs in between move the acceptance estimate; the choice for a batch size holds, so the tokens repeat."""
+    seeded = lambda: [torch.Generator().manual_seed(i) for i in range(2)]  # noqa: E731
+    first = pipe(["a red circle"] * 2, generator=seeded(), output_type="latent")
+    for _ in range(3):
+        pipe(["a red circle"] * 2, output_type="latent")
+    again = pipe(["a red circle"] * 2, generator=seeded(), output_type="latent")
+    assert again.stats.chosen_by == first.stats.chosen_by and torch.equal(again.images, first.images)
 
 
 def test_an_explicit_setting_wins_over_the_automatic_choice(pipe):

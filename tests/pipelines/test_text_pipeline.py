@@ -46,7 +46,7 @@ def test_sampling_is_reproducible_per_generator(pipe):
 
 
 def test_clear_errors(pipe):
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match="method must be 'auto' or one of"):
         pipe("x = 1", method="beam")
     with pytest.raises(TypeError, match="prompt"):
         pipe([], method="ngram")

@@ -38,8 +38,11 @@ def test_the_fastest_measured_method_wins_and_ar_when_none_pays(tmp_path, pipe):
 
 def test_its_own_runs_move_the_choice(tmp_path, pipe):
     policy = policy_with_rates(tmp_path, pipe, {"model": 300.0, "ngram": 420.0, "layerskip": 260.0, "ar": 240.0})
+    assert policy.choose(pipe, PROMPTS, OPTIONS)[0] == "ngram"
     for _ in range(3):  # prompt lookup stops paying on the caller's text
         policy.record("ngram", 1, 0.0, new_tokens=100, seconds=1.0)
+    assert policy.choose(pipe, PROMPTS, OPTIONS)[0] == "ngram"  # the choice holds: same seed, same text
+    policy.reconsider()
     assert policy.choose(pipe, PROMPTS, OPTIONS)[0] == "model"  # ngram: mean(420, 100, 100, 100) = 180
 
 
