@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
-from mmspec.core.text import speculative_generate
+from mmspec.text import speculative_generate
+from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
 from mmspec.zoo.text_corpus import held_out_prompts
 

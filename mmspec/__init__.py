@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "speculative_generate": "mmspec.core.text",
+    "speculative_generate": "mmspec.text.generate",
     "AutoARImagePipeline": "mmspec.pipelines.auto",
     "LlamaGenPipeline": "mmspec.pipelines.llamagen",
     "JanusPipeline": "mmspec.pipelines.janus",

@@ -6,7 +6,8 @@
 A module imports only its own unit or a unit of a lower layer: siblings never import each other (the decoders never
 import a model family, `eval` never imports a training script, `apps` never imports the CLI or `eval`), nothing in the
 package imports the `mmspec` facade (it exists for users), Gradio is imported by `mmspec.apps` alone and torchmetrics by
-`mmspec.eval` alone, and no file anywhere imports the repository folders `pipelines`, `apps`, `eval` as top-level
+`mmspec.eval` alone, `mmspec.core` imports torch and the standard library only (no transformers: the text engine
+with its transformers caches is `mmspec.text`), and no file anywhere imports the repository folders `pipelines`, `apps`, `eval` as top-level
 modules (they install as `mmspec.pipelines`, `mmspec.apps`, `mmspec.eval`). Every import counts, lazy ones inside
 functions and `TYPE_CHECKING` blocks included.
 """
@@ -14,6 +15,7 @@ functions and `TYPE_CHECKING` blocks included.
 from __future__ import annotations
 
 import ast
+import sys
 import tomllib
 from pathlib import Path
 
@@ -31,6 +33,7 @@ LAYERS = (
 )
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
 ONLY_IMPORTED_BY = {"gradio": "mmspec.apps", "torchmetrics": "mmspec.eval"}
+CORE_THIRD_PARTY = {"torch"}  # what mmspec.core may import besides the standard library and itself
 REPOSITORY_FOLDERS = ("pipelines", "apps", "eval")  # importable only as mmspec.<name>
 
 
@@ -81,6 +84,9 @@ def violations(files: list[Path], roots: dict[Path, str]) -> list[str]:
                 why = f"the repository folder {top}/ installs as mmspec.{top}"
             elif importer is None:
                 pass  # tests and scripts outside the package may import any part of mmspec
+            elif (unit_of(importer) == "mmspec.core" and top not in CORE_THIRD_PARTY | {"mmspec", "__future__"}
+                  and top not in sys.stdlib_module_names):
+                why = f"mmspec.core imports only torch and the standard library, not {top}"
             elif top in ONLY_IMPORTED_BY and unit_of(importer) != ONLY_IMPORTED_BY[top]:
                 why = f"only {ONLY_IMPORTED_BY[top]} imports {top}"
             elif imported == "mmspec":
@@ -115,6 +121,8 @@ def test_the_package_graph_holds():
 
 PLANTED = {  # importer (a module path under the planted package) -> a line that breaks the graph
     "mmspec/core/planted.py": "from mmspec.image.jacobi import SJDDecoding",
+    "mmspec/core/planted_text.py": "from mmspec.text.generate import speculative_generate",
+    "mmspec/core/planted_transformers.py": "def lazy():\n    from transformers import DynamicCache",
     "mmspec/image/planted.py": "from mmspec.models.llamagen.gpt import LlamaGenTransformer",
     "mmspec/video/planted.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mmspec.models import x",
     "mmspec/image/planted_sibling.py": "import mmspec.continuous.diffusion",

@@ -6,12 +6,12 @@ shows the check can fail: the undecorated `encode_prompt` does return a tensor t
 import pytest
 import torch
 
-from mmspec.core.drafts import ModelDrafter
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.core.text import speculative_generate
 from mmspec.image import ARDecoding, DraftModelDecoding, SJDDecoding
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
+from mmspec.text import speculative_generate
+from mmspec.text.drafters import ModelDrafter
 
 
 def tensors_in(value):

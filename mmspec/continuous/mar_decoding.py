@@ -23,8 +23,8 @@ import torch
 
 from mmspec.continuous.acceptance import verify_paper, verify_trajectories
 from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
+from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.rng import keyed_normal, keyed_uniform
-from mmspec.core.stats import SpecStats
 
 NOISE, UNIFORM, ORDER = 0, 1, 2  # key domains of the keyed draws
 ACCEPTANCE_MODES = ("exact", "paper")
@@ -118,7 +118,7 @@ def _check(model, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
 @torch.no_grad()
 def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSchedule,
              labels: torch.Tensor | None = None, guidance_scale: float = 1.0,
-             temperature: float = 1.0) -> tuple[torch.Tensor, SpecStats]:
+             temperature: float = 1.0) -> tuple[torch.Tensor, ContinuousStats]:
     """Plain MAR sampling on `plan` (tokens per step): returns tokens [B, L, C] and its stats (target_forwards =
     encoder-decoder passes)."""
     _check(model, seeds, labels)
@@ -128,7 +128,7 @@ def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSch
     orders = sample_orders(seeds, L)
     tokens = torch.zeros(B, L, C, device=model.device, dtype=model.dtype)
     unknown = torch.ones(B, L, dtype=torch.bool, device=model.device)
-    stats, conditioner, done = SpecStats(speculative=False), _Conditioner(model, labels, guidance_scale), 0
+    stats, conditioner, done = ContinuousStats(speculative=False), _Conditioner(model, labels, guidance_scale), 0
     start = time.perf_counter()
     for count in plan:
         positions = orders[:, done : done + count]  # [B, n]
@@ -139,7 +139,7 @@ def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSch
     return tokens, _finish(stats, B, L, start)
 
 
-def _finish(stats: SpecStats, batch_size: int, seq_len: int, start: float) -> SpecStats:
+def _finish(stats: ContinuousStats, batch_size: int, seq_len: int, start: float) -> ContinuousStats:
     """Per-row totals (every row takes part in every pass) and the wall clock."""
     stats.new_tokens = torch.full((batch_size,), seq_len, dtype=torch.long)
     stats.steps = torch.full((batch_size,), stats.target_forwards, dtype=torch.long)
@@ -154,7 +154,7 @@ def _finish(stats: SpecStats, batch_size: int, seq_len: int, start: float) -> Sp
 def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
                          labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
                          gamma: int = 4, prefill_ratio: float = 0.0, acceptance: str = "exact",
-                         max_tries: int = 100, proposals_per_round: int = 8) -> tuple[torch.Tensor, SpecStats]:
+                         max_tries: int = 100, proposals_per_round: int = 8) -> tuple[torch.Tensor, ContinuousStats]:
     """Speculative MAR sampling (see the module docstring): tokens [B, L, C] and counters. `gamma` draft steps per
     target pass; the first `floor(num_iter * prefill_ratio)` steps are the target's own; a rejected token's residual
     draws `proposals_per_round` target proposals per batched round, at most `max_tries` in all."""
@@ -176,7 +176,7 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
     orders = sample_orders(seeds, L)
     tokens = torch.zeros(B, L, C, device=target.device, dtype=target.dtype)
     unknown = torch.ones(B, L, dtype=torch.bool, device=target.device)
-    stats = SpecStats(log_ratio_terms={}, residual_tries=[])
+    stats = ContinuousStats(log_ratio_terms={}, residual_tries=[])
     start = time.perf_counter()
     conditioners = {"target": _Conditioner(target, labels, guidance_scale),
                     "draft": _Conditioner(draft, labels, guidance_scale)}

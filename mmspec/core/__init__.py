@@ -1,17 +1,13 @@
-"""The shared speculative core: model-agnostic tensor code used by every decoder (text, image, video).
+"""The shared speculative core: model-agnostic tensor code used by every decoder (text, image, continuous, video).
 
-probs (logits -> laws), verify / multidraft (acceptance rules), drafts (Draft record, drafters, draft-length schedules),
-cache (per-row KV rollback), stats (SpecStats), rng (caller-owned randomness), text (speculative_generate).
+probs (logits -> laws), drafts (the Draft record), verify / multidraft (acceptance rules and their residuals), rng
+(caller-owned and keyed randomness), stats (the stats every decoding returns). It imports torch only; the text engine
+is `mmspec.text`.
 """
 
-from mmspec.core.drafts import Draft, DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
+from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
-from mmspec.core.text import speculative_generate
 from mmspec.core.verify import ACCEPTANCE_RULES, LOSSLESS_RULES, VerifyResult
 
-__all__ = [
-    "ACCEPTANCE_RULES", "LOSSLESS_RULES", "Draft", "DraftLengthSchedule", "LayerSkipDrafter", "ModelDrafter",
-    "NGramDrafter", "SamplingConfig", "SpecStats", "VerifyResult", "early_exit_view", "process_logits",
-    "speculative_generate",
-]
+__all__ = ["ACCEPTANCE_RULES", "LOSSLESS_RULES", "Draft", "SamplingConfig", "SpecStats", "VerifyResult", "process_logits"]

@@ -1,4 +1,9 @@
-"""SpecStats: what every speculative generate call returns next to its output (DESIGN.md §2.6).
+"""The stats every decoding returns next to its output (DESIGN.md §2.6): one family.
+
+`DecodingStats` is the base every modality shares: model calls, tokens committed per row, the acceptance map, timings,
+what ran and why, `as_dict()` / `table()`. Each modality's subclass only adds: `SpecStats` (token-level speculation:
+drafted / accepted counts, the acceptance histogram, a lossy rule's realised distortion; image decodings return it),
+`mmspec.text.TextStats`, `mmspec.continuous.ContinuousStats`, `mmspec.video.FrameStats`.
 
 Counters accumulate as device tensors inside the decoding loop (no host sync) and are read once at the end.
 Two acceptance figures, one definition for every drafter and modality:
@@ -19,27 +24,17 @@ import torch
 
 
 @dataclass
-class SpecStats:
-    """Counters of one generate call.
+class DecodingStats:
+    """Counters of one generate call, whatever the modality.
 
-    target_forwards: target model calls, prefill included; prefill_forwards: those that only prefilled. draft_forwards: draft model calls (0 for model-free drafters).
-    steps: [B] long, verification steps each row took part in. new_tokens: [B] long, tokens generated per row.
-    accept_hist: [L_max + 1] long, how often n draft tokens were accepted in a row-step.
-    drafted: total draft tokens proposed; accepted: total draft tokens accepted.
-    excess_acceptance: lossy rules only, alpha_rule - alpha_exact: the mean over tested draft positions (up to and
-        including each step's first rejection) of the rule's acceptance probability minus the exact rule's. For
-        LANTERN (G* residual) it estimates the mean per-position TV distance of the output law from p, the realised
-        distortion; 0 = none. excess_per_sample: the same summed over a sample's positions (mean over rows), an
-        estimate of the summed per-position TV, which bounds the TV of the whole sequence's law.
-    timings: seconds spent per phase ("draft", "target", "verify", "total").
-    speculative: False for plain AR decoding (no drafts: the acceptance fields are left out of `as_dict`).
-    method: the decoding that ran (e.g. "SJDDecoding(window=8, ...)"); chosen_by: why, when `decoding="auto"` chose it.
-    acceptance_map: [B, N] long, which forward committed each generated token: image decodings count the prefill as 0,
-        text (`speculative_generate`) counts its verification steps from 1 and marks padding after EOS with -1.
-    from_draft: text only: [B, N] bool, True where the token is an accepted draft token (else the target drew it).
-    residual_tries: continuous tokens: [rejected drafts] long, proposals each residual draw took; fallbacks: residual
-        draws that hit the try cap and kept a target sample; log_ratio_terms: the acceptance log ratio of every verified
-        token, term by term (name -> [drafted]; "log_ratio" for the exact rule, the released CSpD rule's three terms).
+    target_forwards: target model calls, prefill included; prefill_forwards: those that only prefilled.
+    draft_forwards: draft model calls (0 for model-free drafters and plain decoding).
+    steps: [B] long, verification steps (forwards after the prefill) each row took part in.
+    new_tokens: [B] long, tokens generated per row (None until the call has generated).
+    acceptance_map: [B, N] long, which forward committed each generated token: image decodings count the prefill as
+        0, text (`speculative_generate`) counts its verification steps from 1 and marks padding after EOS with -1.
+    timings: seconds spent per phase ("draft", "target", "verify", "total", ...).
+    method: the decoding that ran (e.g. "SJD(window=8, ...)"); chosen_by: why, when the default chose it.
     """
 
     target_forwards: int = 0
@@ -47,20 +42,63 @@ class SpecStats:
     draft_forwards: int = 0
     steps: torch.Tensor | None = None
     new_tokens: torch.Tensor | None = None
+    acceptance_map: torch.Tensor | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    method: str | None = None
+    chosen_by: str | None = None
+
+    @property
+    def tokens_generated(self) -> int:
+        """Tokens committed, summed over rows."""
+        return 0 if self.new_tokens is None else int(self.new_tokens.sum())
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        """Generated tokens per target forward a row took part in (prefill included); 1.0 for AR."""
+        if self.new_tokens is None:
+            return 0.0
+        steps = 0 if self.steps is None else int(self.steps.sum())
+        forwards = steps + self.prefill_forwards * self.new_tokens.numel()
+        return self.tokens_generated / max(1, forwards)
+
+    def as_dict(self) -> dict:
+        """The figures as plain Python values (what the CLI prints and benchmarks store)."""
+        described = {key: value for key, value in (("method", self.method), ("chosen_by", self.chosen_by)) if value}
+        return {**described, "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
+                "new_tokens": self.tokens_generated,
+                "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),
+                "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
+
+    def table(self) -> str:
+        """A two-column text table of `as_dict()` for the CLI (timings one row per phase)."""
+        d = self.as_dict()
+        rows = [(k, v) for k, v in d.items() if k != "timings_s"]
+        rows += [(f"time {k} (s)", v) for k, v in d.get("timings_s", {}).items()]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+@dataclass
+class SpecStats(DecodingStats):
+    """`DecodingStats` of token-level speculation (image and text decodings, continuous tokens) adds:
+
+    accept_hist: [L_max + 1] long, how often n draft tokens were accepted in a row-step.
+    drafted: total draft tokens proposed; accepted: total draft tokens accepted.
+    excess_acceptance: lossy rules only: the realised distortion per position, the total-variation distance of the
+        output law from the model's at a position, averaged over the tested draft positions (up to and including
+        each step's first rejection). It is measured as alpha_rule - alpha_exact, the rule's acceptance probability
+        of the draft minus the exact rule's, which for LANTERN with the G* residual equals that TV exactly; 0 = none.
+        excess_per_sample: the same summed over a sample's positions (mean over rows): the summed per-position TV,
+        which bounds the TV of the whole sequence's law.
+    speculative: False for plain AR decoding (no drafts: the acceptance fields are left out of `as_dict`).
+    """
+
     accept_hist: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.long))
     drafted: int = 0
     accepted: int = 0
     excess_acceptance: float | None = None
     excess_per_sample: float | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    acceptance_map: torch.Tensor | None = None
-    from_draft: torch.Tensor | None = None
-    residual_tries: torch.Tensor | None = None
-    fallbacks: int = 0
-    log_ratio_terms: dict[str, torch.Tensor] | None = None
     speculative: bool = True
-    method: str | None = None
-    chosen_by: str | None = None
     _pending: list = field(default_factory=list, repr=False)
 
     def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor | None = None,
@@ -96,15 +134,10 @@ class SpecStats:
             self.excess_per_sample = float(excess.sum()) / max(1, self.steps.numel())
 
     @property
-    def tokens_per_target_forward(self) -> float:
-        """Generated tokens per target forward a row took part in (prefill included); 1.0 for AR with `generate`."""
-        forwards = int(self.steps.sum()) + self.prefill_forwards * self.new_tokens.numel()
-        return float(self.new_tokens.sum()) / max(1, forwards)
-
-    @property
     def mean_accepted_length(self) -> float:
         """tau: tokens emitted per verification step per row, bonus included (1.0 for AR)."""
-        return float(self.new_tokens.sum()) / max(1, int(self.steps.sum()))
+        steps = 0 if self.steps is None else int(self.steps.sum())
+        return self.tokens_generated / max(1, steps)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -112,15 +145,13 @@ class SpecStats:
         return self.accepted / self.drafted if self.drafted else None
 
     def as_dict(self) -> dict:
-        described = {key: value for key, value in (("method", self.method), ("chosen_by", self.chosen_by)) if value}
-        counts = {"target_forwards": self.target_forwards, "new_tokens": int(self.new_tokens.sum()),
-                  "tokens_per_target_forward": round(self.tokens_per_target_forward, 4)}
+        base = super().as_dict()
+        timings = base.pop("timings_s")
         if not self.speculative:
-            return {**described, **counts, "timings_s": {k: round(v, 4) for k, v in self.timings.items()}}
+            base.pop("draft_forwards")
+            return {**base, "timings_s": timings}
         return {
-            **described,
-            **counts,
-            "draft_forwards": self.draft_forwards,
+            **base,
             "mean_accepted_length": round(self.mean_accepted_length, 4),
             "drafted": self.drafted,
             "accepted": self.accepted,
@@ -129,21 +160,9 @@ class SpecStats:
                 "lossy_excess_acceptance": round(self.excess_acceptance, 4),
                 "lossy_excess_per_sample": round(self.excess_per_sample, 4),
             }),
-            **({} if self.residual_tries is None else {
-                "mean_residual_tries": round(self.residual_tries.double().mean().item(), 4)
-                if self.residual_tries.numel() else 0.0,
-                "residual_fallbacks": self.fallbacks,
-            }),
             "accept_hist": self.accept_hist.tolist(),
-            "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
+            "timings_s": timings,
         }
-
-    def table(self) -> str:
-        """A two-column text table for the CLI."""
-        d = self.as_dict()
-        rows = [(k, v) for k, v in d.items() if k != "timings_s"] + [(f"time {k} (s)", v) for k, v in d["timings_s"].items()]
-        width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 class PhaseTimer:

@@ -234,7 +234,30 @@ def verify_lantern_greedy(
 def _verify_chain(p: torch.Tensor, draft: Draft, generator: Generators, relaxation: Relaxation | None) -> VerifyResult:
     B, L, V = _check(p, draft)
     # drawn for every position, so the random stream never depends on acceptance
-    u = uniform((B, L), generator, p.device, p.dtype)
+    outcome = chain_outcome(p, draft, uniform((B, L), generator, p.device, p.dtype), relaxation)
+    return outcome.result(sample(outcome.next_law, generator))
+
+
+@dataclass(frozen=True)
+class ChainOutcome:
+    """A chain's acceptance tests before the closing token is drawn. n_accepted, accept_mask, excess_acceptance as
+    in `VerifyResult`; next_law: [B, V], the law of the closing token: the residual at the first rejection, else the
+    target law after the last accepted draft (the bonus). rejected: [B] bool, which of the two."""
+
+    n_accepted: torch.Tensor
+    accept_mask: torch.Tensor
+    next_law: torch.Tensor
+    rejected: torch.Tensor
+    excess_acceptance: torch.Tensor | None
+
+    def result(self, next_token: torch.Tensor) -> VerifyResult:
+        return VerifyResult(self.n_accepted, next_token, self.accept_mask, self.excess_acceptance)
+
+
+def chain_outcome(p: torch.Tensor, draft: Draft, u: torch.Tensor, relaxation: Relaxation | None) -> ChainOutcome:
+    """The exact (relaxation None) or LANTERN chain test of `draft` with the caller's uniforms u: [B, L] (one per
+    draft position); p as in `verify_exact`. Pure tensor code: decoders that draw their own uniforms (SJD) share it."""
+    B, L, V = _check(p, draft)
     p_x, q_x = _target_at_tokens(p, draft), draft_law_at_tokens(draft, p.dtype)
     p_A = p_x if relaxation is None else relaxed_draft_mass(p[:, :L], draft.tokens, relaxation)
     rule = accept_probability(p_A, q_x)
@@ -248,8 +271,7 @@ def _verify_chain(p: torch.Tensor, draft: Draft, generator: Generators, relaxati
         residual = residual_law(p_n, q_n) if relaxation is None else relaxed_residual(p_n, q_n, relaxation)
         next_law = torch.where(rejected[:, None], residual, p_n)
     excess = None if relaxation is None else excess_acceptance(rule, accept_probability(p_x, q_x), n, draft.lengths)
-    return VerifyResult(n_accepted=n, next_token=sample(next_law, generator), accept_mask=accept,
-                        excess_acceptance=excess)
+    return ChainOutcome(n, accept, next_law, rejected, excess)
 
 
 def excess_acceptance(rule: torch.Tensor, exact: torch.Tensor, n: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

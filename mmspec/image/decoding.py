@@ -90,6 +90,41 @@ def probs_of(
     return torch.where((token >= 0)[..., None], one_hot, p)
 
 
+@dataclass(frozen=True)
+class Opening:
+    """What every image decoding starts from: the image span (N tokens, V ids, forced tokens [N] or None), the
+    model's state after the condition prefill, image token 0 of each row ([B] long, drawn from the prefill's
+    logits with the caller's generator), the dtype of the processed laws (float32, or float64 for a float64 model),
+    the phase timer of `stats` and the start time."""
+
+    N: int
+    V: int
+    forced: torch.Tensor | None
+    state: Any
+    first_token: torch.Tensor
+    dtype: torch.dtype
+    timer: PhaseTimer
+    started: float
+
+
+def open_decoding(model: DiscreteImageModel, condition: Any, sampling: SamplingConfig, generator: Generators,
+                  stats: SpecStats, max_window: int = 1) -> Opening:
+    """Check the span, prefill the condition (one target forward, counted) and draw image token 0."""
+    started = time.perf_counter()
+    timer = PhaseTimer(stats.timings)
+    N, V, forced = image_span(model)
+    with timer("target"):
+        state, logits = model.prefill(condition, cfg=sampling.guidance_scale != 1.0, max_window=max_window)
+    stats.target_forwards += 1
+    stats.prefill_forwards += 1
+    B, device = logits.cond.shape[0], logits.cond.device
+    check_generators(generator, B)
+    with timer("sample"):
+        p0 = probs_of(logits.at(slice(-1, None)), sampling, torch.zeros(B, 1, dtype=torch.long, device=device), forced)
+        first_token = sample(p0[:, 0], generator)
+    return Opening(N, V, forced, state, first_token, p0.dtype, timer, started)
+
+
 class Commits:
     """Per-row progress of a speculative image decoding: the committed token buffer, committed lengths, and the
     stats that follow them (steps, acceptance map, totals). Shared by the decodings that verify windows of drafts.
@@ -155,33 +190,27 @@ class ARDecoding:
 
     @torch.no_grad()
     def __call__(self, model, condition, sampling, generator, stats):
-        start = time.perf_counter()
-        timer = PhaseTimer(stats.timings)
         stats.speculative = False
-        N, _, forced = image_span(model)
-        with timer("target"):
-            state, logits = model.prefill(condition, cfg=sampling.guidance_scale != 1.0)
-        stats.target_forwards += 1
-        stats.prefill_forwards += 1
-        B = logits.cond.shape[0]
-        check_generators(generator, B)
-        device = logits.cond.device
+        opening = open_decoding(model, condition, sampling, generator, stats)
+        N, forced, state, timer = opening.N, opening.forced, opening.state, opening.timer
+        B, device = opening.first_token.shape[0], opening.first_token.device
         tokens = torch.full((B, N), PAD_ID, dtype=torch.long, device=device)
-        done = 0
+        tokens[:, 0] = opening.first_token
+        done = 1
         try:
-            for i in range(N):
+            yield DecodeStep(0, tokens.clone(), torch.ones(B, dtype=torch.long, device=device), done)
+            for i in range(1, N):
+                with timer("target"):
+                    logits = model.forward(tokens[:, i - 1 : i], state)
+                stats.target_forwards += 1
                 with timer("sample"):
                     p = probs_of(logits.at(slice(-1, None)), sampling, torch.full((B, 1), i, device=device), forced)
                     tokens[:, i] = sample(p[:, 0], generator)
                 done = i + 1
-                if done < N:
-                    with timer("target"):
-                        logits = model.forward(tokens[:, i : i + 1], state)
-                    stats.target_forwards += 1
                 yield DecodeStep(i, tokens.clone(), torch.full((B,), done, dtype=torch.long, device=device), done)
         finally:  # also when the caller stops early (closes this generator): count what was generated
-            stats.steps = torch.full((B,), max(done - 1, 0), dtype=torch.long)
+            stats.steps = torch.full((B,), done - 1, dtype=torch.long)
             stats.new_tokens = torch.full((B,), done, dtype=torch.long)
             stats.acceptance_map = torch.arange(N).expand(B, N)  # forward i (0 = the prefill) commits token i
-            stats.timings["total"] = time.perf_counter() - start
+            stats.timings["total"] = time.perf_counter() - opening.started
             stats.finalize()

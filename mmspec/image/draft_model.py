@@ -19,16 +19,14 @@ the same width, so a row's random stream does not depend on the rest of its batc
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.rng import Generators, check_generators, inverse_cdf, sample, uniform
-from mmspec.core.stats import PhaseTimer, SpecStats
+from mmspec.core.rng import Generators, inverse_cdf, uniform
+from mmspec.core.stats import SpecStats
 from mmspec.core.verify import verify_exact, verify_lantern
-from mmspec.image.decoding import Commits, image_span, probs_of
+from mmspec.image.decoding import Commits, open_decoding, probs_of
 from mmspec.image.lantern import LanternAcceptance, NeighbourTable
 from mmspec.image.protocol import DiscreteImageModel
 
@@ -68,33 +66,25 @@ class DraftModelDecoding:
     def __call__(
         self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
     ):
-        start = time.perf_counter()
-        timer = PhaseTimer(stats.timings)
-        N, V, forced = image_span(model)
         drafter = self._check_drafter(model)
-        relaxation = self.acceptance.relaxation(model, V, sampling)
         G = self.draft_length
         W = G + 1
-        cfg = sampling.guidance_scale != 1.0
-        with timer("target"):
-            state, logits = model.prefill(condition, cfg=cfg, max_window=W)
+        opening = open_decoding(model, condition, sampling, generator, stats, max_window=W)
+        N, forced, state, timer = opening.N, opening.forced, opening.state, opening.timer
+        relaxation = self.acceptance.relaxation(model, opening.V, sampling)
         with timer("draft"):
-            draft_state, _ = drafter.prefill(condition, cfg=cfg, max_window=W)
-        stats.target_forwards += 1
-        stats.prefill_forwards += 1
+            draft_state, _ = drafter.prefill(condition, cfg=sampling.guidance_scale != 1.0, max_window=W)
         stats.draft_forwards += 1
-        B, device = logits.cond.shape[0], logits.cond.device
-        check_generators(generator, B)
+        B, device = opening.first_token.shape[0], opening.first_token.device
         window = torch.arange(W, device=device)
-        p0 = probs_of(logits.at(slice(-1, None)), sampling, torch.zeros(B, 1, dtype=torch.long, device=device), forced)
-        rows = Commits(sample(p0[:, 0], generator), N, W, stats)
+        rows = Commits(opening.first_token, N, W, stats)
         try:
             yield rows.progress()
             while rows.minimum < N:
                 committed, active = rows.committed, rows.active
                 positions = committed[:, None] + window  # [B, W] absolute positions the target predicts
                 with timer("draft"):
-                    draws = uniform((B, G), generator, device, p0.dtype)
+                    draws = uniform((B, G), generator, device, opening.dtype)
                     context = 1 if rows.step == 0 else 2
                     tokens = rows.seq.gather(1, committed[:, None] - context + torch.arange(context, device=device))
                     drafts, laws = [], []
@@ -130,7 +120,7 @@ class DraftModelDecoding:
                     drafter.rollback(draft_state, rows.committed - 2)  # the drafter re-reads [x_{c-2}, x_{c-1}]
                 yield rows.progress()
         finally:  # also when the caller stops early: count what was committed
-            rows.finish(start)
+            rows.finish(opening.started)
 
     def _check_drafter(self, model: DiscreteImageModel) -> DiscreteImageModel:
         if self.drafter is None:

@@ -41,30 +41,26 @@ residual, verifying draft i against the law of i - 1, or forcing an acceptance e
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
+from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.rng import Generators, check_generators, inverse_cdf, sample, uniform
-from mmspec.core.stats import PhaseTimer, SpecStats
+from mmspec.core.rng import Generators, inverse_cdf, keyed_uniform, sample_seeds, uniform
+from mmspec.core.stats import SpecStats
 from mmspec.core.verify import (
     Relaxation,
     VerifyResult,
     accept_probability,
-    excess_acceptance,
+    chain_outcome,
     first_rejection,
-    relaxed_draft_mass,
-    relaxed_residual,
     residual_law,
-    take_position,
 )
-from mmspec.image.decoding import Commits, forced_at, image_span, probs_of
+from mmspec.image.decoding import Commits, forced_at, open_decoding, probs_of
 from mmspec.image.lantern import LanternAcceptance, NeighbourTable
 from mmspec.image.protocol import DiscreteImageModel
 from mmspec.options import COUPLINGS, INITS
-
 
 
 @dataclass(frozen=True)
@@ -106,29 +102,23 @@ def jacobi_step(
     p_draft = p[:, :-1]  # p_j scores the draft at output position j
     p_x = p_draft.gather(-1, drafts[..., None]).squeeze(-1)
     q_x = q.gather(-1, drafts[..., None]).squeeze(-1)
-    exact = accept_probability(p_x, q_x)
-    keep = (uniforms[:, 0, : W - 1] < exact) & has_draft  # the exact test, which also couples the redrafts
-    accept = keep
-    if relaxation is not None:
-        p_A = relaxed_draft_mass(p_draft, drafts, relaxation)
-        rule = accept_probability(p_A, q_x)
-        accept = (uniforms[:, 0, : W - 1] < rule) & has_draft
-    n = first_rejection(accept)  # [B]
+    keep = (uniforms[:, 0, : W - 1] < accept_probability(p_x, q_x)) & has_draft  # exact; also couples the redrafts
     residual = inverse_cdf(residual_law(p_draft, q), uniforms[:, 1, : W - 1])  # [B, W - 1]
     fresh = inverse_cdf(p, uniforms[:, 2, :W])  # [B, W]
     # Maximal coupling of each draft with p: the draft where the exact test keeps it, else the residual; a position
     # without a draft (the last one, or past a row's real drafts) draws p. Exact acceptance commits it at j = n.
     at_drafts = torch.where(has_draft, torch.where(keep, drafts, residual), fresh[:, :-1])
     coupled = torch.cat([at_drafts, fresh[:, -1:]], 1)
-    next_token = coupled.gather(1, n[:, None]).squeeze(1)
-    excess = None
-    if relaxation is not None:
-        excess = excess_acceptance(rule, exact, n, lengths)
-        if W > 1:  # the token that closes a rejected run comes from G*, drawn with the same residual uniform
-            j = n.clamp(max=W - 2)
-            star = relaxed_residual(take_position(p_draft, j), take_position(q, j), relaxation)
-            star_token = inverse_cdf(star, uniforms[:, 1].gather(1, j[:, None]).squeeze(1))
-            next_token = torch.where(n < lengths, star_token, next_token)
+    if relaxation is None:
+        accept, excess = keep, None
+        n = first_rejection(accept)  # [B]
+        next_token = coupled.gather(1, n[:, None]).squeeze(1)
+    else:  # the core's chain test with the same uniforms; the closing token is drawn with the uniform of its kind
+        outcome = chain_outcome(p, Draft(drafts, lengths, q), uniforms[:, 0, : W - 1], relaxation)
+        accept, excess, n = outcome.accept_mask, outcome.excess_acceptance, outcome.n_accepted
+        u_residual = uniforms[:, 1].gather(1, n.clamp(max=max(W - 2, 0))[:, None]).squeeze(1)
+        u_fresh = uniforms[:, 2].gather(1, n[:, None]).squeeze(1)
+        next_token = inverse_cdf(outcome.next_law, torch.where(outcome.rejected, u_residual, u_fresh))
     if coupling == "maximal":
         redraft = coupled
     elif coupling == "gumbel":
@@ -185,29 +175,21 @@ class SJDDecoding:
     def __call__(
         self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
     ):
-        start = time.perf_counter()
-        timer = PhaseTimer(stats.timings)
-        N, V, forced = image_span(model)
-        relaxation = self.acceptance.relaxation(model, V, sampling)
         L = self.window
-        with timer("target"):
-            state, logits = model.prefill(condition, cfg=sampling.guidance_scale != 1.0, max_window=L)
-        stats.target_forwards += 1
-        stats.prefill_forwards += 1
-        B, device = logits.cond.shape[0], logits.cond.device
-        check_generators(generator, B)
+        opening = open_decoding(model, condition, sampling, generator, stats, max_window=L)
+        N, V, forced, state, timer = opening.N, opening.V, opening.forced, opening.state, opening.timer
+        relaxation = self.acceptance.relaxation(model, V, sampling)
+        B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
 
-        # Per-row state over absolute positions 0 .. N + L - 1 (past N: scratch for windows that overhang the image).
-        # seq holds the committed tokens, then the current drafts; laws the law each draft was drawn from.
+        # seq holds each row's committed tokens, then its current drafts, over absolute positions 0 .. N + L - 1
+        # (past N: scratch for windows that overhang the image). The law each draft was drawn from is kept for the
+        # live positions only: drafts lie in [committed, committed + L), so a ring of L laws indexed by position
+        # mod L never overwrites a live one. Gumbel vectors are keyed by (row seed, position, id), not stored.
         with timer("draft"):
-            p0 = probs_of(logits.at(slice(-1, None)), sampling, torch.zeros(B, 1, dtype=torch.long, device=device),
-                          forced)
-            rows = Commits(sample(p0[:, 0], generator), N, L, stats)
+            rows = Commits(opening.first_token, N, L, stats)
             seq = rows.seq
-            laws = torch.zeros(B, N + L, V, dtype=p0.dtype, device=device)
-            gumbel = None
-            if self.coupling == "gumbel":
-                gumbel = -(-uniform((B, N + L, V), generator, device, p0.dtype).clamp(min=1e-30).log()).log()
+            laws = Ring(torch.zeros(B, L, V, dtype=dtype, device=device))
+            seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
             span = DraftSpan.of(forced, N, L, V, device)
         drafted_end = rows.committed.clone()  # positions < drafted_end hold a committed token or a draft
         try:
@@ -219,7 +201,7 @@ class SJDDecoding:
                 outputs_at = inputs_at + 1
                 with timer("draft"):
                     # A fixed number of draws per row and iteration (init, accept, residual, fresh), whatever W is.
-                    uniforms = uniform((B, 4, L), generator, device, p0.dtype)
+                    uniforms = uniform((B, 4, L), generator, device, dtype)
                     self._initialise(seq, laws, inputs_at[:, 1:], drafted_end, uniforms[:, 0], model.grid[1], forced,
                                      span)
                     inputs = seq.gather(1, inputs_at)
@@ -229,23 +211,23 @@ class SJDDecoding:
                 with timer("verify"):
                     p = probs_of(logits, sampling, outputs_at, forced)  # [B, W, V]
                     lengths = rows.draft_lengths(W)
-                    q = laws.gather(1, _rows(inputs_at[:, 1:], V))
-                    g = None if gumbel is None else gumbel.gather(1, _rows(outputs_at, V))
-                    result = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g, relaxation)
+                    g = None if seeds is None else gumbel(seeds, outputs_at, V, p.dtype)
+                    result = jacobi_step(p, inputs[:, 1:], laws.read(inputs_at[:, 1:]), lengths, uniforms[:, 1:],
+                                         self.coupling, g, relaxation)
                     _write(seq, outputs_at, result.tokens, active[:, None])
-                    _write(laws, outputs_at, result.laws, active[:, None])
+                    laws.write(outputs_at, result.laws, active[:, None])
                     drafted_end = torch.where(active, committed + W, drafted_end)
                     rows.advance(result.verify, lengths)
                 with timer("target"):
                     model.rollback(state, rows.committed - 1)  # the last committed token opens the next window
                 yield rows.progress()
         finally:  # also when the caller stops early: count what was committed
-            rows.finish(start)
+            rows.finish(opening.started)
 
     def _initialise(
         self,
         seq: torch.Tensor,
-        laws: torch.Tensor,
+        laws: Ring,
         positions: torch.Tensor,
         drafted_end: torch.Tensor,
         draws: torch.Tensor,
@@ -255,11 +237,11 @@ class SJDDecoding:
     ) -> None:
         """Draft the window positions [B, W - 1] that no earlier window reached (>= drafted_end), in place; draws:
         [B, >= W - 1] uniforms for the random initialisation. Free positions get image tokens only (`span`)."""
-        V = laws.shape[-1]
+        V = laws.buffer.shape[-1]
         if self.init == "random":
             F = span.ids.shape[0]
             tokens = span.ids[(draws[:, : positions.shape[1]] * F).long().clamp(max=F - 1)]
-            law = span.uniform.to(laws.dtype).expand(*positions.shape, V)
+            law = span.uniform.to(laws.buffer.dtype).expand(*positions.shape, V)
         else:
             last = span.last_free_at(drafted_end - 1)[:, None].expand_as(positions)
             source = last
@@ -267,14 +249,15 @@ class SJDDecoding:
                 above = positions - ((positions - drafted_end[:, None]) // width + 1) * width
                 source = torch.where(above >= 0, span.last_free_at(above), last)
             tokens = seq.gather(1, source)
-            law = torch.nn.functional.one_hot(tokens, V).to(laws.dtype)
+            law = torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype)
         if forced is not None:
             token = forced_at(forced, positions)
             tokens = torch.where(token >= 0, token, tokens)
-            law = torch.where((token >= 0)[..., None], torch.nn.functional.one_hot(tokens, V).to(laws.dtype), law)
+            law = torch.where((token >= 0)[..., None], torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype),
+                              law)
         new = positions >= drafted_end[:, None]
         _write(seq, positions, tokens, new)
-        _write(laws, positions, law, new)
+        laws.write(positions, law, new)
 
 
 @dataclass(frozen=True)
@@ -306,6 +289,30 @@ class DraftSpan:
     def last_free_at(self, positions: torch.Tensor) -> torch.Tensor:
         """The nearest free position at or before each of `positions` (any shape, values in [0, N + L))."""
         return self.last_free[positions]
+
+
+@dataclass(frozen=True)
+class Ring:
+    """Per-row V-wide rows kept for a sliding span of positions: buffer [B, R, V] holds position i in slot i mod R,
+    so any R consecutive positions coexist. Reads and writes take absolute positions [B, W], W <= R."""
+
+    buffer: torch.Tensor
+
+    def read(self, positions: torch.Tensor) -> torch.Tensor:
+        """[B, W, V], the rows at `positions`."""
+        return self.buffer.gather(1, _rows(positions % self.buffer.shape[1], self.buffer.shape[-1]))
+
+    def write(self, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
+        """Store values [B, W, V] at `positions` where `where` [B, W] (broadcastable) holds, in place."""
+        _write(self.buffer, positions % self.buffer.shape[1], values, where)
+
+
+def gumbel(seeds: torch.Tensor, positions: torch.Tensor, V: int, dtype: torch.dtype) -> torch.Tensor:
+    """Gumbel(0, 1) vectors [B, W, V] of the image positions [B, W], keyed by (row seed [B], position, id): a
+    position gets the same vector in every iteration that redrafts it, and no buffer of them is kept."""
+    ids = torch.arange(V, device=positions.device)
+    u = keyed_uniform(seeds[:, None, None], positions[..., None], ids, dtype=torch.float64)  # in (0, 1)
+    return (-(-u.log()).log()).to(dtype)
 
 
 def _rows(positions: torch.Tensor, V: int) -> torch.Tensor:

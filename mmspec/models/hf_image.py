@@ -2,7 +2,7 @@
 as tokens after a text prompt (Janus, Emu3, Lumina-mGPT / Chameleon), on public modules only.
 
 What the families share lives here: the conditional prompt rows and their unconditional (CFG) rows run as one batch on
-the core's ragged cache (`mmspec.core.cache`), each left-padded to a common length with the padding invisible; windows
+the core's ragged cache (`mmspec.text.cache`), each left-padded to a common length with the padding invisible; windows
 of several image tokens per forward; per-row rollback to prompt + kept tokens. What differs is a family's subclass: how
 image tokens enter the model (`embed_image`), which logits are the image vocabulary (`image_logits`), and what the
 unconditional prompt is (`unconditional`). CFG rows are returned unmixed; `mmspec.core.process_logits` combines them.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.core.cache import RaggedCacheState, forward_ragged, truncate
 from mmspec.image.protocol import ImageLogits
+from mmspec.text.cache import RaggedCacheState, forward_ragged, truncate
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mmspec.core.rng import keyed_normal
-from mmspec.core.stats import SpecStats
+from mmspec.core.stats import DecodingStats
 from mmspec.video.protocol import NextFrameModel
 
 INITIAL_NOISE, CONTEXT_NOISE = 0, 1  # keys of the two draws of a frame
@@ -82,10 +82,11 @@ class FrameSpeculation:
 
 
 @dataclass
-class FrameStats(SpecStats):
-    """The core's SpecStats of a session (target_forwards = model calls, timings["model"] / ["decode"] = seconds in
-    the model and, added by a pipeline, in the autoencoder) plus its frame accounting: once closed,
-    frames_emitted = frames_computed - frames_discarded."""
+class FrameStats(DecodingStats):
+    """`DecodingStats` of a session (target_forwards = model calls, timings["model"] / ["decode"] = seconds in the
+    model and, added by a pipeline, in the autoencoder; a frame is video's token) adds its frame accounting: once
+    closed, frames_emitted = frames_computed - frames_discarded; rollbacks: speculated blocks dropped because the
+    action changed; blocks / block_sizes: the speculated blocks and their frame counts."""
 
     frames_computed: int = 0
     frames_emitted: int = 0
@@ -98,16 +99,22 @@ class FrameStats(SpecStats):
         self.timings[phase] = self.timings.get(phase, 0.0) + seconds
 
     @property
+    def tokens_per_target_forward(self) -> float:
+        """Frames emitted per model call."""
+        return self.frames_emitted / max(1, self.target_forwards)
+
+    @property
     def fps(self) -> float:
         """Emitted frames per second of model and decoder time."""
         total = self.timings.get("model", 0.0) + self.timings.get("decode", 0.0)
         return self.frames_emitted / total if total else 0.0
 
     def as_dict(self) -> dict:
-        return {"frames_computed": self.frames_computed, "frames_emitted": self.frames_emitted,
+        d = super().as_dict()
+        timings = d.pop("timings_s")
+        return {**d, "frames_computed": self.frames_computed, "frames_emitted": self.frames_emitted,
                 "frames_discarded": self.frames_discarded, "rollbacks": self.rollbacks, "blocks": self.blocks,
-                "target_forwards": self.target_forwards, "fps": round(self.fps, 2),
-                **{f"{phase}_seconds": round(t, 4) for phase, t in self.timings.items()}}
+                "fps": round(self.fps, 2), "timings_s": timings}
 
 
 def frame_noise(seeds: torch.Tensor, frames: torch.Tensor, purpose: int, tokens: int, channels: int) -> torch.Tensor:

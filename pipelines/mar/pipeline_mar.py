@@ -16,8 +16,8 @@ from diffusers.utils import BaseOutput
 
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.mar_decoding import cosine_plan, generate, generate_speculative
+from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.rng import Generators, check_generators, sample_seeds
-from mmspec.core.stats import SpecStats
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.pipelines.base import MMSpecPipeline
 
@@ -28,10 +28,10 @@ DECODINGS = ("ar", "speculative")
 @dataclass
 class MARPipelineOutput(BaseOutput):
     """images: PIL images, NHWC array / NCHW tensor in [0, 1], or for `output_type="latent"` the tokens [B, L, C];
-    stats: the call's SpecStats (target / draft encoder-decoder passes, acceptance, residual tries, log-ratio terms)."""
+    stats: the call's ContinuousStats (target / draft encoder-decoder passes, acceptance, residual tries, log-ratio terms)."""
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
-    stats: SpecStats
+    stats: ContinuousStats
 
 
 class MARPipeline(MMSpecPipeline):

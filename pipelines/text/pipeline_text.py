@@ -1,4 +1,4 @@
-"""Text completion with the core's speculative decoding (`mmspec.core.text.speculative_generate`) behind one call:
+"""Text completion with the core's speculative decoding (`mmspec.text.speculative_generate`) behind one call:
 tokenizer, target causal LM, drafter by name, decoded completions, and which forward committed each token.
 
 It serves the `mmspec text` command and the demo's text tab; library users who hold their own drafter call
@@ -14,12 +14,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
-from mmspec.core.stats import SpecStats
-from mmspec.core.text import speculative_generate
 from mmspec.options import TEXT_METHODS
 from mmspec.pipelines.text.policy import TextMethodPolicy
-
+from mmspec.text import speculative_generate
+from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
+from mmspec.text.stats import TextStats
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class TextPipelineOutput:
     texts: list[str]
     sequences: torch.Tensor
     pieces: list[list[TokenPiece]]
-    stats: SpecStats
+    stats: TextStats
 
 
 class SpeculativeTextPipeline:
@@ -189,13 +188,13 @@ class SpeculativeTextPipeline:
         new_tokens = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, new.shape[1])
         N = new.shape[1]
         real = torch.arange(N) < new_tokens[:, None]
-        stats = SpecStats(target_forwards=N, prefill_forwards=1, steps=new_tokens - 1, new_tokens=new_tokens,
+        stats = TextStats(target_forwards=N, prefill_forwards=1, steps=new_tokens - 1, new_tokens=new_tokens,
                           speculative=False, method="ar (transformers generate)",
                           acceptance_map=torch.where(real, torch.arange(N), -1), from_draft=torch.zeros_like(real))
         stats.timings["total"] = time.perf_counter() - start
         return sequences, stats
 
-    def _pieces(self, new_ids: torch.Tensor, stats: SpecStats, row: int) -> list[TokenPiece]:
+    def _pieces(self, new_ids: torch.Tensor, stats: TextStats, row: int) -> list[TokenPiece]:
         """Row `row`'s new tokens as text pieces: each token's text is what it adds to the decoded prefix (so
         multi-token characters and leading spaces come out right)."""
         pieces, previous = [], ""

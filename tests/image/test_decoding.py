@@ -8,8 +8,8 @@ from mmspec.core.rng import sample
 from mmspec.core.stats import SpecStats
 from mmspec.image import DECODINGS, ARDecoding, get_decoding
 from mmspec.image.decoding import PAD_ID
-from mmspec.options import IMAGE_DECODINGS
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
+from mmspec.options import IMAGE_DECODINGS
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_transformer, tiny_vq
 
 

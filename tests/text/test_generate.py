@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
-from mmspec.core.text import speculative_generate
+from mmspec.text import speculative_generate
+from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
 from tests.conftest import tiny_llama
-from tests.core.table_lm import TableLM, random_table
+from tests.text.table_lm import TableLM, random_table
 
 DRAFTERS = {
     "model": lambda target, draft: ModelDrafter(draft),

@@ -10,11 +10,11 @@ break one piece of the algorithm and must be rejected by the same test.
 import pytest
 import torch
 
-from mmspec.core import text, verify
-from mmspec.core.drafts import DraftLengthSchedule, ModelDrafter, NGramDrafter
-from mmspec.core.text import speculative_generate
-from tests.core.table_lm import TableLM, exact_joint_law, random_table
+from mmspec.core import verify
+from mmspec.text import generate, speculative_generate
+from mmspec.text.drafters import DraftLengthSchedule, ModelDrafter, NGramDrafter
 from tests.law import chi_square_p_value as law_p_value
+from tests.text.table_lm import TableLM, exact_joint_law, random_table
 
 V, EOS, N_NEW, ROWS, ALPHA = 5, 4, 4, 200_000, 1e-5
 PROMPTS = torch.tensor([[0, 3, 1], [0, 0, 2]])
@@ -84,8 +84,8 @@ def off_by_one_bonus(p, draft, generator, rule):
 MUTATIONS = {  # (module, attribute, replacement)
     "resample_from_p": (verify, "residual_law", lambda p, q: p),
     "accept_always": (verify, "accept_probability", lambda p_x, q_x: torch.ones_like(p_x)),  # HF #28508
-    "off_by_one_bonus": (text, "verify", off_by_one_bonus),
-    "no_cache_rollback": (text, "truncate", lambda state, keep: None),  # the target cache keeps rejected tokens
+    "off_by_one_bonus": (generate, "verify", off_by_one_bonus),
+    "no_cache_rollback": (generate, "truncate", lambda state, keep: None),  # the target cache keeps rejected tokens
 }
 
 

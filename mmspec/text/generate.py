@@ -2,7 +2,7 @@
 
 Each step: the drafter proposes up to L tokens per row (with their law q), the target scores the pending token and the
 draft in one forward over L + 1 positions, the acceptance rule keeps a prefix of each row's draft and draws one more
-token, and both caches roll back per row (`mmspec.core.cache`). Rows advance by their own accepted counts and stop at
+token, and both caches roll back per row (`mmspec.text.cache`). Rows advance by their own accepted counts and stop at
 their own EOS; no row waits for another. With temperature 0 the greedy rule is used, which gives token-for-token the
 target's greedy output. Rows that finish (EOS or max_new_tokens) are written out and leave the batch, so the
 remaining rows' steps get cheaper.
@@ -14,14 +14,14 @@ import time
 
 import torch
 
-from mmspec.core.cache import RaggedCacheState, forward_window, select_rows, truncate
-from mmspec.core.drafts import Drafter, DraftLengthSchedule
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, check_generators
-from mmspec.core.stats import PhaseTimer, SpecStats
+from mmspec.core.stats import PhaseTimer
 from mmspec.core.verify import ACCEPTANCE_RULES, verify
 from mmspec.options import TEXT_ACCEPTANCES
-
+from mmspec.text.cache import RaggedCacheState, forward_window, select_rows, truncate
+from mmspec.text.drafters import Drafter, DraftLengthSchedule
+from mmspec.text.stats import TextStats
 
 
 def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, schedule, eos_token_id):
@@ -77,7 +77,7 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     generator: Generators = None,
-) -> tuple[torch.Tensor, SpecStats]:
+) -> tuple[torch.Tensor, TextStats]:
     """Generate with speculative decoding.
 
     target: a transformers causal LM. input_ids: [B, T] long, prompts (left or right padded).
@@ -107,7 +107,7 @@ def speculative_generate(
     if pad_token_id is None:
         pad_token_id = 0 if eos is None else int(eos[0])
 
-    stats = SpecStats(steps=torch.zeros(B, dtype=torch.long, device=device))
+    stats = TextStats(steps=torch.zeros(B, dtype=torch.long, device=device))
     timer = PhaseTimer(stats.timings)
     start_time = time.perf_counter()
     tokens, lengths = _left_align(input_ids, attention_mask, T + max_new_tokens + schedule.max_length + 1)

@@ -2,8 +2,8 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from mmspec.core.drafts import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.core.probs import SamplingConfig
+from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from tests.conftest import tiny_llama
 
 

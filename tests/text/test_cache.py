@@ -1,6 +1,6 @@
 import torch
 
-from mmspec.core.cache import RaggedCacheState, forward_window, truncate
+from mmspec.text.cache import RaggedCacheState, forward_window, truncate
 from tests.conftest import tiny_llama
 
 
