@@ -1,4 +1,4 @@
-"""Memory of SJD's decoding state at Emu3 scale: what a running `SJDDecoding` holds between target forwards.
+"""Memory of SJD's decoding state at Emu3 scale: what a running `mmspec.image.SJD` holds between target forwards.
 
     python -m mmspec.eval.sjd_memory --json eval/results/sjd_memory.json
 
@@ -22,7 +22,7 @@ import torch
 
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.image import COUPLINGS, SJDDecoding
+from mmspec.image import COUPLINGS, SJD
 from mmspec.image.protocol import ImageLogits
 
 ARGUMENTS = {"self", "model", "condition", "sampling", "generator"}  # the caller's, not the decoding's
@@ -91,7 +91,7 @@ def measure(coupling: str, grid: tuple[int, int], vocab_size: int, window: int, 
     """The largest state, in bytes, over the first `forwards` target forwards of one SJD decoding."""
     model = BigramImageModel(grid, vocab_size)
     model_storages = {t.untyped_storage().data_ptr() for t in (model.embed, model.head, model.start)}
-    decoding = SJDDecoding(window=window, coupling=coupling)
+    decoding = SJD(window=window, coupling=coupling)
     steps = decoding(model, torch.arange(batch_size), SamplingConfig(top_k=0, guidance_scale=1.0),
                      torch.Generator().manual_seed(0), SpecStats())
     largest = 0
@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     grid = (args.height, args.width)
-    per_coupling = {c: measure(c, grid, args.vocab_size, args.window, args.batch_size, args.forwards) for c in COUPLINGS}
+    per_coupling = {coupling: measure(coupling, grid, args.vocab_size, args.window, args.batch_size, args.forwards)
+                    for coupling in COUPLINGS}
     result = {"N": grid[0] * grid[1], "V": args.vocab_size, "L": args.window, "batch_size": args.batch_size,
               "state_bytes_per_coupling": per_coupling, "sjd_state_bytes": max(per_coupling.values())}
     for coupling, size in per_coupling.items():

@@ -17,6 +17,13 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "speculative_generate": "mmspec.text.generate",
+    # decoding components and acceptance rules: pipe(prompt, decoding=SJD(window=16, acceptance=Exact()))
+    "AR": "mmspec.image.decoding",
+    "SJD": "mmspec.image.jacobi",
+    "DraftModel": "mmspec.image.draft_model",
+    "Exact": "mmspec.core.acceptance",
+    "Lantern": "mmspec.core.acceptance",
+    "Typical": "mmspec.core.acceptance",
     "AutoARImagePipeline": "mmspec.pipelines.auto",
     "LlamaGenPipeline": "mmspec.pipelines.llamagen",
     "JanusPipeline": "mmspec.pipelines.janus",

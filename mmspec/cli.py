@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 
 from mmspec.options import (
-    ACCEPTANCES,
     COUPLINGS,
     IMAGE_DECODINGS,
     IMAGE_EXTENSIONS,
     INITS,
-    TEXT_ACCEPTANCES,
     TEXT_METHODS,
     VIDEO_EXTENSIONS,
+    acceptances,
 )
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
@@ -357,7 +356,7 @@ def build_parser() -> Parser:
     text.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     text.add_argument("--top-k", type=int, default=0)
     text.add_argument("--top-p", type=float, default=1.0)
-    text.add_argument("--acceptance", choices=TEXT_ACCEPTANCES, default="exact", help="'typical' is lossy")
+    text.add_argument("--acceptance", choices=acceptances("text"), default="exact", help="'typical' is lossy")
     text.add_argument("--draft-length", type=int, default=4)
     text.add_argument("--schedule", choices=("constant", "heuristic"), default="constant")
     text.add_argument("--confidence-threshold", type=float, default=0.0, help="adaptive draft length: stop below it")
@@ -391,7 +390,7 @@ def build_parser() -> Parser:
     image.add_argument("--init", choices=INITS, default=None, help="sjd: draft initialisation (default: best)")
     image.add_argument("--coupling", choices=COUPLINGS, default=None, help="sjd: redraft coupling (default: best)")
     image.add_argument("--draft-length", type=int, default=None, help="draft: tokens drafted per target forward")
-    image.add_argument("--acceptance", choices=ACCEPTANCES, default=None,
+    image.add_argument("--acceptance", choices=acceptances("image"), default=None,
                        help="sjd / draft: 'exact' (default, lossless) or 'lantern' (relaxed over codebook neighbours, "
                             "lossy: prints its realised distortion)")
     image.add_argument("--lantern-k", type=int, default=None, help="lantern: neighbours per code (default 1000 or V-1)")

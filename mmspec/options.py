@@ -5,8 +5,14 @@ methods import their names from here."""
 IMAGE_DECODINGS = ("auto", "sjd", "draft", "ar")  # "auto": the fastest exact one for the device (mmspec.image.policy)
 INITS = ("random", "horizontal", "vertical")  # SJD: how positions no window has reached are drafted
 COUPLINGS = ("none", "maximal", "gumbel")  # SJD: how drafts are redrafted between iterations
-ACCEPTANCES = ("exact", "lantern")  # image acceptance rules; "lantern" is lossy
+# every acceptance rule by name -> the decodings that take it (the rule objects: mmspec.core.acceptance); only
+# "exact" is lossless
+ACCEPTANCE_RULES = {"exact": ("image", "text"), "lantern": ("image",), "typical": ("text",)}
 TEXT_METHODS = ("model", "ngram", "layerskip", "ar")  # drafters, and "ar" for the plain target
-TEXT_ACCEPTANCES = ("exact", "typical")  # text acceptance rules; "typical" is lossy
+
+
+def acceptances(modality: str) -> tuple[str, ...]:
+    """The acceptance rules a modality's decodings take ("image", "text")."""
+    return tuple(name for name, modalities in ACCEPTANCE_RULES.items() if modality in modalities)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")  # what `mmspec generate --out` writes
 VIDEO_EXTENSIONS = (".gif", ".mp4")  # what `mmspec video --out` writes; mp4 needs the [video] extra

@@ -1,6 +1,7 @@
-"""`ARImagePipeline`: what every discrete-token text-to-image pipeline shares — input checks, the decoding chosen per
-call (`decoding="auto" | "sjd" | "ar" | "draft"`, `acceptance="exact" | "lantern"`), the decode loop with progress bar,
-step-end callbacks and interruption, decoding to pixels, and loading a family's own checkpoint directory.
+"""`ARImagePipeline`: what every discrete-token text-to-image pipeline shares — input checks, the decoding component
+it holds and saves (`pipe.decoding`: "auto", `AR()`, `SJD(...)`, `DraftModel(...)`) and the one a call may name
+instead, the decode loop with progress bar, step-end callbacks and interruption, decoding to pixels, and loading a
+family's own checkpoint directory.
 
 A family pipeline (LlamaGen, Janus, Emu3, Lumina-mGPT) supplies three hooks: `image_adapter(height, width)` (its
 `mmspec.image.DiscreteImageModel` adapter for that image size, raising for sizes the model cannot make),
@@ -10,6 +11,7 @@ checkpoints, `from_checkpoint_dir`. Every family is called the same way and retu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from contextlib import closing
@@ -18,10 +20,13 @@ from pathlib import Path
 import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 
+from mmspec.core.acceptance import Acceptance
+from mmspec.core.component import DecodingComponent
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import SpecStats
-from mmspec.image.decoding import PAD_ID, ImageDecoding
+from mmspec.image.decoding import PAD_ID
+from mmspec.image.draft_model import DraftModel
 from mmspec.image.policy import DecodingPolicy, explicit_method
 from mmspec.image.registry import get_decoding
 from mmspec.pipelines.base import MMSpecPipeline
@@ -53,6 +58,19 @@ class ARImagePipeline(MMSpecPipeline):
     def draft_adapter(self):
         """The adapter of the pipeline's draft model for `decoding="draft"`, or None."""
         return None
+
+    @property
+    def decoding(self) -> DecodingComponent | str:
+        """What a call decodes with unless it says otherwise: `"auto"` (the default; see `decoding_policy`) or a
+        component (`mmspec.image.SJD(window=16)`, `AR()`, `DraftModel(...)`). Saved with the pipeline
+        (`model_index.json`), so `from_pretrained` restores it; set it to swap: `pipe.decoding = SJD(window=8)`
+        (also a registered name or a saved config dict)."""
+        return self._decoding
+
+    @decoding.setter
+    def decoding(self, value: DecodingComponent | str | dict) -> None:
+        self._decoding = "auto" if isinstance(value, str) and value == "auto" else get_decoding(value)
+        self.register_to_config(decoding=self._decoding if self._decoding == "auto" else self._decoding.to_config())
 
     @property
     def decoding_policy(self) -> DecodingPolicy:
@@ -189,12 +207,12 @@ class ARImagePipeline(MMSpecPipeline):
         return_dict: bool = True,
         callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
-        decoding: str | ImageDecoding = "auto",
+        decoding: DecodingComponent | str | dict | None = None,
         window: int | None = None,
         init: str | None = None,
         coupling: str | None = None,
         draft_length: int | None = None,
-        acceptance: str | None = None,
+        acceptance: Acceptance | str | None = None,
         lantern_k: int | None = None,
         lantern_delta: float | None = None,
         lantern_lam: float | None = None,
@@ -219,8 +237,8 @@ class ARImagePipeline(MMSpecPipeline):
                 per image (prompts x num_images_per_prompt), which makes each image depend on its own seed only —
                 for a given decoding: `decoding="auto"` keeps its choice for a batch size on every call of this
                 pipeline, but may choose another window at another batch size, on another machine or after
-                `decoding_policy.reconsider()`, which samples the same law with other numbers. Name the decoding (`window=16`,
-                `decoding="sjd"`) for images that reproduce bit for bit everywhere.
+                `decoding_policy.reconsider()`, which samples the same law with other numbers. Name the decoding
+                (`decoding=SJD(window=16)`, `window=16`) for images that reproduce bit for bit everywhere.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (NHWC in [0, 1]), `"pt"` (NCHW in [0, 1]) or
                 `"latent"` (the image-span token ids [B, N], the adapter's local ids).
             return_dict (`bool`, defaults to `True`): return an [`ARImagePipelineOutput`] instead of a tuple
@@ -231,28 +249,30 @@ class ARImagePipeline(MMSpecPipeline):
                 `"n_committed"`: [B]). They are read-only: committed tokens already sit in the KV cache. Set
                 `pipe._interrupt = True` to stop early; unfinished cells are then shown grey (or -1 in latents).
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["tokens"]`.
-            decoding (`str` or decoding object, defaults to `"auto"`): how tokens are generated: `"auto"` (the
-                fastest exact decoding for this model, device and batch size: SJD at the window a measured cost curve
-                favours, or plain AR when no window pays, see `mmspec.image.policy`; `stats.chosen_by` says what it
-                chose and why; with any method option below it is the method that option belongs to), `"sjd"`
-                (speculative Jacobi decoding, lossless: the same output law as `"ar"` in fewer target forwards),
-                `"draft"` (a draft model drafts, the target verifies; pipelines with a `draft_transformer`) or `"ar"`
-                (one token per target forward).
-            window (`int`, *optional*): `"sjd"` only: tokens scored per target forward (`SJDDecoding` default).
+            decoding (component, name or config dict, *optional*): how tokens are generated; defaults to the
+                pipeline's `decoding` (itself `"auto"` unless set or saved otherwise). A component —
+                `mmspec.image.SJD(window=16, init="horizontal", coupling="maximal", acceptance=Exact())` (speculative
+                Jacobi decoding, lossless: the same output law as `AR()` in fewer target forwards),
+                `DraftModel(draft_length=4)` (a draft model drafts, the target verifies; pipelines with a
+                `draft_transformer`), `AR()` (one token per target forward) — or its name with its settings as
+                keyword arguments below (`decoding="sjd", window=32`). `"auto"` is the fastest exact decoding for this
+                model, device and batch size: SJD at the window a measured cost curve favours, or plain AR when no
+                window pays (`mmspec.image.policy`; `stats.chosen_by` says what it chose and why); a setting below
+                given without a decoding selects the component it belongs to.
+            window (`int`, *optional*): `"sjd"` only: tokens scored per target forward (default 16).
             init (`str`, *optional*): `"sjd"` only: how positions no window has reached are drafted, `"random"`,
                 `"horizontal"` or `"vertical"`.
             coupling (`str`, *optional*): `"sjd"` only: how drafts are redrafted between iterations, `"none"`
                 (original SJD), `"maximal"` (MC-SJD, = SJD-PAC's adaptive continuation) or `"gumbel"`.
             draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward.
-            acceptance (`str`, *optional*): `"sjd"` / `"draft"`: `"exact"` (default, lossless) or `"lantern"`
-                (LANTERN relaxed acceptance over codebook neighbours: faster, lossy; `stats.excess_acceptance` reports
-                the realised distortion, the per-position TV distance of the output law from the model's).
-            lantern_k (`int`, *optional*): `"lantern"`: nearest codes that may join a draft's neighbourhood
-                (default min(1000, V - 1)).
-            lantern_delta (`float`, *optional*): `"lantern"`: LANTERN's TV budget per candidate, in [0, 1] (default
-                0.1 when `lantern_lam` is not given).
-            lantern_lam (`float`, *optional*): `"lantern"`: LANTERN++'s budget, neighbourhood mass <= lam * p(x),
-                lam >= 1.
+            acceptance (`Acceptance` or `str`, *optional*): `"sjd"` / `"draft"`: `Exact()` (default, lossless) or
+                `Lantern(k=, delta=, lam=)` (LANTERN relaxed acceptance over codebook neighbours: faster, lossy;
+                `stats.excess_acceptance` reports the realised distortion, the per-position TV distance of the output
+                law from the model's), or the rule's name.
+            lantern_k (`int`, *optional*), lantern_delta (`float`, *optional*), lantern_lam (`float`, *optional*):
+                the flat spelling of `Lantern(k=, delta=, lam=)` with `acceptance="lantern"`: nearest codes that may
+                join a draft's neighbourhood (default min(1000, V - 1)); LANTERN's TV budget per candidate in [0, 1]
+                (default 0.1 when lam is not given); LANTERN++'s budget, neighbourhood mass <= lam * p(x), lam >= 1.
         """
         # 1. Check inputs
         if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
@@ -267,12 +287,15 @@ class ARImagePipeline(MMSpecPipeline):
         options = {"window": window, "init": init, "coupling": coupling, "draft_length": draft_length,
                    "acceptance": acceptance, "lantern_k": lantern_k, "lantern_delta": lantern_delta,
                    "lantern_lam": lantern_lam}
+        if decoding is None:
+            decoding = "auto" if any(value is not None for value in options.values()) else self.decoding
         if isinstance(decoding, str) and decoding == "auto":
             decoding = explicit_method(options)  # None: the policy chooses once the condition is encoded
         decoder = None
         if decoding is not None:
-            drafter = self.draft_adapter() if decoding == "draft" else None
-            decoder = get_decoding(decoding, drafter=drafter, **options)
+            decoder = get_decoding(decoding, **options)
+            if isinstance(decoder, DraftModel) and decoder.drafter is None:
+                decoder = dataclasses.replace(decoder, drafter=self.draft_adapter())
         self._guidance_scale, self._interrupt = guidance_scale, False
 
         # 2. Encode the prompts, one condition row per image

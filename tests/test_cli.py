@@ -73,7 +73,7 @@ def test_mmspec_generate_takes_sjd_options_and_can_skip_the_comparison(tmp_path,
     lines = printed.splitlines()
     assert lines[-1].split()[0] == "auto" and lines[-2].split()[0] == "method"
     # explicit options win over the automatic choice: SJD with them, no "chosen_by"
-    assert "SJDDecoding(window=4, init='vertical', coupling='gumbel'" in printed and "chosen_by" not in printed
+    assert "SJD(window=4, init='vertical', coupling='gumbel'" in printed and "chosen_by" not in printed
     with pytest.raises(SystemExit):
         main(["generate", "a red circle", "--init", "diagonal"])
 

@@ -8,7 +8,7 @@ import torch
 
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.image import ARDecoding, DraftModelDecoding, SJDDecoding
+from mmspec.image import AR, SJD, DraftModel
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import ModelDrafter
@@ -53,8 +53,8 @@ def test_image_pipeline_entry_points(image_pipe):
         tokens = torch.randint(0, adapter.vocab_size, (2, 256))
         assert_no_grad(pipe.decode_tokens(tokens, output_type="pt"), "decode_tokens")
         sampling = SamplingConfig(guidance_scale=3.0, top_k=8)
-        for decoding in (ARDecoding(), SJDDecoding(window=8), DraftModelDecoding(LlamaGenAdapter(
-                pipe.draft_transformer, pipe.vqvae), draft_length=3)):
+        for decoding in (AR(), SJD(window=8), DraftModel(
+                draft_length=3, drafter=LlamaGenAdapter(pipe.draft_transformer, pipe.vqvae))):
             steps = list(decoding(adapter, condition, sampling, torch.Generator().manual_seed(0), SpecStats()))
             assert_no_grad(steps[-1], type(decoding).__name__)
         out = pipe("a red circle", output_type="pt", window=8, generator=torch.Generator().manual_seed(0))

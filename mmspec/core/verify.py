@@ -31,11 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from mmspec.core.acceptance import Acceptance, Exact, Lantern, Typical, check_relaxation
 from mmspec.core.drafts import Draft
 from mmspec.core.rng import Generators, sample, uniform
 
-ACCEPTANCE_RULES = ("exact", "greedy", "typical", "lantern")
-LOSSLESS_RULES = ("exact", "greedy")
 RESIDUAL_EPS = 1e-12  # below this residual mass, rejection had (numerically) zero probability; sample p instead
 RELAXED_MASS_CHUNK = 1 << 22  # elements of the [B, V, k] neighbour-mass tensor built at once for the G* residual
 
@@ -87,21 +86,6 @@ class Relaxation:
     def lossless(self) -> bool:
         """True when the settings admit no neighbour mass, so the rule is the exact one."""
         return self.k == 0 or self.delta == 0 or self.lam == 1
-
-
-def check_relaxation(k: int, delta: float | None, lam: float | None, V: int | None = None) -> None:
-    """Raise a clear error for LANTERN settings outside their ranges (V: the vocabulary size, when known)."""
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if k < 0 or (V is not None and k > V - 1):
-        bound = "" if V is None else f" = [0, {V - 1}]"
-        raise ValueError(f"k must be in [0, V - 1]{bound} (neighbours per code), got {k}")
-    if delta is None and lam is None:
-        raise ValueError("relaxed acceptance needs a budget: delta (LANTERN) and/or lam (LANTERN++)")
-    if delta is not None and not 0 <= delta <= 1:
-        raise ValueError(f"delta must be in [0, 1] (a total-variation budget), got {delta}")
-    if lam is not None and not lam >= 1:
-        raise ValueError(f"lam must be >= 1 (p(A(x)) <= lam * p(x)), got {lam}")
 
 
 def relaxed_mass(p: torch.Tensor, tokens: torch.Tensor, relaxation: Relaxation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,12 +273,9 @@ def verify_greedy(p: torch.Tensor, draft: Draft, generator: Generators = None) -
     return VerifyResult(n_accepted=n, next_token=target_tokens.gather(1, n[:, None]).squeeze(1), accept_mask=accept)
 
 
-def verify_typical(
-    p: torch.Tensor, draft: Draft, generator: Generators, epsilon: float = 0.09, delta: float = 0.3
-) -> VerifyResult:
-    """Lossy typical acceptance (Medusa defaults epsilon = 0.09, delta = 0.3); at the first rejection sample p."""
-    if not (0 < epsilon <= 1 and 0 < delta):
-        raise ValueError(f"typical acceptance needs epsilon in (0, 1] and delta > 0, got epsilon={epsilon}, delta={delta}")
+def verify_typical(p: torch.Tensor, draft: Draft, generator: Generators, rule: Typical = Typical()) -> VerifyResult:
+    """Lossy typical acceptance (`rule`: epsilon, delta; Medusa's defaults); at the first rejection sample p."""
+    epsilon, delta = rule.epsilon, rule.delta
     B, L, V = _check(p, draft)
     p_x = _target_at_tokens(p, draft)
     entropy = -(p[:, :L] * p[:, :L].clamp(min=1e-30).log()).sum(-1)
@@ -306,18 +287,16 @@ def verify_typical(
                         excess_acceptance=excess)
 
 
-def verify(
-    p: torch.Tensor, draft: Draft, generator: Generators, rule: str = "exact", relaxation: Relaxation | None = None
-) -> VerifyResult:
-    """Dispatch to an acceptance rule by name (one of `ACCEPTANCE_RULES`); "lantern" needs `relaxation`."""
-    if rule == "lantern":
+def verify(p: torch.Tensor, draft: Draft, generator: Generators, acceptance: Acceptance = Exact(),
+           greedy: bool = False, relaxation: Relaxation | None = None) -> VerifyResult:
+    """Verify a chain with the rule `acceptance` stands for; `greedy` (temperature 0) turns the exact rule into
+    `verify_greedy`. `Lantern` needs the model's `relaxation` (its neighbour table)."""
+    if isinstance(acceptance, Lantern):
         if relaxation is None:
-            raise ValueError("acceptance='lantern' needs relaxation=Relaxation(neighbours, k, delta / lam)")
+            raise ValueError("Lantern acceptance needs relaxation=Relaxation(neighbours, k, delta / lam)")
         return verify_lantern(p, draft, generator, relaxation)
-    if rule == "exact":
-        return verify_exact(p, draft, generator)
-    if rule == "greedy":
-        return verify_greedy(p, draft, generator)
-    if rule == "typical":
-        return verify_typical(p, draft, generator)
-    raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {rule!r}")
+    if isinstance(acceptance, Typical):
+        return verify_typical(p, draft, generator, acceptance)
+    if isinstance(acceptance, Exact):
+        return verify_greedy(p, draft, generator) if greedy else verify_exact(p, draft, generator)
+    raise TypeError(f"acceptance must be an Acceptance (Exact(), Lantern(...), Typical(...)), got {acceptance!r}")

@@ -1,16 +1,15 @@
-"""Discrete-token image AR decoding: the model adapter protocol and the decoding methods (AR baseline, speculative
-Jacobi decoding and its coupled successors, draft-model speculative decoding), exact or with LANTERN relaxed
-acceptance."""
+"""Discrete-token image AR decoding: the model adapter protocol and the decoding components (`AR()`, speculative
+Jacobi decoding `SJD(...)` with its coupled successors, draft-model speculative decoding `DraftModel(...)`), exact or
+with LANTERN relaxed acceptance (`mmspec.core.acceptance.Lantern`)."""
 
-from mmspec.image.decoding import ARDecoding, DecodeStep, ImageDecoding
-from mmspec.image.draft_model import DraftModelDecoding
-from mmspec.image.jacobi import COUPLINGS, INITS, SJDDecoding
-from mmspec.image.lantern import ACCEPTANCES, LanternAcceptance, NeighbourTable
+from mmspec.image.decoding import AR, DecodeStep, ImageDecoding
+from mmspec.image.draft_model import DraftModel
+from mmspec.image.jacobi import COUPLINGS, INITS, SJD
+from mmspec.image.lantern import NeighbourTable
 from mmspec.image.protocol import DiscreteImageModel, ImageLogits
 from mmspec.image.registry import DECODINGS, get_decoding
 
 __all__ = [
-    "ACCEPTANCES", "COUPLINGS", "DECODINGS", "INITS", "ARDecoding", "DecodeStep", "DiscreteImageModel",
-    "DraftModelDecoding", "ImageDecoding", "ImageLogits", "LanternAcceptance", "NeighbourTable", "SJDDecoding",
-    "get_decoding",
+    "AR", "COUPLINGS", "DECODINGS", "INITS", "SJD", "DecodeStep", "DiscreteImageModel", "DraftModel",
+    "ImageDecoding", "ImageLogits", "NeighbourTable", "get_decoding",
 ]

@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
+from mmspec.core.component import DecodingComponent
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.stats import PhaseTimer, SpecStats
@@ -178,15 +179,13 @@ class Commits:
         self.stats.finalize()
 
 
-class ARDecoding:
+@dataclass(frozen=True)
+class AR(DecodingComponent):
     """Plain autoregressive sampling with a KV cache: one token per target forward (the baseline every speedup is
     measured against)."""
 
-    name = "ar"
-    lossless = True
-
-    def __repr__(self) -> str:
-        return "ARDecoding()"
+    name: ClassVar[str] = "ar"
+    modality: ClassVar[str] = "image"
 
     @torch.no_grad()
     def __call__(self, model, condition, sampling, generator, stats):

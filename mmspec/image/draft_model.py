@@ -19,48 +19,44 @@ the same width, so a row's random stream does not depend on the rest of its batc
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import ClassVar
+
 import torch
 
+from mmspec.core.acceptance import Acceptance, Exact
+from mmspec.core.component import RUNTIME, DecodingComponent
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
 from mmspec.core.stats import SpecStats
-from mmspec.core.verify import verify_exact, verify_lantern
+from mmspec.core.verify import verify
 from mmspec.image.decoding import Commits, open_decoding, probs_of
-from mmspec.image.lantern import LanternAcceptance, NeighbourTable
+from mmspec.image.lantern import relaxation_for
 from mmspec.image.protocol import DiscreteImageModel
 
 
-class DraftModelDecoding:
+@dataclass(frozen=True)
+class DraftModel(DecodingComponent):
     """Speculative decoding with a draft image model, batched, with per-row acceptance.
 
-    drafter: the draft model's adapter (same grid and image vocabulary as the target); pipelines pass their own.
-    draft_length: G, tokens drafted per round (the target scores G + 1 positions per forward). acceptance: "exact"
-    (lossless) or "lantern" (relaxed, lossy; `lantern_*` as in `mmspec.image.lantern.LanternAcceptance`).
+    draft_length: G, tokens drafted per round (the target scores G + 1 positions per forward). acceptance: `Exact()`
+    (lossless) or `Lantern(k, delta, lam)` (relaxed, lossy), or its name. drafter: the draft model's adapter (same
+    grid and image vocabulary as the target); pipelines supply their own, so it is not saved.
     """
 
-    name = "draft"
+    name: ClassVar[str] = "draft"
+    modality: ClassVar[str] = "image"
+    draft_length: int = 4
+    acceptance: Acceptance = Exact()
+    drafter: DiscreteImageModel | None = field(default=None, repr=False, compare=False, metadata=RUNTIME)
 
-    def __init__(
-        self,
-        drafter: DiscreteImageModel | None = None,
-        draft_length: int = 4,
-        acceptance: str = "exact",
-        lantern_k: int | None = None,
-        lantern_delta: float | None = None,
-        lantern_lam: float | None = None,
-        lantern_table: NeighbourTable | None = None,
-    ):
-        if isinstance(draft_length, bool) or not isinstance(draft_length, int):
-            raise TypeError(f"draft_length must be an int, got {type(draft_length).__name__}")
-        if draft_length < 1:
-            raise ValueError(f"draft_length must be >= 1 (tokens drafted per target forward), got {draft_length}")
-        self.drafter, self.draft_length = drafter, draft_length
-        self.acceptance = LanternAcceptance(acceptance, lantern_k, lantern_delta, lantern_lam, lantern_table)
-        self.lossless = not self.acceptance.lossy
-
-    def __repr__(self) -> str:
-        return f"DraftModelDecoding(draft_length={self.draft_length}, acceptance={self.acceptance.describe()!r})"
+    def __post_init__(self):
+        if isinstance(self.draft_length, bool) or not isinstance(self.draft_length, int):
+            raise TypeError(f"draft_length must be an int, got {type(self.draft_length).__name__}")
+        if self.draft_length < 1:
+            raise ValueError(f"draft_length must be >= 1 (tokens drafted per target forward), got {self.draft_length}")
+        super().__post_init__()
 
     @torch.no_grad()
     def __call__(
@@ -71,7 +67,7 @@ class DraftModelDecoding:
         W = G + 1
         opening = open_decoding(model, condition, sampling, generator, stats, max_window=W)
         N, forced, state, timer = opening.N, opening.forced, opening.state, opening.timer
-        relaxation = self.acceptance.relaxation(model, opening.V, sampling)
+        relaxation = relaxation_for(self.acceptance, model, opening.V, sampling)
         with timer("draft"):
             draft_state, _ = drafter.prefill(condition, cfg=sampling.guidance_scale != 1.0, max_window=W)
         stats.draft_forwards += 1
@@ -104,10 +100,7 @@ class DraftModelDecoding:
                     p = probs_of(logits, sampling, positions, forced)  # [B, W, V]
                     lengths = rows.draft_lengths(W)
                     chain = Draft(drafts, lengths, laws)
-                    if relaxation is None:
-                        result = verify_exact(p, chain, generator)
-                    else:
-                        result = verify_lantern(p, chain, generator, relaxation)
+                    result = verify(p, chain, generator, self.acceptance, relaxation=relaxation)
                     n = result.n_accepted[:, None]
                     run = torch.where(window[:-1] < n, drafts, result.next_token[:, None])  # [B, G]
                     run = torch.cat([run, result.next_token[:, None]], 1)  # [B, W]; j <= n is what commits
@@ -126,7 +119,7 @@ class DraftModelDecoding:
         if self.drafter is None:
             raise ValueError(
                 "decoding='draft' needs a draft model: load a pipeline that has a draft_transformer, or pass "
-                "drafter=<adapter> to DraftModelDecoding"
+                "drafter=<adapter> to DraftModel"
             )
         if (self.drafter.grid, self.drafter.vocab_size) != (model.grid, model.vocab_size):
             raise ValueError(

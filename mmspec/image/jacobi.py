@@ -42,9 +42,12 @@ residual, verifying draft i against the law of i - 1, or forcing an acceptance e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from mmspec.core.acceptance import Acceptance, Exact
+from mmspec.core.component import DecodingComponent
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, keyed_uniform, sample_seeds, uniform
@@ -58,7 +61,7 @@ from mmspec.core.verify import (
     residual_law,
 )
 from mmspec.image.decoding import Commits, forced_at, open_decoding, probs_of
-from mmspec.image.lantern import LanternAcceptance, NeighbourTable
+from mmspec.image.lantern import relaxation_for
 from mmspec.image.protocol import DiscreteImageModel
 from mmspec.options import COUPLINGS, INITS
 
@@ -133,43 +136,33 @@ def jacobi_step(
     return JacobiStep(verified, tokens, p)
 
 
-class SJDDecoding:
+@dataclass(frozen=True)
+class SJD(DecodingComponent):
     """Speculative Jacobi decoding, batched, with per-row acceptance.
 
     window: L, tokens scored per target forward (1 = plain AR). init: how positions no window has reached are
     drafted, one of `INITS`. coupling: how the drafts past the committed run are redrafted, one of `COUPLINGS`.
-    acceptance: "exact" (lossless for every setting above) or "lantern" (relaxed, lossy; `lantern_k`,
-    `lantern_delta`, `lantern_lam`, `lantern_table` as in `mmspec.image.lantern.LanternAcceptance`).
+    acceptance: `Exact()` (lossless for every setting above) or `Lantern(k, delta, lam)` (relaxed, lossy), or its
+    name.
     """
 
-    name = "sjd"
+    name: ClassVar[str] = "sjd"
+    modality: ClassVar[str] = "image"
+    window: int = 16
+    init: str = "horizontal"
+    coupling: str = "maximal"
+    acceptance: Acceptance = Exact()
 
-    def __init__(
-        self,
-        window: int = 16,
-        init: str = "horizontal",
-        coupling: str = "maximal",
-        acceptance: str = "exact",
-        lantern_k: int | None = None,
-        lantern_delta: float | None = None,
-        lantern_lam: float | None = None,
-        lantern_table: NeighbourTable | None = None,
-    ):
-        if isinstance(window, bool) or not isinstance(window, int):
-            raise TypeError(f"window must be an int, got {type(window).__name__}")
-        if window < 1:
-            raise ValueError(f"window must be >= 1 (tokens scored per target forward), got {window}")
-        if init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {init!r}")
-        if coupling not in COUPLINGS:
-            raise ValueError(f"coupling must be one of {COUPLINGS}, got {coupling!r}")
-        self.window, self.init, self.coupling = window, init, coupling
-        self.acceptance = LanternAcceptance(acceptance, lantern_k, lantern_delta, lantern_lam, lantern_table)
-        self.lossless = not self.acceptance.lossy
-
-    def __repr__(self) -> str:
-        return (f"SJDDecoding(window={self.window}, init={self.init!r}, coupling={self.coupling!r}, "
-                f"acceptance={self.acceptance.describe()!r})")
+    def __post_init__(self):
+        if isinstance(self.window, bool) or not isinstance(self.window, int):
+            raise TypeError(f"window must be an int, got {type(self.window).__name__}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1 (tokens scored per target forward), got {self.window}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        super().__post_init__()
 
     @torch.no_grad()
     def __call__(
@@ -178,7 +171,7 @@ class SJDDecoding:
         L = self.window
         opening = open_decoding(model, condition, sampling, generator, stats, max_window=L)
         N, V, forced, state, timer = opening.N, opening.V, opening.forced, opening.state, opening.timer
-        relaxation = self.acceptance.relaxation(model, V, sampling)
+        relaxation = relaxation_for(self.acceptance, model, V, sampling)
         B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
 
         # seq holds each row's committed tokens, then its current drafts, over absolute positions 0 .. N + L - 1

@@ -9,8 +9,8 @@ mass of the draft *and its nearest codebook neighbours*, within a budget; the ru
   `codebook()`, l2-normalised when the quantizer normalises; the official code uses the raw weights), self excluded,
   nearest first, built in row chunks (never a V x V matrix), stored as int16 / int32 and cached on disk under a hash
   of the codebook, so a table can never be applied to another codebook.
-- `LanternAcceptance`: the `acceptance=` setting of a decoding ("exact" or "lantern" with `lantern_k`,
-  `lantern_delta`, `lantern_lam`), turned into a `Relaxation` for a given model.
+- `relaxation_for`: a decoding's `acceptance=` (`Exact()` or `mmspec.core.acceptance.Lantern(k, delta, lam)`) turned
+  into the `Relaxation` the rule needs for a given model.
 
 An adapter opts in by exposing `codebook() -> [C, d]`; when its token ids are not the code indices (special tokens,
 offsets) it also exposes `codebook_token_ids: [C] long`, the token id of each code. Tokens that are not codes are never
@@ -27,13 +27,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from mmspec.core.acceptance import Acceptance, check_relaxation
 from mmspec.core.paths import cache_root
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.verify import Relaxation, check_relaxation
-from mmspec.options import ACCEPTANCES
+from mmspec.core.verify import Relaxation
 
 DEFAULT_K_MAX = 1000  # the official CLI's --lantern_k; tables are built this wide (or V - 1) so any k <= it reuses them
-DEFAULT_DELTA = 0.1  # the official CLI's --lantern_delta, used when neither delta nor lam is given
 CHUNK_ROWS = 1024  # rows of the distance matrix computed at once: [1024, V] floats
 
 
@@ -143,70 +142,22 @@ def model_codebook(model) -> torch.Tensor:
     return model.codebook().detach().float()
 
 
-@dataclass(frozen=True)
-class LanternAcceptance:
-    """A decoding's `acceptance=` setting: "exact" (lossless) or "lantern" (relaxed; lossy, reports its distortion).
-
-    lantern_k: neighbours per code that may join A(x) (default min(DEFAULT_K_MAX, V - 1)); lantern_delta: LANTERN's
-    additive TV budget in [0, 1]; lantern_lam: LANTERN++'s multiplicative budget >= 1. With neither budget given,
-    delta = DEFAULT_DELTA. table: a prebuilt `NeighbourTable` (checked against the model's codebook).
-    """
-
-    acceptance: str = "exact"
-    lantern_k: int | None = None
-    lantern_delta: float | None = None
-    lantern_lam: float | None = None
-    table: NeighbourTable | None = None
-
-    def __post_init__(self):
-        if self.acceptance not in ACCEPTANCES:
-            raise ValueError(f"acceptance must be one of {ACCEPTANCES}, got {self.acceptance!r}")
-        options = ("lantern_k", "lantern_delta", "lantern_lam", "table")
-        given = [name for name in options if getattr(self, name) is not None]
-        if self.acceptance == "exact" and given:
-            raise ValueError(f"{given} only apply to acceptance='lantern', got acceptance='exact'")
-        if self.acceptance == "lantern":
-            check_relaxation(0 if self.lantern_k is None else self.lantern_k, *self.budget)
-
-    @property
-    def budget(self) -> tuple[float | None, float | None]:
-        """(delta, lam) with the default delta filled in."""
-        if self.lantern_delta is None and self.lantern_lam is None:
-            return DEFAULT_DELTA, None
-        return self.lantern_delta, self.lantern_lam
-
-    @property
-    def lossy(self) -> bool:
-        return self.acceptance == "lantern"
-
-    def relaxation(self, model, vocab_size: int, sampling: SamplingConfig) -> Relaxation | None:
-        """The `Relaxation` for `model` (None for exact acceptance); builds or loads the neighbour table."""
-        if not self.lossy:
-            return None
-        if sampling.temperature == 0:
-            raise ValueError(
-                "acceptance='lantern' samples: with temperature=0 the target law is one-hot and has no neighbour mass "
-                "(greedy LANTERN is mmspec.core.verify.verify_lantern_greedy on temperature-1 laws)"
-            )
-        codebook = model_codebook(model)
-        k = min(DEFAULT_K_MAX, vocab_size - 1) if self.lantern_k is None else self.lantern_k
-        check_relaxation(k, *self.budget, V=codebook.shape[0])
-        table = self.table
-        if table is not None:
-            table.check(codebook)
-        else:  # the process cache is keyed by the codebook's hash, so its tables need no check
-            key = (codebook_hash(codebook), max(k, min(DEFAULT_K_MAX, codebook.shape[0] - 1)))
-            if key not in _TABLES:
-                _TABLES[key] = NeighbourTable.build(codebook, key[1])
-            table = _TABLES[key]
-        neighbours = table.in_token_space(vocab_size, getattr(model, "codebook_token_ids", None))
-        return Relaxation(neighbours[:, :k].to(codebook.device), k, *self.budget)  # moved once, not per verification
-
-    def describe(self) -> str:
-        if not self.lossy:
-            return "exact"
-        delta, lam = self.budget
-        parts = [f"k={'auto' if self.lantern_k is None else self.lantern_k}"]
-        parts += [f"delta={delta:g}"] if delta is not None else []
-        parts += [f"lam={lam:g}"] if lam is not None else []
-        return f"lantern({', '.join(parts)})"
+def relaxation_for(acceptance: Acceptance, model, vocab_size: int, sampling: SamplingConfig) -> Relaxation | None:
+    """The `Relaxation` a decoding verifies with: None for `Exact()`; for `Lantern(...)` the model's neighbour table
+    (built once per codebook, cached on disk and in the process) at k = `acceptance.k` (default min(DEFAULT_K_MAX,
+    V - 1)) with its budget."""
+    if acceptance.lossless:
+        return None
+    if sampling.temperature == 0:
+        raise ValueError(
+            "Lantern acceptance samples: with temperature=0 the target law is one-hot and has no neighbour mass "
+            "(greedy LANTERN is mmspec.core.verify.verify_lantern_greedy on temperature-1 laws)"
+        )
+    codebook = model_codebook(model)
+    k = min(DEFAULT_K_MAX, vocab_size - 1) if acceptance.k is None else acceptance.k
+    check_relaxation(k, *acceptance.budget, V=codebook.shape[0])
+    key = (codebook_hash(codebook), max(k, min(DEFAULT_K_MAX, codebook.shape[0] - 1)))
+    if key not in _TABLES:  # keyed by the codebook's hash, so a table never meets another codebook
+        _TABLES[key] = NeighbourTable.build(codebook, key[1])
+    neighbours = _TABLES[key].in_token_space(vocab_size, getattr(model, "codebook_token_ids", None))
+    return Relaxation(neighbours[:, :k].to(codebook.device), k, *acceptance.budget)  # moved once, not per verification

@@ -37,8 +37,8 @@ import torch
 
 from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint, synchronize
 from mmspec.core.probs import SamplingConfig, process_logits
-from mmspec.image.decoding import ARDecoding, ImageDecoding
-from mmspec.image.jacobi import SJDDecoding
+from mmspec.image.decoding import AR, ImageDecoding
+from mmspec.image.jacobi import SJD
 from mmspec.image.protocol import DiscreteImageModel
 
 WINDOWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows the policy considers (AR is W = 1)
@@ -200,10 +200,10 @@ class DecodingPolicy:
         if speedup >= self.margin:
             reason = (f"auto: sjd window {best} predicted {speedup:.2f}x AR at batch {batch_size} (a {best}-token "
                       f"forward costs {curve[best] / curve[1]:.1f} AR steps here, cost curve {source})")
-            return Choice(SJDDecoding(window=best, **SJD_SETTINGS), best, speedup, reason)
+            return Choice(SJD(window=best, **SJD_SETTINGS), best, speedup, reason)
         reason = (f"auto: ar, no window pays at batch {batch_size} (best: sjd window {best} predicted "
                   f"{speedup:.2f}x < {self.margin}x; cost curve {source})")
-        return Choice(ARDecoding(), 1, 1.0, reason)
+        return Choice(AR(), 1, 1.0, reason)
 
     def record(self, choice: Choice, batch_size: int, stats) -> None:
         """Fold the observed step compression of a finished run of `choice` into the acceptance estimate."""

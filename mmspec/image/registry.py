@@ -1,38 +1,42 @@
-"""Decoding methods by name, so pipelines and the CLI take `decoding="sjd"` plus the method's options."""
+"""Image decoding components by name, so pipelines and the CLI take `decoding="sjd"` plus the component's settings
+(`window=16`), including the flat spellings of LANTERN's settings (`acceptance="lantern", lantern_k=100`)."""
 
 from __future__ import annotations
 
-import inspect
-
-from mmspec.image.decoding import ARDecoding, ImageDecoding
-from mmspec.image.draft_model import DraftModelDecoding
-from mmspec.image.jacobi import SJDDecoding
+from mmspec.core.acceptance import Lantern, acceptance_from
+from mmspec.core.component import DecodingComponent, component_from
+from mmspec.image.decoding import AR
+from mmspec.image.draft_model import DraftModel
+from mmspec.image.jacobi import SJD
 from mmspec.options import IMAGE_DECODINGS
 
-# every name of IMAGE_DECODINGS but "auto", which pipelines resolve (mmspec.image.policy) before they get here
-DECODINGS: dict[str, type] = {"ar": ARDecoding, "sjd": SJDDecoding, "draft": DraftModelDecoding}
+# every name of mmspec.options.IMAGE_DECODINGS but "auto", which pipelines resolve (mmspec.image.policy)
+DECODINGS: dict[str, type[DecodingComponent]] = {"ar": AR, "sjd": SJD, "draft": DraftModel}
 
 
-def get_decoding(decoding: str | ImageDecoding, **options) -> ImageDecoding:
-    """A decoding instance from its name (see `DECODINGS`) and options (e.g. `window=16` for "sjd"), or an already
-    built decoding object (then no options). Options left as None take the method's defaults."""
-    options = {key: value for key, value in options.items() if value is not None}
-    if isinstance(decoding, str):
-        if decoding == "auto":
-            raise ValueError('decoding="auto" needs the model, device and batch size: pipelines resolve it, or call '
-                             "mmspec.image.policy.DecodingPolicy.choose")
-        if decoding not in DECODINGS:
-            raise ValueError(f"decoding must be one of {IMAGE_DECODINGS} or a decoding object, got {decoding!r}")
-        method = DECODINGS[decoding]
-        accepted = set(inspect.signature(method).parameters)
-        unknown = sorted(set(options) - accepted)
-        if unknown:
-            raise ValueError(
-                f"decoding={decoding!r} does not take {unknown}; its options are {sorted(accepted) or 'none'}"
-            )
-        return method(**options)
-    if not callable(decoding) or not hasattr(decoding, "name"):
-        raise TypeError(f"decoding must be a name or an ImageDecoding object, got {type(decoding).__name__}")
-    if options:
-        raise ValueError(f"options {sorted(options)} only apply to a decoding given by name, not to {decoding!r}")
-    return decoding
+def image_acceptance(acceptance=None, lantern_k: int | None = None, lantern_delta: float | None = None,
+                     lantern_lam: float | None = None):
+    """The `acceptance=` object of the flat spellings: a rule object or name, and LANTERN's settings as
+    `lantern_k` / `lantern_delta` / `lantern_lam` (which need `acceptance="lantern"`). None if nothing is given."""
+    lantern = {"k": lantern_k, "delta": lantern_delta, "lam": lantern_lam}
+    given = {key: value for key, value in lantern.items() if value is not None}
+    if acceptance is None and not given:
+        return None
+    rule = acceptance_from("exact" if acceptance is None else acceptance, "image")
+    if given and not isinstance(rule, Lantern):
+        raise ValueError(f"{sorted('lantern_' + key for key in given)} only apply to acceptance='lantern', got "
+                         f"acceptance={rule.name!r}")
+    if given and isinstance(acceptance, Lantern):
+        raise ValueError("give LANTERN's settings in Lantern(k=, delta=, lam=) or as lantern_*, not both")
+    return Lantern(**given) if given else rule
+
+
+def get_decoding(decoding, acceptance=None, lantern_k: int | None = None, lantern_delta: float | None = None,
+                 lantern_lam: float | None = None, **options) -> DecodingComponent:
+    """An image decoding component from an object, a saved config dict, or a name (see `DECODINGS`) and settings
+    (e.g. `window=16` for "sjd"; LANTERN's flat spellings too). Settings left as None take the defaults."""
+    if decoding == "auto":
+        raise ValueError('decoding="auto" needs the model, device and batch size: pipelines resolve it, or call '
+                         "mmspec.image.policy.DecodingPolicy.choose")
+    rule = image_acceptance(acceptance, lantern_k, lantern_delta, lantern_lam)
+    return component_from(decoding, DECODINGS, names=IMAGE_DECODINGS, acceptance=rule, **options)

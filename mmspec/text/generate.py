@@ -14,17 +14,17 @@ import time
 
 import torch
 
+from mmspec.core.acceptance import Acceptance, acceptance_from
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import PhaseTimer
-from mmspec.core.verify import ACCEPTANCE_RULES, verify
-from mmspec.options import TEXT_ACCEPTANCES
+from mmspec.core.verify import verify
 from mmspec.text.cache import RaggedCacheState, forward_window, select_rows, truncate
 from mmspec.text.drafters import Drafter, DraftLengthSchedule
 from mmspec.text.stats import TextStats
 
 
-def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, schedule, eos_token_id):
+def _check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, schedule, eos_token_id):
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
         raise TypeError("input_ids must be a [B, T] torch.long tensor")
     if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
@@ -35,8 +35,6 @@ def _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_ne
         raise ValueError("every row of attention_mask needs at least one prompt token")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if acceptance not in TEXT_ACCEPTANCES:
-        raise ValueError(f"acceptance must be one of {TEXT_ACCEPTANCES}, got {acceptance!r}")
     if not all(hasattr(drafter, m) for m in ("reset", "propose", "rollback", "select")):
         raise TypeError(f"drafter must implement the Drafter protocol (reset/propose/rollback/select), got {type(drafter).__name__}")
     vocab = target.config.vocab_size
@@ -68,7 +66,7 @@ def speculative_generate(
     attention_mask: torch.Tensor | None = None,
     *,
     drafter: Drafter,
-    acceptance: str = "exact",
+    acceptance: Acceptance | str = "exact",
     max_new_tokens: int = 64,
     temperature: float = 1.0,
     top_k: int = 0,
@@ -82,7 +80,7 @@ def speculative_generate(
 
     target: a transformers causal LM. input_ids: [B, T] long, prompts (left or right padded).
     attention_mask: [B, T], 1 for prompt tokens (None = all). drafter: a `Drafter` (ModelDrafter, LayerSkipDrafter,
-    NGramDrafter). acceptance: "exact" (lossless) or "typical" (lossy, opt-in). draft_length: tokens drafted per step,
+    NGramDrafter). acceptance: `Exact()` (lossless) or `Typical(...)` (lossy, opt-in), or its name. draft_length: tokens drafted per step,
     or a `DraftLengthSchedule`. generator: a torch.Generator or one per row.
     Returns (sequences, stats): sequences [B, T + N] = the prompts as given followed by the new tokens, N = the longest
     row's new tokens, rows padded with pad_token_id after their EOS (as `generate` does). `stats.acceptance_map` [B, N]
@@ -93,14 +91,13 @@ def speculative_generate(
     if isinstance(draft_length, bool) or not isinstance(draft_length, (int, DraftLengthSchedule)):
         raise TypeError(f"draft_length must be an int or a DraftLengthSchedule, got {type(draft_length).__name__}")
     schedule = DraftLengthSchedule(draft_length) if isinstance(draft_length, int) else draft_length
-    _check_inputs(target, input_ids, attention_mask, drafter, acceptance, max_new_tokens, schedule, eos_token_id)
+    acceptance = acceptance_from(acceptance, modality="text")
+    _check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, schedule, eos_token_id)
     B, T = input_ids.shape
     check_generators(generator, B)
     device = input_ids.device
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    rule = "greedy" if sampling.greedy and acceptance == "exact" else acceptance
-    assert rule in ACCEPTANCE_RULES
     eos = None if eos_token_id is None else torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
     if pad_token_id is None:
         pad_token_id = getattr(target.generation_config, "pad_token_id", None) if hasattr(target, "generation_config") else None
@@ -142,7 +139,7 @@ def speculative_generate(
             stats.target_forwards += 1
         with timer("verify"):
             p = process_logits(logits, sampling)  # [B, L + 1, V]
-            result = verify(p, draft, generator, rule)
+            result = verify(p, draft, generator, acceptance, greedy=sampling.greedy)
             n = result.n_accepted
             emitted = torch.cat([draft.tokens, torch.zeros_like(draft.tokens[:, :1])], 1)
             emitted = emitted.scatter(1, n[:, None], result.next_token[:, None])  # [B, L + 1]

@@ -7,6 +7,7 @@ import torch
 from diffusers.image_processor import VaeImageProcessor
 from transformers import Emu3ForConditionalGeneration, PreTrainedTokenizerBase
 
+from mmspec.core.component import DecodingComponent
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition
 from mmspec.pipelines.ar_image import ARImagePipeline, left_padded, size_error
@@ -50,10 +51,12 @@ class Emu3Pipeline(ARImagePipeline):
     model: Emu3ForConditionalGeneration
     tokenizer: PreTrainedTokenizerBase
 
-    def __init__(self, model: Emu3ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, model: Emu3ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
+                 decoding: DecodingComponent | str | dict = "auto"):
         super().__init__()
         Emu3Adapter(model, 1, 1)  # validates the model before anything is registered
         self.register_modules(model=model, tokenizer=tokenizer)
+        self.decoding = decoding
         self.image_processor = VaeImageProcessor(do_normalize=True)
 
     @property

@@ -7,6 +7,7 @@ import torch
 from diffusers.image_processor import VaeImageProcessor
 from transformers import JanusForConditionalGeneration, PreTrainedTokenizerBase
 
+from mmspec.core.component import DecodingComponent
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.janus import JanusAdapter
 from mmspec.pipelines.ar_image import ARImagePipeline, left_padded, size_error
@@ -43,10 +44,12 @@ class JanusPipeline(ARImagePipeline):
     model: JanusForConditionalGeneration
     tokenizer: PreTrainedTokenizerBase
 
-    def __init__(self, model: JanusForConditionalGeneration, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, model: JanusForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
+                 decoding: DecodingComponent | str | dict = "auto"):
         super().__init__()
         JanusAdapter(model)  # validates the model before anything is registered
         self.register_modules(model=model, tokenizer=tokenizer)
+        self.decoding = decoding
         self.image_processor = VaeImageProcessor(do_normalize=True)
 
     @property

@@ -16,6 +16,7 @@ import torch
 from diffusers.image_processor import VaeImageProcessor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mmspec.core.component import DecodingComponent
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
@@ -64,13 +65,15 @@ class LlamaGenPipeline(ARImagePipeline):
     draft_transformer: LlamaGenTransformer | None
 
     def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, tokenizer: PreTrainedTokenizerBase,
-                 text_encoder: PreTrainedModel, draft_transformer: LlamaGenTransformer | None = None):
+                 text_encoder: PreTrainedModel, draft_transformer: LlamaGenTransformer | None = None,
+                 decoding: DecodingComponent | str | dict = "auto"):
         super().__init__()
         for name, model in (("transformer", transformer), ("draft_transformer", draft_transformer)):
             if model is not None and model.config.model_type != "t2i":
                 raise ValueError(f"LlamaGenPipeline needs a t2i {name}, got model_type={model.config.model_type!r}")
         self.register_modules(transformer=transformer, vqvae=vqvae, tokenizer=tokenizer, text_encoder=text_encoder,
                               draft_transformer=draft_transformer)
+        self.decoding = decoding
         self.image_processor = VaeImageProcessor(vae_scale_factor=vqvae.downsample_factor, do_normalize=True)
 
     @property

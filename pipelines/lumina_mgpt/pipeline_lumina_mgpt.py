@@ -9,6 +9,7 @@ import torch
 from diffusers.image_processor import VaeImageProcessor
 from transformers import ChameleonForConditionalGeneration, PreTrainedTokenizerBase
 
+from mmspec.core.component import DecodingComponent
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.lumina_mgpt import (
@@ -54,11 +55,12 @@ class LuminaMGPTPipeline(ARImagePipeline):
     vqgan: ChameleonVQGAN
 
     def __init__(self, model: ChameleonForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
-                 vqgan: ChameleonVQGAN, target_size: int = 768):
+                 vqgan: ChameleonVQGAN, target_size: int = 768, decoding: DecodingComponent | str | dict = "auto"):
         super().__init__()
         LuminaMGPTAdapter(model, vqgan, 2, 2)  # validates the pair before anything is registered
         self.register_modules(model=model, tokenizer=tokenizer, vqgan=vqgan)
         self.register_to_config(target_size=target_size)
+        self.decoding = decoding
         self.image_processor = VaeImageProcessor(do_normalize=True)
 
     @property

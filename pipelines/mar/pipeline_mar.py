@@ -28,7 +28,8 @@ DECODINGS = ("ar", "speculative")
 @dataclass
 class MARPipelineOutput(BaseOutput):
     """images: PIL images, NHWC array / NCHW tensor in [0, 1], or for `output_type="latent"` the tokens [B, L, C];
-    stats: the call's ContinuousStats (target / draft encoder-decoder passes, acceptance, residual tries, log-ratio terms)."""
+    stats: the call's ContinuousStats (target / draft encoder-decoder passes, acceptance, residual tries, log-ratio
+    terms)."""
 
     images: list[PIL.Image.Image] | np.ndarray | torch.Tensor
     stats: ContinuousStats

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mmspec.core import verify
+from mmspec.core.acceptance import Lantern
 from mmspec.core.drafts import Draft
 from mmspec.core.verify import (
     Relaxation,
@@ -260,7 +261,7 @@ def test_k_beyond_the_table_and_bad_tables_raise():
         Relaxation(NEIGHBOURS.double(), k=2, delta=0.1)
     with pytest.raises(ValueError, match="needs relaxation"):
         draft = Draft(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long))
-        verify.verify(torch.full((1, 2, V), 1 / V), draft, None, rule="lantern")
+        verify.verify(torch.full((1, 2, V), 1 / V), draft, None, Lantern(k=2))
 
 
 def test_non_image_tokens_are_never_relaxed():

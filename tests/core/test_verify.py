@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mmspec.core import multidraft, verify
+from mmspec.core.acceptance import Exact, Typical
 from mmspec.core.drafts import Draft
 from mmspec.core.multidraft import rsd_plan, spectr_beta, spectr_plan, spectr_rho
 from mmspec.core.verify import accept_probability, residual_law, verify_exact, verify_greedy, verify_typical
@@ -244,6 +245,6 @@ def test_typical_acceptance_is_lossy_and_opt_in():
     draft = Draft(tokens=torch.tensor([[1], [5]]), lengths=torch.tensor([1, 1]), q=None)
     result = verify_typical(p, draft, torch.Generator().manual_seed(0))
     assert result.n_accepted.tolist() == [1, 0]  # p=0.2 passes the threshold; p=0.05 does not
-    assert "typical" not in verify.LOSSLESS_RULES
-    with pytest.raises(ValueError, match="acceptance must be one of"):
+    assert not Typical.lossless and Exact.lossless
+    with pytest.raises(TypeError, match="acceptance must be an Acceptance"):
         verify.verify(p, draft, None, "lantern-typo")

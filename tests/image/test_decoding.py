@@ -6,7 +6,7 @@ import torch
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import sample
 from mmspec.core.stats import SpecStats
-from mmspec.image import DECODINGS, ARDecoding, get_decoding
+from mmspec.image import AR, DECODINGS, get_decoding
 from mmspec.image.decoding import PAD_ID
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.options import IMAGE_DECODINGS
@@ -31,7 +31,7 @@ def recompute_sampling(model, states, mask, sampling: SamplingConfig, generators
 def run_ar(model, states, mask, sampling, generators):
     adapter = LlamaGenAdapter(model, tiny_vq())
     stats = SpecStats()
-    steps = list(ARDecoding()(adapter, LlamaGenCondition(states, mask), sampling, generators, stats))
+    steps = list(AR()(adapter, LlamaGenCondition(states, mask), sampling, generators, stats))
     return steps, stats
 
 
@@ -66,7 +66,7 @@ def test_cfg_off_runs_no_unconditional_rows():
 
 
 def test_get_decoding_names_the_choices():
-    assert isinstance(get_decoding("ar"), ARDecoding)
+    assert isinstance(get_decoding("ar"), AR)
     with pytest.raises(ValueError, match=r"\('auto', 'sjd', 'draft', 'ar'\)"):
         get_decoding("jacobi")
     with pytest.raises(ValueError, match="pipelines resolve it"):

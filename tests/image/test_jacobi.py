@@ -6,7 +6,7 @@ import torch
 
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
-from mmspec.image import COUPLINGS, INITS, ARDecoding, SJDDecoding, get_decoding
+from mmspec.image import AR, COUPLINGS, INITS, SJD, get_decoding
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from tests.law import chi_square_p_value
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_transformer, tiny_vq
@@ -32,10 +32,10 @@ def run(decoding, adapter, condition, sampling, generator):
 def test_greedy_sjd_equals_greedy_ar_for_every_mode(window):
     adapter, condition = make_adapter(), LlamaGenCondition(text_states(3))
     greedy = SamplingConfig(temperature=0, guidance_scale=3.0)
-    (*_, ar), _ = run(ARDecoding(), adapter, condition, greedy, None)
+    (*_, ar), _ = run(AR(), adapter, condition, greedy, None)
     for init in INITS:
         for coupling in COUPLINGS:
-            (*_, last), stats = run(SJDDecoding(window, init, coupling), adapter, condition, greedy,
+            (*_, last), stats = run(SJD(window, init, coupling), adapter, condition, greedy,
                                     torch.Generator().manual_seed(1))
             assert torch.equal(last.tokens, ar.tokens), (init, coupling)
             assert stats.target_forwards <= 16  # never more forwards than AR (prefill + 15)
@@ -56,7 +56,7 @@ def test_cache_equals_a_fresh_prefill_of_the_committed_prefix_after_every_iterat
     adapter.prefill = spy_prefill
     cls = adapter.transformer.config.cls_token_num
     sampling = SamplingConfig(temperature=1.0, top_k=6, guidance_scale=3.0)
-    decoding = SJDDecoding(6, "vertical", coupling)
+    decoding = SJD(6, "vertical", coupling)
     iterations = 0
     with torch.no_grad():
         for step in decoding(adapter, condition, sampling, torch.Generator().manual_seed(0), SpecStats()):
@@ -99,7 +99,7 @@ def test_sjd_through_the_real_transformer_matches_the_exact_law(window, init, co
     rows = 16_000
     with torch.no_grad():
         laws = [sequence_law(model, states[b : b + 1], sampling) for b in range(2)]
-        (*_, last), stats = run(SJDDecoding(window, init, coupling), adapter,
+        (*_, last), stats = run(SJD(window, init, coupling), adapter,
                                 LlamaGenCondition(states.repeat(rows // 2, 1, 1)), sampling,
                                 torch.Generator().manual_seed(0))
     outcomes = (last.tokens * 3 ** torch.arange(3, -1, -1)).sum(-1)
@@ -112,7 +112,7 @@ def test_sjd_through_the_real_transformer_matches_the_exact_law(window, init, co
 def test_rows_advance_independently_and_stats_record_the_acceptance_map():
     adapter, condition = make_adapter(), LlamaGenCondition(text_states(4))
     sampling = SamplingConfig(temperature=1.0, top_k=4, guidance_scale=3.0)
-    steps, stats = run(SJDDecoding(8, "horizontal", "maximal"), adapter, condition, sampling,
+    steps, stats = run(SJD(8, "horizontal", "maximal"), adapter, condition, sampling,
                        torch.Generator().manual_seed(0))
     counts = torch.stack([s.n_committed for s in steps])  # [iterations + 1, B]
     assert (counts[1:] > counts[:-1]).any(0).all() and (counts[-1] == 16).all()
@@ -131,7 +131,7 @@ def test_per_row_generators_make_rows_independent_of_the_batch():
     adapter = make_adapter()
     states = text_states(3)
     sampling = SamplingConfig(temperature=1.0, top_k=6, guidance_scale=3.0)
-    decoding = SJDDecoding(5, "random", "gumbel")
+    decoding = SJD(5, "random", "gumbel")
     (*_, batch), _ = run(decoding, adapter, LlamaGenCondition(states), sampling,
                          [torch.Generator().manual_seed(s) for s in (7, 8, 9)])
     (*_, alone), _ = run(decoding, adapter, LlamaGenCondition(states[1:2]), sampling,
@@ -142,8 +142,8 @@ def test_per_row_generators_make_rows_independent_of_the_batch():
 def test_window_one_is_plain_ar_sampling():
     adapter, condition = make_adapter(), LlamaGenCondition(text_states(2))
     sampling = SamplingConfig(temperature=1.0, guidance_scale=3.0)
-    (*_, ar), _ = run(ARDecoding(), adapter, condition, sampling, torch.Generator().manual_seed(3))
-    (*_, sjd), stats = run(SJDDecoding(1), adapter, condition, sampling, torch.Generator().manual_seed(3))
+    (*_, ar), _ = run(AR(), adapter, condition, sampling, torch.Generator().manual_seed(3))
+    (*_, sjd), stats = run(SJD(1), adapter, condition, sampling, torch.Generator().manual_seed(3))
     assert stats.tokens_per_target_forward == 1.0 and stats.drafted == 0
     assert sjd.tokens.shape == ar.tokens.shape
 
@@ -156,7 +156,7 @@ def test_window_one_is_plain_ar_sampling():
 )
 def test_bad_options_raise_clear_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
-        SJDDecoding(**kwargs)
+        SJD(**kwargs)
     with pytest.raises(error, match=match):
         get_decoding("sjd", **kwargs)
 
@@ -166,10 +166,10 @@ def test_a_model_without_an_image_span_and_wrong_generator_lists_are_rejected():
         vocab_size = 5
 
     with pytest.raises(TypeError, match="image span"):
-        next(SJDDecoding()(TextOnly(), None, SamplingConfig(), None, SpecStats()))
+        next(SJD()(TextOnly(), None, SamplingConfig(), None, SpecStats()))
     adapter, condition = make_adapter(), LlamaGenCondition(text_states(3))
     with pytest.raises(ValueError, match="list of 2 generators but the batch size is 3"):
-        next(SJDDecoding()(adapter, condition, SamplingConfig(), [torch.Generator()] * 2, SpecStats()))
+        next(SJD()(adapter, condition, SamplingConfig(), [torch.Generator()] * 2, SpecStats()))
 
 
 @pytest.mark.parametrize("init", INITS)
@@ -188,7 +188,7 @@ def test_initial_drafts_of_free_positions_are_never_structure_tokens(init):
     seq[:, :4] = torch.tensor([1, 2, 3, 4])  # the first row committed, closed by its end-of-line
     ring = Ring(torch.zeros(2, L, V, dtype=torch.float64))  # the laws of the live window, slot = position mod L
     positions = torch.arange(4, 10).expand(2, -1)
-    SJDDecoding(init=init)._initialise(seq, ring, positions, torch.tensor([4, 4]), torch.rand(2, 6), 4, forced, span)
+    SJD(init=init)._initialise(seq, ring, positions, torch.tensor([4, 4]), torch.rand(2, 6), 4, forced, span)
     drafts, free, laws = seq[:, 4:10], forced[4:10] < 0, ring.read(positions)
     assert (drafts[:, free] < 4).all() and (drafts[:, ~free] == 4).all()
     assert (laws.gather(-1, drafts[..., None]) > 0).all()

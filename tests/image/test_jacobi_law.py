@@ -15,7 +15,7 @@ import torch
 
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.image import COUPLINGS, INITS, ARDecoding, SJDDecoding, jacobi
+from mmspec.image import AR, COUPLINGS, INITS, SJD, jacobi
 from mmspec.image.jacobi import JacobiStep
 from tests.image.table_model import TableImageModel
 from tests.law import chi_square_p_value
@@ -76,7 +76,7 @@ def assert_exact(tokens, model, sampling=SAMPLING):
 
 
 def test_ar_baseline_matches_the_exact_law():
-    tokens, stats, model = decode_rows(ARDecoding())
+    tokens, stats, model = decode_rows(AR())
     assert_exact(tokens, model)
     assert (tokens[:, 2] == 3).all()  # the forced position
 
@@ -85,7 +85,7 @@ def test_ar_baseline_matches_the_exact_law():
 @pytest.mark.parametrize("init", INITS)
 @pytest.mark.parametrize("window", [2, 3, N, N + 3])
 def test_sjd_matches_the_exact_law(window, init, coupling):
-    tokens, stats, model = decode_rows(SJDDecoding(window, init, coupling))
+    tokens, stats, model = decode_rows(SJD(window, init, coupling))
     assert_exact(tokens, model)
     assert 0 < stats.accepted < stats.drafted  # both branches of the acceptance test ran
     assert stats.tokens_per_target_forward > 1.0 and (tokens[:, 2] == 3).all()
@@ -94,7 +94,7 @@ def test_sjd_matches_the_exact_law(window, init, coupling):
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=1.3, top_p=0.8, guidance_scale=3.0),
                                       SamplingConfig(temperature=1.0)], ids=["top-p", "no-cfg"])
 def test_sjd_matches_the_exact_law_for_other_samplers(sampling):
-    tokens, _, model = decode_rows(SJDDecoding(3, "vertical", "maximal"), sampling)
+    tokens, _, model = decode_rows(SJD(3, "vertical", "maximal"), sampling)
     assert_exact(tokens, model, sampling)
 
 
@@ -134,6 +134,6 @@ MUTATIONS = {  # (object, attribute, replacement)
 def test_mutations_are_rejected(mutation, monkeypatch):
     owner, attribute, replacement = MUTATIONS[mutation]
     monkeypatch.setattr(owner, attribute, replacement)
-    tokens, _, model = decode_rows(SJDDecoding(N, "horizontal", "maximal"))
+    tokens, _, model = decode_rows(SJD(N, "horizontal", "maximal"))
     checks = law_checks(tokens, model)
     assert min(checks.values()) < ALPHA, f"mutation {mutation} was not detected: {checks}"

@@ -5,10 +5,11 @@ exact acceptance), the sequence-level distortion against the reported extra acce
 import pytest
 import torch
 
+from mmspec.core.acceptance import Exact, Lantern, Typical
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.image import DraftModelDecoding, NeighbourTable, SJDDecoding
-from mmspec.image.lantern import LanternAcceptance, codebook_hash, nearest_codes
+from mmspec.image import SJD, DraftModel, NeighbourTable, get_decoding
+from mmspec.image.lantern import codebook_hash, nearest_codes
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from tests.image.table_model import TableImageModel
@@ -110,15 +111,14 @@ def drafter():
     return TableImageModel(GRID, V, forced_tokens=FORCED, seed=1, scale=1.0)
 
 
-def decodings(**acceptance):
-    return [SJDDecoding(3, "horizontal", "maximal", **acceptance), SJDDecoding(N, "random", "none", **acceptance),
-            DraftModelDecoding(drafter(), 2, **acceptance)]
+def decodings(acceptance=Exact()):
+    return [SJD(3, "horizontal", "maximal", acceptance), SJD(N, "random", "none", acceptance),
+            DraftModel(2, acceptance, drafter=drafter())]
 
 
-@pytest.mark.parametrize("limit", [dict(lantern_k=0, lantern_delta=0.5), dict(lantern_k=3, lantern_delta=0.0),
-                                   dict(lantern_k=3, lantern_lam=1.0)], ids=str)
+@pytest.mark.parametrize("limit", [Lantern(k=0, delta=0.5), Lantern(k=3, delta=0.0), Lantern(k=3, lam=1.0)], ids=str)
 def test_lossless_limit_is_bit_identical_to_exact_acceptance(limit):
-    for exact, relaxed in zip(decodings(), decodings(acceptance="lantern", **limit), strict=True):
+    for exact, relaxed in zip(decodings(), decodings(limit), strict=True):
         tokens, stats, _ = run(relaxed)
         assert torch.equal(tokens, run(exact)[0])
         assert stats.excess_acceptance == 0 and not relaxed.lossless
@@ -135,7 +135,7 @@ def test_relaxed_decoding_distortion_is_what_it_reports(index):
     prompt_rows = GROUP.repeat(rows // 3) == 1
     law = CodebookTableModel(GRID, V, forced_tokens=FORCED).exact_law(1, SAMPLING)
     exact_tokens, exact_stats, _ = run(decodings()[index], rows)
-    tokens, stats, _ = run(decodings(acceptance="lantern", lantern_k=3, lantern_delta=0.3)[index], rows)
+    tokens, stats, _ = run(decodings(Lantern(k=3, delta=0.3))[index], rows)
     noise = empirical_tv(exact_tokens, law, prompt_rows)  # what sampling noise alone gives at this size
     distortion = empirical_tv(tokens, law, prompt_rows)
     assert stats.acceptance_rate > exact_stats.acceptance_rate
@@ -146,30 +146,29 @@ def test_relaxed_decoding_distortion_is_what_it_reports(index):
 
 def test_acceptance_setting_errors():
     with pytest.raises(ValueError, match="only apply to acceptance='lantern'"):
-        SJDDecoding(acceptance="exact", lantern_delta=0.1)
+        get_decoding("sjd", acceptance="exact", lantern_delta=0.1)
     with pytest.raises(ValueError, match="acceptance must be one of"):
-        DraftModelDecoding(drafter(), acceptance="relaxed")
+        DraftModel(drafter=drafter(), acceptance="relaxed")
+    with pytest.raises(ValueError, match="does not apply to image decoding"):
+        SJD(acceptance=Typical())
     with pytest.raises(ValueError, match="delta must be in"):
-        SJDDecoding(acceptance="lantern", lantern_delta=2.0)
+        SJD(acceptance=Lantern(delta=2.0))
     with pytest.raises(ValueError, match="lam must be >= 1"):
-        SJDDecoding(acceptance="lantern", lantern_lam=0.5)
+        get_decoding("sjd", acceptance="lantern", lantern_lam=0.5)
     with pytest.raises(ValueError, match="k must be in"):
-        SJDDecoding(acceptance="lantern", lantern_k=-1)
-    assert LanternAcceptance("lantern").budget == (0.1, None)
+        Lantern(k=-1)
+    assert Lantern().budget == (0.1, None)
 
 
 def test_decoding_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"k must be in \[0, V - 1\] = \[0, 3\]"):
-        run(SJDDecoding(3, acceptance="lantern", lantern_k=4), rows=3)
+        run(SJD(3, acceptance=Lantern(k=4)), rows=3)
     with pytest.raises(TypeError, match="needs a model with a VQ codebook"):
-        DraftModelDecoding(drafter(), acceptance="lantern")(
+        DraftModel(drafter=drafter(), acceptance="lantern")(
             TableImageModel(GRID, V), GROUP, SAMPLING, None, SpecStats()).__next__()
-    other = NeighbourTable.build(random_codebook(V, seed=9), 3, cache=False)
-    with pytest.raises(ValueError, match="built for another codebook"):
-        run(SJDDecoding(3, acceptance="lantern", lantern_table=other), rows=3)
     with pytest.raises(ValueError, match="temperature=0"):
-        run(SJDDecoding(3, acceptance="lantern"), rows=3, sampling=SamplingConfig(temperature=0))
+        run(SJD(3, acceptance="lantern"), rows=3, sampling=SamplingConfig(temperature=0))
     with pytest.raises(ValueError, match="needs a draft model"):
-        run(DraftModelDecoding(), rows=3)
+        run(DraftModel(), rows=3)
     with pytest.raises(ValueError, match="share the target's image tokens"):
-        run(DraftModelDecoding(TableImageModel((2, 2), V)), rows=3)
+        run(DraftModel(drafter=TableImageModel((2, 2), V)), rows=3)

@@ -9,7 +9,7 @@ import torch
 
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
-from mmspec.image import COUPLINGS, ARDecoding, NeighbourTable, SJDDecoding
+from mmspec.image import AR, COUPLINGS, SJD, NeighbourTable
 from mmspec.models.hf_image import PromptCondition
 from tests.law import chi_square_p_value
 
@@ -31,11 +31,11 @@ def row_of(condition: PromptCondition, b: int) -> PromptCondition:
 
 def check_greedy_sjd_equals_ar(adapter, condition, guidance, windows=(3, 16)):
     greedy = SamplingConfig(0, guidance_scale=guidance)
-    ar, _ = run(ARDecoding(), adapter, condition, greedy)
+    ar, _ = run(AR(), adapter, condition, greedy)
     N = adapter.grid[0] * adapter.grid[1]
     for window in windows:
         for coupling in COUPLINGS:
-            sjd, stats = run(SJDDecoding(window, "horizontal", coupling), adapter, condition, greedy,
+            sjd, stats = run(SJD(window, "horizontal", coupling), adapter, condition, greedy,
                              torch.Generator().manual_seed(0))
             assert torch.equal(sjd, ar), (window, coupling)
             assert stats.target_forwards <= N
@@ -56,7 +56,7 @@ def check_cache_after_every_iteration(adapter, condition: PromptCondition, guida
     iterations = 0
     try:
         with torch.no_grad():
-            for step in SJDDecoding(4, "vertical", "maximal")(adapter, condition,
+            for step in SJD(4, "vertical", "maximal")(adapter, condition,
                                                               SamplingConfig(1.0, guidance_scale=guidance),
                                                               torch.Generator().manual_seed(0), SpecStats()):
                 state = captured["state"]

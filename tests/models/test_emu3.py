@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmspec.core.probs import SamplingConfig
-from mmspec.image import ARDecoding, SJDDecoding
+from mmspec.image import AR, SJD
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition
 from tests.models.family_checks import (
@@ -79,7 +79,7 @@ def test_greedy_ar_equals_transformers_generate_with_its_structure_and_cfg(model
     adapter = Emu3Adapter(model, H, W)
     assert adapter.grid == (H, W + 1) and adapter.vocab_size == CODES + 1
     for guidance in (1.0, 3.0):
-        ours, stats = run(ARDecoding(), adapter, PromptCondition(PROMPTS, negative_ids=NEGATIVE),
+        ours, stats = run(AR(), adapter, PromptCondition(PROMPTS, negative_ids=NEGATIVE),
                           SamplingConfig(0, guidance_scale=guidance))
         theirs = transformers_generate(model, PROMPTS, NEGATIVE, H * (W + 1) + 3, do_sample=False,
                                        guidance_scale=guidance)
@@ -87,7 +87,7 @@ def test_greedy_ar_equals_transformers_generate_with_its_structure_and_cfg(model
         assert theirs[:, H * (W + 1) :].eq(torch.tensor([EOF, EOI, EOS])).all()
         assert stats.target_forwards == H * (W + 1)
     # without negative_ids the unconditional row is transformers' default: the last prompt token alone
-    ours, _ = run(ARDecoding(), adapter, PromptCondition(PROMPTS), SamplingConfig(0, guidance_scale=3.0))
+    ours, _ = run(AR(), adapter, PromptCondition(PROMPTS), SamplingConfig(0, guidance_scale=3.0))
     theirs = transformers_generate(model, PROMPTS, PROMPTS[:, -1:], H * (W + 1), do_sample=False, guidance_scale=3.0)
     assert torch.equal(adapter.to_bpe(ours), theirs)
 
@@ -98,7 +98,7 @@ def test_sampled_ar_and_transformers_sampling_follow_the_same_law(model):
     condition = PromptCondition(PROMPTS[:1], negative_ids=NEGATIVE[:1])
     law = exact_law_of_the_first_two_tokens(adapter, condition, sampling)
     no_cfg = exact_law_of_the_first_two_tokens(adapter, condition, SamplingConfig(1.0, top_k=6))
-    ours, _ = run(ARDecoding(), adapter, PromptCondition(PROMPTS[:1].expand(rows, -1),
+    ours, _ = run(AR(), adapter, PromptCondition(PROMPTS[:1].expand(rows, -1),
                                                          negative_ids=NEGATIVE[:1].expand(rows, -1)),
                   sampling, torch.Generator().manual_seed(0))
     torch.manual_seed(0)
@@ -114,7 +114,7 @@ def test_end_of_line_lands_on_its_absolute_positions_in_every_decoding(model, wi
     adapter = Emu3Adapter(model, H, W)
     condition = PromptCondition(PROMPTS, negative_ids=NEGATIVE)
     for init in ("random", "horizontal"):
-        tokens, _ = run(SJDDecoding(window, init), adapter, condition, SamplingConfig(1.0, guidance_scale=2.0),
+        tokens, _ = run(SJD(window, init), adapter, condition, SamplingConfig(1.0, guidance_scale=2.0),
                         torch.Generator().manual_seed(window))
         grid = tokens.view(3, H, W + 1)
         assert (grid[..., W] == adapter.line_token).all() and (grid[..., :W] < CODES).all(), init

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmspec.core.probs import SamplingConfig
-from mmspec.image import ARDecoding
+from mmspec.image import AR
 from mmspec.models.janus import JanusAdapter, JanusCondition
 from tests.models.family_checks import (
     check_cache_and_its_mutation,
@@ -53,7 +53,7 @@ def test_greedy_ar_through_the_adapter_equals_transformers_image_generate(model)
     adapter = JanusAdapter(model)
     assert adapter.grid == (4, 4) and adapter.vocab_size == 12
     for guidance in (1.5, 2.0, 5.0):  # transformers' image loop needs CFG > 1 (at 1 its scores keep both halves)
-        ours, stats = run(ARDecoding(), adapter, JanusCondition(PROMPTS), SamplingConfig(0, guidance_scale=guidance))
+        ours, stats = run(AR(), adapter, JanusCondition(PROMPTS), SamplingConfig(0, guidance_scale=guidance))
         with torch.no_grad():
             theirs = model.generate(input_ids=PROMPTS, attention_mask=torch.ones_like(PROMPTS),
                                     generation_mode="image", do_sample=False, guidance_scale=guidance)
@@ -66,11 +66,11 @@ def test_left_padded_prompts_give_each_prompt_its_own_image(model):
     short = torch.tensor([[PAD, PAD, BOS, 7, 8, BOI]])
     mask = (short != PAD).long()
     greedy = SamplingConfig(0, guidance_scale=3.0)
-    padded, _ = run(ARDecoding(), adapter, JanusCondition(torch.cat([short, PROMPTS[:1]]),
+    padded, _ = run(AR(), adapter, JanusCondition(torch.cat([short, PROMPTS[:1]]),
                                                           torch.cat([mask, torch.ones(1, 6, dtype=torch.long)])),
                     greedy)
-    alone, _ = run(ARDecoding(), adapter, JanusCondition(short[:, 2:]), greedy)
-    first, _ = run(ARDecoding(), adapter, JanusCondition(PROMPTS[:1]), greedy)
+    alone, _ = run(AR(), adapter, JanusCondition(short[:, 2:]), greedy)
+    first, _ = run(AR(), adapter, JanusCondition(PROMPTS[:1]), greedy)
     assert torch.equal(padded[0], alone[0]) and torch.equal(padded[1], first[0])
 
 
@@ -90,7 +90,7 @@ def test_sampled_ar_and_transformers_sampling_follow_the_same_law(model):
     sampling = SamplingConfig(1.0, top_k=6, guidance_scale=2.0)
     law = exact_law_of_the_first_two_tokens(adapter, JanusCondition(PROMPTS[:1]), sampling)
     no_cfg = exact_law_of_the_first_two_tokens(adapter, JanusCondition(PROMPTS[:1]), SamplingConfig(1.0, top_k=6))
-    ours, _ = run(ARDecoding(), adapter, JanusCondition(PROMPTS[:1].expand(rows, -1)), sampling,
+    ours, _ = run(AR(), adapter, JanusCondition(PROMPTS[:1].expand(rows, -1)), sampling,
                   torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     with torch.no_grad():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmspec.core.probs import SamplingConfig
-from mmspec.image import ARDecoding, SJDDecoding
+from mmspec.image import AR, SJD
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.lumina_mgpt import (
@@ -80,7 +80,7 @@ def test_greedy_ar_equals_the_official_loop(model):
     adapter = LuminaMGPTAdapter(lm, vqgan, H, W)
     assert adapter.grid == (H, W + 1) and adapter.vocab_size == CODES + 1
     for guidance in (1.0, 4.0):
-        ours, stats = run(ARDecoding(), adapter, PromptCondition(PROMPTS), SamplingConfig(0, guidance_scale=guidance))
+        ours, stats = run(AR(), adapter, PromptCondition(PROMPTS), SamplingConfig(0, guidance_scale=guidance))
         theirs = official_loop(lm, PROMPTS, H * (W + 1) + 1, guidance, do_sample=False)
         assert torch.equal(adapter.to_bpe(ours), theirs[:, : H * (W + 1)]), guidance
         assert (theirs[:, -1] == END).all() and stats.target_forwards == H * (W + 1)
@@ -104,7 +104,7 @@ def test_sampled_ar_and_the_official_loop_follow_the_same_law(model):
     sampling = SamplingConfig(1.0, top_k=6, guidance_scale=3.0)
     law = exact_law_of_the_first_two_tokens(adapter, PromptCondition(PROMPTS[:1]), sampling)
     no_cfg = exact_law_of_the_first_two_tokens(adapter, PromptCondition(PROMPTS[:1]), SamplingConfig(1.0, top_k=6))
-    ours, _ = run(ARDecoding(), adapter, PromptCondition(PROMPTS[:1].expand(rows, -1)), sampling,
+    ours, _ = run(AR(), adapter, PromptCondition(PROMPTS[:1].expand(rows, -1)), sampling,
                   torch.Generator().manual_seed(0))
     torch.manual_seed(0)
     theirs = official_loop(lm, PROMPTS[:1].expand(rows, -1), 2, 3.0, do_sample=True)
@@ -117,7 +117,7 @@ def test_sampled_ar_and_the_official_loop_follow_the_same_law(model):
 def test_new_lines_land_on_their_absolute_positions_in_every_decoding(model, window):
     adapter = LuminaMGPTAdapter(*model, H, W)
     for init in ("random", "vertical"):
-        tokens, _ = run(SJDDecoding(window, init), adapter, PromptCondition(PROMPTS),
+        tokens, _ = run(SJD(window, init), adapter, PromptCondition(PROMPTS),
                         SamplingConfig(1.0, top_k=8, guidance_scale=3.0), torch.Generator().manual_seed(window))
         grid = tokens.view(3, H, W + 1)
         assert (grid[..., W] == adapter.line_token).all() and (grid[..., :W] < CODES).all(), init

@@ -157,6 +157,8 @@ def test_callback_cannot_replace_committed_tokens(pipe):
         ({"output_type": "jpeg"}, ValueError, "output_type must be one of"),
         ({"callback_on_step_end_tensor_inputs": ["logits"]}, ValueError, "logits"),
         ({"decoding": "nope"}, ValueError, "decoding must be one of"),
+        ({"decoding": {"window": 3}}, ValueError, "must name its component"),
+        ({"decoding": 3}, TypeError, "decoding must be a name"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(pipe, kwargs, error, match):
@@ -208,3 +210,53 @@ def test_lantern_acceptance_reports_its_distortion(pipe, decoding):
     assert torch.equal(lossless.images, exact.images)
     with pytest.raises(ValueError, match="do.* not take"):
         drafted(PROMPTS, decoding="ar", acceptance="lantern")
+
+
+def test_decoding_component_object_and_shorthand_are_the_same_call(pipe):
+    from mmspec import SJD, DraftModel, Lantern
+
+    def latent():  # fresh generators per call
+        return dict(generator=seeded(1, 2), output_type="latent")
+
+    as_object = pipe(PROMPTS, decoding=SJD(window=3, init="vertical", acceptance=Lantern(k=8, delta=0.4)), **latent())
+    flat = pipe(PROMPTS, decoding="sjd", window=3, init="vertical", acceptance="lantern", lantern_k=8,
+                lantern_delta=0.4, **latent())  # the spelling from before the components, still taken
+    implied = pipe(PROMPTS, window=3, init="vertical", acceptance=Lantern(k=8, delta=0.4), **latent())  # no decoding=
+    assert torch.equal(as_object.images, flat.images) and torch.equal(as_object.images, implied.images)
+    assert as_object.stats.method == flat.stats.method == repr(SJD(3, "vertical", acceptance=Lantern(k=8, delta=0.4)))
+    drafted = with_draft(pipe)
+    assert torch.equal(drafted(PROMPTS, decoding=DraftModel(draft_length=2), **latent()).images,
+                       drafted(PROMPTS, decoding="draft", draft_length=2, **latent()).images)
+    with pytest.raises(ValueError, match="only apply to a decoding given by name"):
+        pipe(PROMPTS, decoding=SJD(window=3), window=4)
+
+
+def test_the_pipeline_decoding_is_saved_loaded_and_swappable(pipe, tmp_path):
+    import json
+
+    from mmspec import AR, SJD, Lantern
+
+    def latent():  # fresh generators per call
+        return dict(generator=seeded(1, 2), output_type="latent")
+
+    assert pipe.decoding == "auto" and pipe.config.decoding == "auto"
+    held = LlamaGenPipeline(**pipe.components, decoding=SJD(window=5, coupling="gumbel", acceptance=Lantern(k=8)))
+    held.set_progress_bar_config(disable=True)
+    out = held(PROMPTS, **latent())
+    assert out.stats.method == repr(held.decoding) and out.stats.chosen_by is None
+    assert torch.equal(out.images, pipe(PROMPTS, decoding=held.decoding, **latent()).images)
+    held.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "model_index.json").read_text())["decoding"]
+    assert saved == {"name": "sjd", "window": 5, "init": "horizontal", "coupling": "gumbel",
+                     "acceptance": {"name": "lantern", "k": 8, "delta": None, "lam": None}}
+    loaded = LlamaGenPipeline.from_pretrained(tmp_path, dtype=torch.float64)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.decoding == held.decoding
+    assert torch.equal(loaded(PROMPTS, **latent()).images, out.images)
+    loaded.decoding = AR()  # swapped on the loaded pipeline; a call may still name another
+    assert loaded(PROMPTS, **latent()).stats.method == "AR()" and loaded.config.decoding == {"name": "ar"}
+    assert loaded(PROMPTS, decoding="sjd", **latent()).stats.method.startswith("SJD(window=16")
+    loaded.decoding = {"name": "sjd", "window": 7}  # a config dict, as model_index.json holds it
+    assert loaded.decoding == SJD(window=7)
+    with pytest.raises(ValueError, match="decoding must be one of"):
+        loaded.decoding = "fast"

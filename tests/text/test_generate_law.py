@@ -74,11 +74,11 @@ def test_speculative_generate_matches_exact_joint_law(drafter_kind, draft_length
         assert stats.accepted > 0 and stats.accepted < stats.drafted  # both branches of the rule were exercised
 
 
-def off_by_one_bonus(p, draft, generator, rule):
+def off_by_one_bonus(p, draft, generator, acceptance, greedy=False):
     """Mutation: the bonus token is drawn from the law one position too early."""
     shifted = p.clone()
     shifted[:, -1] = p[:, -2]
-    return verify.verify(shifted, draft, generator, rule)
+    return verify.verify(shifted, draft, generator, acceptance, greedy)
 
 
 MUTATIONS = {  # (module, attribute, replacement)
