@@ -41,4 +41,4 @@ if chromium:
 print("resolved versions: " + ", ".join(versions), flush=True)
 EOF
 
-MMSPEC_REQUIRE_BROWSER=1 "$venv/bin/python" -m pytest -q "$@"
+MMSPEC_REQUIRE_BROWSER=1 "$venv/bin/python" -m pytest -q --durations=15 "$@"  # the slowest tests, for the time budget

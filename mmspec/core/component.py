@@ -42,6 +42,14 @@ class DecodingComponent:
         """The saved fields, in order."""
         return [f.name for f in dataclasses.fields(cls) if not f.metadata.get("runtime")]
 
+    def check_count(self, field: str, meaning: str) -> None:
+        """Raise unless setting `field` is an int >= 1 (`meaning` says what it counts, for the message)."""
+        value = getattr(self, field)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{field} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{field} must be >= 1 ({meaning}), got {value}")
+
     def to_config(self) -> dict:
         """{"name": ..., settings...}, JSON-ready: what `save_pretrained` writes."""
         config = {"name": self.name}

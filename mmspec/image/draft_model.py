@@ -52,10 +52,7 @@ class DraftModel(DecodingComponent):
     drafter: DiscreteImageModel | None = field(default=None, repr=False, compare=False, metadata=RUNTIME)
 
     def __post_init__(self):
-        if isinstance(self.draft_length, bool) or not isinstance(self.draft_length, int):
-            raise TypeError(f"draft_length must be an int, got {type(self.draft_length).__name__}")
-        if self.draft_length < 1:
-            raise ValueError(f"draft_length must be >= 1 (tokens drafted per target forward), got {self.draft_length}")
+        self.check_count("draft_length", "tokens drafted per target forward")
         super().__post_init__()
 
     @torch.no_grad()

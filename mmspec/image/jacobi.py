@@ -154,10 +154,7 @@ class SJD(DecodingComponent):
     acceptance: Acceptance = Exact()
 
     def __post_init__(self):
-        if isinstance(self.window, bool) or not isinstance(self.window, int):
-            raise TypeError(f"window must be an int, got {type(self.window).__name__}")
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1 (tokens scored per target forward), got {self.window}")
+        self.check_count("window", "tokens scored per target forward")
         if self.init not in INITS:
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.coupling not in COUPLINGS:
