@@ -7,12 +7,13 @@ INITS = ("random", "horizontal", "vertical")  # SJD: how positions no window has
 COUPLINGS = ("none", "maximal", "gumbel")  # SJD: how drafts are redrafted between iterations
 # every acceptance rule by name -> the decodings that take it (the rule objects: mmspec.core.acceptance); only
 # "exact" is lossless
-ACCEPTANCE_RULES = {"exact": ("image", "text"), "lantern": ("image",), "typical": ("text",)}
+ACCEPTANCE_RULES = {"exact": ("image", "text", "continuous"), "lantern": ("image",), "typical": ("text",),
+                    "paper": ("continuous",)}
 TEXT_METHODS = ("model", "ngram", "layerskip", "ar")  # drafters, and "ar" for the plain target
 
 
 def acceptances(modality: str) -> tuple[str, ...]:
-    """The acceptance rules a modality's decodings take ("image", "text")."""
+    """The acceptance rules a modality's decodings take ("image", "text", "continuous")."""
     return tuple(name for name, modalities in ACCEPTANCE_RULES.items() if modality in modalities)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")  # what `mmspec generate --out` writes
 VIDEO_EXTENSIONS = (".gif", ".mp4")  # what `mmspec video --out` writes; mp4 needs the [video] extra

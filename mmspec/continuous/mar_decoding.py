@@ -23,11 +23,11 @@ import torch
 
 from mmspec.continuous.acceptance import verify_paper, verify_trajectories
 from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
+from mmspec.continuous.speculation import ContinuousSpeculation
 from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.rng import keyed_normal, keyed_uniform
 
 NOISE, UNIFORM, ORDER = 0, 1, 2  # key domains of the keyed draws
-ACCEPTANCE_MODES = ("exact", "paper")
 
 
 def cosine_plan(seq_len: int, num_iter: int) -> list[int]:
@@ -153,26 +153,23 @@ def _finish(stats: ContinuousStats, batch_size: int, seq_len: int, start: float)
 @torch.no_grad()
 def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
                          labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
-                         gamma: int = 4, prefill_ratio: float = 0.0, acceptance: str = "exact",
-                         max_tries: int = 100, proposals_per_round: int = 8) -> tuple[torch.Tensor, ContinuousStats]:
-    """Speculative MAR sampling (see the module docstring): tokens [B, L, C] and counters. `gamma` draft steps per
-    target pass; the first `floor(num_iter * prefill_ratio)` steps are the target's own; a rejected token's residual
-    draws `proposals_per_round` target proposals per batched round, at most `max_tries` in all."""
+                         speculation: ContinuousSpeculation = ContinuousSpeculation(),
+                         ) -> tuple[torch.Tensor, ContinuousStats]:
+    """Speculative MAR sampling (see the module docstring): tokens [B, L, C] and counters. `speculation.gamma` draft
+    steps per target pass; the first `floor(num_iter * speculation.prefill_ratio)` steps are the target's own; a
+    rejected token's residual draws `proposals_per_round` target proposals per batched round, at most `max_tries`."""
     _check(target, seeds, labels)
     _check(draft, seeds, labels)
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
-    if not 0 <= prefill_ratio < 1:
-        raise ValueError(f"prefill_ratio must be in [0, 1), got {prefill_ratio}")
-    if acceptance not in ACCEPTANCE_MODES:
-        raise ValueError(f"acceptance must be one of {ACCEPTANCE_MODES}, got {acceptance!r}")
+    if not isinstance(speculation, ContinuousSpeculation):
+        raise TypeError(f"speculation must be a ContinuousSpeculation, got {type(speculation).__name__}")
+    gamma, acceptance = speculation.gamma, speculation.acceptance.name
     dims = {name: (m.config.seq_len, m.config.token_dim) for name, m in (("target", target), ("draft", draft))}
     if dims["target"] != dims["draft"]:
         raise ValueError(f"draft tokens (seq_len, token_dim) = {dims['draft']} do not match the target's "
                          f"{dims['target']}")
     B, (L, C) = seeds.numel(), dims["target"]
     plan = cosine_plan(L, num_iter)
-    n_prefill = math.floor(num_iter * prefill_ratio)
+    n_prefill = math.floor(num_iter * speculation.prefill_ratio)
     orders = sample_orders(seeds, L)
     tokens = torch.zeros(B, L, C, device=target.device, dtype=target.dtype)
     unknown = torch.ones(B, L, dtype=torch.bool, device=target.device)
@@ -197,7 +194,7 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
         block.append(dict(positions=positions, z=z, z_uncond=z_uncond, cfg=cfg, trajectory=trajectory))
         if len(block) == gamma or step == len(plan) - 1:
             _verify_block(target, conditioners["target"], draft, block, tokens, context, seeds, schedule, temperature,
-                          acceptance, (max_tries, proposals_per_round), stats)
+                          acceptance, (speculation.max_tries, speculation.proposals_per_round), stats)
             block, context = [], unknown.clone()
     for name, parts in stats.log_ratio_terms.items():
         stats.log_ratio_terms[name] = torch.cat(parts)

@@ -92,7 +92,17 @@ class Typical(Acceptance):
                              f"delta={self.delta}")
 
 
-RULES: dict[str, type[Acceptance]] = {rule.name: rule for rule in (Exact, Lantern, Typical)}  # names: ACCEPTANCE_RULES
+@dataclass(frozen=True)
+class Paper(Acceptance):
+    """The released CSpD rule for continuous tokens (approximate, not distribution-preserving; its bias is measured):
+    final-step Gaussians flattened by an inner temperature, a sigma-product term, a final-step residual. See
+    `mmspec.continuous.acceptance.verify_paper`."""
+
+    name: ClassVar[str] = "paper"
+    lossless: ClassVar[bool] = False
+
+
+RULES: dict[str, type[Acceptance]] = {rule.name: rule for rule in (Exact, Lantern, Typical, Paper)}  # ACCEPTANCE_RULES
 
 
 def acceptance_from(value: Acceptance | str | dict, modality: str | None = None,

@@ -1,7 +1,7 @@
 """Class-to-image generation with a MAR model: class labels -> continuous tokens (masked random-order AR, per-token
-diffusion head, CFG) -> KL autoencoder -> pixels. `decoding="ar"` runs the target alone on MAR's cosine schedule;
-`decoding="speculative"` lets the draft MAR draft `gamma` steps per target pass (see `mmspec.continuous.mar_decoding`
-for what each acceptance mode samples).
+diffusion head, CFG) -> KL autoencoder -> pixels. `decoding=AR()` runs the target alone on MAR's cosine schedule;
+`decoding=ContinuousSpeculation(gamma=...)` lets the draft MAR draft `gamma` steps per target pass (see
+`mmspec.continuous.mar_decoding` for what each acceptance rule samples).
 """
 
 from __future__ import annotations
@@ -16,13 +16,17 @@ from diffusers.utils import BaseOutput
 
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.mar_decoding import cosine_plan, generate, generate_speculative
+from mmspec.continuous.speculation import ContinuousSpeculation
 from mmspec.continuous.stats import ContinuousStats
+from mmspec.core.acceptance import Acceptance
+from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.rng import Generators, check_generators, sample_seeds
+from mmspec.image.decoding import AR
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.pipelines.base import MMSpecPipeline
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-DECODINGS = ("ar", "speculative")
+DECODINGS: dict[str, type[DecodingComponent]] = {"ar": AR, "speculative": ContinuousSpeculation}
 
 
 @dataclass
@@ -42,18 +46,33 @@ class MARPipeline(MMSpecPipeline):
         transformer ([`MARModel`]): the target MAR (encoder / decoder and diffusion head).
         vae ([`KLAutoencoder`]): turns tokens (latents x its scaling factor, raster order) into pixels.
         draft_transformer ([`MARModel`], *optional*): a smaller MAR over the same tokens, the drafter of
-            `decoding="speculative"`.
+            `ContinuousSpeculation`.
+        decoding (`AR()` or `ContinuousSpeculation(...)`, a name or a config dict; defaults to `AR()`): what calls
+            decode with unless they say otherwise; saved with the pipeline, swappable (`pipe.decoding = ...`).
     """
 
     model_cpu_offload_seq = "transformer->vae"
     _optional_components = ["draft_transformer"]
 
-    def __init__(self, transformer: MARModel, vae: KLAutoencoder, draft_transformer: MARModel | None = None):
+    def __init__(self, transformer: MARModel, vae: KLAutoencoder, draft_transformer: MARModel | None = None,
+                 decoding: DecodingComponent | str | dict = "ar"):
         super().__init__()
         self.register_modules(transformer=transformer, vae=vae, draft_transformer=draft_transformer)
+        self.decoding = decoding
         self.image_processor = VaeImageProcessor(vae_scale_factor=vae.downsample_factor, do_normalize=True)
 
-    def check_inputs(self, class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps):
+    @property
+    def decoding(self) -> DecodingComponent:
+        """What a call decodes with unless it says otherwise (`AR()` or `ContinuousSpeculation(...)`); saved in
+        `model_index.json`, restored by `from_pretrained`; set it to swap (also a name or a config dict)."""
+        return self._decoding
+
+    @decoding.setter
+    def decoding(self, value: DecodingComponent | str | dict) -> None:
+        self._decoding = component_from(value, DECODINGS)
+        self.register_to_config(decoding=self._decoding.to_config())
+
+    def check_inputs(self, class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps, plan):
         if isinstance(class_labels, int):
             class_labels = [class_labels]
         if not isinstance(class_labels, list) or not class_labels or not all(
@@ -65,10 +84,10 @@ class MARPipeline(MMSpecPipeline):
         check_generators(generator, len(class_labels))
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
-        if decoding not in DECODINGS:
-            raise ValueError(f"decoding must be one of {DECODINGS}, got {decoding!r}")
-        if decoding == "speculative" and self.draft_transformer is None:
+        if isinstance(decoding, ContinuousSpeculation) and self.draft_transformer is None:
             raise ValueError("decoding='speculative' needs a draft_transformer; this pipeline has none")
+        if plan is not None and not isinstance(decoding, AR):
+            raise ValueError("plan applies to decoding=AR() only (speculative decoding runs the cosine schedule)")
         seq_len = self.transformer.config.seq_len
         if isinstance(num_iter, bool) or not isinstance(num_iter, int) or not 1 <= num_iter <= seq_len:
             raise ValueError(f"num_iter must be an int in [1, {seq_len}], got {num_iter!r}")
@@ -80,15 +99,16 @@ class MARPipeline(MMSpecPipeline):
     @torch.no_grad()
     def __call__(self, class_labels: int | list[int], num_iter: int = 64, num_diffusion_steps: int = 100,
                  guidance_scale: float = 3.0, temperature: float = 1.0, generator: Generators = None,
-                 output_type: str = "pil", return_dict: bool = True, decoding: str = "ar", gamma: int = 4,
-                 prefill_ratio: float = 0.0, acceptance: str = "exact", max_tries: int = 100,
-                 proposals_per_round: int = 8, plan: list[int] | None = None):
+                 output_type: str = "pil", return_dict: bool = True,
+                 decoding: DecodingComponent | str | dict | None = None, gamma: int | None = None,
+                 prefill_ratio: float | None = None, acceptance: Acceptance | str | None = None,
+                 max_tries: int | None = None, proposals_per_round: int | None = None, plan: list[int] | None = None):
         r"""Generate one image per class label.
 
         Args:
             class_labels (`int` or `list[int]`): classes in [0, num_classes).
             num_iter (`int`, defaults to 64): AR steps (MAR's cosine schedule; `seq_len` = one token per step).
-            plan (`list[int]`, *optional*): `decoding="ar"` only: tokens predicted per step, overriding the cosine
+            plan (`list[int]`, *optional*): `decoding=AR()` only: tokens predicted per step, overriding the cosine
                 schedule; e.g. `mmspec.continuous.mar_decoding.coarsen(cosine_plan(L, n), n_pre, gamma)` is the
                 schedule whose law `acceptance="exact"` samples.
             num_diffusion_steps (`int`, defaults to 100): reverse diffusion steps of the head per token.
@@ -96,27 +116,34 @@ class MARPipeline(MMSpecPipeline):
             temperature (`float`, defaults to 1.0): scales the std of every reverse step.
             generator (`torch.Generator` or list): one per image makes each image depend on its own seed only.
             output_type (`str`): `"pil"`, `"np"`, `"pt"` or `"latent"` (tokens [B, L, C]).
-            decoding (`str`): `"ar"` (target only) or `"speculative"` (`gamma` draft steps per target pass, the
-                first `prefill_ratio` of the steps by the target; `acceptance` `"exact"` samples the target on the
-                coarsened schedule, `"paper"` is the released CSpD rule, not distribution-preserving).
-            max_tries (`int`, defaults to 100), proposals_per_round (`int`, defaults to 8): a rejected token's residual
-                draws target proposals in batched rounds of `proposals_per_round`; after `max_tries` it keeps the last
-                one (counted in `stats.fallbacks`).
+            decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`AR()`
+                unless set or saved otherwise). `AR()` runs the target only; `ContinuousSpeculation(gamma, prefill_ratio,
+                acceptance, max_tries, proposals_per_round)` drafts `gamma` steps per target pass with the draft MAR,
+                the first `prefill_ratio` of the steps by the target; `acceptance=Exact()` samples the target on the
+                coarsened schedule, `Paper()` is the released CSpD rule, not distribution-preserving; a rejected
+                token's residual draws target proposals in batched rounds of `proposals_per_round`, after `max_tries`
+                it keeps the last one (counted in `stats.fallbacks`). A name plus the settings as keyword arguments is
+                the same call (`decoding="speculative", gamma=4`); a setting given alone selects speculation.
+            gamma, prefill_ratio, acceptance, max_tries, proposals_per_round (*optional*): `ContinuousSpeculation`'s
+                settings in their flat spelling.
         """
-        labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps)
-        if plan is not None and decoding != "ar":
-            raise ValueError("plan applies to decoding='ar' only (speculative decoding runs the cosine schedule)")
+        settings = dict(gamma=gamma, prefill_ratio=prefill_ratio, acceptance=acceptance, max_tries=max_tries,
+                        proposals_per_round=proposals_per_round)
+        if decoding is None:
+            decoding = "speculative" if any(v is not None for v in settings.values()) else self.decoding
+        decoding = component_from(decoding, DECODINGS, **settings)
+        labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps, plan)
         device = self._execution_device
         seeds = sample_seeds(generator, len(labels)).to(device)
         label_tensor = torch.tensor(labels, device=device)
         schedule = DiffusionSchedule.cosine(num_diffusion_steps, x0_clip=self.transformer.config.x0_clip)
-        if decoding == "ar":
+        if isinstance(decoding, AR):
             plan = cosine_plan(self.transformer.config.seq_len, num_iter) if plan is None else plan
             tokens, stats = generate(self.transformer, seeds, plan, schedule, label_tensor, guidance_scale, temperature)
         else:
             tokens, stats = generate_speculative(self.transformer, self.draft_transformer, seeds, num_iter, schedule,
-                                                 label_tensor, guidance_scale, temperature, gamma, prefill_ratio,
-                                                 acceptance, max_tries, proposals_per_round)
+                                                 label_tensor, guidance_scale, temperature, decoding)
+        stats.method = repr(decoding)
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         self.maybe_free_model_hooks()
         if not return_dict:

@@ -9,6 +9,7 @@ from scipy import stats
 
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan, generate, generate_speculative
+from mmspec.continuous.speculation import ContinuousSpeculation
 from mmspec.models.mar import MARModel
 from tests.continuous.toy import AnalyticHeadMAR
 from tests.models.test_mar import TINY, tiny_mar
@@ -38,8 +39,8 @@ def test_cosine_plan_and_its_coarsening():
 def test_pass_counts_and_every_token_written_once(pair, num_iter, gamma, prefill):
     target, draft = pair
     seeds = torch.arange(4)
-    tokens, stats_ = generate_speculative(target, draft, seeds, num_iter, DiffusionSchedule.cosine(5), gamma=gamma,
-                                          prefill_ratio=prefill)
+    tokens, stats_ = generate_speculative(target, draft, seeds, num_iter, DiffusionSchedule.cosine(5),
+                                          speculation=ContinuousSpeculation(gamma, prefill))
     n_pre = math.floor(num_iter * prefill)
     assert stats_.target_forwards == n_pre + math.ceil((num_iter - n_pre) / gamma)
     assert stats_.draft_forwards == num_iter - n_pre
@@ -75,8 +76,8 @@ def test_each_target_pass_verifies_exactly_the_block_drafted_since_the_last(pair
     block's positions, and prefill + blocks finalise every position once."""
     target, draft = Spy(pair[0]), Spy(pair[1])
     B, num_iter, gamma, prefill = 3, 12, 4, 0.25
-    generate_speculative(target, draft, torch.arange(B), num_iter, DiffusionSchedule.cosine(3), gamma=gamma,
-                         prefill_ratio=prefill)  # no CFG: one mask row per sample
+    generate_speculative(target, draft, torch.arange(B), num_iter, DiffusionSchedule.cosine(3),
+                         speculation=ContinuousSpeculation(gamma, prefill))  # no CFG: one mask row per sample
     n_pre, plan = math.floor(num_iter * prefill), cosine_plan(16, num_iter)
     verifications = target.masks[n_pre:]
     assert len(verifications) == math.ceil((num_iter - n_pre) / gamma)
@@ -98,7 +99,8 @@ def test_gamma_1_with_the_target_as_draft_is_the_target_bit_for_bit(pair):
     target, _ = pair
     seeds, labels, schedule = torch.arange(32), torch.arange(32) % 10, DiffusionSchedule.cosine(10)
     kwargs = dict(labels=labels, guidance_scale=2.5, temperature=0.9)
-    tokens, stats_ = generate_speculative(target, target, seeds, 8, schedule, gamma=1, prefill_ratio=0.25, **kwargs)
+    tokens, stats_ = generate_speculative(target, target, seeds, 8, schedule,
+                                          speculation=ContinuousSpeculation(1, 0.25), **kwargs)
     reference, _ = generate(target, seeds, cosine_plan(16, 8), schedule, **kwargs)
     assert stats_.acceptance_rate == 1.0 and torch.equal(tokens, reference)
 
@@ -118,7 +120,8 @@ def test_exact_mode_samples_the_target_on_the_coarsened_schedule(pair, capsys):
     target, draft = pair
     n, schedule = 3000, DiffusionSchedule.cosine(10)
     kwargs = dict(labels=torch.arange(n) % 10, guidance_scale=2.0, temperature=1.0)
-    tokens, stats_ = generate_speculative(target, draft, torch.arange(n), 8, schedule, gamma=3, prefill_ratio=0.25,
+    tokens, stats_ = generate_speculative(target, draft, torch.arange(n), 8, schedule,
+                                          speculation=ContinuousSpeculation(3, 0.25),
                                           **kwargs)
     assert 0.2 < stats_.acceptance_rate < 0.95 and stats_.fallbacks == 0
     coarse = coarsen(cosine_plan(16, 8), 2, 3)
@@ -128,8 +131,8 @@ def test_exact_mode_samples_the_target_on_the_coarsened_schedule(pair, capsys):
     draft_only, _ = generate(draft, torch.arange(n), coarse, schedule, **kwargs)
     with pytest.raises(AssertionError):
         assert_same_token_law(draft_only, reference)
-    paper, paper_stats = generate_speculative(target, draft, torch.arange(n), 8, schedule, gamma=3, prefill_ratio=0.25,
-                                              acceptance="paper", **kwargs)
+    paper, paper_stats = generate_speculative(target, draft, torch.arange(n), 8, schedule,
+                                              speculation=ContinuousSpeculation(3, 0.25, "paper"), **kwargs)
     a, b = paper.flatten(1).double(), reference.flatten(1).double()
     z = ((a.mean(0) - b.mean(0)) / torch.sqrt((a.var(0) + b.var(0)) / n)).abs().max()
     assert z > 5  # the released rule is not distribution-preserving, and at this N it shows
@@ -139,15 +142,20 @@ def test_exact_mode_samples_the_target_on_the_coarsened_schedule(pair, capsys):
 
 
 @pytest.mark.parametrize(
-    "kwargs,match",
-    [(dict(gamma=0), "gamma must be an int >= 1"), (dict(prefill_ratio=1.0), r"prefill_ratio must be in \[0, 1\)"),
-     (dict(acceptance="lossless"), "acceptance must be one of"), (dict(num_iter=17), "num_iter must be in")],
+    "settings,match",
+    [(dict(gamma=0), r"gamma must be >= 1"), (dict(prefill_ratio=1.0), r"prefill_ratio must be in \[0, 1\)"),
+     (dict(acceptance="lossless"), "acceptance must be one of"), (dict(max_tries=0), "max_tries must be >= 1"),
+     (dict(acceptance="lantern"), r"does not apply to continuous decoding; continuous takes \('exact', 'paper'\)")],
 )
-def test_clear_errors(pair, kwargs, match):
-    target, draft = pair
-    call = dict(num_iter=8, schedule=DiffusionSchedule.cosine(5)) | kwargs
+def test_clear_errors(settings, match):
     with pytest.raises(ValueError, match=match):
-        generate_speculative(target, draft, torch.arange(2), **call)
+        ContinuousSpeculation(**settings)
+
+
+def test_num_iter_is_checked(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="num_iter must be in"):
+        generate_speculative(target, draft, torch.arange(2), 17, DiffusionSchedule.cosine(5))
 
 
 def test_draft_token_shape_must_match_the_target(pair):

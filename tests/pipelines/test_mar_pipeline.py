@@ -75,7 +75,7 @@ def test_save_and_load_round_trip(pipe, tmp_path):
      (dict(decoding="speculative", acceptance="approx"), ValueError, "acceptance must be one of"),
      (dict(output_type="latents"), ValueError, "output_type must be one of"),
      (dict(plan=[8, 7]), ValueError, "plan must be positive token counts summing to seq_len=16"),
-     (dict(plan=[16], decoding="speculative"), ValueError, "plan applies to decoding='ar' only"),
+     (dict(plan=[16], decoding="speculative"), ValueError, r"plan applies to decoding=AR\(\) only"),
      (dict(generator=[torch.Generator()] * 2), ValueError, "generator")],
 )
 def test_clear_errors(pipe, kwargs, error, match):
@@ -88,3 +88,31 @@ def test_speculative_needs_a_draft(pipe):
     single = MARPipeline(pipe.transformer, pipe.vae)
     with pytest.raises(ValueError, match="needs a draft_transformer"):
         single([1], decoding="speculative", **CALL)
+
+
+def test_the_decoding_component_is_saved_loaded_swappable_and_the_same_as_its_shorthand(pipe, tmp_path):
+    import json
+
+    from mmspec import AR, ContinuousSpeculation, MARPipeline, Paper
+
+    def latent():
+        return dict(generator=torch.Generator().manual_seed(1), output_type="latent", **CALL)
+
+    speculation = ContinuousSpeculation(gamma=2, prefill_ratio=0.25, acceptance=Paper(), max_tries=50)
+    as_object = pipe([0, 5], decoding=speculation, **latent())
+    flat = pipe([0, 5], decoding="speculative", gamma=2, prefill_ratio=0.25, acceptance="paper", max_tries=50,
+                **latent())
+    assert torch.equal(as_object.images, flat.images) and as_object.stats.method == repr(speculation)
+    assert pipe.decoding == AR() and pipe([0], **latent()).stats.method == "AR()"
+    pipe.decoding = speculation
+    try:
+        pipe.save_pretrained(tmp_path)
+        assert json.loads((tmp_path / "model_index.json").read_text())["decoding"] == {
+            "name": "speculative", "gamma": 2, "prefill_ratio": 0.25, "acceptance": {"name": "paper"},
+            "max_tries": 50, "proposals_per_round": 8}
+        loaded = MARPipeline.from_pretrained(tmp_path)
+        loaded.set_progress_bar_config(disable=True)
+        assert loaded.decoding == speculation
+        assert torch.equal(loaded([0, 5], **latent()).images.to(as_object.images.dtype), as_object.images)
+    finally:
+        pipe.decoding = AR()
