@@ -91,7 +91,7 @@ def psnr_ssim(frames: np.ndarray, truth: np.ndarray) -> tuple[np.ndarray, np.nda
 def rollout_session(pipe, start: np.ndarray, actions: list[int], speculation, seed: int, steps: int,
                     context_noise: float = 0.1):
     """Step one episode interactively; returns (frames [T, H, W, 3] in [0, 1], wall seconds, stats)."""
-    session = pipe.start_session(start, speculation=speculation, num_inference_steps=steps, context_noise=context_noise,
+    session = pipe.start_session(start, decoding=speculation, num_inference_steps=steps, context_noise=context_noise,
                                  generator=torch.Generator().manual_seed(seed), output_type="np")
     began = time.perf_counter()
     frames = [session.step(action) for action in actions]

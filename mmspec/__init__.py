@@ -22,6 +22,7 @@ _EXPORTS = {
     "SJD": "mmspec.image.jacobi",
     "DraftModel": "mmspec.image.draft_model",
     "ContinuousSpeculation": "mmspec.continuous.speculation",
+    "FrameSpeculation": "mmspec.video.speculation",
     "Exact": "mmspec.core.acceptance",
     "Lantern": "mmspec.core.acceptance",
     "Typical": "mmspec.core.acceptance",

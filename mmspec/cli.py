@@ -316,10 +316,10 @@ def run_video(args) -> int:
     runs = [("speculative" if speculation else "sequential", speculation)]
     if speculation is not None and args.compare:
         runs.insert(0, ("sequential", None))
-    pipe(start, actions[:2], speculation=speculation, num_inference_steps=args.steps)  # warm-up, untimed
+    pipe(start, actions[:2], decoding=speculation, num_inference_steps=args.steps)  # warm-up, untimed
     print(f"{'method':<13}{'FPS':>8}{'forwards':>10}{'computed':>10}{'discarded':>11}{'rollbacks':>11}")
     for name, spec in runs:
-        out = pipe(start, actions, speculation=spec, num_inference_steps=args.steps,
+        out = pipe(start, actions, decoding=spec, num_inference_steps=args.steps,
                    generator=torch.Generator().manual_seed(args.seed))
         s = out.stats
         print(f"{name:<13}{s.fps:>8.1f}{s.target_forwards:>10}{s.frames_computed:>10}{s.frames_discarded:>11}"

@@ -26,7 +26,7 @@ class WorldSessions:
 
     def __init__(self, pipe, start: np.ndarray, speculation: FrameSpeculation, seed: int, steps: int):
         def session(spec):
-            return pipe.start_session(start, speculation=spec, num_inference_steps=steps,
+            return pipe.start_session(start, decoding=spec, num_inference_steps=steps,
                                       generator=torch.Generator().manual_seed(seed))
 
         self.sessions = {"sequential": session(None), "speculative": session(speculation)}

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
+from mmspec.core.component import DecodingComponent
 from mmspec.core.rng import keyed_normal
 from mmspec.core.stats import DecodingStats
 from mmspec.video.protocol import NextFrameModel
@@ -35,8 +37,8 @@ CONTEXT_MODES = ("eager", "pipelined")
 
 
 @dataclass(frozen=True)
-class FrameSpeculation:
-    """How many frames a step speculates under the current action.
+class FrameSpeculation(DecodingComponent):
+    """How many frames a step speculates under the current action: the decoding component of next-frame video.
 
     frames: N >= 1, the frames denoised jointly per block (the most, when adaptive).
     adaptive: choose N per block from the observed action persistence: with q the estimated probability that the
@@ -49,18 +51,27 @@ class FrameSpeculation:
         of the emitted frames into the next block's first forward (no extra forward; discarded frames never get one).
     """
 
+    name: ClassVar[str] = "speculative"
+    modality: ClassVar[str] = "video"
     frames: int = 4
     adaptive: bool = False
     frame_cost: float = 0.2
     context: str = "eager"
 
     def __post_init__(self):
-        if isinstance(self.frames, bool) or not isinstance(self.frames, int) or self.frames < 1:
-            raise ValueError(f"frames must be an int >= 1, got {self.frames!r}")
-        if not self.frame_cost >= 0:
-            raise ValueError(f"frame_cost must be >= 0, got {self.frame_cost!r}")
+        self.check_count("frames", "frames denoised jointly per block")
+        if not isinstance(self.adaptive, bool):
+            raise TypeError(f"adaptive must be a bool, got {type(self.adaptive).__name__}")
+        if isinstance(self.frame_cost, bool) or not isinstance(self.frame_cost, (int, float)) or self.frame_cost < 0:
+            raise ValueError(f"frame_cost must be a number >= 0, got {self.frame_cost!r}")
         if self.context not in CONTEXT_MODES:
             raise ValueError(f"context must be one of {CONTEXT_MODES}, got {self.context!r}")
+        super().__post_init__()
+
+    @property
+    def lossless(self) -> bool:
+        """One frame per block samples the sequential law; frames 2..N of a block sample the model's joint law."""
+        return self.frames == 1
 
     @classmethod
     def sequential(cls) -> FrameSpeculation:

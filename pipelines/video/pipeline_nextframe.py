@@ -1,7 +1,8 @@
 """Action-conditioned video with a next-frame diffusion model: start frame(s) + actions -> frames, offline (`__call__`
 with the whole action sequence) or interactively (`start_session(...).step(action) -> frame`). Both take
-`speculation=` (`mmspec.video.FrameSpeculation`): frames speculated under the current action and kept while it
-holds; see `mmspec.video.speculation` for what frames 2..N of a block sample.
+`decoding=`: `AR()` (frame by frame, the default) or `mmspec.video.FrameSpeculation(frames=N)` (frames speculated
+under the current action and kept while it holds; see `mmspec.video.speculation` for what frames 2..N of a block
+sample); the pipeline holds and saves its own (`pipe.decoding`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import torch
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
+from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.rng import Generators, check_generators, sample_seeds
+from mmspec.image.decoding import AR
 from mmspec.models.mar import KLAutoencoder
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.video import FrameSession, FrameSpeculation, FrameStats
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
+DECODINGS: dict[str, type[DecodingComponent]] = {"ar": AR, "speculative": FrameSpeculation}
 
 
 @dataclass
@@ -71,14 +75,29 @@ class NextFramePipeline(MMSpecPipeline):
     Components:
         transformer ([`NextFrameTransformer`]): the block-causal, action-conditioned flow model over frame latents.
         vae ([`KLAutoencoder`]): encodes the start frames and decodes generated latents (x its scaling factor).
+        decoding (`AR()` or `FrameSpeculation(...)`, a name or a config dict; defaults to `AR()`): what calls and
+            sessions decode with unless they say otherwise; saved with the pipeline, swappable (`pipe.decoding = ...`).
     """
 
     model_cpu_offload_seq = "transformer->vae"
 
-    def __init__(self, transformer: NextFrameTransformer, vae: KLAutoencoder):
+    def __init__(self, transformer: NextFrameTransformer, vae: KLAutoencoder,
+                 decoding: DecodingComponent | str | dict = "ar"):
         super().__init__()
         self.register_modules(transformer=transformer, vae=vae)
+        self.decoding = decoding
         self.image_processor = VaeImageProcessor(vae_scale_factor=vae.downsample_factor, do_normalize=True)
+
+    @property
+    def decoding(self) -> DecodingComponent:
+        """What calls and sessions decode with unless they say otherwise (`AR()` or `FrameSpeculation(...)`); saved in
+        `model_index.json`, restored by `from_pretrained`; set it to swap (also a name or a config dict)."""
+        return self._decoding
+
+    @decoding.setter
+    def decoding(self, value: DecodingComponent | str | dict) -> None:
+        self._decoding = component_from(value, DECODINGS)
+        self.register_to_config(decoding=self._decoding.to_config())
 
     @property
     def frame_size(self) -> int:
@@ -137,25 +156,28 @@ class NextFramePipeline(MMSpecPipeline):
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
         check_generators(generator, batch_size)
 
-    def _session(self, image, speculation, num_inference_steps, context_noise, generator, context_actions,
+    def _session(self, image, decoding, num_inference_steps, context_noise, generator, context_actions,
                  output_type):
+        decoding = self.decoding if decoding is None else component_from(decoding, DECODINGS)
         pixels = self._context_pixels(image)
         self._check_call(output_type, generator, len(pixels))
-        if speculation is not None and not isinstance(speculation, FrameSpeculation):
-            raise TypeError(f"speculation must be a FrameSpeculation or None, got {type(speculation).__name__}")
         seeds = sample_seeds(generator, len(pixels))
-        return FrameSession(self.transformer, self.encode_frames(pixels), seeds, context_actions, num_inference_steps,
-                            context_noise, speculation)
+        speculation = FrameSpeculation.sequential() if isinstance(decoding, AR) else decoding
+        session = FrameSession(self.transformer, self.encode_frames(pixels), seeds, context_actions,
+                               num_inference_steps, context_noise, speculation)
+        session.stats.method = repr(decoding)
+        return session
 
-    def start_session(self, image, speculation: FrameSpeculation | None = None, num_inference_steps: int = 4,
-                      context_noise: float = 0.1, generator: Generators = None, context_actions=None,
-                      output_type: str = "pil") -> NextFrameSession:
+    def start_session(self, image, decoding: DecodingComponent | str | dict | None = None,
+                      num_inference_steps: int = 4, context_noise: float = 0.1, generator: Generators = None,
+                      context_actions=None, output_type: str = "pil") -> NextFrameSession:
         """An interactive session from start frame(s) `image` (see `__call__`); `session.step(action)` -> frame."""
-        return NextFrameSession(self, self._session(image, speculation, num_inference_steps, context_noise, generator,
+        return NextFrameSession(self, self._session(image, decoding, num_inference_steps, context_noise, generator,
                                                     context_actions, output_type), output_type)
 
     @torch.no_grad()
-    def __call__(self, image, actions, speculation: FrameSpeculation | None = None, num_inference_steps: int = 4,
+    def __call__(self, image, actions, decoding: DecodingComponent | str | dict | None = None,
+                 num_inference_steps: int = 4,
                  context_noise: float = 0.1, generator: Generators = None, context_actions=None,
                  output_type: str = "pil", return_dict: bool = True):
         r"""Roll the model out from start frame(s) under a sequence of actions, one frame per action.
@@ -164,9 +186,10 @@ class NextFramePipeline(MMSpecPipeline):
             image: the start: a PIL image, a list of them (one per video), or a uint8 array / tensor [H, W, 3],
                 [B, H, W, 3] or [B, k, H, W, 3] of k context frames (1 <= k <= the model's attention window).
             actions: per frame, the action that leads to it: a list of ints (every video), or [B, T] ints.
-            speculation (`FrameSpeculation`, *optional*): None generates frame by frame; `FrameSpeculation(frames=N)`
-                speculates N frames per pass while the action holds (`adaptive=True` picks N from the observed action
-                persistence); `FrameSpeculation.strict()` is sequential generation exactly.
+            decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`AR()`,
+                frame by frame, unless set or saved otherwise); `FrameSpeculation(frames=N)` speculates N frames per
+                pass while the action holds (`adaptive=True` picks N from the observed action persistence);
+                `FrameSpeculation.strict()` is sequential generation exactly.
             num_inference_steps (`int`, defaults to 4): Euler steps of the flow ODE per frame.
             context_noise (`float`, defaults to 0.1): flow time at which emitted frames enter the cache (against drift).
             generator (`torch.Generator` or list): one per video makes each video depend on its own seed only.
@@ -176,7 +199,7 @@ class NextFramePipeline(MMSpecPipeline):
         The actions are fed one at a time, as an interactive user would: speculation never looks ahead.
         """
         actions = torch.as_tensor(actions)
-        session = self._session(image, speculation, num_inference_steps, context_noise, generator, context_actions,
+        session = self._session(image, decoding, num_inference_steps, context_noise, generator, context_actions,
                                 output_type)
         B = len(session.seeds)
         if actions.ndim == 1:

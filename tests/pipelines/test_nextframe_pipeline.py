@@ -68,8 +68,8 @@ def test_save_and_load(pipe, tmp_path):
 @pytest.mark.parametrize("speculation", [None, FrameSpeculation(frames=3), FrameSpeculation(frames=4, adaptive=True)])
 def test_a_session_steps_to_the_offline_rollout(pipe, speculation):
     generator = torch.Generator().manual_seed(3)
-    offline = pipe(start_frames(), ACTIONS, speculation=speculation, generator=generator, output_type="np")
-    with pipe.start_session(start_frames(), speculation=speculation, generator=torch.Generator().manual_seed(3),
+    offline = pipe(start_frames(), ACTIONS, decoding=speculation, generator=generator, output_type="np")
+    with pipe.start_session(start_frames(), decoding=speculation, generator=torch.Generator().manual_seed(3),
                             output_type="np") as session:
         stepped = np.stack([session.step(a) for a in ACTIONS], 1)
     assert np.allclose(stepped, offline.frames, atol=1e-6)
@@ -110,11 +110,44 @@ def test_clear_errors(pipe):
         pipe(start_frames(), [1, 9])
     with pytest.raises(ValueError, match=r"actions must be a non-empty list of ints or \[2, T\] ints"):
         pipe(start_frames(), [[1, 2]] * 3)
-    with pytest.raises(ValueError, match="frames must be an int >= 1"):
-        pipe(start_frames(), ACTIONS, speculation=FrameSpeculation(frames=0))
-    with pytest.raises(TypeError, match="speculation must be a FrameSpeculation"):
-        pipe(start_frames(), ACTIONS, speculation=4)
+    with pytest.raises(ValueError, match=r"frames must be >= 1"):
+        pipe(start_frames(), ACTIONS, decoding=FrameSpeculation(frames=0))
+    with pytest.raises(TypeError, match="decoding must be a name, a config dict or one of"):
+        pipe(start_frames(), ACTIONS, decoding=4)
+    with pytest.raises(ValueError, match=r"decoding must be one of \('ar', 'speculative'\)"):
+        pipe(start_frames(), ACTIONS, decoding="sjd")
     with pytest.raises(ValueError, match="output_type must be one of"):
         pipe(start_frames(), ACTIONS, output_type="gif")
     with pytest.raises(ValueError, match="num_inference_steps must be an int >= 1"):
         pipe(start_frames(), ACTIONS, num_inference_steps=0)
+
+
+def test_the_decoding_component_is_saved_loaded_swappable_and_the_same_as_its_shorthand(pipe, tmp_path):
+    import json
+
+    from mmspec import AR, NextFramePipeline
+
+    def call(**decoding):
+        return pipe(start_frames(), ACTIONS, generator=torch.Generator().manual_seed(3), output_type="latent",
+                    **decoding)
+
+    speculation = FrameSpeculation(frames=3, context="pipelined")
+    as_object = call(decoding=speculation)
+    assert torch.equal(call(decoding="speculative").frames, call(decoding=FrameSpeculation()).frames)  # by name
+    assert as_object.stats.method == repr(speculation) and as_object.stats.frames_computed > len(ACTIONS) - 1
+    assert pipe.decoding == AR() and call().stats.method == "AR()"
+    assert torch.equal(call().frames, call(decoding=FrameSpeculation.sequential()).frames)  # AR() = frame by frame
+    pipe.decoding = speculation
+    try:
+        pipe.save_pretrained(tmp_path)
+        assert json.loads((tmp_path / "model_index.json").read_text())["decoding"] == {
+            "name": "speculative", "frames": 3, "adaptive": False, "frame_cost": 0.2, "context": "pipelined"}
+        loaded = NextFramePipeline.from_pretrained(tmp_path)
+        loaded.set_progress_bar_config(disable=True)
+        assert loaded.decoding == speculation
+        assert torch.equal(loaded(start_frames(), ACTIONS, generator=torch.Generator().manual_seed(3),
+                                  output_type="latent").frames, as_object.frames)
+        pipe.decoding = {"name": "speculative", "frames": 2}  # a config dict, as model_index.json holds it
+        assert pipe.decoding == FrameSpeculation(frames=2)
+    finally:
+        pipe.decoding = AR()

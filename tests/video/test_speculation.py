@@ -245,8 +245,12 @@ def test_adaptive_block_size_follows_action_persistence():
 
 
 def test_clear_errors(model):
-    with pytest.raises(ValueError, match="frames must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"frames must be >= 1"):
         FrameSpeculation(frames=0)
+    with pytest.raises(TypeError, match="frames must be an int"):
+        FrameSpeculation(frames=2.0)
+    with pytest.raises(ValueError, match="frame_cost must be a number >= 0"):
+        FrameSpeculation(frame_cost=-0.1)
     with pytest.raises(ValueError, match="context must be one of"):
         FrameSpeculation(context="lazy")
     with pytest.raises(ValueError, match=r"context holds 4 frames; it must hold 1 to 3"):
