@@ -59,18 +59,12 @@ class ARImagePipeline(MMSpecPipeline):
         """The adapter of the pipeline's draft model for `decoding="draft"`, or None."""
         return None
 
-    @property
-    def decoding(self) -> DecodingComponent | str:
-        """What a call decodes with unless it says otherwise: `"auto"` (the default; see `decoding_policy`) or a
-        component (`mmspec.image.SJD(window=16)`, `AR()`, `DraftModel(...)`). Saved with the pipeline
-        (`model_index.json`), so `from_pretrained` restores it; set it to swap: `pipe.decoding = SJD(window=8)`
-        (also a registered name or a saved config dict)."""
-        return self._decoding
-
-    @decoding.setter
-    def decoding(self, value: DecodingComponent | str | dict) -> None:
-        self._decoding = "auto" if isinstance(value, str) and value == "auto" else get_decoding(value)
-        self.register_to_config(decoding=self._decoding if self._decoding == "auto" else self._decoding.to_config())
+    def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
+        """`pipe.decoding` is `"auto"` (the default; see `decoding_policy`) or a component
+        (`mmspec.image.SJD(window=16)`, `AR()`, `DraftModel(...)`); settings include LANTERN's flat spellings."""
+        if isinstance(value, str) and value == "auto" and not settings:
+            return value
+        return get_decoding(value, **settings)
 
     @property
     def decoding_policy(self) -> DecodingPolicy:
@@ -293,7 +287,7 @@ class ARImagePipeline(MMSpecPipeline):
             decoding = explicit_method(options)  # None: the policy chooses once the condition is encoded
         decoder = None
         if decoding is not None:
-            decoder = get_decoding(decoding, **options)
+            decoder = self.resolve_decoding(decoding, **options)
             if isinstance(decoder, DraftModel) and decoder.drafter is None:
                 decoder = dataclasses.replace(decoder, drafter=self.draft_adapter())
         self._guidance_scale, self._interrupt = guidance_scale, False

@@ -12,6 +12,7 @@ from __future__ import annotations
 from diffusers import DiffusionPipeline
 from diffusers.utils import is_accelerate_available
 
+from mmspec.core.component import DecodingComponent, component_from
 from mmspec.zoo import resolve_model
 
 PUBLIC_LIBRARY = "mmspec"  # every component class of mmspec.models is exported from the mmspec facade
@@ -28,7 +29,29 @@ def public_component(entry):
 
 
 class MMSpecPipeline(DiffusionPipeline):
-    """`DiffusionPipeline` that loads zoo names and saves its components under public import paths."""
+    """`DiffusionPipeline` that loads zoo names and saves its components under public import paths.
+
+    A pipeline that decodes with components names them in `decodings` (registered name -> component class) and sets
+    `self.decoding` in its `__init__`; the component is then saved in `model_index.json` and restored by
+    `from_pretrained` (its `__init__` takes `decoding=`)."""
+
+    decodings: dict[str, type[DecodingComponent]] = {}
+
+    @property
+    def decoding(self) -> DecodingComponent | str:
+        """What a call decodes with unless it says otherwise; saved in `model_index.json`, restored by
+        `from_pretrained`; set it to swap (a component, a registered name or a saved config dict)."""
+        return self._decoding
+
+    @decoding.setter
+    def decoding(self, value: DecodingComponent | str | dict) -> None:
+        self._decoding = self.resolve_decoding(value)
+        config = self._decoding if isinstance(self._decoding, str) else self._decoding.to_config()
+        self.register_to_config(decoding=config)
+
+    def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
+        """A component of `decodings` from an object, a name plus settings, or a config dict."""
+        return component_from(value, self.decodings, **settings)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):

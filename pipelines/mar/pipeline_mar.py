@@ -19,14 +19,13 @@ from mmspec.continuous.mar_decoding import cosine_plan, generate, generate_specu
 from mmspec.continuous.speculation import ContinuousSpeculation
 from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.acceptance import Acceptance
-from mmspec.core.component import DecodingComponent, component_from
+from mmspec.core.component import DecodingComponent
 from mmspec.core.rng import Generators, check_generators, sample_seeds
 from mmspec.image.decoding import AR
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.pipelines.base import MMSpecPipeline
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-DECODINGS: dict[str, type[DecodingComponent]] = {"ar": AR, "speculative": ContinuousSpeculation}
 
 
 @dataclass
@@ -53,6 +52,7 @@ class MARPipeline(MMSpecPipeline):
 
     model_cpu_offload_seq = "transformer->vae"
     _optional_components = ["draft_transformer"]
+    decodings = {"ar": AR, "speculative": ContinuousSpeculation}
 
     def __init__(self, transformer: MARModel, vae: KLAutoencoder, draft_transformer: MARModel | None = None,
                  decoding: DecodingComponent | str | dict = "ar"):
@@ -60,17 +60,6 @@ class MARPipeline(MMSpecPipeline):
         self.register_modules(transformer=transformer, vae=vae, draft_transformer=draft_transformer)
         self.decoding = decoding
         self.image_processor = VaeImageProcessor(vae_scale_factor=vae.downsample_factor, do_normalize=True)
-
-    @property
-    def decoding(self) -> DecodingComponent:
-        """What a call decodes with unless it says otherwise (`AR()` or `ContinuousSpeculation(...)`); saved in
-        `model_index.json`, restored by `from_pretrained`; set it to swap (also a name or a config dict)."""
-        return self._decoding
-
-    @decoding.setter
-    def decoding(self, value: DecodingComponent | str | dict) -> None:
-        self._decoding = component_from(value, DECODINGS)
-        self.register_to_config(decoding=self._decoding.to_config())
 
     def check_inputs(self, class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps, plan):
         if isinstance(class_labels, int):
@@ -117,13 +106,14 @@ class MARPipeline(MMSpecPipeline):
             generator (`torch.Generator` or list): one per image makes each image depend on its own seed only.
             output_type (`str`): `"pil"`, `"np"`, `"pt"` or `"latent"` (tokens [B, L, C]).
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`AR()`
-                unless set or saved otherwise). `AR()` runs the target only; `ContinuousSpeculation(gamma, prefill_ratio,
-                acceptance, max_tries, proposals_per_round)` drafts `gamma` steps per target pass with the draft MAR,
-                the first `prefill_ratio` of the steps by the target; `acceptance=Exact()` samples the target on the
-                coarsened schedule, `Paper()` is the released CSpD rule, not distribution-preserving; a rejected
-                token's residual draws target proposals in batched rounds of `proposals_per_round`, after `max_tries`
-                it keeps the last one (counted in `stats.fallbacks`). A name plus the settings as keyword arguments is
-                the same call (`decoding="speculative", gamma=4`); a setting given alone selects speculation.
+                unless set or saved otherwise). `AR()` runs the target only; `ContinuousSpeculation(gamma,
+                prefill_ratio, acceptance, max_tries, proposals_per_round)` drafts `gamma` steps per target pass with
+                the draft MAR, the first `prefill_ratio` of the steps by the target; `acceptance=Exact()` samples the
+                target on the coarsened schedule, `Paper()` is the released CSpD rule, not distribution-preserving; a
+                rejected token's residual draws target proposals in batched rounds of `proposals_per_round`, after
+                `max_tries` it keeps the last one (counted in `stats.fallbacks`). A name plus the settings as keyword
+                arguments is the same call (`decoding="speculative", gamma=4`); a setting given alone selects
+                speculation.
             gamma, prefill_ratio, acceptance, max_tries, proposals_per_round (*optional*): `ContinuousSpeculation`'s
                 settings in their flat spelling.
         """
@@ -131,7 +121,7 @@ class MARPipeline(MMSpecPipeline):
                         proposals_per_round=proposals_per_round)
         if decoding is None:
             decoding = "speculative" if any(v is not None for v in settings.values()) else self.decoding
-        decoding = component_from(decoding, DECODINGS, **settings)
+        decoding = self.resolve_decoding(decoding, **settings)
         labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps, plan)
         device = self._execution_device
         seeds = sample_seeds(generator, len(labels)).to(device)

@@ -16,7 +16,7 @@ import torch
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
-from mmspec.core.component import DecodingComponent, component_from
+from mmspec.core.component import DecodingComponent
 from mmspec.core.rng import Generators, check_generators, sample_seeds
 from mmspec.image.decoding import AR
 from mmspec.models.mar import KLAutoencoder
@@ -25,7 +25,6 @@ from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.video import FrameSession, FrameSpeculation, FrameStats
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-DECODINGS: dict[str, type[DecodingComponent]] = {"ar": AR, "speculative": FrameSpeculation}
 
 
 @dataclass
@@ -80,6 +79,7 @@ class NextFramePipeline(MMSpecPipeline):
     """
 
     model_cpu_offload_seq = "transformer->vae"
+    decodings = {"ar": AR, "speculative": FrameSpeculation}
 
     def __init__(self, transformer: NextFrameTransformer, vae: KLAutoencoder,
                  decoding: DecodingComponent | str | dict = "ar"):
@@ -87,17 +87,6 @@ class NextFramePipeline(MMSpecPipeline):
         self.register_modules(transformer=transformer, vae=vae)
         self.decoding = decoding
         self.image_processor = VaeImageProcessor(vae_scale_factor=vae.downsample_factor, do_normalize=True)
-
-    @property
-    def decoding(self) -> DecodingComponent:
-        """What calls and sessions decode with unless they say otherwise (`AR()` or `FrameSpeculation(...)`); saved in
-        `model_index.json`, restored by `from_pretrained`; set it to swap (also a name or a config dict)."""
-        return self._decoding
-
-    @decoding.setter
-    def decoding(self, value: DecodingComponent | str | dict) -> None:
-        self._decoding = component_from(value, DECODINGS)
-        self.register_to_config(decoding=self._decoding.to_config())
 
     @property
     def frame_size(self) -> int:
@@ -158,7 +147,7 @@ class NextFramePipeline(MMSpecPipeline):
 
     def _session(self, image, decoding, num_inference_steps, context_noise, generator, context_actions,
                  output_type):
-        decoding = self.decoding if decoding is None else component_from(decoding, DECODINGS)
+        decoding = self.decoding if decoding is None else self.resolve_decoding(decoding)
         pixels = self._context_pixels(image)
         self._check_call(output_type, generator, len(pixels))
         seeds = sample_seeds(generator, len(pixels))
