@@ -25,8 +25,8 @@ def rss_mib(pid: int) -> float:
         return int(next(line for line in status if line.startswith("VmRSS")).split()[1]) / 1024
 
 
-def complete_text(client, seed: int = 0):
-    return client.submit(*TEXT[:-1], seed, api_name="/complete_text")
+def complete_text(client, seed: int = 0, tokens: int = TEXT[4]):
+    return client.submit(*TEXT[:4], tokens, seed, api_name="/complete_text")
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +114,15 @@ def test_a_cancelled_request_does_not_block_the_next(served_demo):
 def test_memory_stays_flat_over_100_generations(served_demo, capsys):
     """Resident memory after 100 generations is within 10 % of after the first 10. A request generates twice (AR and
     the accelerated method, side by side): 50 requests, every fifth an image request (two 64x64 images), the others
-    text requests (two completions each)."""
+    text requests (two completions of 8 tokens each)."""
     url, pid = served_demo[:2]
     client = Client(url, verbose=False, download_files=False)
     readings = {}
     for request in range(1, 51):
-        job = generate_image(client, seed=request, **LIGHT) if request % 5 == 1 else complete_text(client, request)
+        if request % 5 == 1:
+            job = generate_image(client, seed=request, **LIGHT)
+        else:
+            job = complete_text(client, request, tokens=8)
         job.result(timeout=120)
         if request in (5, 25, 50):
             readings[2 * request] = rss_mib(pid)
