@@ -312,7 +312,8 @@ class ARImagePipeline(MMSpecPipeline):
             for step in steps:
                 tokens = step.tokens
                 if callback_on_step_end is not None:
-                    self._run_callback(callback_on_step_end, step, tensor_inputs)
+                    self.run_step_callback(callback_on_step_end, step.step, step.min_committed,
+                                           {name: getattr(step, name) for name in tensor_inputs})
                 progress.update(step.min_committed - done)
                 done = step.min_committed
                 if self._interrupt:
@@ -331,16 +332,6 @@ class ARImagePipeline(MMSpecPipeline):
             return images, stats
         return ARImagePipelineOutput(images=images, stats=stats)
 
-    def _run_callback(self, callback, step, tensor_inputs: list[str]) -> None:
-        callback_kwargs = {name: getattr(step, name) for name in tensor_inputs}
-        returned = callback(self, step.step, step.min_committed, dict(callback_kwargs)) or {}
-        replaced = [name for name, value in returned.items()
-                    if name in callback_kwargs and value is not callback_kwargs[name]]
-        if replaced:
-            raise ValueError(
-                f"callback_on_step_end returned new {replaced}: an AR pipeline's committed tokens are read-only "
-                "(they already sit in the KV cache)"
-            )
 
 
 def size_error(family: str, height, width, allowed: str) -> ValueError:

@@ -49,6 +49,16 @@ class MMSpecPipeline(DiffusionPipeline):
         config = self._decoding if isinstance(self._decoding, str) else self._decoding.to_config()
         self.register_to_config(decoding=config)
 
+    def run_step_callback(self, callback, step: int, n_done: int, tensors: dict) -> None:
+        """`callback(pipe, step, n_done, tensors)`, diffusers' `callback_on_step_end` convention. What an AR pipeline
+        generated is read-only (it already sits in the model's cache): a callback that returns a replaced tensor
+        raises instead of being silently ignored."""
+        returned = callback(self, step, n_done, dict(tensors)) or {}
+        replaced = [name for name, value in returned.items() if name in tensors and value is not tensors[name]]
+        if replaced:
+            raise ValueError(f"callback_on_step_end returned new {replaced}: what an AR pipeline generated is "
+                             "read-only (it already sits in the model's cache)")
+
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
         """A component of `decodings` from an object, a name plus settings, or a config dict."""
         return component_from(value, self.decodings, **settings)

@@ -8,11 +8,13 @@ sample); the pipeline holds and saves its own (`pipe.decoding`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import PIL.Image
 import torch
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
@@ -80,6 +82,11 @@ class NextFramePipeline(MMSpecPipeline):
 
     model_cpu_offload_seq = "transformer->vae"
     decodings = {"ar": AR, "speculative": FrameSpeculation}
+    _callback_tensor_inputs = ["latents"]
+
+    @property
+    def interrupt(self) -> bool:
+        return self._interrupt
 
     def __init__(self, transformer: NextFrameTransformer, vae: KLAutoencoder,
                  decoding: DecodingComponent | str | dict = "ar"):
@@ -168,7 +175,9 @@ class NextFramePipeline(MMSpecPipeline):
     def __call__(self, image, actions, decoding: DecodingComponent | str | dict | None = None,
                  num_inference_steps: int = 4,
                  context_noise: float = 0.1, generator: Generators = None, context_actions=None,
-                 output_type: str = "pil", return_dict: bool = True):
+                 output_type: str = "pil", return_dict: bool = True,
+                 callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
+                 callback_on_step_end_tensor_inputs: list[str] | None = None):
         r"""Roll the model out from start frame(s) under a sequence of actions, one frame per action.
 
         Args:
@@ -184,9 +193,21 @@ class NextFramePipeline(MMSpecPipeline):
             generator (`torch.Generator` or list): one per video makes each video depend on its own seed only.
             context_actions: [B, k] ints, the actions that led to the context frames (default "stay", 0).
             output_type (`str`): `"pil"`, `"np"`, `"pt"` or `"latent"`.
+            callback_on_step_end (`Callable`, *optional*): called after every emitted frame as
+                `callback_on_step_end(pipe, step, n_frames, callback_kwargs)`; `callback_kwargs` holds the tensors named
+                in `callback_on_step_end_tensor_inputs` (`"latents"`: [B, n_frames, L_f, C], the frames so far;
+                read-only: they sit in the model's cache). Set `pipe._interrupt = True` to stop after this frame.
+            callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["latents"]`.
 
         The actions are fed one at a time, as an interactive user would: speculation never looks ahead.
         """
+        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
+        unknown = set(tensor_inputs) - set(self._callback_tensor_inputs)
+        if unknown:
+            raise ValueError(f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not in "
+                             f"{self._callback_tensor_inputs}")
         actions = torch.as_tensor(actions)
         session = self._session(image, decoding, num_inference_steps, context_noise, generator, context_actions,
                                 output_type)
@@ -196,7 +217,14 @@ class NextFramePipeline(MMSpecPipeline):
         if actions.ndim != 2 or actions.shape[0] != B or actions.shape[1] < 1:
             raise ValueError(f"actions must be a non-empty list of ints or [{B}, T] ints, got shape "
                              f"{tuple(actions.shape)}")
-        latents = torch.stack([session.step(a) for a in self.progress_bar(actions.T)], 1)
+        self._interrupt, frames = False, []
+        for step, action in enumerate(self.progress_bar(actions.T)):
+            frames.append(session.step(action))
+            if callback_on_step_end is not None:
+                self.run_step_callback(callback_on_step_end, step, len(frames), {"latents": torch.stack(frames, 1)})
+            if self._interrupt:
+                break
+        latents = torch.stack(frames, 1)
         stats = session.close()
         frames = self.decode_latents(latents, output_type, stats)
         self.maybe_free_model_hooks()

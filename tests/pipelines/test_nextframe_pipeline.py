@@ -151,3 +151,25 @@ def test_the_decoding_component_is_saved_loaded_swappable_and_the_same_as_its_sh
         assert pipe.decoding == FrameSpeculation(frames=2)
     finally:
         pipe.decoding = AR()
+
+
+def test_callback_sees_every_frame_and_interrupt_stops_early(pipe):
+    seen = []
+
+    def callback(p, step, n_frames, kwargs):
+        seen.append((step, n_frames, tuple(kwargs["latents"].shape)))
+        if n_frames == 2:
+            p._interrupt = True
+        return kwargs
+
+    out = pipe(start_frames(), ACTIONS, generator=torch.Generator().manual_seed(3), output_type="latent",
+               callback_on_step_end=callback)
+    B, _, L, C = out.frames.shape
+    assert [s[:2] for s in seen] == [(0, 1), (1, 2)] and seen[1][2] == (B, 2, L, C)
+    assert out.frames.shape[1] == 2 and out.stats.frames_emitted == 2
+    full = pipe(start_frames(), ACTIONS, generator=torch.Generator().manual_seed(3), output_type="latent")
+    assert torch.equal(full.frames[:, :2], out.frames)  # the frames before the interruption are the full run's
+    with pytest.raises(ValueError, match=r"\['noise'\] are not in \['latents'\]"):
+        pipe(start_frames(), ACTIONS, callback_on_step_end=callback, callback_on_step_end_tensor_inputs=["noise"])
+    with pytest.raises(ValueError, match="read-only"):
+        pipe(start_frames(), ACTIONS, callback_on_step_end=lambda p, s, n, kw: {"latents": kw["latents"] * 0})
