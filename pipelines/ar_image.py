@@ -126,8 +126,8 @@ class ARImagePipeline(MMSpecPipeline):
         return cls(model, AutoTokenizer.from_pretrained(path))
 
     # --- inputs -------------------------------------------------------------------------------------------------
-    def check_inputs(self, prompt, num_images_per_prompt, negative_prompt, generator, output_type,
-                     callback_on_step_end_tensor_inputs) -> tuple[list[str], list[str] | None]:
+    def check_inputs(self, prompt, num_images_per_prompt, negative_prompt, generator,
+                     output_type) -> tuple[list[str], list[str] | None]:
         prompts = [prompt] if isinstance(prompt, str) else prompt
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise TypeError(f"prompt must be a str or a list of str, got {type(prompt).__name__}")
@@ -147,11 +147,6 @@ class ARImagePipeline(MMSpecPipeline):
         check_generators(generator, len(prompts) * num_images_per_prompt)
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
-        unknown = set(callback_on_step_end_tensor_inputs or ()) - set(self._callback_tensor_inputs)
-        if unknown:
-            raise ValueError(
-                f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not in {self._callback_tensor_inputs}"
-            )
         return prompts, negatives
 
     # --- outputs ------------------------------------------------------------------------------------------------
@@ -269,11 +264,9 @@ class ARImagePipeline(MMSpecPipeline):
                 (default 0.1 when lam is not given); LANTERN++'s budget, neighbourhood mass <= lam * p(x), lam >= 1.
         """
         # 1. Check inputs
-        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
-            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
-        tensor_inputs = callback_on_step_end_tensor_inputs or ["tokens"]
         prompts, negatives = self.check_inputs(prompt, num_images_per_prompt, negative_prompt, generator,
-                                               output_type, tensor_inputs)
+                                               output_type)
+        tensor_inputs = self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)
         guidance_scale = self.default_guidance_scale if guidance_scale is None else guidance_scale
         top_k = self.default_top_k if top_k is None else top_k
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
@@ -281,8 +274,7 @@ class ARImagePipeline(MMSpecPipeline):
         options = {"window": window, "init": init, "coupling": coupling, "draft_length": draft_length,
                    "acceptance": acceptance, "lantern_k": lantern_k, "lantern_delta": lantern_delta,
                    "lantern_lam": lantern_lam}
-        if decoding is None:
-            decoding = "auto" if any(value is not None for value in options.values()) else self.decoding
+        decoding = self.decoding_for_call(decoding, options, implied="auto")
         if isinstance(decoding, str) and decoding == "auto":
             decoding = explicit_method(options)  # None: the policy chooses once the condition is encoded
         decoder = None

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from diffusers import DiffusionPipeline
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import is_accelerate_available
 
 from mmspec.core.component import DecodingComponent, component_from
@@ -36,6 +37,7 @@ class MMSpecPipeline(DiffusionPipeline):
     `from_pretrained` (its `__init__` takes `decoding=`)."""
 
     decodings: dict[str, type[DecodingComponent]] = {}
+    _callback_tensor_inputs: list[str] = []  # what a step callback may ask for, first the default
 
     @property
     def decoding(self) -> DecodingComponent | str:
@@ -48,6 +50,25 @@ class MMSpecPipeline(DiffusionPipeline):
         self._decoding = self.resolve_decoding(value)
         config = self._decoding if isinstance(self._decoding, str) else self._decoding.to_config()
         self.register_to_config(decoding=config)
+
+    def decoding_for_call(self, decoding, settings: dict, implied: str):
+        """A call's decoding before it is resolved: the one it names; else, when it gives settings of a component,
+        the `implied` name (they select it); else the pipeline's own."""
+        if decoding is not None:
+            return decoding
+        return implied if any(value is not None for value in settings.values()) else self.decoding
+
+    def callback_tensor_inputs(self, callback, names: list[str] | None) -> list[str]:
+        """The tensors a step callback gets: a `PipelineCallback`'s own, else `names`, else the first of
+        `_callback_tensor_inputs`; a name outside `_callback_tensor_inputs` raises."""
+        if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
+            names = callback.tensor_inputs
+        names = list(names or self._callback_tensor_inputs[:1])
+        unknown = set(names) - set(self._callback_tensor_inputs)
+        if unknown:
+            raise ValueError(f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not in "
+                             f"{self._callback_tensor_inputs}")
+        return names
 
     def run_step_callback(self, callback, step: int, n_done: int, tensors: dict) -> None:
         """`callback(pipe, step, n_done, tensors)`, diffusers' `callback_on_step_end` convention. What an AR pipeline

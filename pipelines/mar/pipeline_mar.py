@@ -119,9 +119,7 @@ class MARPipeline(MMSpecPipeline):
         """
         settings = dict(gamma=gamma, prefill_ratio=prefill_ratio, acceptance=acceptance, max_tries=max_tries,
                         proposals_per_round=proposals_per_round)
-        if decoding is None:
-            decoding = "speculative" if any(v is not None for v in settings.values()) else self.decoding
-        decoding = self.resolve_decoding(decoding, **settings)
+        decoding = self.resolve_decoding(self.decoding_for_call(decoding, settings, implied="speculative"), **settings)
         labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps, plan)
         device = self._execution_device
         seeds = sample_seeds(generator, len(labels)).to(device)

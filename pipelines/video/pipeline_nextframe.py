@@ -201,13 +201,7 @@ class NextFramePipeline(MMSpecPipeline):
 
         The actions are fed one at a time, as an interactive user would: speculation never looks ahead.
         """
-        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
-            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
-        tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
-        unknown = set(tensor_inputs) - set(self._callback_tensor_inputs)
-        if unknown:
-            raise ValueError(f"callback_on_step_end_tensor_inputs {sorted(unknown)} are not in "
-                             f"{self._callback_tensor_inputs}")
+        self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)  # only "latents"
         actions = torch.as_tensor(actions)
         session = self._session(image, decoding, num_inference_steps, context_noise, generator, context_actions,
                                 output_type)
