@@ -23,6 +23,7 @@ _EXPORTS = {
     "DraftModel": "mmspec.image.draft_model",
     "ContinuousSpeculation": "mmspec.continuous.speculation",
     "FrameSpeculation": "mmspec.video.speculation",
+    "TextSpeculation": "mmspec.text.speculation",
     "Exact": "mmspec.core.acceptance",
     "Lantern": "mmspec.core.acceptance",
     "Typical": "mmspec.core.acceptance",

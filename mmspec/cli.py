@@ -24,9 +24,11 @@ from pathlib import Path
 
 from mmspec.options import (
     COUPLINGS,
+    DRAFTER_SETTINGS,
     IMAGE_DECODINGS,
     IMAGE_EXTENSIONS,
     INITS,
+    SCHEDULES,
     TEXT_METHODS,
     VIDEO_EXTENSIONS,
     acceptances,
@@ -129,8 +131,14 @@ def check_text(args) -> None:
         check_number(args, flag, low)
     check_number(args, "--top-p", 0, 1, low_open=True)
     check_number(args, "--confidence-threshold", 0, 1)
-    if args.method == "auto" and args.acceptance != "exact":
+    if args.method == "auto" and args.acceptance not in (None, "exact"):
         raise UsageError(f"--acceptance {args.acceptance} needs a named --method (auto chooses among the exact ones)")
+    check_only_with(args, ("--draft-length", "--schedule", "--acceptance"), args.method != "ar",
+                    "a drafter's --method (or auto)")
+    for flag, setting in (("--confidence-threshold", "confidence_threshold"), ("--exit-layer", "exit_layer"),
+                          ("--max-ngram", "max_ngram")):
+        drafters = DRAFTER_SETTINGS[setting]
+        check_only_with(args, (flag,), args.method in ("auto", *drafters), f"--method {' / '.join(drafters)} (or auto)")
     check_model(args.target, "--target")
     if args.method in ("auto", "model"):
         check_model(args.draft, "--draft")
@@ -215,21 +223,23 @@ def run_text(args) -> int:
     pipe = SpeculativeTextPipeline.from_pretrained(args.target,
                                                    draft=args.draft if args.method in ("auto", "model") else None)
     if args.remeasure:
-        pipe.method_policy.remeasure()
-    call = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                acceptance=args.acceptance, draft_length=args.draft_length, schedule=args.schedule,
-                confidence_threshold=args.confidence_threshold, exit_layer=args.exit_layer, max_ngram=args.max_ngram)
+        pipe.decoding_policy.remeasure()
+    call = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    settings = dict(acceptance=args.acceptance, draft_length=args.draft_length, schedule=args.schedule,
+                    confidence_threshold=args.confidence_threshold, exit_layer=args.exit_layer,
+                    max_ngram=args.max_ngram)
 
     def timed(method: str):
         start = time.perf_counter()
-        out = pipe(args.prompt, method=method, generator=torch.Generator().manual_seed(args.seed), **call)
+        out = pipe(args.prompt, decoding=method, generator=torch.Generator().manual_seed(args.seed), **call,
+                   **(settings if method != "ar" else {}))
         return out, time.perf_counter() - start
 
     out, elapsed = timed(args.method)
     for prompt, completion in zip(args.prompt, out.texts, strict=True):
         print(prompt + completion)
         print("-" * 60)
-    print(f"method  {args.method}\n{out.stats.table()}")
+    print(f"decoding  {args.method}\n{out.stats.table()}")
     runs = [(args.method, out.stats, elapsed)]
     if args.method != "ar" and args.compare:  # the same call by the target's own generate, both timed warm
         ar_out, ar_elapsed = timed("ar")
@@ -356,12 +366,16 @@ def build_parser() -> Parser:
     text.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     text.add_argument("--top-k", type=int, default=0)
     text.add_argument("--top-p", type=float, default=1.0)
-    text.add_argument("--acceptance", choices=acceptances("text"), default="exact", help="'typical' is lossy")
-    text.add_argument("--draft-length", type=int, default=4)
-    text.add_argument("--schedule", choices=("constant", "heuristic"), default="constant")
-    text.add_argument("--confidence-threshold", type=float, default=0.0, help="adaptive draft length: stop below it")
-    text.add_argument("--exit-layer", type=int, default=None, help="layer skip: draft with the first N target layers")
-    text.add_argument("--max-ngram", type=int, default=3)
+    text.add_argument("--acceptance", choices=acceptances("text"), default=None,
+                      help="'exact' (default, lossless) or 'typical' (lossy)")
+    text.add_argument("--draft-length", type=int, default=None, help="tokens drafted per target forward (default 4)")
+    text.add_argument("--schedule", choices=SCHEDULES, default=None,
+                      help="draft length per step: 'constant' (default) or transformers' 'heuristic'")
+    text.add_argument("--confidence-threshold", type=float, default=None,
+                      help="model / layerskip: a row stops drafting below this draft probability (default 0: never)")
+    text.add_argument("--exit-layer", type=int, default=None,
+                      help="layerskip: draft with the first N target layers (default: the config's early_exit_layer)")
+    text.add_argument("--max-ngram", type=int, default=None, help="ngram: longest n-gram looked up (default 3)")
     text.add_argument("--seed", type=int, default=0)
     text.add_argument("--remeasure", action="store_true",
                       help="auto: time the methods again instead of reading the cached figures")

@@ -9,7 +9,12 @@ COUPLINGS = ("none", "maximal", "gumbel")  # SJD: how drafts are redrafted betwe
 # "exact" is lossless
 ACCEPTANCE_RULES = {"exact": ("image", "text", "continuous"), "lantern": ("image",), "typical": ("text",),
                     "paper": ("continuous",)}
-TEXT_METHODS = ("model", "ngram", "layerskip", "ar")  # drafters, and "ar" for the plain target
+TEXT_DRAFTERS = ("model", "ngram", "layerskip")  # what drafts for TextSpeculation
+TEXT_METHODS = (*TEXT_DRAFTERS, "ar")  # what `mmspec text --method` names: a drafter, or "ar" for the plain target
+SCHEDULES = ("constant", "heuristic")  # text draft length schedules
+# TextSpeculation's settings that only some drafters read -> those drafters (the others read all of them)
+DRAFTER_SETTINGS = {"confidence_threshold": ("model", "layerskip"), "exit_layer": ("layerskip",),
+                    "max_ngram": ("ngram",)}
 
 
 def acceptances(modality: str) -> tuple[str, ...]:

@@ -85,10 +85,6 @@ class ARImagePipeline(MMSpecPipeline):
     def do_classifier_free_guidance(self) -> bool:
         return self._guidance_scale != 1.0
 
-    @property
-    def interrupt(self) -> bool:
-        return self._interrupt
-
     # --- loading ------------------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):

@@ -13,7 +13,7 @@ from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import is_accelerate_available
 
-from mmspec.core.component import DecodingComponent, component_from
+from mmspec.core.component import DecodingComponent, StepHook, component_from
 from mmspec.zoo import resolve_model
 
 PUBLIC_LIBRARY = "mmspec"  # every component class of mmspec.models is exported from the mmspec facade
@@ -38,6 +38,11 @@ class MMSpecPipeline(DiffusionPipeline):
 
     decodings: dict[str, type[DecodingComponent]] = {}
     _callback_tensor_inputs: list[str] = []  # what a step callback may ask for, first the default
+    _interrupt = False  # a step callback sets it to stop the call early
+
+    @property
+    def interrupt(self) -> bool:
+        return self._interrupt
 
     @property
     def decoding(self) -> DecodingComponent | str:
@@ -79,6 +84,22 @@ class MMSpecPipeline(DiffusionPipeline):
         if replaced:
             raise ValueError(f"callback_on_step_end returned new {replaced}: what an AR pipeline generated is "
                              "read-only (it already sits in the model's cache)")
+
+    def step_hook(self, callback, names: list[str], progress=None) -> StepHook | None:
+        """The `on_step` hook a decoding loop calls after every target pass: it advances `progress` (a progress bar
+        over what every row has finished) and runs `callback` with the tensors `names` (`run_step_callback`);
+        it returns whether the callback interrupted. None when there is nothing to do."""
+        if callback is None and progress is None:
+            return None
+
+        def on_step(step: int, n_done: int, tensors: dict) -> bool:
+            if progress is not None:
+                progress.update(n_done - progress.n)
+            if callback is not None:
+                self.run_step_callback(callback, step, n_done, {name: tensors[name] for name in names})
+            return self._interrupt
+
+        return on_step
 
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
         """A component of `decodings` from an object, a name plus settings, or a config dict."""

@@ -93,8 +93,8 @@ def test_text_pipeline(tmp_path):
     pipe = SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
     with torch.enable_grad():
         for method in ("model", "ar"):
-            out = pipe("def f(x):\n", method=method, max_new_tokens=4)
-            assert_no_grad([out.sequences, out.stats], f"SpeculativeTextPipeline method={method}")
+            out = pipe("def f(x):\n", decoding=method, max_new_tokens=4)
+            assert_no_grad([out.sequences, out.stats], f"SpeculativeTextPipeline decoding={method}")
 
 
 def test_mar_and_video_pipelines():

@@ -27,7 +27,7 @@ IMAGE_RUNS = {  # name -> the pipeline call's decoding options
                       "lantern_lam": 2.0},
 }
 TEXT_PROMPTS = ["def add(a, b):\n", "for i in range("]
-TEXT_RUNS = {"model": {"method": "model"}, "ngram": {"method": "ngram"}}
+TEXT_RUNS = {"model": {"decoding": "model"}, "ngram": {"decoding": "ngram"}}
 
 
 def pinned_threads(run):

@@ -105,11 +105,11 @@ class TextTab:
         """(output, seconds) of one pipeline call on the compute thread."""
         def call():
             start = time.perf_counter()
-            out = self.pipe(prompt, method=method, generator=torch.Generator().manual_seed(seed), **options)
+            out = self.pipe(prompt, decoding=method, generator=torch.Generator().manual_seed(seed), **options)
             return out, time.perf_counter() - start
 
         return COMPUTE.submit(call).result()
 
     def warm_up(self) -> None:
         for method in ("ar", *(m for _, m in self.methods)):
-            COMPUTE.submit(self.pipe, "def f(x):\n", method=method, max_new_tokens=8).result()
+            COMPUTE.submit(self.pipe, "def f(x):\n", decoding=method, max_new_tokens=8).result()

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from mmspec.core.acceptance import Acceptance, acceptance_from
 
 RUNTIME = {"runtime": True}  # dataclasses.field(metadata=RUNTIME): supplied when run, never saved
+# on_step(step, n_done, tensors) -> whether to stop: the per-step hook a decoding loop calls after every target pass
+# (the pipelines' `callback_on_step_end`); n_done: what every row has finished (tokens, frames)
+StepHook = Callable[[int, int, dict[str, Any]], bool]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ slots of transformers caches that let rows roll back independently. The acceptan
 
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.text.generate import speculative_generate
+from mmspec.text.speculation import TextSpeculation
 from mmspec.text.stats import TextStats
 
-__all__ = ["DraftLengthSchedule", "LayerSkipDrafter", "ModelDrafter", "NGramDrafter", "TextStats", "early_exit_view",
+__all__ = ["DraftLengthSchedule", "LayerSkipDrafter", "ModelDrafter", "NGramDrafter", "TextSpeculation", "TextStats",
+           "early_exit_view",
            "speculative_generate"]

@@ -17,6 +17,7 @@ import torch
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, sample
+from mmspec.options import SCHEDULES
 from mmspec.text.cache import RaggedCacheState, forward_window, select_rows, truncate
 
 
@@ -178,13 +179,11 @@ class DraftLengthSchedule:
     fully accepted draft, else -1, never below 1 or above `max_length`. budget: [B] long after `reset`.
     """
 
-    KINDS = ("constant", "heuristic")
-
     def __init__(self, length: int = 4, kind: str = "constant", max_length: int = 16):
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
             raise ValueError(f"draft length must be an int >= 1, got {length!r}")
-        if kind not in self.KINDS:
-            raise ValueError(f"draft length schedule must be one of {self.KINDS}, got {kind!r}")
+        if kind not in SCHEDULES:
+            raise ValueError(f"draft length schedule must be one of {SCHEDULES}, got {kind!r}")
         self.length, self.kind = length, kind
         self.max_length = length if kind == "constant" else max(max_length, length)
         self.budget: torch.Tensor | None = None

@@ -15,6 +15,7 @@ import time
 import torch
 
 from mmspec.core.acceptance import Acceptance, acceptance_from
+from mmspec.core.component import StepHook
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import PhaseTimer
@@ -59,6 +60,14 @@ def _left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: in
     return buffer, mask.sum(-1)
 
 
+def _new_ids(tokens: torch.Tensor, prompt_lengths: torch.Tensor, generated: torch.Tensor, width: int,
+             pad_token_id: int) -> torch.Tensor:
+    """[B, width]: the first `generated[b]` new tokens of each left-aligned row of `tokens`, then padding."""
+    index = (prompt_lengths[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.shape[1] - 1)
+    real = torch.arange(width, device=tokens.device) < generated[:, None]
+    return torch.where(real, tokens.gather(1, index), pad_token_id)
+
+
 @torch.no_grad()
 def speculative_generate(
     target,
@@ -75,13 +84,17 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     generator: Generators = None,
+    on_step: StepHook | None = None,
 ) -> tuple[torch.Tensor, TextStats]:
     """Generate with speculative decoding.
 
     target: a transformers causal LM. input_ids: [B, T] long, prompts (left or right padded).
     attention_mask: [B, T], 1 for prompt tokens (None = all). drafter: a `Drafter` (ModelDrafter, LayerSkipDrafter,
-    NGramDrafter). acceptance: `Exact()` (lossless) or `Typical(...)` (lossy, opt-in), or its name. draft_length: tokens drafted per step,
-    or a `DraftLengthSchedule`. generator: a torch.Generator or one per row.
+    NGramDrafter). acceptance: `Exact()` (lossless) or `Typical(...)` (lossy, opt-in), or its name. draft_length:
+    tokens drafted per step, or a `DraftLengthSchedule`. generator: a torch.Generator or one per row.
+    on_step: called after every verification step as `on_step(step, fewest new tokens of a row, tensors)` with
+    tensors `"generated_ids"` ([B, max_new_tokens], each row's new tokens so far, then pad_token_id) and
+    `"new_tokens"` ([B]); a true return ends every row where it stands.
     Returns (sequences, stats): sequences [B, T + N] = the prompts as given followed by the new tokens, N = the longest
     row's new tokens, rows padded with pad_token_id after their EOS (as `generate` does). `stats.acceptance_map` [B, N]
     says which verification step (1, 2, ...) committed each new token and `stats.from_draft` [B, N] whether it was an
@@ -158,6 +171,12 @@ def speculative_generate(
             lengths += count
             generated += count
             stats.record_step(result, draft.lengths, rows)
+            if on_step is not None:  # the caller sees every row so far and may stop them all
+                so_far, counts = final_tokens.clone(), final_generated.clone()
+                so_far[rows], counts[rows] = tokens, generated
+                new_ids = _new_ids(so_far, prompt_lengths, counts, max_new_tokens, pad_token_id)
+                if on_step(step, int(counts.min()), {"generated_ids": new_ids, "new_tokens": counts}):
+                    finished = torch.ones_like(finished)
             done = finished.tolist()  # host sync: which rows leave the batch
             if any(done):
                 final_tokens[rows[finished]] = tokens[finished]
@@ -184,7 +203,7 @@ def speculative_generate(
     N = int(final_generated.max())
     index = prompt_lengths[:, None] + torch.arange(N, device=device)
     real = torch.arange(N, device=device) < final_generated[:, None]
-    new = torch.where(real, final_tokens.gather(1, index), pad_token_id)
+    new = _new_ids(final_tokens, prompt_lengths, final_generated, N, pad_token_id)
     stats.acceptance_map = torch.where(real, final_committed_at.gather(1, index), -1).cpu()
     stats.from_draft = (real & final_drafted.gather(1, index)).cpu()
     stats.new_tokens = final_generated

@@ -1,24 +1,31 @@
-"""Text completion with the core's speculative decoding (`mmspec.text.speculative_generate`) behind one call:
-tokenizer, target causal LM, drafter by name, decoded completions, and which forward committed each token.
-
-It serves the `mmspec text` command and the demo's text tab; library users who hold their own drafter call
-`speculative_generate` directly.
+"""Text completion with speculative decoding behind one call: tokenizer, target causal LM, optional draft LM, the
+decoding component (`TextSpeculation(drafter=...)`, `AR()` or `"auto"`), decoded completions, and which target
+forward committed each token. It serves the `mmspec text` command and the demo's text tab; library users who hold
+their own drafter call `mmspec.text.speculative_generate` directly.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+from diffusers.utils import BaseOutput
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
 
-from mmspec.options import TEXT_METHODS
+from mmspec.core.acceptance import Acceptance, acceptance_from
+from mmspec.core.component import DecodingComponent, StepHook, component_from
+from mmspec.core.rng import Generators
+from mmspec.image.decoding import AR
+from mmspec.options import TEXT_DRAFTERS, TEXT_METHODS
+from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextMethodPolicy
-from mmspec.text import speculative_generate
-from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
+from mmspec.text.speculation import TextSpeculation
 from mmspec.text.stats import TextStats
+from mmspec.zoo import load_causal_lm, resolve_model
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,7 @@ class TokenPiece:
 
 
 @dataclass
-class TextPipelineOutput:
+class TextPipelineOutput(BaseOutput):
     """texts: the completions (new text only, special tokens skipped); sequences: [B, T + N] prompt ids then new ids,
     padded after EOS; pieces: per row, the new tokens as `TokenPiece`s (up to and including EOS); stats: counters."""
 
@@ -42,155 +49,266 @@ class TextPipelineOutput:
     stats: TextStats
 
 
-class SpeculativeTextPipeline:
+def new_token_counts(new: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
+    """[B]: each row's new tokens up to and including its first EOS (all of `new` [B, N] when it has none)."""
+    if eos_token_id is None:
+        return torch.full(new.shape[:1], new.shape[1], dtype=torch.long, device=new.device)
+    is_eos = new == eos_token_id
+    return torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, new.shape[1])
+
+
+class StepCriterion(StoppingCriteria):
+    """transformers' `generate` calls its stopping criteria after every token: this one hands the tokens so far to a
+    step hook and stops every row when the hook says so."""
+
+    def __init__(self, on_step: StepHook, prompt_width: int, max_new_tokens: int, eos_token_id: int | None,
+                 pad_token_id: int):
+        self.on_step, self.prompt_width, self.max_new_tokens = on_step, prompt_width, max_new_tokens
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        new = input_ids[:, self.prompt_width :]
+        counts = new_token_counts(new, self.eos_token_id)
+        ids = torch.full((new.shape[0], self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=new.device)
+        ids[:, : new.shape[1]] = torch.where(torch.arange(new.shape[1], device=new.device) < counts[:, None], new,
+                                             self.pad_token_id)
+        stop = self.on_step(new.shape[1] - 1, int(counts.min()), {"generated_ids": ids, "new_tokens": counts})
+        return torch.full((new.shape[0],), bool(stop), dtype=torch.bool, device=new.device)
+
+
+class SpeculativeTextPipeline(MMSpecPipeline):
     r"""Speculative text completion with a transformers causal LM.
 
-    Methods (`method=`): `"auto"` (the default) runs the fastest exact one for these models, this device, batch size
-    and greedy or sampled decoding, timed on first use and cached (`mmspec.pipelines.text.policy`; `stats.chosen_by`
-    says which and why); `"model"` drafts with `draft` (a small LM sharing the tokenizer), `"ngram"` with prompt
-    lookup, `"layerskip"` with the target's first `exit_layer` layers, and `"ar"` is the baseline: the target's own
-    `generate` with its KV cache, one token per forward.
+    Components:
+        target ([`~transformers.PreTrainedModel`]): the causal LM whose output law (or greedy output) is kept.
+        tokenizer ([`~transformers.PreTrainedTokenizerBase`]): the target's tokenizer.
+        draft ([`~transformers.PreTrainedModel`], *optional*): a small causal LM over the same vocabulary, the drafter
+            of `TextSpeculation(drafter="model")`.
+        decoding (`"auto"`, `AR()` or `TextSpeculation(...)`, a name or a config dict; defaults to `"auto"`): what
+            calls decode with unless they say otherwise; saved with the pipeline, swappable (`pipe.decoding = ...`).
+
+    `"auto"` runs the fastest exact decoding for these models, this device, batch size and greedy or sampled
+    decoding, timed on first use and cached (`mmspec.pipelines.text.policy`; `stats.chosen_by` says which and why).
+    `AR()` is the baseline: the target's own `generate` with its KV cache, one token per forward.
 
     Examples:
         ```py
         >>> import torch
-        >>> from mmspec import SpeculativeTextPipeline
+        >>> from mmspec import SpeculativeTextPipeline, TextSpeculation
 
         >>> pipe = SpeculativeTextPipeline.from_pretrained("pycode/target", draft="pycode/draft")
-        >>> out = pipe("def fibonacci(n):\n", max_new_tokens=32)  # method="auto"
+        >>> out = pipe("def fibonacci(n):\n", max_new_tokens=32)  # decoding="auto"
         >>> print(out.texts[0])
+        >>> out = pipe("def fibonacci(n):\n", decoding=TextSpeculation(drafter="ngram", draft_length=6))
         >>> print(out.stats.table())
         ```
     """
 
+    _optional_components = ["draft"]
+    decodings = {"ar": AR, "speculative": TextSpeculation}
+    _callback_tensor_inputs = ["generated_ids", "new_tokens"]
+
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 draft: PreTrainedModel | None = None):
+                 draft: PreTrainedModel | None = None, decoding: DecodingComponent | str | dict = "auto"):
+        super().__init__()
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft vocabulary size {draft.config.vocab_size} does not match the target's "
                              f"{target.config.vocab_size}")
-        self.target, self.tokenizer, self.draft = target, tokenizer, draft
-        self.method_policy = TextMethodPolicy()
+        self.register_modules(target=target, tokenizer=tokenizer, draft=draft)
+        self.decoding = decoding
 
     @classmethod
-    def from_pretrained(cls, target: str | Path, draft: str | Path | None = None,
-                        dtype=None) -> SpeculativeTextPipeline:
-        """From zoo names ("pycode/target") or local transformers folders; the draft is optional."""
-        from mmspec.zoo import load_causal_lm
-
-        target_model, tokenizer = load_causal_lm(target, dtype=dtype)
-        draft_model = None if draft is None else load_causal_lm(draft, dtype=dtype)[0]
-        return cls(target_model, tokenizer, draft_model)
+    def from_pretrained(cls, pretrained_model_name_or_path, draft: str | Path | PreTrainedModel | None = None,
+                        **kwargs) -> SpeculativeTextPipeline:
+        """A folder saved by `save_pretrained` (`model_index.json`), or a target causal LM — a zoo name
+        ("pycode/target") or a transformers folder with its tokenizer — with `draft` (a zoo name, a folder or a
+        model; optional). `dtype` defaults to float32 for a bare causal LM (the zoo stores float16)."""
+        path = Path(resolve_model(pretrained_model_name_or_path, argument="target"))
+        if isinstance(draft, (str, Path)):
+            draft = load_causal_lm(resolve_model(draft, argument="draft"), dtype=kwargs.get("dtype"))[0]
+        if draft is not None:
+            kwargs["draft"] = draft
+        if (path / "model_index.json").is_file() or not (path / "config.json").is_file():
+            return super().from_pretrained(path, **kwargs)
+        target, tokenizer = load_causal_lm(path, dtype=kwargs.pop("dtype", None))
+        return cls(target, tokenizer, **kwargs)
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The methods this pipeline can run (`"model"` needs a draft, `"layerskip"` an exit layer in the config)."""
+        """The drafters this pipeline can run, and "ar" (`"model"` needs a draft, `"layerskip"` an exit layer in the
+        target's config)."""
         unavailable = {"model"} if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
         return tuple(m for m in TEXT_METHODS if m not in unavailable)
 
-    def drafter(self, method: str, confidence_threshold: float = 0.0, exit_layer: int | None = None,
-                max_ngram: int = 3):
-        """The `Drafter` of a speculative method."""
-        if method == "model":
-            if self.draft is None:
-                raise ValueError("method='model' needs a draft model; this pipeline was built without one")
-            return ModelDrafter(self.draft, confidence_threshold=confidence_threshold)
-        if method == "layerskip":
-            exit_layer = exit_layer or getattr(self.target.config, "early_exit_layer", None)
-            if exit_layer is None:
-                raise ValueError("method='layerskip' needs exit_layer: the target's config names no early_exit_layer")
-            return LayerSkipDrafter(self.target, exit_layer, confidence_threshold=confidence_threshold)
-        if method == "ngram":
-            return NGramDrafter(max_ngram=max_ngram)
-        raise ValueError(f"method must be one of {TEXT_METHODS}, got {method!r}")
+    @property
+    def decoding_policy(self) -> TextMethodPolicy:
+        """What `decoding="auto"` asks: every method's tokens per second here, measured once, cached on disk. A choice
+        holds for its batch size and sampling mode for the life of the pipeline (`reconsider()`, `remeasure()`)."""
+        if getattr(self, "_decoding_policy", None) is None:
+            self._decoding_policy = TextMethodPolicy()
+        return self._decoding_policy
 
-    @torch.no_grad()
-    def __call__(
-        self,
-        prompt: str | list[str],
-        method: str = "auto",
-        max_new_tokens: int = 64,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        acceptance: str = "exact",
-        draft_length: int = 4,
-        schedule: str = "constant",
-        confidence_threshold: float = 0.0,
-        exit_layer: int | None = None,
-        max_ngram: int = 3,
-        generator: torch.Generator | list[torch.Generator] | None = None,
-    ) -> TextPipelineOutput:
-        r"""Complete `prompt` (one or a batch, decoded together with per-row acceptance).
+    def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
+        """`"auto"`, or a component from an object, a config dict, or a name plus settings: `"ar"`, `"speculative"`
+        or a drafter's name (`"ngram"` = `TextSpeculation(drafter="ngram")`)."""
+        if isinstance(value, str) and value == "auto" and not settings:
+            return value
+        if isinstance(value, str) and value in TEXT_DRAFTERS:
+            if settings.get("drafter") not in (None, value):
+                raise ValueError(f"decoding={value!r} names drafter {value!r}; drafter={settings['drafter']!r} "
+                                 "contradicts it")
+            value, settings = "speculative", {**settings, "drafter": value}
+        return component_from(value, self.decodings, names=("auto", *self.decodings, *TEXT_DRAFTERS), **settings)
 
-        temperature 0 is greedy (the output is then token for token the target's greedy output); `acceptance` is
-        `"exact"` (lossless) or `"typical"` (lossy). `draft_length` / `schedule` (`"constant"` or `"heuristic"`) set
-        how many tokens are drafted per step. `"ar"` samples with transformers' `generate`, seeded from the
-        generator's initial seed (a stream of its own: its samples differ from the speculative ones, its law does not).
-        """
+    def auto_candidates(self, settings: dict) -> dict[str, DecodingComponent]:
+        """What `"auto"` chooses between: `AR()` and every drafter of `methods` that reads all of `settings` (a
+        setting only some drafters read narrows the choice to them)."""
+        given = {key: value for key, value in settings.items() if value is not None}
+        if "drafter" in given:
+            raise ValueError("decoding='auto' chooses the drafter; name decoding='speculative' to give drafter=")
+        acceptance = acceptance_from(given.get("acceptance", "exact"), "text")
+        if not acceptance.lossless:
+            raise ValueError(f"decoding='auto' chooses among the exact decodings; name the decoding to use "
+                             f"acceptance={acceptance.name!r}")
+        drafters = [m for m in self.methods if m != "ar" and TextSpeculation.reads(m, given)]
+        if not drafters and set(given) - {"acceptance"}:
+            raise ValueError(f"decoding='auto': no drafter of this pipeline ({', '.join(self.methods)}) takes "
+                             f"{sorted(given)}")
+        return {"ar": AR(), **{m: TextSpeculation(drafter=m, **given) for m in drafters}}
+
+    def check_inputs(self, prompt) -> list[str]:
         prompts = [prompt] if isinstance(prompt, str) else prompt
         if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
             raise TypeError(f"prompt must be a str or a non-empty list of str, got {type(prompt).__name__}")
         empty = [i for i, p in enumerate(prompts) if not p.strip()]
         if empty:
             raise ValueError(f"prompt {empty[0]} is empty (or only whitespace); give text to complete")
-        if method != "auto" and method not in TEXT_METHODS:
-            raise ValueError(f"method must be 'auto' or one of {TEXT_METHODS}, got {method!r}")
+        return prompts
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str | list[str],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        generator: Generators = None,
+        return_dict: bool = True,
+        callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
+        decoding: DecodingComponent | str | dict | None = None,
+        drafter: str | None = None,
+        draft_length: int | None = None,
+        schedule: str | None = None,
+        confidence_threshold: float | None = None,
+        exit_layer: int | None = None,
+        max_ngram: int | None = None,
+        acceptance: Acceptance | str | None = None,
+        method: str | None = None,
+    ) -> TextPipelineOutput | tuple:
+        r"""Complete `prompt` (one or a batch, decoded together with per-row acceptance).
+
+        Args:
+            prompt (`str` or `list[str]`): text to complete; a list is one batch.
+            max_new_tokens (`int`, defaults to 64): new tokens per row at most (a row also ends at EOS).
+            temperature (`float`, defaults to 0): 0 is greedy (token for token the target's greedy output).
+            top_k (`int`, defaults to 0), top_p (`float`, defaults to 1.0): the target's sampling filters; 0 / 1 = off.
+            generator (`torch.Generator` or list, *optional*): one, or one per prompt. `AR()` samples with
+                transformers' `generate`, seeded from the generator's initial seed (a stream of its own: its samples
+                differ from the speculative ones, its law does not).
+            return_dict (`bool`, defaults to `True`): return a [`TextPipelineOutput`] instead of `(texts, stats)`.
+            callback_on_step_end (`Callable`, *optional*): called after every target forward as
+                `callback_on_step_end(pipe, step, n_generated, callback_kwargs)` (n_generated: the fewest new tokens of
+                a row); `callback_kwargs` holds the tensors named in `callback_on_step_end_tensor_inputs`
+                (`"generated_ids"`: [B, max_new_tokens], each row's new tokens so far then padding; `"new_tokens"`:
+                [B]). Read-only (they sit in the KV cache). Set `pipe._interrupt = True` to end every row there.
+            callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
+            decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
+                unless set or saved otherwise). `TextSpeculation(drafter, draft_length, schedule,
+                confidence_threshold, exit_layer, max_ngram, acceptance)` drafts with `"model"` (the draft LM),
+                `"layerskip"` (the target's first layers) or `"ngram"` (prompt lookup) and verifies in one target
+                forward; `AR()` is the target alone. A name plus settings is the same call (`decoding="ngram",
+                draft_length=6`); a setting given alone applies to `"auto"`'s candidates that read it (or, for
+                `drafter=`, selects that drafter).
+            drafter, draft_length, schedule, confidence_threshold, exit_layer, max_ngram, acceptance (*optional*):
+                `TextSpeculation`'s settings in their flat spelling; `acceptance="typical"` is lossy.
+            method (`str`, *optional*): the old spelling of `decoding` (`"auto"`, `"ar"` or a drafter's name).
+        """
+        # 1. Check inputs and resolve the decoding
+        prompts = self.check_inputs(prompt)
+        names = self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)
+        if method is not None:
+            if decoding is not None:
+                raise ValueError("give decoding= or its old spelling method=, not both")
+            decoding = method
+        settings = dict(drafter=drafter, draft_length=draft_length, schedule=schedule,
+                        confidence_threshold=confidence_threshold, exit_layer=exit_layer, max_ngram=max_ngram,
+                        acceptance=acceptance)
+        decoding = self.decoding_for_call(decoding, settings, implied="auto" if drafter is None else "speculative")
+        sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         chosen_by = None
-        if method == "auto":
-            if acceptance != "exact":
-                raise ValueError("method='auto' chooses among the exact methods; name the method to use "
-                                 f"acceptance={acceptance!r}")
-            options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           draft_length=draft_length, schedule=schedule, confidence_threshold=confidence_threshold,
-                           exit_layer=exit_layer, max_ngram=max_ngram)
-            method, chosen_by = self.method_policy.choose(self, prompts, options)
+        if isinstance(decoding, str) and decoding == "auto":
+            candidates = self.auto_candidates(settings)
+            key = self.decoding_policy.key(len(prompts), temperature, candidates)
+            name, chosen_by = self.decoding_policy.choose(self, prompts, candidates, sampling)
+            decoding = candidates[name]
+        else:
+            decoding = self.resolve_decoding(decoding, **settings)
+        self._interrupt = False
+
+        # 2. Decode
         started = time.perf_counter()
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")  # as generate needs
-        ids, mask = encoded["input_ids"], encoded["attention_mask"]
+        ids, mask = encoded["input_ids"].to(self.target.device), encoded["attention_mask"].to(self.target.device)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        if method == "ar":
-            sequences, stats = self._generate_ar(ids, mask, max_new_tokens, temperature, top_k, top_p, generator)
-        else:
-            sequences, stats = speculative_generate(
-                self.target, ids, mask, drafter=self.drafter(method, confidence_threshold, exit_layer, max_ngram),
-                acceptance=acceptance, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                top_p=top_p, draft_length=DraftLengthSchedule(draft_length, kind=schedule), eos_token_id=eos,
-                pad_token_id=pad, generator=generator,
-            )
+        with self.progress_bar(total=max_new_tokens) as progress:
+            on_step = self.step_hook(callback_on_step_end, names, progress)
+            if isinstance(decoding, AR):
+                sequences, stats = self._generate_ar(ids, mask, sampling, generator, on_step)
+            else:
+                sequences, stats = decoding(self.target, self.draft, ids, mask, on_step=on_step, eos_token_id=eos,
+                                            pad_token_id=pad, generator=generator, **sampling)
         if chosen_by is not None:
             stats.chosen_by = chosen_by
-            self.method_policy.record(method, len(prompts), temperature, int(stats.new_tokens.sum()),
-                                      time.perf_counter() - started)
-        stats.method = stats.method or method
+            if not self._interrupt:
+                self.decoding_policy.record(key, name, int(stats.new_tokens.sum()), time.perf_counter() - started)
+        stats.method = stats.method or repr(decoding)
+
+        # 3. Decode to text
         new = sequences[:, ids.shape[1] :]
         texts = self.tokenizer.batch_decode(new, skip_special_tokens=True)
+        if not return_dict:
+            return texts, stats
         pieces = [self._pieces(new[b, : int(stats.new_tokens[b])], stats, b) for b in range(len(prompts))]
-        return TextPipelineOutput(texts, sequences, pieces, stats)
+        return TextPipelineOutput(texts=texts, sequences=sequences, pieces=pieces, stats=stats)
 
-    def _generate_ar(self, ids, mask, max_new_tokens, temperature, top_k, top_p, generator):
+    def _generate_ar(self, ids, mask, sampling: dict, generator, on_step: StepHook | None):
         """The baseline: transformers' `generate` (KV cache, one token per forward) and its counters."""
         if isinstance(generator, (list, tuple)):
-            raise ValueError("method='ar' takes one generator: transformers' generate samples from the global RNG")
-        sample = temperature > 0
-        kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p) if sample else {}
+            raise ValueError("decoding=AR() takes one generator: transformers' generate samples from the global RNG")
+        sample = sampling["temperature"] > 0
+        kwargs = {key: sampling[key] for key in ("temperature", "top_k", "top_p")} if sample else {}
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        if on_step is not None:
+            criterion = StepCriterion(on_step, ids.shape[1], sampling["max_new_tokens"], eos, pad)
+            kwargs["stopping_criteria"] = StoppingCriteriaList([criterion])
         start = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             if generator is not None:
                 torch.manual_seed(generator.initial_seed())
             sequences = self.target.generate(input_ids=ids, attention_mask=mask, do_sample=sample,
-                                             max_new_tokens=max_new_tokens, pad_token_id=self.tokenizer.pad_token_id,
-                                             **kwargs)
+                                             max_new_tokens=sampling["max_new_tokens"], pad_token_id=pad, **kwargs)
         new = sequences[:, ids.shape[1] :]
-        eos = self.tokenizer.eos_token_id
-        is_eos = new == eos if eos is not None else torch.zeros_like(new, dtype=torch.bool)
-        new_tokens = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, new.shape[1])
+        new_tokens = new_token_counts(new, eos)
         N = new.shape[1]
-        real = torch.arange(N) < new_tokens[:, None]
+        real = torch.arange(N, device=new.device) < new_tokens[:, None]
         stats = TextStats(target_forwards=N, prefill_forwards=1, steps=new_tokens - 1, new_tokens=new_tokens,
                           speculative=False, method="ar (transformers generate)",
-                          acceptance_map=torch.where(real, torch.arange(N), -1), from_draft=torch.zeros_like(real))
+                          acceptance_map=torch.where(real, torch.arange(N, device=new.device), -1).cpu(),
+                          from_draft=torch.zeros_like(real).cpu())
         stats.timings["total"] = time.perf_counter() - start
         return sequences, stats
 

@@ -84,10 +84,6 @@ class NextFramePipeline(MMSpecPipeline):
     decodings = {"ar": AR, "speculative": FrameSpeculation}
     _callback_tensor_inputs = ["latents"]
 
-    @property
-    def interrupt(self) -> bool:
-        return self._interrupt
-
     def __init__(self, transformer: NextFrameTransformer, vae: KLAutoencoder,
                  decoding: DecodingComponent | str | dict = "ar"):
         super().__init__()

@@ -1,57 +1,132 @@
 import pytest
 import torch
 
-from mmspec.pipelines.text import SpeculativeTextPipeline
+from mmspec import AR, TextSpeculation, Typical
+from mmspec.pipelines.text import SpeculativeTextPipeline, TextPipelineOutput
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    return SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
+    pipe = SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 PROMPTS = ["def fibonacci(n):\n", "import os\n\nclass Config:\n"]
 
 
-def test_greedy_methods_complete_like_the_target(pipe):
+def test_greedy_decodings_complete_like_the_target(pipe):
     """Greedy speculative completions equal the target's own greedy `generate`, batch of two prompts."""
-    ar = pipe(PROMPTS, method="ar", max_new_tokens=40)
+    ar = pipe(PROMPTS, decoding=AR(), max_new_tokens=40)
+    assert isinstance(ar, TextPipelineOutput)
     assert ar.stats.tokens_per_target_forward == 1.0 and ar.stats.target_forwards == 40
-    for method in ("model", "ngram", "layerskip"):
-        out = pipe(PROMPTS, method=method, max_new_tokens=40)
+    for drafter in ("model", "ngram", "layerskip"):
+        out = pipe(PROMPTS, decoding=TextSpeculation(drafter=drafter), max_new_tokens=40)
         assert out.texts == ar.texts and torch.equal(out.sequences, ar.sequences)
         assert out.stats.target_forwards < 40
 
 
-@pytest.mark.parametrize("method", ["ar", "model"])
-def test_pieces_rebuild_the_completion_and_mark_accepted_drafts(pipe, method):
-    out = pipe(PROMPTS, method=method, max_new_tokens=32, temperature=1.0, generator=torch.Generator().manual_seed(3))
+def test_shorthands_and_the_old_method_spelling_name_the_same_component(pipe):
+    """`decoding="ngram", draft_length=6`, `decoding="speculative", drafter="ngram", ...`, a setting alone with
+    `drafter=`, a config dict, and the old `method=` all run TextSpeculation(drafter="ngram", draft_length=6)."""
+    expected = TextSpeculation(drafter="ngram", draft_length=6)
+    calls = [dict(decoding=expected), dict(decoding="ngram", draft_length=6),
+             dict(decoding="speculative", drafter="ngram", draft_length=6), dict(drafter="ngram", draft_length=6),
+             dict(decoding=expected.to_config()), dict(method="ngram", draft_length=6)]
+    outs = [pipe(PROMPTS[0], max_new_tokens=16, **call) for call in calls]
+    assert all(out.stats.method == repr(expected) for out in outs)
+    assert all(torch.equal(out.sequences, outs[0].sequences) for out in outs)
+    assert pipe(PROMPTS[0], method="ar", max_new_tokens=8).stats.method == "ar (transformers generate)"
+
+
+@pytest.mark.parametrize("decoding", [AR(), TextSpeculation(drafter="model")])
+def test_pieces_rebuild_the_completion_and_mark_accepted_drafts(pipe, decoding):
+    out = pipe(PROMPTS, decoding=decoding, max_new_tokens=32, temperature=1.0,
+               generator=torch.Generator().manual_seed(3))
     for row, pieces in enumerate(out.pieces):
         assert "".join(p.text for p in pieces) == out.texts[row]
         assert len(pieces) == int(out.stats.new_tokens[row])
         steps = [p.step for p in pieces]
         assert steps == sorted(steps)
     drafted = sum(p.from_draft for pieces in out.pieces for p in pieces)
-    assert (drafted == 0) if method == "ar" else (0 < drafted <= out.stats.accepted)
+    assert (drafted == 0) if isinstance(decoding, AR) else (0 < drafted <= out.stats.accepted)
+
+
+@pytest.mark.parametrize("decoding", [AR(), TextSpeculation(drafter="model"), TextSpeculation(drafter="ngram")])
+def test_step_callback_sees_the_tokens_so_far_and_can_stop_every_row(pipe, decoding):
+    full = pipe(PROMPTS, decoding=decoding, max_new_tokens=24)
+    seen = []
+
+    def callback(p, step, n_generated, tensors):
+        ids, counts = tensors["generated_ids"], tensors["new_tokens"]
+        seen.append((step, n_generated, counts.clone()))
+        assert p is pipe and ids.shape == (2, 24) and n_generated == int(counts.min())
+        for row in range(2):  # what the rows generated so far is the start of the full completion
+            n = int(counts[row])
+            assert torch.equal(ids[row, :n], full.sequences[row, -24:][:n])
+            assert (ids[row, n:] == pipe.tokenizer.pad_token_id).all()
+        if n_generated >= 10:
+            p._interrupt = True
+
+    out = pipe(PROMPTS, decoding=decoding, max_new_tokens=24, callback_on_step_end=callback,
+               callback_on_step_end_tensor_inputs=["generated_ids", "new_tokens"])
+    assert seen and all(a[1] <= b[1] for a, b in zip(seen, seen[1:], strict=False))
+    assert seen[-1][1] >= 10 and torch.equal(out.stats.new_tokens.cpu(), seen[-1][2].cpu())
+    assert all(full.texts[row].startswith(out.texts[row]) for row in range(2))
+    assert int(out.stats.new_tokens.min()) < 24
 
 
 def test_sampling_is_reproducible_per_generator(pipe):
-    kwargs = dict(method="model", max_new_tokens=24, temperature=1.0)
+    kwargs = dict(decoding="model", max_new_tokens=24, temperature=1.0)
     first = pipe(PROMPTS[0], generator=torch.Generator().manual_seed(0), **kwargs)
     again = pipe(PROMPTS[0], generator=torch.Generator().manual_seed(0), **kwargs)
     assert torch.equal(first.sequences, again.sequences)
-    ar = [pipe(PROMPTS[0], method="ar", max_new_tokens=24, temperature=1.0,
+    ar = [pipe(PROMPTS[0], decoding="ar", max_new_tokens=24, temperature=1.0,
                generator=torch.Generator().manual_seed(0)).sequences for _ in range(2)]
     assert torch.equal(*ar)
 
 
 def test_clear_errors(pipe):
-    with pytest.raises(ValueError, match="method must be 'auto' or one of"):
-        pipe("x = 1", method="beam")
+    with pytest.raises(ValueError, match=r"decoding must be one of \('auto', 'ar', 'speculative', 'model'"):
+        pipe("x = 1", decoding="beam")
+    with pytest.raises(ValueError, match="not both"):
+        pipe("x = 1", decoding="ngram", method="ngram")
+    with pytest.raises(ValueError, match="contradicts"):
+        pipe("x = 1", decoding="ngram", drafter="model")
+    with pytest.raises(ValueError, match="exit_layer applies to drafter 'layerskip', not 'ngram'"):
+        pipe("x = 1", decoding="ngram", exit_layer=2)
+    with pytest.raises(ValueError, match="max_ngram applies to drafter 'ngram'"):
+        TextSpeculation(drafter="model", max_ngram=4)
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        TextSpeculation(drafter="medusa")
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        TextSpeculation(schedule="exponential")
+    with pytest.raises(ValueError, match="draft_length must be >= 1"):
+        TextSpeculation(draft_length=0)
     with pytest.raises(TypeError, match="prompt"):
-        pipe([], method="ngram")
+        pipe([], decoding="ngram")
     with pytest.raises(ValueError, match="one generator"):
-        pipe("x = 1", method="ar", generator=[torch.Generator()])
+        pipe("x = 1", decoding=AR(), generator=[torch.Generator()])
     with pytest.raises(ValueError, match="needs a draft model"):
-        SpeculativeTextPipeline(pipe.target, pipe.tokenizer)("x = 1", method="model")
+        SpeculativeTextPipeline(pipe.target, pipe.tokenizer)("x = 1", decoding="model")
     assert "model" not in SpeculativeTextPipeline(pipe.target, pipe.tokenizer).methods
+    with pytest.raises(ValueError, match="callback_on_step_end_tensor_inputs"):
+        pipe("x = 1", callback_on_step_end=lambda *a: None, callback_on_step_end_tensor_inputs=["latents"])
+
+
+def test_save_and_load_keep_the_components_and_the_decoding(pipe, tmp_path):
+    decoding = TextSpeculation(drafter="layerskip", draft_length=3, schedule="heuristic",
+                               acceptance=Typical(epsilon=0.2, delta=0.1))
+    pipe.decoding = decoding
+    try:
+        pipe.save_pretrained(tmp_path)
+    finally:
+        pipe.decoding = "auto"
+    loaded = SpeculativeTextPipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.decoding == decoding and loaded.draft is not None
+    kwargs = dict(max_new_tokens=16, temperature=1.0)
+    out = loaded(PROMPTS[0], generator=torch.Generator().manual_seed(1), **kwargs)
+    expected = pipe(PROMPTS[0], decoding=decoding, generator=torch.Generator().manual_seed(1), **kwargs)
+    assert out.stats.method == repr(decoding) and torch.equal(out.sequences, expected.sequences)
