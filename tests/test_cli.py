@@ -16,7 +16,7 @@ def test_mmspec_text_prints_completion_and_stats(method, capsys):
     assert main(["text", "def fibonacci(n):\n", "--method", method, "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("def fibonacci(n):\n") and f"decoding  {method}" in out and "ms/token" in out
-    assert ("ar (transformers generate)" if method == "ar" else f"TextSpeculation(drafter='{method}'") in out
+    assert ("AR(): transformers' generate" if method == "ar" else f"TextSpeculation(drafter='{method}'") in out
     comparison = {line.split()[0]: line.split() for line in out.splitlines()[-2:]}
     if method != "ar":
         assert "mean_accepted_length" in out and "target_forwards" in out

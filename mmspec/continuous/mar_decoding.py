@@ -25,6 +25,7 @@ from mmspec.continuous.acceptance import verify_paper, verify_trajectories
 from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
 from mmspec.continuous.speculation import ContinuousSpeculation
 from mmspec.continuous.stats import ContinuousStats
+from mmspec.core.component import StepHook
 from mmspec.core.rng import keyed_normal, keyed_uniform
 
 NOISE, UNIFORM, ORDER = 0, 1, 2  # key domains of the keyed draws
@@ -117,10 +118,11 @@ def _check(model, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
 
 @torch.no_grad()
 def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSchedule,
-             labels: torch.Tensor | None = None, guidance_scale: float = 1.0,
-             temperature: float = 1.0) -> tuple[torch.Tensor, ContinuousStats]:
+             labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
+             on_step: StepHook | None = None) -> tuple[torch.Tensor, ContinuousStats]:
     """Plain MAR sampling on `plan` (tokens per step): returns tokens [B, L, C] and its stats (target_forwards =
-    encoder-decoder passes)."""
+    encoder-decoder passes). on_step: called after every pass as `on_step(step, tokens known per row, {"latents":
+    tokens [B, L, C] (zeros where unknown), "known": [B, L] bool})`; a true return stops there."""
     _check(model, seeds, labels)
     B, L, C = seeds.numel(), model.config.seq_len, model.config.token_dim
     if sum(plan) != L or min(plan) < 1:
@@ -130,18 +132,20 @@ def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSch
     unknown = torch.ones(B, L, dtype=torch.bool, device=model.device)
     stats, conditioner, done = ContinuousStats(speculative=False), _Conditioner(model, labels, guidance_scale), 0
     start = time.perf_counter()
-    for count in plan:
+    for step, count in enumerate(plan):
         positions = orders[:, done : done + count]  # [B, n]
         done += count
         _draw_step(conditioner, tokens, unknown, positions, seeds, schedule, _cfg_at(guidance_scale, L, L - done),
                    temperature)
         stats.target_forwards += 1
-    return tokens, _finish(stats, B, L, start)
+        if on_step is not None and on_step(step, done, {"latents": tokens, "known": ~unknown}):
+            break
+    return tokens, _finish(stats, B, done, start)
 
 
-def _finish(stats: ContinuousStats, batch_size: int, seq_len: int, start: float) -> ContinuousStats:
-    """Per-row totals (every row takes part in every pass) and the wall clock."""
-    stats.new_tokens = torch.full((batch_size,), seq_len, dtype=torch.long)
+def _finish(stats: ContinuousStats, batch_size: int, done: int, start: float) -> ContinuousStats:
+    """Per-row totals (every row takes part in every pass; `done` tokens each) and the wall clock."""
+    stats.new_tokens = torch.full((batch_size,), done, dtype=torch.long)
     stats.steps = torch.full((batch_size,), stats.target_forwards, dtype=torch.long)
     stats.timings["total"] = time.perf_counter() - start
     if isinstance(stats.residual_tries, list):  # speculative runs collect one piece per verification
@@ -154,10 +158,11 @@ def _finish(stats: ContinuousStats, batch_size: int, seq_len: int, start: float)
 def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
                          labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
                          speculation: ContinuousSpeculation = ContinuousSpeculation(),
-                         ) -> tuple[torch.Tensor, ContinuousStats]:
+                         on_step: StepHook | None = None) -> tuple[torch.Tensor, ContinuousStats]:
     """Speculative MAR sampling (see the module docstring): tokens [B, L, C] and counters. `speculation.gamma` draft
     steps per target pass; the first `floor(num_iter * speculation.prefill_ratio)` steps are the target's own; a
-    rejected token's residual draws `proposals_per_round` target proposals per batched round, at most `max_tries`."""
+    rejected token's residual draws `proposals_per_round` target proposals per batched round, at most `max_tries`.
+    on_step: as `generate`'s, after every target pass (a prefill step or a verification: drafts are never shown)."""
     _check(target, seeds, labels)
     _check(draft, seeds, labels)
     if not isinstance(speculation, ContinuousSpeculation):
@@ -188,17 +193,19 @@ def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, sche
         z, z_uncond, trajectory = _draw_step(conditioners[role], tokens, unknown, positions, seeds, schedule, cfg,
                                              temperature)
         setattr(stats, f"{role}_forwards", getattr(stats, f"{role}_forwards") + 1)
-        if role == "target":
-            context = unknown.clone()
-            continue
-        block.append(dict(positions=positions, z=z, z_uncond=z_uncond, cfg=cfg, trajectory=trajectory))
-        if len(block) == gamma or step == len(plan) - 1:
+        if role == "draft":
+            block.append(dict(positions=positions, z=z, z_uncond=z_uncond, cfg=cfg, trajectory=trajectory))
+            if len(block) < gamma and step < len(plan) - 1:
+                continue
             _verify_block(target, conditioners["target"], draft, block, tokens, context, seeds, schedule, temperature,
                           acceptance, (speculation.max_tries, speculation.proposals_per_round), stats)
-            block, context = [], unknown.clone()
+            block = []
+        context = unknown.clone()
+        if on_step is not None and on_step(step, done, {"latents": tokens, "known": ~unknown}):
+            break
     for name, parts in stats.log_ratio_terms.items():
         stats.log_ratio_terms[name] = torch.cat(parts)
-    return tokens, _finish(stats, B, L, start)
+    return tokens, _finish(stats, B, done, start)
 
 
 def _verify_block(target, conditioner, draft, block, tokens, context, seeds, schedule, temperature, acceptance,

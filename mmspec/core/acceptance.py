@@ -108,7 +108,7 @@ RULES: dict[str, type[Acceptance]] = {rule.name: rule for rule in (Exact, Lanter
 def acceptance_from(value: Acceptance | str | dict, modality: str | None = None,
                     argument: str = "acceptance") -> Acceptance:
     """An `Acceptance` from an object, a rule name (default settings) or a saved config dict; `modality` ("image",
-    "text") refuses a rule that modality's decodings do not take."""
+    "text" or "continuous", see `mmspec.options.ACCEPTANCE_RULES`) refuses a rule its decodings do not take."""
     if isinstance(value, str):
         if value not in RULES:
             raise ValueError(f"{argument} must be one of {tuple(RULES)} or an Acceptance object, got {value!r}")

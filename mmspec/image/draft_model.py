@@ -31,7 +31,7 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
 from mmspec.core.stats import SpecStats
 from mmspec.core.verify import verify
-from mmspec.image.decoding import Commits, open_decoding, probs_of
+from mmspec.image.decoding import Commits, image_span, open_decoding, probs_of
 from mmspec.image.lantern import relaxation_for
 from mmspec.image.protocol import DiscreteImageModel
 
@@ -62,9 +62,9 @@ class DraftModel(DecodingComponent):
         drafter = self._check_drafter(model)
         G = self.draft_length
         W = G + 1
+        relaxation = relaxation_for(self.acceptance, model, image_span(model)[1], sampling)  # checked before prefill
         opening = open_decoding(model, condition, sampling, generator, stats, max_window=W)
         N, forced, state, timer = opening.N, opening.forced, opening.state, opening.timer
-        relaxation = relaxation_for(self.acceptance, model, opening.V, sampling)
         with timer("draft"):
             draft_state, _ = drafter.prefill(condition, cfg=sampling.guidance_scale != 1.0, max_window=W)
         stats.draft_forwards += 1

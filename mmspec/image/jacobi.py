@@ -60,7 +60,7 @@ from mmspec.core.verify import (
     first_rejection,
     residual_law,
 )
-from mmspec.image.decoding import Commits, forced_at, open_decoding, probs_of
+from mmspec.image.decoding import Commits, forced_at, image_span, open_decoding, probs_of
 from mmspec.image.lantern import relaxation_for
 from mmspec.image.protocol import DiscreteImageModel
 from mmspec.options import COUPLINGS, INITS
@@ -166,9 +166,9 @@ class SJD(DecodingComponent):
         self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
     ):
         L = self.window
+        relaxation = relaxation_for(self.acceptance, model, image_span(model)[1], sampling)  # checked before prefill
         opening = open_decoding(model, condition, sampling, generator, stats, max_window=L)
         N, V, forced, state, timer = opening.N, opening.V, opening.forced, opening.state, opening.timer
-        relaxation = relaxation_for(self.acceptance, model, V, sampling)
         B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
 
         # seq holds each row's committed tokens, then its current drafts, over absolute positions 0 .. N + L - 1

@@ -6,11 +6,13 @@ diffusion head, CFG) -> KL autoencoder -> pixels. `decoding=AR()` runs the targe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import PIL.Image
 import torch
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
@@ -53,6 +55,7 @@ class MARPipeline(MMSpecPipeline):
     model_cpu_offload_seq = "transformer->vae"
     _optional_components = ["draft_transformer"]
     decodings = {"ar": AR, "speculative": ContinuousSpeculation}
+    _callback_tensor_inputs = ["latents", "known"]
 
     def __init__(self, transformer: MARModel, vae: KLAutoencoder, draft_transformer: MARModel | None = None,
                  decoding: DecodingComponent | str | dict = "ar"):
@@ -91,7 +94,9 @@ class MARPipeline(MMSpecPipeline):
                  output_type: str = "pil", return_dict: bool = True,
                  decoding: DecodingComponent | str | dict | None = None, gamma: int | None = None,
                  prefill_ratio: float | None = None, acceptance: Acceptance | str | None = None,
-                 max_tries: int | None = None, proposals_per_round: int | None = None, plan: list[int] | None = None):
+                 max_tries: int | None = None, proposals_per_round: int | None = None, plan: list[int] | None = None,
+                 callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
+                 callback_on_step_end_tensor_inputs: list[str] | None = None):
         r"""Generate one image per class label.
 
         Args:
@@ -116,21 +121,33 @@ class MARPipeline(MMSpecPipeline):
                 speculation.
             gamma, prefill_ratio, acceptance, max_tries, proposals_per_round (*optional*): `ContinuousSpeculation`'s
                 settings in their flat spelling.
+            callback_on_step_end (`Callable`, *optional*): called after every target pass (an AR step, a
+                speculative prefill step or verification) as `callback_on_step_end(pipe, step, n_known,
+                callback_kwargs)`; `callback_kwargs` holds the tensors named in `callback_on_step_end_tensor_inputs`
+                (`"latents"`: the tokens [B, L, C] so far, zeros where unknown; `"known"`: [B, L] bool). Read-only.
+                Set `pipe._interrupt = True` to stop there: unknown tokens stay zero (the latent mean).
+            callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["latents"]`.
         """
         settings = dict(gamma=gamma, prefill_ratio=prefill_ratio, acceptance=acceptance, max_tries=max_tries,
                         proposals_per_round=proposals_per_round)
         decoding = self.resolve_decoding(self.decoding_for_call(decoding, settings, implied="speculative"), **settings)
         labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps, plan)
+        names = self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)
         device = self._execution_device
         seeds = sample_seeds(generator, len(labels)).to(device)
         label_tensor = torch.tensor(labels, device=device)
         schedule = DiffusionSchedule.cosine(num_diffusion_steps, x0_clip=self.transformer.config.x0_clip)
-        if isinstance(decoding, AR):
-            plan = cosine_plan(self.transformer.config.seq_len, num_iter) if plan is None else plan
-            tokens, stats = generate(self.transformer, seeds, plan, schedule, label_tensor, guidance_scale, temperature)
-        else:
-            tokens, stats = generate_speculative(self.transformer, self.draft_transformer, seeds, num_iter, schedule,
-                                                 label_tensor, guidance_scale, temperature, decoding)
+        self._interrupt = False
+        with self.progress_bar(total=self.transformer.config.seq_len) as progress:
+            on_step = self.step_hook(callback_on_step_end, names, progress)
+            if isinstance(decoding, AR):
+                plan = cosine_plan(self.transformer.config.seq_len, num_iter) if plan is None else plan
+                tokens, stats = generate(self.transformer, seeds, plan, schedule, label_tensor, guidance_scale,
+                                         temperature, on_step)
+            else:
+                tokens, stats = generate_speculative(self.transformer, self.draft_transformer, seeds, num_iter,
+                                                     schedule, label_tensor, guidance_scale, temperature, decoding,
+                                                     on_step)
         stats.method = repr(decoding)
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         self.maybe_free_model_hooks()

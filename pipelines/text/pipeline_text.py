@@ -306,7 +306,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         N = new.shape[1]
         real = torch.arange(N, device=new.device) < new_tokens[:, None]
         stats = TextStats(target_forwards=N, prefill_forwards=1, steps=new_tokens - 1, new_tokens=new_tokens,
-                          speculative=False, method="ar (transformers generate)",
+                          speculative=False, method="AR(): transformers' generate",
                           acceptance_map=torch.where(real, torch.arange(N, device=new.device), -1).cpu(),
                           from_draft=torch.zeros_like(real).cpu())
         stats.timings["total"] = time.perf_counter() - start

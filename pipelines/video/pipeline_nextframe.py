@@ -149,8 +149,8 @@ class NextFramePipeline(MMSpecPipeline):
         check_generators(generator, batch_size)
 
     def _session(self, image, decoding, num_inference_steps, context_noise, generator, context_actions,
-                 output_type):
-        decoding = self.decoding if decoding is None else self.resolve_decoding(decoding)
+                 output_type, settings: dict):
+        decoding = self.resolve_decoding(self.decoding_for_call(decoding, settings, implied="speculative"), **settings)
         pixels = self._context_pixels(image)
         self._check_call(output_type, generator, len(pixels))
         seeds = sample_seeds(generator, len(pixels))
@@ -162,10 +162,13 @@ class NextFramePipeline(MMSpecPipeline):
 
     def start_session(self, image, decoding: DecodingComponent | str | dict | None = None,
                       num_inference_steps: int = 4, context_noise: float = 0.1, generator: Generators = None,
-                      context_actions=None, output_type: str = "pil") -> NextFrameSession:
+                      context_actions=None, output_type: str = "pil", frames: int | None = None,
+                      adaptive: bool | None = None, frame_cost: float | None = None,
+                      context: str | None = None) -> NextFrameSession:
         """An interactive session from start frame(s) `image` (see `__call__`); `session.step(action)` -> frame."""
+        settings = dict(frames=frames, adaptive=adaptive, frame_cost=frame_cost, context=context)
         return NextFrameSession(self, self._session(image, decoding, num_inference_steps, context_noise, generator,
-                                                    context_actions, output_type), output_type)
+                                                    context_actions, output_type, settings), output_type)
 
     @torch.no_grad()
     def __call__(self, image, actions, decoding: DecodingComponent | str | dict | None = None,
@@ -173,7 +176,8 @@ class NextFramePipeline(MMSpecPipeline):
                  context_noise: float = 0.1, generator: Generators = None, context_actions=None,
                  output_type: str = "pil", return_dict: bool = True,
                  callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
-                 callback_on_step_end_tensor_inputs: list[str] | None = None):
+                 callback_on_step_end_tensor_inputs: list[str] | None = None, frames: int | None = None,
+                 adaptive: bool | None = None, frame_cost: float | None = None, context: str | None = None):
         r"""Roll the model out from start frame(s) under a sequence of actions, one frame per action.
 
         Args:
@@ -183,7 +187,10 @@ class NextFramePipeline(MMSpecPipeline):
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`AR()`,
                 frame by frame, unless set or saved otherwise); `FrameSpeculation(frames=N)` speculates N frames per
                 pass while the action holds (`adaptive=True` picks N from the observed action persistence);
-                `FrameSpeculation.strict()` is sequential generation exactly.
+                `FrameSpeculation.strict()` is sequential generation exactly. A name plus the settings as keyword
+                arguments is the same call (`decoding="speculative", frames=2`); a setting given alone selects
+                speculation.
+            frames, adaptive, frame_cost, context (*optional*): `FrameSpeculation`'s settings in their flat spelling.
             num_inference_steps (`int`, defaults to 4): Euler steps of the flow ODE per frame.
             context_noise (`float`, defaults to 0.1): flow time at which emitted frames enter the cache (against drift).
             generator (`torch.Generator` or list): one per video makes each video depend on its own seed only.
@@ -199,25 +206,27 @@ class NextFramePipeline(MMSpecPipeline):
         """
         self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)  # only "latents"
         actions = torch.as_tensor(actions)
+        settings = dict(frames=frames, adaptive=adaptive, frame_cost=frame_cost, context=context)
         session = self._session(image, decoding, num_inference_steps, context_noise, generator, context_actions,
-                                output_type)
+                                output_type, settings)
         B = len(session.seeds)
         if actions.ndim == 1:
             actions = actions[None].expand(B, -1)
         if actions.ndim != 2 or actions.shape[0] != B or actions.shape[1] < 1:
             raise ValueError(f"actions must be a non-empty list of ints or [{B}, T] ints, got shape "
                              f"{tuple(actions.shape)}")
-        self._interrupt, frames = False, []
+        self._interrupt, emitted = False, []
         for step, action in enumerate(self.progress_bar(actions.T)):
-            frames.append(session.step(action))
+            emitted.append(session.step(action))
             if callback_on_step_end is not None:
-                self.run_step_callback(callback_on_step_end, step, len(frames), {"latents": torch.stack(frames, 1)})
+                self.run_step_callback(callback_on_step_end, step, len(emitted),
+                                       {"latents": torch.stack(emitted, 1)})
             if self._interrupt:
                 break
-        latents = torch.stack(frames, 1)
+        latents = torch.stack(emitted, 1)
         stats = session.close()
-        frames = self.decode_latents(latents, output_type, stats)
+        video = self.decode_latents(latents, output_type, stats)
         self.maybe_free_model_hooks()
         if not return_dict:
-            return frames, stats
-        return NextFramePipelineOutput(frames=frames, stats=stats)
+            return video, stats
+        return NextFramePipelineOutput(frames=video, stats=stats)

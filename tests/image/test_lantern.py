@@ -168,6 +168,11 @@ def test_decoding_errors_name_the_problem():
             TableImageModel(GRID, V), GROUP, SAMPLING, None, SpecStats()).__next__()
     with pytest.raises(ValueError, match="temperature=0"):
         run(SJD(3, acceptance="lantern"), rows=3, sampling=SamplingConfig(temperature=0))
+    for decoding in (SJD(3, acceptance=Lantern(k=4)), DraftModel(drafter=drafter(), acceptance=Lantern(k=4))):
+        stats = SpecStats()  # a bad setting costs no forward: it is refused before the prefill
+        with pytest.raises(ValueError, match="k must be in"):
+            next(decoding(CodebookTableModel(GRID, V), GROUP, SAMPLING, None, stats))
+        assert stats.target_forwards == stats.draft_forwards == 0
     with pytest.raises(ValueError, match="needs a draft model"):
         run(DraftModel(), rows=3)
     with pytest.raises(ValueError, match="share the target's image tokens"):

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from mmspec import AR, ContinuousSpeculation
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.pipelines.mar import MARPipeline
@@ -37,6 +38,29 @@ def test_speculative_decoding_counts_its_passes(pipe, acceptance):
                generator=torch.Generator().manual_seed(1), output_type="latent", **CALL)
     assert out.stats.target_forwards == 1 + 2 and out.stats.draft_forwards == 3
     assert out.stats.drafted == 3 * (16 - cosine_plan(16, 4)[0]) and torch.isfinite(out.images).all()
+
+
+@pytest.mark.parametrize("decoding", [AR(), ContinuousSpeculation(gamma=1)])
+def test_step_callback_sees_each_target_pass_and_can_stop(pipe, decoding):
+    """After every target pass the callback sees the tokens known so far (the full run's, zeros elsewhere); an
+    interrupt keeps what is known and counts it."""
+    call = dict(decoding=decoding, output_type="latent", **CALL)
+    full = pipe([1, 2], generator=torch.Generator().manual_seed(2), **call).images
+    seen = []
+
+    def callback(p, step, n_known, tensors):
+        latents, known = tensors["latents"], tensors["known"]
+        assert known.sum(1).tolist() == [n_known, n_known]
+        assert torch.equal(latents[known], full[known]) and (latents[~known] == 0).all()
+        seen.append(n_known)
+        p._interrupt = len(seen) == 2
+
+    out = pipe([1, 2], generator=torch.Generator().manual_seed(2), callback_on_step_end=callback,
+               callback_on_step_end_tensor_inputs=["latents", "known"], **call)
+    assert len(seen) == 2 and 0 < seen[0] < seen[1] < 16 and out.stats.new_tokens.tolist() == [seen[1]] * 2
+    assert (out.images.abs().sum(-1) > 0).sum(1).tolist() == [seen[1]] * 2  # the unknown tokens stayed zero
+    with pytest.raises(ValueError, match="read-only"):
+        pipe([1], callback_on_step_end=lambda p, s, n, t: {"latents": t["latents"] + 1}, **CALL)
 
 
 def test_ar_on_a_given_plan(pipe):

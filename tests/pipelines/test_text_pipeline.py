@@ -37,7 +37,7 @@ def test_shorthands_and_the_old_method_spelling_name_the_same_component(pipe):
     outs = [pipe(PROMPTS[0], max_new_tokens=16, **call) for call in calls]
     assert all(out.stats.method == repr(expected) for out in outs)
     assert all(torch.equal(out.sequences, outs[0].sequences) for out in outs)
-    assert pipe(PROMPTS[0], method="ar", max_new_tokens=8).stats.method == "ar (transformers generate)"
+    assert pipe(PROMPTS[0], method="ar", max_new_tokens=8).stats.method == "AR(): transformers' generate"
 
 
 @pytest.mark.parametrize("decoding", [AR(), TextSpeculation(drafter="model")])

@@ -90,7 +90,7 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
 def test_auto_is_the_default_and_an_explicit_decoding_wins(pipe):
     out = pipe("def f(x):\n", max_new_tokens=8)
     assert out.stats.chosen_by.startswith("auto: ")
-    assert out.stats.method in {repr(c) for c in pipe.auto_candidates({}).values()} | {"ar (transformers generate)"}
+    assert out.stats.method in {repr(c) for c in pipe.auto_candidates({}).values()} | {"AR(): transformers' generate"}
     out = pipe("def f(x):\n", decoding="ngram", max_new_tokens=8)
     assert out.stats.chosen_by is None and out.stats.method == repr(TextSpeculation(drafter="ngram"))
     with pytest.raises(ValueError, match="name the decoding to use acceptance='typical'"):
