@@ -22,7 +22,7 @@ from mmspec.core.rng import Generators
 from mmspec.image.decoding import AR
 from mmspec.options import TEXT_DRAFTERS, TEXT_METHODS
 from mmspec.pipelines.base import MMSpecPipeline
-from mmspec.pipelines.text.policy import TextMethodPolicy
+from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.speculation import TextSpeculation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
@@ -143,11 +143,11 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         return tuple(m for m in TEXT_METHODS if m not in unavailable)
 
     @property
-    def decoding_policy(self) -> TextMethodPolicy:
+    def decoding_policy(self) -> TextDecodingPolicy:
         """What `decoding="auto"` asks: every method's tokens per second here, measured once, cached on disk. A choice
         holds for its batch size and sampling mode for the life of the pipeline (`reconsider()`, `remeasure()`)."""
         if getattr(self, "_decoding_policy", None) is None:
-            self._decoding_policy = TextMethodPolicy()
+            self._decoding_policy = TextDecodingPolicy()
         return self._decoding_policy
 
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:

@@ -32,7 +32,7 @@ MARGIN = 1.05  # a speculative method must be measured this much faster than AR 
 HISTORY = 8  # runs per method that join its calibrated figure
 
 
-class TextMethodPolicy:
+class TextDecodingPolicy:
     """Chooses and learns the decoding of `decoding="auto"` calls for one pipeline (see the module docstring)."""
 
     def __init__(self, cache: MeasurementCache | None = None, margin: float = MARGIN,

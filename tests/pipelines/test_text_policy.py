@@ -8,7 +8,7 @@ import torch
 from mmspec import AR, TextSpeculation
 from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint
 from mmspec.pipelines.text import SpeculativeTextPipeline
-from mmspec.pipelines.text.policy import TextMethodPolicy
+from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
 
 PROMPTS = ["def fibonacci(n):\n"]
@@ -27,9 +27,9 @@ def candidates(pipe):
     return pipe.auto_candidates({})
 
 
-def policy_with_rates(tmp_path, pipe, candidates, rates: dict[str, float]) -> TextMethodPolicy:
+def policy_with_rates(tmp_path, pipe, candidates, rates: dict[str, float]) -> TextDecodingPolicy:
     cache = MeasurementCache("text_methods", tmp_path)
-    policy = TextMethodPolicy(cache=cache)
+    policy = TextDecodingPolicy(cache=cache)
     cache.put(modules_fingerprint({"target": pipe.target, "draft": pipe.draft}), device_fingerprint(
         torch.device("cpu")), policy.key(1, 0.0, candidates), rates)
     return policy
@@ -70,10 +70,10 @@ def test_its_own_runs_move_the_choice(tmp_path, pipe, candidates):
 
 
 def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(tmp_path, pipe, candidates):
-    policy = TextMethodPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
+    policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
     rates, measured = policy.rates(pipe, PROMPTS, candidates, SAMPLING)
     assert measured and set(rates) == set(pipe.methods) and all(r > 0 for r in rates.values())
-    again = TextMethodPolicy(cache=MeasurementCache("text_methods", tmp_path))
+    again = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path))
     assert again.rates(pipe, PROMPTS, candidates, SAMPLING) == (rates, False)
     assert again.rates(pipe, PROMPTS * 2, candidates, SAMPLING)[1] is True  # another batch size: timed for it
     longer = pipe.auto_candidates({"draft_length": 6})  # other settings: timed for them
@@ -84,7 +84,7 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
     other = MeasurementCache("text_methods", tmp_path / "other")
     model_print = modules_fingerprint({"target": pipe.target, "draft": pipe.draft})
     other.put(model_print, elsewhere, again.key(1, 0.0, candidates), {m: 1e9 for m in pipe.methods})
-    assert TextMethodPolicy(cache=other, calibration_tokens=8).rates(pipe, PROMPTS, candidates, SAMPLING)[1] is True
+    assert TextDecodingPolicy(cache=other, calibration_tokens=8).rates(pipe, PROMPTS, candidates, SAMPLING)[1] is True
 
 
 def test_auto_is_the_default_and_an_explicit_decoding_wins(pipe):
