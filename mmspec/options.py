@@ -7,8 +7,8 @@ INITS = ("random", "horizontal", "vertical")  # SJD: how positions no window has
 COUPLINGS = ("none", "maximal", "gumbel")  # SJD: how drafts are redrafted between iterations
 # every acceptance rule by name -> the decodings that take it (the rule objects: mmspec.core.acceptance); only
 # "exact" is lossless
-ACCEPTANCE_RULES = {"exact": ("image", "text", "continuous"), "lantern": ("image",), "typical": ("text",),
-                    "paper": ("continuous",)}
+ACCEPTANCE_RULES = {"exact": ("image", "text", "continuous"), "lantern": ("image",), "gsd": ("image",),
+                    "typical": ("text",), "paper": ("continuous",)}
 TEXT_DRAFTERS = ("model", "ngram", "layerskip")  # what drafts for TextSpeculation
 TEXT_METHODS = (*TEXT_DRAFTERS, "ar")  # what `mmspec text --method` names: a drafter, or "ar" for the plain target
 SCHEDULES = ("constant", "heuristic")  # text draft length schedules

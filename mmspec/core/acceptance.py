@@ -1,6 +1,6 @@
 """Acceptance rules as settings objects, the `acceptance=` of every decoding component: `Exact()`, `Lantern(...)`,
-`Typical(...)`. Each is validated once in its constructor, saves as a plain dict (`to_config`) and is rebuilt from
-one (`acceptance_from`). The rules themselves are the pure functions of `mmspec.core.verify`; which decodings take
+`GSD(...)`, `Typical(...)`, `Paper()`. Each is validated once in its constructor, saves as a plain dict (`to_config`)
+and is rebuilt from one (`acceptance_from`). The rules themselves are the pure functions of `mmspec.core.verify`; which decodings take
 which rule is `mmspec.options.ACCEPTANCE_RULES`, the one registry of their names.
 """
 
@@ -77,6 +77,31 @@ class Lantern(Acceptance):
 
 
 @dataclass(frozen=True)
+class GSD(Acceptance):
+    """Grouped speculative decoding (So et al., ICCV 2025, arXiv 2508.07747; lossy, the stats report its distortion):
+    a draft x is accepted with min(1, p(C)/q(C)) over its group C, the tokens next to x in the target's probability
+    ranking (`group_size` of them, x included) whose target probability is within `p_threshold` of p(x) and whose
+    codebook vector is within cosine distance `d_threshold` of x's; at a rejection the exact residual
+    norm(max(p - q, 0)) is drawn. group_size 1 is the exact rule. Defaults: the official code's (x's rank +- 7,
+    0.15, 0.5). See `mmspec.core.grouping.Grouping`."""
+
+    name: ClassVar[str] = "gsd"
+    lossless: ClassVar[bool] = False
+    group_size: int = 15
+    p_threshold: float = 0.15
+    d_threshold: float = 0.5
+
+    def __post_init__(self):
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 1:
+            raise ValueError(f"group_size must be an int >= 1 (tokens per group, the draft included), got "
+                             f"{self.group_size!r}")
+        if not 0 <= self.p_threshold <= 1:
+            raise ValueError(f"p_threshold must be in [0, 1] (a difference of probabilities), got {self.p_threshold}")
+        if not 0 <= self.d_threshold <= 2:
+            raise ValueError(f"d_threshold must be in [0, 2] (a cosine distance), got {self.d_threshold}")
+
+
+@dataclass(frozen=True)
 class Typical(Acceptance):
     """Medusa's typical acceptance (lossy): accept x iff p(x) > min(epsilon, delta * exp(-H(p))); at the first
     rejection sample p. epsilon in (0, 1], delta > 0 (Medusa's defaults)."""
@@ -102,7 +127,7 @@ class Paper(Acceptance):
     lossless: ClassVar[bool] = False
 
 
-RULES: dict[str, type[Acceptance]] = {rule.name: rule for rule in (Exact, Lantern, Typical, Paper)}  # ACCEPTANCE_RULES
+RULES: dict[str, type[Acceptance]] = {rule.name: rule for rule in (Exact, Lantern, GSD, Typical, Paper)}  # ACCEPTANCE_RULES
 
 
 def acceptance_from(value: Acceptance | str | dict, modality: str | None = None,

@@ -28,12 +28,18 @@ Lossy rules (opt-in)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from mmspec.core.acceptance import Acceptance, Exact, Lantern, Typical, check_relaxation
+from mmspec.core.acceptance import GSD, Acceptance, Exact, Lantern, Typical, check_relaxation
 from mmspec.core.drafts import Draft
 from mmspec.core.rng import Generators, sample, uniform
+
+# a relaxed (lossy) acceptance's model-side settings: draft_masses(p, q, drafts) -> (mass of p, mass of q) whose ratio
+# is the acceptance probability, residual(p_n, q_n) -> the law drawn at a rejection, lossless (LANTERN's Relaxation,
+# GSD's Grouping)
+Relaxed = Any
 
 RESIDUAL_EPS = 1e-12  # below this residual mass, rejection had (numerically) zero probability; sample p instead
 RELAXED_MASS_CHUNK = 1 << 22  # elements of the [B, V, k] neighbour-mass tensor built at once for the G* residual
@@ -86,6 +92,14 @@ class Relaxation:
     def lossless(self) -> bool:
         """True when the settings admit no neighbour mass, so the rule is the exact one."""
         return self.k == 0 or self.delta == 0 or self.lam == 1
+
+    def draft_masses(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(p(A(x)), q(x)) of each draft: p, q [B, L, V], drafts [B, L] -> two [B, L]; accepted with min(1, ratio)."""
+        return relaxed_draft_mass(p, drafts, self), q.gather(-1, drafts[..., None]).squeeze(-1)
+
+    def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The law drawn at a rejection: G* (`relaxed_residual`)."""
+        return relaxed_residual(p, q, self)
 
 
 def relaxed_mass(p: torch.Tensor, tokens: torch.Tensor, relaxation: Relaxation) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +229,7 @@ def verify_lantern_greedy(
                         excess_acceptance=excess_acceptance(accept.to(p.dtype), exact, n, draft.lengths))
 
 
-def _verify_chain(p: torch.Tensor, draft: Draft, generator: Generators, relaxation: Relaxation | None) -> VerifyResult:
+def _verify_chain(p: torch.Tensor, draft: Draft, generator: Generators, relaxation: Relaxed | None) -> VerifyResult:
     B, L, V = _check(p, draft)
     # drawn for every position, so the random stream never depends on acceptance
     outcome = chain_outcome(p, draft, uniform((B, L), generator, p.device, p.dtype), relaxation)
@@ -238,21 +252,23 @@ class ChainOutcome:
         return VerifyResult(self.n_accepted, next_token, self.accept_mask, self.excess_acceptance)
 
 
-def chain_outcome(p: torch.Tensor, draft: Draft, u: torch.Tensor, relaxation: Relaxation | None) -> ChainOutcome:
-    """The exact (relaxation None) or LANTERN chain test of `draft` with the caller's uniforms u: [B, L] (one per
-    draft position); p as in `verify_exact`. Pure tensor code: decoders that draw their own uniforms (SJD) share it."""
+def chain_outcome(p: torch.Tensor, draft: Draft, u: torch.Tensor, relaxation: Relaxed | None) -> ChainOutcome:
+    """The exact (relaxation None) or relaxed (LANTERN's `Relaxation`, GSD's `mmspec.core.grouping.Grouping`) chain
+    test of `draft` with the caller's uniforms u: [B, L] (one per draft position); p as in `verify_exact`. Pure
+    tensor code: decoders that draw their own uniforms (SJD) share it."""
     B, L, V = _check(p, draft)
     p_x, q_x = _target_at_tokens(p, draft), draft_law_at_tokens(draft, p.dtype)
-    p_A = p_x if relaxation is None else relaxed_draft_mass(p[:, :L], draft.tokens, relaxation)
-    rule = accept_probability(p_A, q_x)
+    q = draft_law(draft, V, p.dtype)
+    p_A, q_A = (p_x, q_x) if relaxation is None else relaxation.draft_masses(p[:, :L], q, draft.tokens)
+    rule = accept_probability(p_A, q_A)
     accept = (u < rule) & _in_draft(draft)
     n = first_rejection(accept)
     p_n = take_position(p, n)  # [B, V]
     rejected = n < draft.lengths  # else every real draft token was accepted: the bonus comes from p_n
     next_law = p_n
     if L:
-        q_n = take_position(draft_law(draft, V, p.dtype), n.clamp(max=L - 1))
-        residual = residual_law(p_n, q_n) if relaxation is None else relaxed_residual(p_n, q_n, relaxation)
+        q_n = take_position(q, n.clamp(max=L - 1))
+        residual = residual_law(p_n, q_n) if relaxation is None else relaxation.residual(p_n, q_n)
         next_law = torch.where(rejected[:, None], residual, p_n)
     excess = None if relaxation is None else excess_acceptance(rule, accept_probability(p_x, q_x), n, draft.lengths)
     return ChainOutcome(n, accept, next_law, rejected, excess)
@@ -288,13 +304,20 @@ def verify_typical(p: torch.Tensor, draft: Draft, generator: Generators, rule: T
 
 
 def verify(p: torch.Tensor, draft: Draft, generator: Generators, acceptance: Acceptance = Exact(),
-           greedy: bool = False, relaxation: Relaxation | None = None) -> VerifyResult:
+           greedy: bool = False, relaxation: Relaxed | None = None) -> VerifyResult:
     """Verify a chain with the rule `acceptance` stands for; `greedy` (temperature 0) turns the exact rule into
-    `verify_greedy`. `Lantern` needs the model's `relaxation` (its neighbour table)."""
+    `verify_greedy`. `Lantern` and `GSD` need the model's `relaxation` (a `Relaxation`: its neighbour table; a
+    `Grouping`: its codebook vectors)."""
     if isinstance(acceptance, Lantern):
         if relaxation is None:
             raise ValueError("Lantern acceptance needs relaxation=Relaxation(neighbours, k, delta / lam)")
         return verify_lantern(p, draft, generator, relaxation)
+    if isinstance(acceptance, GSD):
+        from mmspec.core.grouping import Grouping  # it builds on this module's residual
+
+        if not isinstance(relaxation, Grouping):
+            raise ValueError("GSD acceptance needs relaxation=mmspec.core.grouping.Grouping(embeddings, rule)")
+        return _verify_chain(p, draft, generator, relaxation)
     if isinstance(acceptance, Typical):
         return verify_typical(p, draft, generator, acceptance)
     if isinstance(acceptance, Exact):

@@ -53,7 +53,7 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, keyed_uniform, sample_seeds, uniform
 from mmspec.core.stats import SpecStats
 from mmspec.core.verify import (
-    Relaxation,
+    Relaxed,
     VerifyResult,
     accept_probability,
     chain_outcome,
@@ -88,7 +88,7 @@ def jacobi_step(
     uniforms: torch.Tensor,
     coupling: str,
     gumbel: torch.Tensor | None = None,
-    relaxation: Relaxation | None = None,
+    relaxation: Relaxed | None = None,
 ) -> JacobiStep:
     """Verify a window of drafts and draw the next drafts; pure tensor code, no host sync.
 
@@ -96,8 +96,8 @@ def jacobi_step(
     them, drawn from q: [B, W - 1, V]; lengths: [B] long, how many drafts of each row are real (the rest lie past
     the image); uniforms: [B, 3, >= W] U[0, 1) draws for the acceptance tests, the residual samples and the fresh
     samples of p (the caller draws a fixed number per row, so a row's random stream depends on nothing else);
-    gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel". relaxation: LANTERN relaxed
-    acceptance (lossy): drafts are accepted on their neighbourhood mass and the first rejection draws from the G*
+    gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel". relaxation: LANTERN or GSD
+    relaxed acceptance (lossy): drafts are accepted on their neighbourhood (group) mass and the first rejection draws from the G*
     residual; the redrafts past it stay the exact maximal coupling, so every stored draft law is still exact.
     """
     B, W, V = p.shape

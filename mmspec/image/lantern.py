@@ -1,4 +1,5 @@
-"""LANTERN for discrete image AR models: codebook neighbour tables and the relaxed acceptance a decoding uses.
+"""Relaxed acceptance for discrete image AR models: LANTERN's codebook neighbour tables, GSD's codebook geometry, and
+the relaxation a decoding verifies with.
 
 Visual AR models spread probability over many interchangeable codes, so exact acceptance rejects good drafts. LANTERN
 (Jang et al. 2025, arXiv 2410.03355) and LANTERN++ (Park et al. 2025, arXiv 2502.06352) accept a draft on the target
@@ -9,8 +10,10 @@ mass of the draft *and its nearest codebook neighbours*, within a budget; the ru
   `codebook()`, l2-normalised when the quantizer normalises; the official code uses the raw weights), self excluded,
   nearest first, built in row chunks (never a V x V matrix), stored as int16 / int32 and cached on disk under a hash
   of the codebook, so a table can never be applied to another codebook.
-- `relaxation_for`: a decoding's `acceptance=` (`Exact()` or `mmspec.core.acceptance.Lantern(k, delta, lam)`) turned
-  into the `Relaxation` the rule needs for a given model.
+- `token_embeddings`: the unit-norm code vector of every token id, what GSD's groups are filtered by
+  (`mmspec.core.grouping`).
+- `relaxation_for`: a decoding's `acceptance=` (`Exact()`, `mmspec.core.acceptance.Lantern(k, delta, lam)` or
+  `GSD(group_size, p_threshold, d_threshold)`) turned into what the rule needs for a given model.
 
 An adapter opts in by exposing `codebook() -> [C, d]`; when its token ids are not the code indices (special tokens,
 offsets) it also exposes `codebook_token_ids: [C] long`, the token id of each code. Tokens that are not codes are never
@@ -27,10 +30,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmspec.core.acceptance import Acceptance, check_relaxation
+from mmspec.core.acceptance import GSD, Acceptance, check_relaxation
+from mmspec.core.grouping import Grouping
 from mmspec.core.paths import cache_root
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.verify import Relaxation
+from mmspec.core.verify import Relaxation, Relaxed
 
 DEFAULT_K_MAX = 1000  # the official CLI's --lantern_k; tables are built this wide (or V - 1) so any k <= it reuses them
 CHUNK_ROWS = 1024  # rows of the distance matrix computed at once: [1024, V] floats
@@ -136,24 +140,38 @@ def model_codebook(model) -> torch.Tensor:
     one."""
     if not callable(getattr(model, "codebook", None)):
         raise TypeError(
-            f"relaxed acceptance (LANTERN) needs a model with a VQ codebook: the adapter must expose codebook() -> "
+            f"relaxed acceptance (LANTERN, GSD) needs a model with a VQ codebook: the adapter must expose codebook() -> "
             f"[C, d]; {type(model).__name__} has none"
         )
     return model.codebook().detach().float()
 
 
-def relaxation_for(acceptance: Acceptance, model, vocab_size: int, sampling: SamplingConfig) -> Relaxation | None:
-    """The `Relaxation` a decoding verifies with: None for `Exact()`; for `Lantern(...)` the model's neighbour table
-    (built once per codebook, cached on disk and in the process) at k = `acceptance.k` (default min(DEFAULT_K_MAX,
-    V - 1)) with its budget."""
+def token_embeddings(codebook: torch.Tensor, vocab_size: int, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[vocab_size, d]: row t the unit-norm codebook vector of token t, zero for tokens that are not codes (GSD's
+    geometry). codebook: [C, d]; token_ids: [C] long, the token id of each code (default: code c is token c)."""
+    if token_ids is None and codebook.shape[0] != vocab_size:
+        raise ValueError(f"the codebook has {codebook.shape[0]} codes but the vocabulary {vocab_size} ids: the adapter "
+                         "must expose codebook_token_ids (the token id of each code)")
+    ids = torch.arange(codebook.shape[0]) if token_ids is None else token_ids.long().cpu()
+    vectors = torch.zeros(vocab_size, codebook.shape[1], dtype=codebook.dtype, device=codebook.device)
+    vectors[ids.to(codebook.device)] = torch.nn.functional.normalize(codebook, dim=-1)
+    return vectors
+
+
+def relaxation_for(acceptance: Acceptance, model, vocab_size: int, sampling: SamplingConfig) -> Relaxed | None:
+    """What a decoding verifies a relaxed rule with: None for `Exact()`; for `Lantern(...)` the model's neighbour
+    table (built once per codebook, cached on disk and in the process) at k = `acceptance.k` (default
+    min(DEFAULT_K_MAX, V - 1)) with its budget; for `GSD(...)` the model's codebook vectors in token space."""
     if acceptance.lossless:
         return None
     if sampling.temperature == 0:
         raise ValueError(
-            "Lantern acceptance samples: with temperature=0 the target law is one-hot and has no neighbour mass "
-            "(greedy LANTERN is mmspec.core.verify.verify_lantern_greedy on temperature-1 laws)"
+            f"{type(acceptance).__name__} acceptance samples: with temperature=0 the target law is one-hot and has no "
+            "neighbour mass (greedy LANTERN is mmspec.core.verify.verify_lantern_greedy on temperature-1 laws)"
         )
     codebook = model_codebook(model)
+    if isinstance(acceptance, GSD):
+        return Grouping(token_embeddings(codebook, vocab_size, getattr(model, "codebook_token_ids", None)), acceptance)
     k = min(DEFAULT_K_MAX, vocab_size - 1) if acceptance.k is None else acceptance.k
     check_relaxation(k, *acceptance.budget, V=codebook.shape[0])
     key = (codebook_hash(codebook), max(k, min(DEFAULT_K_MAX, codebook.shape[0] - 1)))

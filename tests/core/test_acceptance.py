@@ -3,17 +3,18 @@ modality check."""
 
 import pytest
 
-from mmspec.core.acceptance import RULES, Exact, Lantern, Typical, acceptance_from
+from mmspec.core.acceptance import GSD, RULES, Exact, Lantern, Typical, acceptance_from
 from mmspec.options import ACCEPTANCE_RULES, acceptances
 
 
 def test_every_rule_name_has_its_class_and_no_other():
     assert set(RULES) == set(ACCEPTANCE_RULES)
     assert [name for name, rule in RULES.items() if rule.lossless] == ["exact"]
-    assert acceptances("image") == ("exact", "lantern") and acceptances("text") == ("exact", "typical")
+    assert acceptances("image") == ("exact", "lantern", "gsd") and acceptances("text") == ("exact", "typical")
 
 
-@pytest.mark.parametrize("rule", [Exact(), Lantern(k=8, delta=0.2), Lantern(lam=1.5), Typical(epsilon=0.2)], ids=repr)
+@pytest.mark.parametrize("rule", [Exact(), Lantern(k=8, delta=0.2), Lantern(lam=1.5), GSD(group_size=5),
+                                  Typical(epsilon=0.2)], ids=repr)
 def test_config_round_trip(rule):
     assert acceptance_from(rule.to_config()) == rule and acceptance_from(rule) is rule
     assert acceptance_from(rule.name) == type(rule)()

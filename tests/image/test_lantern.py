@@ -1,15 +1,16 @@
-"""LANTERN in the image decodings: the codebook neighbour table (invariants vs brute force, chunking, int16, disk cache
-keyed by the codebook hash, official LlamaGen VQ layout), the lossless limit of both decodings (bit-identical to
-exact acceptance), the sequence-level distortion against the reported extra acceptance, and clear errors."""
+"""Relaxed acceptance (LANTERN, GSD) in the image decodings: LANTERN's codebook neighbour table (invariants vs brute
+force, chunking, int16, disk cache keyed by the codebook hash, official LlamaGen VQ layout), GSD's codebook geometry
+in token space, the lossless limit of both decodings for both rules (bit-identical to exact acceptance), the
+sequence-level distortion against the reported extra acceptance, and clear errors."""
 
 import pytest
 import torch
 
-from mmspec.core.acceptance import Exact, Lantern, Typical
+from mmspec.core.acceptance import GSD, Exact, Lantern, Typical
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.image import SJD, DraftModel, NeighbourTable, get_decoding
-from mmspec.image.lantern import codebook_hash, nearest_codes
+from mmspec.image.lantern import codebook_hash, nearest_codes, token_embeddings
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from tests.image.table_model import TableImageModel
@@ -116,7 +117,8 @@ def decodings(acceptance=Exact()):
             DraftModel(2, acceptance, drafter=drafter())]
 
 
-@pytest.mark.parametrize("limit", [Lantern(k=0, delta=0.5), Lantern(k=3, delta=0.0), Lantern(k=3, lam=1.0)], ids=str)
+@pytest.mark.parametrize("limit", [Lantern(k=0, delta=0.5), Lantern(k=3, delta=0.0), Lantern(k=3, lam=1.0),
+                                   GSD(group_size=1, p_threshold=1.0, d_threshold=2.0)], ids=str)
 def test_lossless_limit_is_bit_identical_to_exact_acceptance(limit):
     for exact, relaxed in zip(decodings(), decodings(limit), strict=True):
         tokens, stats, _ = run(relaxed)
@@ -130,18 +132,31 @@ def empirical_tv(tokens, law, prompt_rows):
 
 
 @pytest.mark.parametrize("index", [0, 2], ids=["sjd", "draft"])
-def test_relaxed_decoding_distortion_is_what_it_reports(index):
+@pytest.mark.parametrize("rule", [Lantern(k=3, delta=0.3), GSD(group_size=5, p_threshold=1.0, d_threshold=2.0)],
+                         ids=["lantern", "gsd"])
+def test_relaxed_decoding_distortion_is_what_it_reports(index, rule):
     rows = 60_000
     prompt_rows = GROUP.repeat(rows // 3) == 1
     law = CodebookTableModel(GRID, V, forced_tokens=FORCED).exact_law(1, SAMPLING)
     exact_tokens, exact_stats, _ = run(decodings()[index], rows)
-    tokens, stats, _ = run(decodings(Lantern(k=3, delta=0.3))[index], rows)
+    tokens, stats, _ = run(decodings(rule)[index], rows)
     noise = empirical_tv(exact_tokens, law, prompt_rows)  # what sampling noise alone gives at this size
     distortion = empirical_tv(tokens, law, prompt_rows)
     assert stats.acceptance_rate > exact_stats.acceptance_rate
     assert distortion > noise + 0.02  # visibly lossy ...
-    assert distortion <= stats.excess_per_sample + noise + 0.02  # ... within the summed per-position TV it reports
     assert 0 < stats.excess_acceptance < 1
+    if isinstance(rule, Lantern):  # ... and, with LANTERN's G* residual, within the summed per-position TV it reports
+        assert distortion <= stats.excess_per_sample + noise + 0.02
+
+
+def test_gsd_geometry_in_token_space():
+    codebook = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    vectors = token_embeddings(codebook, 5, torch.tensor([4, 1, 2]))  # codes sit at tokens 4, 1, 2
+    assert vectors[0].abs().sum() == 0 and vectors[3].abs().sum() == 0  # tokens that are not codes
+    assert torch.allclose(vectors[4], torch.tensor([1.0, 0.0])) and torch.allclose(vectors[1], torch.tensor([0.0, 1.0]))
+    assert torch.allclose(vectors.norm(dim=-1)[[1, 2, 4]], torch.ones(3))
+    with pytest.raises(ValueError, match="codebook_token_ids"):
+        token_embeddings(codebook, 5)
 
 
 def test_acceptance_setting_errors():
