@@ -211,7 +211,9 @@ def evaluate(store: SampleStore, plan: list[tuple[Method, int]], reference, spac
 
 
 def headline(report: dict, primary: str, reference_name: str) -> dict:
-    """The flat keys: AR, the first exact (non-AR) mode and the first lossy mode, in the primary feature space."""
+    """The flat keys, in the primary feature space, of every method by its label (`speedup_gsd_vs_ar`,
+    `fid_gsd_vs_data`, `gsd_same_law_as_ar_p`, ...) and of three roles: `ar`, `exact` (the first exact non-AR mode)
+    and `lantern` (the first lossy mode)."""
     methods = report["methods"]
     ar = next(label for label, m in methods.items() if m["options"]["decoding"] == "ar")
     picks = {"ar": ar}
@@ -226,7 +228,7 @@ def headline(report: dict, primary: str, reference_name: str) -> dict:
     if "real_resampled" in report:
         out[f"fid_real_resampled_vs_{reference_name}"] = report["real_resampled"][f"fd_{primary}"]
         out["clip_real_resampled"] = report["real_resampled"]["clip_score"]
-    for role, label in picks.items():
+    for role, label in {**{label: label for label in methods}, **picks}.items():
         out[f"fid_{role}_vs_{reference_name}"] = methods[label]["quality"][f"fd_{primary}"]
         out[f"clip_{role}"] = methods[label]["quality"]["clip_score"]
         out[f"{role}_same_law_as_ar_p"] = methods[label]["same_law_as_ar"][primary]["p_value"]

@@ -54,8 +54,8 @@ class Method:
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """`[label=]preset[:key=value,...]`: a preset (`ar`, `sjd`, `draft`, `lantern`, `gsd`) whose pipeline options the
-        pairs set or override, e.g. `d02=lantern:lantern_delta=0.2` or
+        """`[label=]preset[:key=value,...]`: a preset (`ar`, `sjd`, `draft`, `lantern`, `gsd`) whose pipeline options
+        the pairs set or override, e.g. `d02=lantern:lantern_delta=0.2` or
         `wide=sjd:window=24,coupling=gumbel`. The label defaults to the preset's name, or to `text` with pairs."""
         head, _, pairs = text.partition(":")
         label, _, name = head.rpartition("=")

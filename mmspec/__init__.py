@@ -26,6 +26,7 @@ _EXPORTS = {
     "TextSpeculation": "mmspec.text.speculation",
     "Exact": "mmspec.core.acceptance",
     "Lantern": "mmspec.core.acceptance",
+    "GSD": "mmspec.core.acceptance",
     "Typical": "mmspec.core.acceptance",
     "Paper": "mmspec.core.acceptance",
     "AutoARImagePipeline": "mmspec.pipelines.auto",

@@ -1,7 +1,7 @@
 """Acceptance rules as settings objects, the `acceptance=` of every decoding component: `Exact()`, `Lantern(...)`,
 `GSD(...)`, `Typical(...)`, `Paper()`. Each is validated once in its constructor, saves as a plain dict (`to_config`)
-and is rebuilt from one (`acceptance_from`). The rules themselves are the pure functions of `mmspec.core.verify`; which decodings take
-which rule is `mmspec.options.ACCEPTANCE_RULES`, the one registry of their names.
+and is rebuilt from one (`acceptance_from`). The rules themselves are the pure functions of `mmspec.core.verify`;
+which decodings take which rule is `mmspec.options.ACCEPTANCE_RULES`, the one registry of their names.
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ class Paper(Acceptance):
     lossless: ClassVar[bool] = False
 
 
-RULES: dict[str, type[Acceptance]] = {rule.name: rule for rule in (Exact, Lantern, GSD, Typical, Paper)}  # ACCEPTANCE_RULES
+# by name; the names are mmspec.options.ACCEPTANCE_RULES
+RULES: dict[str, type[Acceptance]] = {rule.name: rule for rule in (Exact, Lantern, GSD, Typical, Paper)}
 
 
 def acceptance_from(value: Acceptance | str | dict, modality: str | None = None,

@@ -97,8 +97,9 @@ def jacobi_step(
     the image); uniforms: [B, 3, >= W] U[0, 1) draws for the acceptance tests, the residual samples and the fresh
     samples of p (the caller draws a fixed number per row, so a row's random stream depends on nothing else);
     gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel". relaxation: LANTERN or GSD
-    relaxed acceptance (lossy): drafts are accepted on their neighbourhood (group) mass and the first rejection draws from the G*
-    residual; the redrafts past it stay the exact maximal coupling, so every stored draft law is still exact.
+    relaxed acceptance (lossy): drafts are accepted on their neighbourhood (group) mass and the first rejection draws
+    from the rule's residual; the redrafts past it stay the exact maximal coupling, so every stored draft law is still
+    exact.
     """
     B, W, V = p.shape
     has_draft = torch.arange(W - 1, device=p.device) < lengths[:, None]  # [B, W - 1]

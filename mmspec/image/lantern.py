@@ -140,8 +140,8 @@ def model_codebook(model) -> torch.Tensor:
     one."""
     if not callable(getattr(model, "codebook", None)):
         raise TypeError(
-            f"relaxed acceptance (LANTERN, GSD) needs a model with a VQ codebook: the adapter must expose codebook() -> "
-            f"[C, d]; {type(model).__name__} has none"
+            f"relaxed acceptance (LANTERN, GSD) needs a model with a VQ codebook: the adapter must expose "
+            f"codebook() -> [C, d]; {type(model).__name__} has none"
         )
     return model.codebook().detach().float()
 

@@ -140,8 +140,9 @@ def test_report_and_resume(one_process, tiny, tmp_path):
     assert first["images_made_by_main_process"] == 3 * 2 + 3
     for key in ("fid_ar_vs_data", "fid_exact_vs_data", "fid_ar_seed_spread", "clip_ar", "clip_exact",
                 "speedup_exact_vs_ar", "fid_exact_within_ar_spread", "exact_same_law_as_ar_p",
-                "fid_real_resampled_vs_data"):
-        assert key in first
+                "fid_real_resampled_vs_data", "speedup_sjd_vs_ar", "fid_sjd_vs_data", "sjd_same_law_as_ar_p"):
+        assert key in first  # the roles (exact, lantern) and every method by its label
+    assert first["speedup_sjd_vs_ar"] == first["speedup_exact_vs_ar"]
     assert first["methods"]["ar"]["seed_sets"] == 2 and first["methods"]["sjd"]["seed_sets"] == 1
     assert first["methods"]["sjd"]["speed"]["step_compression"] > 1.5
     assert json.loads((tmp_path / "first.json").read_text())["fid_ar_vs_data"] == first["fid_ar_vs_data"]
