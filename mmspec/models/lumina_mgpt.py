@@ -32,6 +32,7 @@ from transformers import (
 
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import LineStructuredAdapter
+from mmspec.text.cache import cache_keyword
 
 IMAGE_START, IMAGE_END, NEW_LINE, TURN_SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 PATCH = 32  # pixels per grid token (2 x 2 VQ tokens of 16 pixels)
@@ -67,15 +68,16 @@ class LuminaMGPTForConditionalGeneration(ChameleonForConditionalGeneration):
     """Chameleon whose image-token logits are left as the LM head computes them (the official checkpoints'
     `ChameleonXLLMXForConditionalGeneration`)."""
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=None, logits_to_keep: int = 0, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
+                use_cache=None, logits_to_keep: int = 0, past_key_values=None, **kwargs):
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
+        keyword = cache_keyword(self.model)  # `cache` since transformers 5.24, `past_key_values` before
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             **kwargs)
+                             inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             **{keyword: cache if cache is not None else past_key_values}, **kwargs)
         hidden = outputs.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else outputs.last_hidden_state
-        return CausalLMOutputWithPast(logits=self.lm_head(hidden), past_key_values=outputs.past_key_values)
+        return CausalLMOutputWithPast(logits=self.lm_head(hidden), **{keyword: getattr(outputs, keyword)})
 
 
 class LuminaTokens:
@@ -126,7 +128,8 @@ class ImageStartTriggeredCFG(LogitsProcessor):
             context = input_ids[:, -int(offset[0]) - 1 :]  # image start, grid tokens (and anything after)
         else:
             context = input_ids[:, -1:]
-        uncond = self.model(context, past_key_values=self.cache, use_cache=True).logits[:, -1].to(scores.dtype)
+        uncond = self.model(context, use_cache=True, **{cache_keyword(self.model): self.cache}).logits[:, -1]
+        uncond = uncond.to(scores.dtype)
         return uncond + self.guidance_scale * (scores - uncond)
 
 

@@ -11,6 +11,7 @@ Slots: S = cache length. `slot_mask: [B, S]` bool. A row's committed tokens are 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,12 @@ def forward_window(model, state: RaggedCacheState, tokens: torch.Tensor, valid: 
     return forward_ragged(model, state, valid, input_ids=tokens).logits
 
 
+def cache_keyword(model) -> str:
+    """The name under which a transformers model's forward takes (and its output returns) the KV cache: `cache` since
+    transformers 5.24, `past_key_values` before (deprecated there, to be removed in 5.40)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def forward_ragged(model, state: RaggedCacheState, valid: torch.Tensor | None = None, **inputs):
     """`forward_window` for any transformers decoder: `inputs` is `input_ids=[B, W]` or `inputs_embeds=[B, W, D]`
     (e.g. a model whose image tokens enter through their own embedding); returns the model's output (logits or
@@ -64,8 +71,8 @@ def forward_ragged(model, state: RaggedCacheState, valid: torch.Tensor | None = 
         **inputs,
         attention_mask=slot_mask.long(),
         position_ids=positions.clamp(min=0),
-        past_key_values=state.cache,
         use_cache=True,
+        **{cache_keyword(model): state.cache},
     )
     state.slot_mask = slot_mask
     return out
