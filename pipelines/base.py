@@ -88,7 +88,10 @@ class MMSpecPipeline(DiffusionPipeline):
     def step_hook(self, callback, names: list[str], progress=None) -> StepHook | None:
         """The `on_step` hook a decoding loop calls after every target pass: it advances `progress` (a progress bar
         over what every row has finished) and runs `callback` with the tensors `names` (`run_step_callback`);
-        it returns whether the callback interrupted. None when there is nothing to do."""
+        it returns whether the callback interrupted. None when there is nothing to do (no callback, and no bar or a
+        disabled one), so that the loop skips building the step's tensors."""
+        if progress is not None and getattr(progress, "disable", False):
+            progress = None
         if callback is None and progress is None:
             return None
 

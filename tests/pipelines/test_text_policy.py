@@ -73,7 +73,7 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
     policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
     rates, measured = policy.rates(pipe, PROMPTS, candidates, SAMPLING)
     assert measured and set(rates) == set(pipe.methods) and all(r > 0 for r in rates.values())
-    again = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path))
+    again = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
     assert again.rates(pipe, PROMPTS, candidates, SAMPLING) == (rates, False)
     assert again.rates(pipe, PROMPTS * 2, candidates, SAMPLING)[1] is True  # another batch size: timed for it
     longer = pipe.auto_candidates({"draft_length": 6})  # other settings: timed for them
