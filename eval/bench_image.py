@@ -36,6 +36,7 @@ import torch
 
 from mmspec.core.measured import device_fingerprint
 from mmspec.image import COUPLINGS, INITS
+from mmspec.image.frontier import FrontierTree
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, WINDOWS
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.pipelines.auto import AutoARImagePipeline
@@ -47,11 +48,15 @@ BEST = {  # the best wall-clock settings of each coupling in `--sweep` on this m
     "sjd_maximal": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal"},
     "sjd_gumbel": {"decoding": "sjd", "window": 24, "init": "horizontal", "coupling": "gumbel"},
     "sjd_maximal_L32": {"decoding": "sjd", "window": 32, "init": "vertical", "coupling": "maximal"},
+    # SJD-PAC's frontier tree on the maximal coupling: 2 candidates at each of the first 2 draft positions (20 nodes)
+    "sjd_tree": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal", "tree_width": 2,
+                 "tree_depth": 2},
 }
 METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST}
 SWEEP_WINDOWS = (8, 12, 16, 24, 32)
 POLICY_BATCH_SIZES = (1, 2, 4, 8)
 POLICY_WINDOWS = (2, 4, 8, 16, 32)  # the fixed windows the default is compared with
+COST_WINDOWS = (1, 2, 4, 8, 16, 32)  # the window widths whose forward cost is reported
 
 
 @dataclass
@@ -88,7 +93,16 @@ def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int,
                outside / total)
 
 
-def window_forward_cost(pipe, batch_size: int, windows=(1, 2, 4, 8, 16, 32), repeats: int = 20) -> dict[int, float]:
+def tokens_per_forward(options: dict) -> int:
+    """The tokens one target forward of a method scores per row (a frontier tree's nodes; 1 for AR)."""
+    if options["decoding"] != "sjd":
+        return 1
+    if options.get("tree_width", 1) == 1:
+        return options["window"]
+    return FrontierTree.build(options["window"], options["tree_width"], options.get("tree_depth", 2)).size
+
+
+def window_forward_cost(pipe, batch_size: int, windows=COST_WINDOWS, repeats: int = 20) -> dict[int, float]:
     """Seconds of one CFG target forward of a W-token window after 128 cached image tokens, relative to W = 1."""
     seconds = forward_seconds(pipe, pipe.transformer, batch_size, windows, repeats)
     return {W: round(s / seconds[windows[0]], 2) for W, s in seconds.items()}
@@ -125,7 +139,9 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def summary(rows: list[Row]) -> dict:
+def summary(rows: list[Row], costs: dict[int, dict[int, float]]) -> dict:
+    """The headline figures; `speedup_bound_bs1`: each exact method's step compression / cost of its forward (the
+    speedup a decoding with no overhead outside the forward would reach on this machine)."""
     at = {(r.method, r.batch_size): r for r in rows}
     ours = [r for r in rows if r.method in BEST]
     best_bs1 = max((r for r in ours if r.batch_size == 1), key=lambda r: r.speedup_vs_ar)
@@ -139,6 +155,10 @@ def summary(rows: list[Row]) -> dict:
         "best_exact_speedup_vs_ar_bs1": round(best_bs1.speedup_vs_ar, 3),
         "overhead_share": round(best_bs1.overhead_share, 4),
         "sjd_speedup_vs_ar_bs1": round(at[("sjd_published", 1)].speedup_vs_ar, 3),
+        "best_exact_speedup_bound_bs1": round(
+            best_bs1.step_compression / costs[1][tokens_per_forward(METHODS[best_bs1.method])], 3),
+        "speedup_bound_bs1": {r.method: round(r.step_compression / costs[1][tokens_per_forward(METHODS[r.method])], 3)
+                              for r in ours if r.batch_size == 1},
     }
     if any(r.batch_size == 8 for r in ours):
         result["best_exact_speedup_vs_ar_bs8"] = round(max(r.speedup_vs_ar for r in ours if r.batch_size == 8), 3)
@@ -261,10 +281,11 @@ def main(argv: list[str] | None = None) -> dict:
             row.speedup_vs_ar = base / row.median_latency_s
             rows.append(row)
             print(f"{name} batch {batch_size}: {row.median_latency_s:.3f} s", flush=True)
-    costs = {batch_size: window_forward_cost(pipe, batch_size) for batch_size in (1, 8)}
+    widths = sorted(set(COST_WINDOWS) | {tokens_per_forward(options) for options in METHODS.values()})
+    costs = {batch_size: window_forward_cost(pipe, batch_size, widths) for batch_size in (1, 8)}
     report = {"model": args.model, "prompts": len(prompts), "repeats": repeats,
               "torch_threads": torch.get_num_threads(), "methods": METHODS, "rows": [vars(r) for r in rows],
-              "window_forward_cost": costs, "summary": summary(rows)}
+              "window_forward_cost": costs, "summary": summary(rows, costs)}
     print(format_table(rows))
     print("\nforward cost of a W-token window relative to W = 1 (CFG, 128 cached tokens):")
     for batch_size, cost in costs.items():

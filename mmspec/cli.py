@@ -147,13 +147,17 @@ def check_text(args) -> None:
 def check_generate(args) -> None:
     check_prompts(args.prompt)
     for flag, low in (("--n", 1), ("--seed", 0), ("--guidance-scale", 0), ("--temperature", 0), ("--top-k", 0),
-                      ("--height", 1), ("--width", 1), ("--window", 1), ("--draft-length", 1), ("--lantern-k", 1),
-                      ("--lantern-lam", 1), ("--upscale", 1)):
+                      ("--height", 1), ("--width", 1), ("--window", 1), ("--tree-width", 1), ("--tree-depth", 1),
+                      ("--draft-length", 1), ("--lantern-k", 1), ("--lantern-lam", 1), ("--upscale", 1)):
         check_number(args, flag, low)
     check_number(args, "--top-p", 0, 1, low_open=True)
     check_number(args, "--lantern-delta", 0, 1)
     sjd = args.decoding in ("sjd", "auto") and args.draft_length is None
-    check_only_with(args, ("--window", "--init", "--coupling"), sjd, "--decoding sjd (or auto)")
+    check_only_with(args, ("--window", "--init", "--coupling", "--tree-width"), sjd, "--decoding sjd (or auto)")
+    check_only_with(args, ("--tree-depth",), (args.tree_width or 1) > 1, "--tree-width > 1")
+    check_only_with(args, ("--tree-width",), args.acceptance in (None, "exact"), "--acceptance exact")
+    if args.tree_depth is not None and args.tree_depth >= (args.window or 16):
+        raise UsageError(f"--tree-depth must be < the window ({args.window or 16}), got {args.tree_depth}")
     check_only_with(args, ("--draft-length",), args.decoding in ("draft", "auto"), "--decoding draft (or auto)")
     check_only_with(args, ("--acceptance",), args.decoding != "ar", "--decoding sjd, draft or auto")
     check_only_with(args, ("--lantern-k", "--lantern-delta", "--lantern-lam"), args.acceptance == "lantern",
@@ -260,7 +264,8 @@ def run_generate(args) -> int:
             "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
             "negative_prompt": args.negative_prompt}
     method = {"decoding": args.decoding, "window": args.window, "init": args.init, "coupling": args.coupling,
-              "draft_length": args.draft_length, "acceptance": args.acceptance, "lantern_k": args.lantern_k,
+              "tree_width": args.tree_width, "tree_depth": args.tree_depth, "draft_length": args.draft_length,
+              "acceptance": args.acceptance, "lantern_k": args.lantern_k,
               "lantern_delta": args.lantern_delta, "lantern_lam": args.lantern_lam}
     if args.remeasure:
         pipe.decoding_policy.remeasure()
@@ -403,6 +408,10 @@ def build_parser() -> Parser:
     image.add_argument("--window", type=int, default=None, help="sjd: tokens per target forward (default: auto's)")
     image.add_argument("--init", choices=INITS, default=None, help="sjd: draft initialisation (default: best)")
     image.add_argument("--coupling", choices=COUPLINGS, default=None, help="sjd: redraft coupling (default: best)")
+    image.add_argument("--tree-width", type=int, default=None,
+                       help="sjd: candidates per position of a frontier tree (SJD-PAC's proactive drafting, exact; "
+                            "default 1: none)")
+    image.add_argument("--tree-depth", type=int, default=None, help="sjd: draft positions with a tree (default 2)")
     image.add_argument("--draft-length", type=int, default=None, help="draft: tokens drafted per target forward")
     image.add_argument("--acceptance", choices=acceptances("image"), default=None,
                        help="sjd / draft: 'exact' (default, lossless) or 'lantern' (relaxed over codebook neighbours, "

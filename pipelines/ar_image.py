@@ -196,6 +196,8 @@ class ARImagePipeline(MMSpecPipeline):
         window: int | None = None,
         init: str | None = None,
         coupling: str | None = None,
+        tree_width: int | None = None,
+        tree_depth: int | None = None,
         draft_length: int | None = None,
         acceptance: Acceptance | str | None = None,
         lantern_k: int | None = None,
@@ -249,6 +251,9 @@ class ARImagePipeline(MMSpecPipeline):
                 `"horizontal"` or `"vertical"`.
             coupling (`str`, *optional*): `"sjd"` only: how drafts are redrafted between iterations, `"none"`
                 (original SJD), `"maximal"` (MC-SJD, = SJD-PAC's adaptive continuation) or `"gumbel"`.
+            tree_width (`int`, *optional*), tree_depth (`int`, *optional*): `"sjd"` only: a frontier tree (SJD-PAC's
+                proactive drafting, exact): `tree_width` candidates at each of the window's first `tree_depth` draft
+                positions (default 1: no tree; depth 2).
             draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward.
             acceptance (`Acceptance` or `str`, *optional*): `"sjd"` / `"draft"`: `Exact()` (default, lossless) or
                 `Lantern(k=, delta=, lam=)` (LANTERN relaxed acceptance over codebook neighbours: faster, lossy;
@@ -267,7 +272,8 @@ class ARImagePipeline(MMSpecPipeline):
         top_k = self.default_top_k if top_k is None else top_k
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         adapter = self.image_adapter(height, width)
-        options = {"window": window, "init": init, "coupling": coupling, "draft_length": draft_length,
+        options = {"window": window, "init": init, "coupling": coupling, "tree_width": tree_width,
+                   "tree_depth": tree_depth, "draft_length": draft_length,
                    "acceptance": acceptance, "lantern_k": lantern_k, "lantern_delta": lantern_delta,
                    "lantern_lam": lantern_lam}
         decoding = self.decoding_for_call(decoding, options, implied="auto")

@@ -7,12 +7,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # what mmspec measures once per machine (cost curves, method timings, LANTERN tables) starts empty, as on a fresh
 # machine, and never lands in the user's cache; subprocesses of the tests inherit it
-if "MMSPEC_CACHE_DIR" not in os.environ:
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # under pytest-xdist (tests/run.sh): this process's name, "gw0", ...
+if "MMSPEC_CACHE_DIR" not in os.environ or WORKER:  # a worker gets its own, not the controller's
     os.environ["MMSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="mmspec-test-cache-")
     atexit.register(shutil.rmtree, os.environ["MMSPEC_CACHE_DIR"], ignore_errors=True)
 
 import pytest
 import torch
+
+if WORKER:  # the workers share the cores: one torch thread per core each, not every core each
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def tiny_llama(vocab_size: int = 48, hidden_size: int = 32, num_layers: int = 2, seed: int = 0, dtype=torch.float64):

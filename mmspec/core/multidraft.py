@@ -44,8 +44,17 @@ def gumbel_top_k(q: torch.Tensor, k: int, generator: Generators) -> torch.Tensor
     B, V = q.shape
     if not 1 <= k <= int((q > 0).sum(-1).min()):
         raise ValueError(f"k must be in [1, smallest support of q], got k={k}")
-    gumbel = -torch.log(-torch.log(uniform((B, V), generator, q.device, q.dtype).clamp(min=1e-30)))
-    return (q.log() + gumbel).topk(k, dim=-1).indices
+    return without_replacement(q, uniform((B, V), generator, q.device, q.dtype), k)[0]
+
+
+def without_replacement(q: torch.Tensor, u: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An ordered sample of k distinct tokens from q [..., V] by Gumbel-top-k on the uniforms u [..., V].
+
+    Returns tokens [..., k] and valid [..., k] bool: False past the support of q (those tokens are placeholders; the
+    valid ones are always a prefix, so the sample is one without replacement of size valid.sum(-1))."""
+    gumbel = -torch.log(-torch.log(u.clamp(min=torch.finfo(u.dtype).tiny)))
+    scores, tokens = (q.log() + gumbel).topk(k, dim=-1)
+    return tokens, scores > -torch.inf
 
 
 def sample_iid(q: torch.Tensor, k: int, generator: Generators) -> torch.Tensor:
@@ -53,16 +62,25 @@ def sample_iid(q: torch.Tensor, k: int, generator: Generators) -> torch.Tensor:
     return torch.stack([sample(q, generator) for _ in range(k)], dim=1)
 
 
-def rsd_plan(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor) -> MultiDraftPlan:
-    """Recursive rejection for candidates drawn without replacement from q."""
+def rsd_plan(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor,
+             valid: torch.Tensor | None = None) -> MultiDraftPlan:
+    """Recursive rejection for candidates drawn without replacement from q. valid: [B, K] bool, a prefix of each row
+    (None = all): an invalid candidate is never accepted and leaves the laws as they are, so a row with K' valid
+    candidates gets the plan of K' candidates."""
     p_i, q_i = p, q
     accept = []
     for i in range(candidates.shape[1]):  # over the K candidates (K is small), vectorised over rows
         x = candidates[:, i : i + 1]
-        accept.append(accept_probability(p_i.gather(1, x), q_i.gather(1, x)).squeeze(1))
-        p_i = residual_law(p_i, q_i)
-        q_i = q_i.scatter(1, x, 0.0)
-        q_i = q_i / q_i.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
+        accept_i = accept_probability(p_i.gather(1, x), q_i.gather(1, x)).squeeze(1)
+        q_next = q_i.scatter(1, x, 0.0)
+        q_next = q_next / q_next.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
+        p_next = residual_law(p_i, q_i)
+        if valid is not None:
+            accept_i = torch.where(valid[:, i], accept_i, 0)
+            p_next = torch.where(valid[:, i : i + 1], p_next, p_i)
+            q_next = torch.where(valid[:, i : i + 1], q_next, q_i)
+        accept.append(accept_i)
+        p_i, q_i = p_next, q_next
     return MultiDraftPlan(accept_prob=torch.stack(accept, 1), residual=p_i)
 
 

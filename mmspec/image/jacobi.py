@@ -61,6 +61,7 @@ from mmspec.core.verify import (
     residual_law,
 )
 from mmspec.image.decoding import Commits, forced_at, image_span, open_decoding, probs_of
+from mmspec.image.frontier import FrontierTree, merge
 from mmspec.image.lantern import relaxation_for
 from mmspec.image.protocol import DiscreteImageModel
 from mmspec.options import COUPLINGS, INITS
@@ -144,7 +145,9 @@ class SJD(DecodingComponent):
     window: L, tokens scored per target forward (1 = plain AR). init: how positions no window has reached are
     drafted, one of `INITS`. coupling: how the drafts past the committed run are redrafted, one of `COUPLINGS`.
     acceptance: `Exact()` (lossless for every setting above) or `Lantern(k, delta, lam)` (relaxed, lossy), or its
-    name.
+    name. tree_width: candidates per position at the window's first `tree_depth` draft positions (SJD-PAC's frontier
+    tree, `mmspec.image.frontier`; exact; 1 = SJD's single chain, and then `tree_depth` is not read). It needs an
+    adapter with `forward_tree` / `keep_path` (LlamaGen's and the embedded models').
     """
 
     name: ClassVar[str] = "sjd"
@@ -153,6 +156,8 @@ class SJD(DecodingComponent):
     init: str = "horizontal"
     coupling: str = "maximal"
     acceptance: Acceptance = Exact()
+    tree_width: int = 1
+    tree_depth: int = 2
 
     def __post_init__(self):
         self.check_count("window", "tokens scored per target forward")
@@ -160,7 +165,22 @@ class SJD(DecodingComponent):
             raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
         if self.coupling not in COUPLINGS:
             raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        self.check_count("tree_width", "candidates per tree position")
+        self.check_count("tree_depth", "draft positions with a tree")
         super().__post_init__()
+        if self.tree_width > 1:
+            if not isinstance(self.acceptance, Exact):
+                raise ValueError(f"tree_width > 1 verifies with RSD, which is exact: acceptance must be 'exact', got "
+                                 f"{self.acceptance.name!r}")
+            if self.tree_depth >= self.window:
+                raise ValueError(f"tree_depth must be < window ({self.window}), got {self.tree_depth}")
+        elif self.tree_depth != SJD.tree_depth:
+            raise ValueError(f"tree_depth is read only with tree_width > 1, got tree_depth={self.tree_depth} and "
+                             f"tree_width=1")
+
+    @property
+    def tree(self) -> bool:
+        return self.tree_width > 1
 
     @torch.no_grad()
     def __call__(
@@ -168,7 +188,9 @@ class SJD(DecodingComponent):
     ):
         L = self.window
         relaxation = relaxation_for(self.acceptance, model, image_span(model)[1], sampling)  # checked before prefill
-        opening = open_decoding(model, condition, sampling, generator, stats, max_window=L)
+        trees = Trees(self.window, self.tree_width, self.tree_depth, model) if self.tree else None
+        opening = open_decoding(model, condition, sampling, generator, stats,
+                                max_window=L if trees is None else trees.widest)
         N, V, forced, state, timer = opening.N, opening.V, opening.forced, opening.state, opening.timer
         B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
 
@@ -196,20 +218,33 @@ class SJD(DecodingComponent):
                     self._initialise(seq, laws, inputs_at[:, 1:], drafted_end, uniforms[:, 0], model.grid[1], forced,
                                      span)
                     inputs = seq.gather(1, inputs_at)
+                    q = laws.read(inputs_at[:, 1:])  # [B, W - 1, V]
+                    lengths = rows.draft_lengths(W)
+                    tree = None if trees is None else trees.drafted(W, inputs, q, lengths, generator)
                 with timer("target"):
-                    logits = model.forward(inputs, state)
+                    logits = model.forward(inputs, state) if tree is None else model.forward_tree(
+                        tree.tokens, tree.layout, state)
                 stats.target_forwards += 1
                 with timer("verify"):
-                    p = probs_of(logits, sampling, outputs_at, forced)  # [B, W, V]
-                    lengths = rows.draft_lengths(W)
+                    if tree is None:
+                        p = probs_of(logits, sampling, outputs_at, forced)  # [B, W, V]
+                    else:  # node t predicts the image position after its own, c + level[t]
+                        p_nodes = probs_of(logits, sampling, committed[:, None] + tree.layout.level, forced)
+                        p = p_nodes[:, :W]
                     g = None if seeds is None else gumbel(seeds, outputs_at, V, p.dtype)
-                    result = jacobi_step(p, inputs[:, 1:], laws.read(inputs_at[:, 1:]), lengths, uniforms[:, 1:],
-                                         self.coupling, g, relaxation)
-                    _write(seq, outputs_at, result.tokens, active[:, None])
+                    result = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g, relaxation)
+                    verified, tokens = result.verify, result.tokens
+                    if tree is not None:
+                        walk = tree.layout.walk(p_nodes, q, tree.tokens, tree.valid, uniforms[:, 1], tree.uniforms)
+                        verified, tokens, path = merge(verified, tokens, walk, tree.tokens, uniforms[:, 2],
+                                                       uniforms[:, 3])
+                    _write(seq, outputs_at, tokens, active[:, None])
                     laws.write(outputs_at, result.laws, active[:, None])
                     drafted_end = torch.where(active, committed + W, drafted_end)
-                    rows.advance(result.verify, lengths)
+                    rows.advance(verified, lengths)
                 with timer("target"):
+                    if tree is not None:
+                        model.keep_path(state, path)  # the accepted path's keys/values onto the main chain's slots
                     model.rollback(state, rows.committed - 1)  # the last committed token opens the next window
                 yield rows.progress()
         finally:  # also when the caller stops early: count what was committed
@@ -249,6 +284,48 @@ class SJD(DecodingComponent):
         new = positions >= drafted_end[:, None]
         _write(seq, positions, tokens, new)
         laws.write(positions, law, new)
+
+
+@dataclass(frozen=True)
+class DraftedTree:
+    """One iteration's frontier tree: layout, tokens / valid [B, T] (`FrontierTree.draft`) and the walk's uniforms
+    [B, depth, width]."""
+
+    layout: FrontierTree
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    uniforms: torch.Tensor
+
+
+class Trees:
+    """The frontier-tree layouts of one decoding (one per window width: the last windows of an image are narrower),
+    and the draws of each iteration: a fixed number per row whatever the width, so a row's random stream does not
+    depend on its batch."""
+
+    def __init__(self, window: int, width: int, depth: int, model: DiscreteImageModel):
+        missing = [name for name in ("forward_tree", "keep_path") if not callable(getattr(model, name, None))]
+        if missing:
+            raise ValueError(f"tree_width > 1 needs a model adapter with forward_tree and keep_path; "
+                             f"{type(model).__name__} has no {' or '.join(missing)}")
+        self.width, self.depth = width, depth
+        self.full = FrontierTree.build(window, width, depth)
+        self.widest = self.full.size
+        self._layouts: dict[int, FrontierTree] = {}
+
+    def drafted(self, W: int, inputs: torch.Tensor, q: torch.Tensor, lengths: torch.Tensor,
+                generator: Generators) -> DraftedTree | None:
+        """Draw the alternates of a window of W main nodes (inputs [B, W], q [B, W - 1, V]); None when W leaves no
+        room for a tree (W < 2)."""
+        B, V, device = inputs.shape[0], q.shape[-1], inputs.device
+        gumbel_uniforms = [uniform((B, g.shape[0], V), generator, device, q.dtype) for g in self.full.groups]
+        walk_uniforms = uniform((B, self.depth, self.width), generator, device, q.dtype)
+        if W < 2:
+            return None
+        if W not in self._layouts:
+            self._layouts[W] = FrontierTree.build(W, self.width, self.depth, device)
+        layout = self._layouts[W]
+        tokens, valid = layout.draft(inputs, q, lengths, gumbel_uniforms)
+        return DraftedTree(layout, tokens, valid, walk_uniforms[:, : layout.depth])
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ class TableState:
     tokens: torch.Tensor  # [B, S] long, the "cached" image tokens
     length: torch.Tensor  # [B] long, tokens kept per row
     cfg: bool
+    tree_start: torch.Tensor | None = None  # [B] lengths before the last forward_tree
 
 
 class TableImageModel:
@@ -44,9 +45,11 @@ class TableImageModel:
         return self.offsets[lengths] + value.gather(1, lengths)
 
     def logits(self, state: TableState, lengths: torch.Tensor) -> ImageLogits:
-        code = self.codes(state.tokens, lengths)
-        cond = self.table[state.prompts[:, None], code]
-        return ImageLogits(cond, self.table[-1][code] if state.cfg else None)
+        return self.logits_of(state.tokens, state.prompts, lengths, state.cfg)
+
+    def logits_of(self, tokens: torch.Tensor, prompts: torch.Tensor, lengths: torch.Tensor, cfg: bool) -> ImageLogits:
+        code = self.codes(tokens, lengths)
+        return ImageLogits(self.table[prompts[:, None], code], self.table[-1][code] if cfg else None)
 
     def prefill(self, condition: torch.Tensor, cfg: bool, max_window: int = 1):
         B = condition.shape[0]
@@ -60,6 +63,28 @@ class TableImageModel:
         state.tokens.scatter_(1, positions, tokens)
         state.length = state.length + tokens.shape[1]
         return self.logits(state, positions + 1)
+
+    def forward_tree(self, tokens: torch.Tensor, tree, state: TableState) -> ImageLogits:
+        """Frontier-tree nodes [B, T] stored at slots length + t like a KV cache; node t's law reads the kept prefix
+        and then its own lineage (tree attention)."""
+        B, T = tokens.shape
+        start = state.length
+        state.tokens.scatter_(1, start[:, None] + torch.arange(T), tokens)
+        state.tree_start, state.length = start.clone(), start + T
+        W = tree.lineage.shape[1]
+        sequences = torch.cat([state.tokens[:, : self.N], torch.zeros(B, W, dtype=torch.long)], 1)
+        sequences = sequences[:, None].expand(B, T, -1).clone()  # [B, T, N + W]
+        at = (start[:, None, None] + torch.arange(W)).expand(B, T, W)
+        lineage_tokens = tokens[:, tree.lineage.clamp(min=0)]  # [B, T, W]
+        sequences.scatter_(2, at, torch.where(tree.lineage >= 0, lineage_tokens, sequences.gather(2, at)))
+        lengths = (start[:, None] + tree.level + 1).reshape(B * T, 1)
+        logits = self.logits_of(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T), lengths, state.cfg)
+        return ImageLogits(logits.cond.view(B, T, -1), None if logits.uncond is None else logits.uncond.view(B, T, -1))
+
+    def keep_path(self, state: TableState, path: torch.Tensor) -> None:
+        target = state.tree_start[:, None] + torch.arange(1, path.shape[1] + 1)
+        source = torch.where(path >= 0, state.tree_start[:, None] + path, target)
+        state.tokens.scatter_(1, target, state.tokens.gather(1, source))
 
     def rollback(self, state: TableState, keep: torch.Tensor) -> None:
         state.length = keep.clone()

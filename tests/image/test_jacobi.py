@@ -39,10 +39,16 @@ def test_greedy_sjd_equals_greedy_ar_for_every_mode(window):
                                     torch.Generator().manual_seed(1))
             assert torch.equal(last.tokens, ar.tokens), (init, coupling)
             assert stats.target_forwards <= 16  # never more forwards than AR (prefill + 15)
+    if window > 2:  # a frontier tree (greedy laws are one-hot: the tree's alternates are never real candidates)
+        (*_, last), stats = run(SJD(window, tree_width=3, tree_depth=2), adapter, condition, greedy,
+                                torch.Generator().manual_seed(1))
+        assert torch.equal(last.tokens, ar.tokens) and stats.target_forwards <= 16
 
 
-@pytest.mark.parametrize("coupling", COUPLINGS)
-def test_cache_equals_a_fresh_prefill_of_the_committed_prefix_after_every_iteration(coupling):
+@pytest.mark.parametrize("decoding", [SJD(6, "vertical", coupling) for coupling in COUPLINGS]
+                         + [SJD(6, "vertical", "maximal", tree_width=3, tree_depth=2),
+                            SJD(5, "random", "gumbel", tree_width=2, tree_depth=3)], ids=repr)
+def test_cache_equals_a_fresh_prefill_of_the_committed_prefix_after_every_iteration(decoding):
     adapter = make_adapter()
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 1, 1, 1, 1, 1]], dtype=torch.bool)
     condition = LlamaGenCondition(text_states(3), mask)
@@ -56,7 +62,6 @@ def test_cache_equals_a_fresh_prefill_of_the_committed_prefix_after_every_iterat
     adapter.prefill = spy_prefill
     cls = adapter.transformer.config.cls_token_num
     sampling = SamplingConfig(temperature=1.0, top_k=6, guidance_scale=3.0)
-    decoding = SJD(6, "vertical", coupling)
     iterations = 0
     with torch.no_grad():
         for step in decoding(adapter, condition, sampling, torch.Generator().manual_seed(0), SpecStats()):
@@ -86,9 +91,10 @@ def sequence_law(model, states, sampling):
     return p.gather(-1, sequences[..., None]).squeeze(-1).prod(-1)
 
 
-@pytest.mark.parametrize("window,init,coupling", [(3, "vertical", "maximal"), (6, "random", "gumbel"),
-                                                  (2, "horizontal", "none")])
-def test_sjd_through_the_real_transformer_matches_the_exact_law(window, init, coupling):
+@pytest.mark.parametrize("decoding", [SJD(3, "vertical", "maximal"), SJD(6, "random", "gumbel"),
+                                      SJD(2, "horizontal", "none"), SJD(4, "random", "maximal", tree_width=2)],
+                         ids=repr)
+def test_sjd_through_the_real_transformer_matches_the_exact_law(decoding):
     """V = 3, a 2 x 2 grid: 81 outcomes per prompt; two prompts, CFG 2, top-k 2, 16,000 rows in one batch."""
     adapter = make_adapter(vocab_size=3, grid_size=2, seed=3)
     model = adapter.transformer
@@ -99,8 +105,7 @@ def test_sjd_through_the_real_transformer_matches_the_exact_law(window, init, co
     rows = 16_000
     with torch.no_grad():
         laws = [sequence_law(model, states[b : b + 1], sampling) for b in range(2)]
-        (*_, last), stats = run(SJD(window, init, coupling), adapter,
-                                LlamaGenCondition(states.repeat(rows // 2, 1, 1)), sampling,
+        (*_, last), stats = run(decoding, adapter, LlamaGenCondition(states.repeat(rows // 2, 1, 1)), sampling,
                                 torch.Generator().manual_seed(0))
     outcomes = (last.tokens * 3 ** torch.arange(3, -1, -1)).sum(-1)
     for b in range(2):
@@ -126,12 +131,13 @@ def test_rows_advance_independently_and_stats_record_the_acceptance_map():
     assert stats.accept_hist.sum() == stats.steps.sum() and 0 < stats.accepted <= stats.drafted
 
 
-def test_per_row_generators_make_rows_independent_of_the_batch():
+@pytest.mark.parametrize("decoding", [SJD(5, "random", "gumbel"), SJD(5, "random", "maximal", tree_width=3)],
+                         ids=repr)
+def test_per_row_generators_make_rows_independent_of_the_batch(decoding):
     """Row b with its own generator gives the same image alone or in a batch, while rows are at different positions."""
     adapter = make_adapter()
     states = text_states(3)
     sampling = SamplingConfig(temperature=1.0, top_k=6, guidance_scale=3.0)
-    decoding = SJD(5, "random", "gumbel")
     (*_, batch), _ = run(decoding, adapter, LlamaGenCondition(states), sampling,
                          [torch.Generator().manual_seed(s) for s in (7, 8, 9)])
     (*_, alone), _ = run(decoding, adapter, LlamaGenCondition(states[1:2]), sampling,

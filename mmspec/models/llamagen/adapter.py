@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mmspec.image.frontier import FrontierTree
 from mmspec.image.protocol import ImageLogits
 from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
@@ -27,6 +28,7 @@ class LlamaGenState:
     cache: KVCache
     batch_size: int
     cfg: bool
+    tree_start: torch.Tensor | None = None  # [R] fill levels before the last `forward_tree`, for `keep_path`
 
 
 class LlamaGenAdapter:
@@ -64,6 +66,28 @@ class LlamaGenAdapter:
         rows = torch.cat([tokens, tokens]) if state.cfg else tokens  # both halves see the same image tokens
         logits = self.transformer.forward_window(self.transformer.tok_embeddings(rows), state.cache)
         return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
+
+    def forward_tree(self, tokens: torch.Tensor, tree: FrontierTree, state: LlamaGenState) -> ImageLogits:
+        """Append a frontier tree's nodes [B, T] (tree attention; `mmspec.image.frontier`); logits [B, T, V]."""
+        if tokens.ndim != 2 or tokens.shape != (state.batch_size, tree.size):
+            raise ValueError(f"tokens must have shape [{state.batch_size}, {tree.size}], got {tuple(tokens.shape)}")
+        rows = torch.cat([tokens, tokens]) if state.cfg else tokens
+        state.tree_start = state.cache.lengths.clone()
+        logits = self.transformer.forward_window(self.transformer.tok_embeddings(rows), state.cache,
+                                                 (tree.level, tree.ancestors))
+        return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
+
+    def keep_path(self, state: LlamaGenState, path: torch.Tensor) -> None:
+        """After `forward_tree`: move the keys/values of the accepted path's nodes (path [B, depth], the node of
+        levels 1 .. depth, -1 past the path) onto the slots of the main chain's nodes of the same levels."""
+        path = torch.cat([path, path]) if state.cfg else path
+        levels = torch.arange(1, path.shape[1] + 1, device=path.device)
+        target = state.tree_start[:, None] + levels  # [R, depth]
+        source = torch.where(path >= 0, state.tree_start[:, None] + path, target)
+        rows = torch.arange(path.shape[0], device=path.device)[:, None]
+        cache = state.cache
+        cache.k[:, rows, :, target] = cache.k[:, rows, :, source]
+        cache.v[:, rows, :, target] = cache.v[:, rows, :, source]
 
     def rollback(self, state: LlamaGenState, keep: torch.Tensor) -> None:
         lengths = keep + self.transformer.config.cls_token_num

@@ -330,11 +330,14 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
             lengths=torch.zeros(rows, dtype=torch.long, device=device),
         )
 
-    def forward_window(self, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def forward_window(self, x: torch.Tensor, cache: KVCache, tree: tuple[torch.Tensor, torch.Tensor] | None = None
+                       ) -> torch.Tensor:
         """Append a window of W embedded inputs per row at each row's fill level and return their logits.
 
         x: [R, W, dim] (condition embeddings or `tok_embeddings(tokens)`); cache: R rows. Returns logits [R, W, V]
         float32; row r's window occupies slots lengths[r] .. lengths[r] + W - 1, after which lengths[r] += W.
+        tree: (level [W] long, ancestors [W, W] bool) for a window of tree nodes: node t sits at position
+        lengths[r] + level[t] and sees the cached prefix and its ancestors only (tree attention); None = a chain.
         """
         W = x.shape[1]
         if cache.max_length + W > cache.capacity:
@@ -343,21 +346,32 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
                 f"({cache.capacity} slots)"
             )
         slots = cache.lengths[:, None] + torch.arange(W, device=x.device)  # [R, W]
-        mask = self._mask(slots, cache.key_valid, cache.capacity)
-        h = self._blocks(x, slots, mask, cache)
+        mask = self._mask(slots, cache.key_valid, cache.capacity, None if tree is None else tree[1])
+        positions = slots if tree is None else cache.lengths[:, None] + tree[0]
+        h = self._blocks(x, slots, mask, cache, positions)
         cache.lengths += W
         cache.max_length += W
         return self.output(self.norm(h)).float()
 
-    def _mask(self, slots: torch.Tensor, key_valid: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
+    def _mask(self, slots: torch.Tensor, key_valid: torch.Tensor, capacity: int | None = None,
+              ancestors: torch.Tensor | None = None) -> torch.Tensor:
         """[R, 1, W, S] bool: a query at slot s sees valid keys at slots <= s, and always itself (so that a padded
-        condition slot, which sees nothing else, still has a finite output)."""
+        condition slot, which sees nothing else, still has a finite output). With `ancestors` [W, W] the window's
+        own keys are seen only along each query's ancestry."""
         keys = torch.arange(capacity or slots.shape[1], device=slots.device)
         causal = keys[None, None, :] <= slots[:, :, None]  # [R, W, S]
+        if ancestors is not None:
+            W = slots.shape[1]
+            offset = keys[None, :] - slots[:, :1]  # [R, S], a key's node index in the window
+            in_window = (offset >= 0) & (offset < W)
+            causal = torch.where(in_window[:, None, :], ancestors[:, offset.clamp(0, W - 1)].transpose(0, 1), causal)
         return ((causal & key_valid[:, None, :]) | (keys[None, None, :] == slots[:, :, None]))[:, None]
 
-    def _blocks(self, x: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-        rope = self.rope[slots.clamp(max=self.rope.shape[0] - 1)]  # [R, W, D/2, 2]; slots past the image are scratch
+    def _blocks(self, x: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, cache: KVCache | None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """positions: [R, W] rotary positions (None = the slots); past the image they are scratch (clamped)."""
+        positions = slots if positions is None else positions
+        rope = self.rope[positions.clamp(max=self.rope.shape[0] - 1)]  # [R, W, D/2, 2]
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, mask, None if cache is None else (cache.k[i], cache.v[i]), slots)
         return x

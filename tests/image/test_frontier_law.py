@@ -1,0 +1,100 @@
+"""Sequence-level exactness of SJD with a frontier tree (`mmspec.image.frontier`): its output law equals AR sampling's.
+
+The same lookup-table model, batch (100,002 rows of prompts A, B, A), sampler (CFG 2.0, temperature 0.9, top-k 3 < V)
+and checks (per row, per prompt, independence of two rows; alpha = 1e-7 each) as `test_jacobi_law.py`, through the
+real SJD loop with trees of width 2 and 3 and depth 1 to 3, windows from 2 to past the image, every initialisation and
+coupling among the configurations. The table model implements tree attention exactly (each node reads its own
+lineage), so a walk that reads the wrong node's law, or a cache that keeps a rejected branch, shows. Mutation
+companions break one step of the argument in the module docstring and must be rejected.
+"""
+
+import pytest
+import torch
+
+from mmspec.core import multidraft
+from mmspec.core.probs import SamplingConfig
+from mmspec.image import SJD, frontier
+from tests.image.table_model import TableImageModel
+from tests.image.test_jacobi_law import ALPHA, N, assert_exact, decode_rows, law_checks
+
+TREES = [SJD(2, "horizontal", "maximal", tree_width=3, tree_depth=1),
+         SJD(3, "random", "none", tree_width=3, tree_depth=2),
+         SJD(N, "horizontal", "maximal", tree_width=2, tree_depth=2),
+         SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2),
+         SJD(N + 3, "random", "gumbel", tree_width=2, tree_depth=3)]
+
+
+@pytest.mark.parametrize("decoding", TREES, ids=repr)
+def test_sjd_with_a_frontier_tree_matches_the_exact_law(decoding):
+    tokens, stats, model = decode_rows(decoding)
+    assert_exact(tokens, model)
+    assert (tokens[:, 2] == 3).all()
+    chain = SJD(decoding.window, decoding.init, decoding.coupling)
+    _, chain_stats, _ = decode_rows(chain, seed=1)
+    # the alternates were accepted: a higher acceptance rate than the chain's (its standard error is < 0.001 here)
+    assert stats.acceptance_rate > chain_stats.acceptance_rate + 0.005
+
+
+def test_a_frontier_tree_matches_the_exact_law_without_cfg_and_with_top_p():
+    for sampling in (SamplingConfig(temperature=1.0), SamplingConfig(temperature=1.3, top_p=0.8, guidance_scale=3.0)):
+        tokens, _, model = decode_rows(SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2), sampling)
+        assert_exact(tokens, model, sampling)
+
+
+# ---- mutation companions ------------------------------------------------------------------------------------------
+def rsd_without_sibling_renormalisation(p, q, candidates, valid=None):
+    """The residual is taken across children but q keeps the rejected child (SJD-PAC's sibling-q renormalisation
+    forgotten): the later children are tested against the wrong draft law."""
+    p_i, accept = p, []
+    for i in range(candidates.shape[1]):
+        x = candidates[:, i : i + 1]
+        accept_i = multidraft.accept_probability(p_i.gather(1, x), q.gather(1, x)).squeeze(1)
+        accept.append(torch.where(valid[:, i], accept_i, 0))
+        p_i = torch.where(valid[:, i : i + 1], multidraft.residual_law(p_i, q), p_i)
+    return multidraft.MultiDraftPlan(torch.stack(accept, 1), p_i)
+
+
+MUTATIONS = {  # (object, attribute, replacement)
+    "residual_not_renormalised_across_children": (frontier, "rsd_plan", rsd_without_sibling_renormalisation),
+    "alternates_drawn_with_the_draft_left_in": (frontier, "without_first_child", lambda q, first: q[:, None]),
+    "cache_keeps_the_rejected_branch": (TableImageModel, "keep_path", lambda self, state, path: None),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_mutations_are_rejected(mutation, monkeypatch):
+    owner, attribute, replacement = MUTATIONS[mutation]
+    monkeypatch.setattr(owner, attribute, replacement)
+    tokens, _, model = decode_rows(SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2))
+    checks = law_checks(tokens, model)
+    assert min(checks.values()) < ALPHA, f"mutation {mutation} was not detected: {checks}"
+
+
+def test_layout_of_a_width_3_depth_2_tree():
+    tree = frontier.FrontierTree.build(window=5, width=3, depth=2)
+    assert tree.size == 5 + 2 + 2 + 3 * 2  # main chain, level 1 alternates, level 2 under main and under each
+    assert tree.children[0].tolist() == [1, 5, 6] and tree.children[1].tolist() == [2, 7, 8]
+    assert tree.children[5].tolist() == [9, 10, 11] and tree.children[2].tolist() == [3, -1, -1]
+    assert tree.level.tolist() == [0, 1, 2, 3, 4, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert tree.lineage[10].tolist() == [0, 5, 10, -1, -1]
+    assert tree.ancestors[10].nonzero().flatten().tolist() == [0, 5, 10]
+    assert [g.tolist() for g in tree.groups] == [[0], [1, 5, 6]]
+    assert frontier.FrontierTree.build(window=2, width=3, depth=2).depth == 1  # a window's last node has no child
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(tree_width=0), "tree_width must be >= 1"),
+    (dict(tree_width=3, tree_depth=16), r"tree_depth must be < window \(16\)"),
+    (dict(tree_depth=3), "tree_depth is read only with tree_width > 1"),
+    (dict(tree_width=2, acceptance="lantern"), "acceptance must be 'exact'"),
+])
+def test_clear_errors(settings, match):
+    with pytest.raises(ValueError, match=match):
+        SJD(**settings)
+
+
+def test_an_adapter_without_tree_attention_is_refused_before_the_prefill():
+    model = TableImageModel()
+    model.forward_tree = None
+    with pytest.raises(ValueError, match="needs a model adapter with forward_tree and keep_path; TableImageModel"):
+        next(SJD(4, tree_width=2)(model, torch.tensor([0]), SamplingConfig(), None, None))
