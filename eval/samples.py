@@ -31,8 +31,10 @@ PRESETS = {
     "draft": {"decoding": "draft"},
     "lantern": {**BEST["sjd_maximal"], "acceptance": "lantern", "lantern_k": 100, "lantern_delta": 0.1},
     "gsd": {**BEST["sjd_maximal"], "acceptance": "gsd"},  # GSD's grouped acceptance, the official code's settings
+    "tree": BEST["sjd_tree"],  # SJD-PAC's frontier tree on the maximal coupling (exact)
 }
-OPTION_KEYS = ("window", "init", "coupling", "draft_length", "acceptance", "lantern_k", "lantern_delta", "lantern_lam")
+OPTION_KEYS = ("window", "init", "coupling", "tree_width", "tree_depth", "draft_length", "acceptance", "lantern_k",
+               "lantern_delta", "lantern_lam")
 SEEDS_PER_SET = 1_000_000  # seed of image k of prompt i in seed set s: base + s * SEEDS_PER_SET + i * K + k
 
 
@@ -54,7 +56,7 @@ class Method:
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """`[label=]preset[:key=value,...]`: a preset (`ar`, `sjd`, `draft`, `lantern`, `gsd`) whose pipeline options
+        """`[label=]preset[:key=value,...]`: a preset (`ar`, `sjd`, `draft`, `lantern`, `gsd`, `tree`) whose pipeline options
         the pairs set or override, e.g. `d02=lantern:lantern_delta=0.2` or
         `wide=sjd:window=24,coupling=gumbel`. The label defaults to the preset's name, or to `text` with pairs."""
         head, _, pairs = text.partition(":")

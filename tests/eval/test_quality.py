@@ -70,6 +70,7 @@ def test_prompt_files(tmp_path):
 
 def test_method_specs():
     assert Method.parse("sjd").options == PRESETS["sjd"] and Method.parse("sjd").lossless
+    assert Method.parse("tree").options["tree_width"] > 1 and Method.parse("tree").lossless
     lantern = Method.parse("lantern")
     assert not lantern.lossless and lantern.options["acceptance"] == "lantern"
     custom = Method.parse("wide=sjd:window=24,coupling=gumbel")

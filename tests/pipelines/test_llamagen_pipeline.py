@@ -248,7 +248,8 @@ def test_the_pipeline_decoding_is_saved_loaded_and_swappable(pipe, tmp_path):
     held.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "model_index.json").read_text())["decoding"]
     assert saved == {"name": "sjd", "window": 5, "init": "horizontal", "coupling": "gumbel",
-                     "acceptance": {"name": "lantern", "k": 8, "delta": None, "lam": None}}
+                     "acceptance": {"name": "lantern", "k": 8, "delta": None, "lam": None}, "tree_width": 1,
+                     "tree_depth": 2}
     loaded = LlamaGenPipeline.from_pretrained(tmp_path, dtype=torch.float64)
     loaded.set_progress_bar_config(disable=True)
     assert loaded.decoding == held.decoding
