@@ -309,7 +309,11 @@ def plot(report: dict, primary: str, description: str, path: str | Path) -> None
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
         ax.set_xlabel("speedup vs AR (median latency)")
         ax.set_ylabel(name)
-        ax.legend(fontsize=8)
+        handles, names = ax.get_legend_handles_labels()
+        for marker, law in (("o", "lossless (same law as AR)"), ("s", "lossy")):
+            handles.append(plt.Line2D([], [], color="0.4", marker=marker, linestyle=""))
+            names.append(law)
+        ax.legend(handles, names, fontsize=8)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -56,3 +56,9 @@ class DiscreteImageModel(Protocol):
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, h*w] -> images [B, 3, H, W], roughly in [-1, 1]."""
+
+    # Optional, for SJD's frontier trees (`SJD(tree_width=K)`, `mmspec.image.frontier`); LlamaGen's adapter has them:
+    #   forward_tree(tokens [B, T], tree: FrontierTree, state) -> ImageLogits [B, T, V]: append T tree nodes, node t
+    #       at position (kept tokens) + tree.level[t], attending to the kept tokens and its ancestors (tree.ancestors).
+    #   keep_path(state, path [B, depth]): after forward_tree, move the keys/values of the path's nodes (node of
+    #       levels 1 .. depth, -1 past the path) onto the slots of the main chain's nodes 1 .. depth.
