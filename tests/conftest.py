@@ -15,6 +15,8 @@ if "MMSPEC_CACHE_DIR" not in os.environ or WORKER:  # a worker gets its own, not
 import pytest
 import torch
 
+MEASURED = "measured"  # the user property that carries a figure a test measured, printed at the end of the run
+
 if WORKER:  # the workers share the cores: one torch thread per core each, not every core each
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
@@ -61,3 +63,19 @@ def small_image_model(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("small_image_model")
     small.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture
+def report(request):
+    """`report(line)`: a figure this test measured (timings, memory, acceptance); the run prints them all at its end,
+    also from pytest-xdist workers, whose own output is not shown."""
+    return lambda line: request.node.user_properties.append((MEASURED, line))
+
+
+def pytest_terminal_summary(terminalreporter):
+    calls = [r for reports in terminalreporter.stats.values() for r in reports if getattr(r, "when", None) == "call"]
+    lines = [value for r in calls for name, value in getattr(r, "user_properties", ()) if name == MEASURED]
+    if lines:
+        terminalreporter.section("measured in this run")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -64,7 +64,7 @@ def test_bad_input_fails_in_one_line_before_any_model_loads(command, expected, h
     assert seconds < 10  # an answer, not a model load (which the blocked torch import rules out anyway)
 
 
-def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, capsys):
+def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, report):
     """An image size the model cannot make and a prompt longer than its text context: exit 2, one line that quotes a
     long prompt shortened, nothing written."""
     cases = [
@@ -78,18 +78,17 @@ def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main([*argv, "--out", str(out)])
         assert exit_info.value.code == 2
-        assert capsys.readouterr().err.splitlines()[-1] == expected
+        assert report.readouterr().err.splitlines()[-1] == expected
         assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", [["--help"], ["generate", "--help"], ["text", "--help"], ["video", "--help"],
                                      ["demo", "--help"]])
-def test_help_answers_at_once_without_torch(command, capsys):
+def test_help_answers_at_once_without_torch(command, report):
     started = time.perf_counter()
     run = subprocess.run([sys.executable, "-c", PRELUDE.format(hidden=()), *command], capture_output=True,
                          text=True, timeout=60)
     seconds = time.perf_counter() - started
-    with capsys.disabled():
-        print(f"\nmmspec {' '.join(command)}: {seconds:.2f} s")
+    report(f"mmspec {' '.join(command)}: {seconds:.2f} s")
     assert run.returncode == 0 and run.stdout.startswith("usage: mmspec") and run.stderr == ""
     assert seconds < 3  # about 0.1 s on 2 CPU cores; generous for a busy machine

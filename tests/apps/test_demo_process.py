@@ -59,10 +59,9 @@ def served_demo(tmp_path_factory, small_image_model):
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-def test_the_page_is_served_before_the_warm_up_ends(served_demo, capsys):
+def test_the_page_is_served_before_the_warm_up_ends(served_demo, report):
     url, _, seconds, log = served_demo
-    with capsys.disabled():
-        print(f"\ndemo served its page {seconds:.1f} s after start")
+    report(f"demo served its page {seconds:.1f} s after start")
     assert seconds < SERVE_WITHIN_S
     deadline = time.time() + 300
     while "warm-up done" not in log.read_text():
@@ -71,7 +70,7 @@ def test_the_page_is_served_before_the_warm_up_ends(served_demo, capsys):
     assert "warming up the image tab" in log.read_text()
 
 
-def test_8_image_and_8_text_requests_at_once_all_complete(served_demo, capsys):
+def test_8_image_and_8_text_requests_at_once_all_complete(served_demo, report):
     url = served_demo[0]
     clients = [Client(url, verbose=False, download_files=False) for _ in range(16)]
     started = time.perf_counter()
@@ -79,8 +78,7 @@ def test_8_image_and_8_text_requests_at_once_all_complete(served_demo, capsys):
     texts = [complete_text(client, seed) for seed, client in enumerate(clients[8:])]
     tables = [job.result(timeout=600)[4] for job in images]
     completions = [job.result(timeout=600) for job in texts]
-    with capsys.disabled():
-        print(f"\n8 image + 8 text requests at once: all done in {time.perf_counter() - started:.1f} s")
+    report(f"8 image + 8 text requests at once: all done in {time.perf_counter() - started:.1f} s")
     for table in tables:
         assert [row[0] for row in table["data"]] == ["AR", "auto: the fastest exact decoding here"]
         assert table["data"][0][1] == "256" and float(table["data"][1][2]) >= 1.0
@@ -111,7 +109,7 @@ def test_a_cancelled_request_does_not_block_the_next(served_demo):
     client.close()
 
 
-def test_memory_stays_flat_over_100_generations(served_demo, capsys):
+def test_memory_stays_flat_over_100_generations(served_demo, report):
     """Resident memory after 100 generations is within 10 % of after the first 10. A request generates twice (AR and
     the accelerated method, side by side): 50 requests, every fifth an image request (two 64x64 images), the others
     text requests (two completions of 8 tokens each)."""
@@ -128,7 +126,6 @@ def test_memory_stays_flat_over_100_generations(served_demo, capsys):
             readings[2 * request] = rss_mib(pid)
     client.close()
     growth = readings[100] / readings[10] - 1
-    with capsys.disabled():
-        print(f"\ndemo server RSS after 10 / 50 / 100 generations: {readings[10]:.0f} / {readings[50]:.0f} / "
-              f"{readings[100]:.0f} MiB ({100 * growth:+.1f} % from 10 to 100)")
+    report(f"demo server RSS after 10 / 50 / 100 generations: {readings[10]:.0f} / {readings[50]:.0f} / "
+           f"{readings[100]:.0f} MiB ({100 * growth:+.1f} % from 10 to 100)")
     assert abs(growth) < 0.10, readings

@@ -204,7 +204,7 @@ def test_capped_residual_falls_back_to_a_target_sample_never_zero():
     assert torch.equal(result.tokens[rows], sample_trajectory(target, schedule, x_T, noise).token)
 
 
-def test_paper_mode_is_biased_and_the_test_says_so(capsys):
+def test_paper_mode_is_biased_and_the_test_says_so(report):
     """The released CSpD criterion (inner temperature 42, sigma-product term, final-step residual) on the same toy:
     its output law is *not* the target's. This test measures the bias and fails if it ever disappears unnoticed."""
     from mmspec.continuous.acceptance import verify_paper
@@ -228,8 +228,7 @@ def test_paper_mode_is_biased_and_the_test_says_so(capsys):
     shift = (result.tokens.double().mean(0) - reference.double().mean(0)).tolist()
     towards_draft = (result.tokens.double().mean(0) - reference.double().mean(0)).sign() == (
         torch.tensor(DRAFTS["reshaped"]["m"]) - torch.tensor(TARGET["m"])).sign()
-    with capsys.disabled():
-        print(f"\npaper-mode CSpD on the toy (S=100): acceptance {result.accepted.double().mean():.3f}, mean shift "
-              f"{[round(v, 3) for v in shift]} (towards the draft in {int(towards_draft.sum())}/4 dims), mean "
-              f"log-ratio terms: exponent {terms['exponent'].mean():.2f}, sigma product "
-              f"{terms['sigma_product'].mean():.2f}, normalisation {terms['normalisation'].mean():.2f}")
+    report(f"paper-mode CSpD on the toy (S=100): acceptance {result.accepted.double().mean():.3f}, mean shift "
+           f"{[round(v, 3) for v in shift]} (towards the draft in {int(towards_draft.sum())}/4 dims), mean "
+           f"log-ratio terms: exponent {terms['exponent'].mean():.2f}, sigma product "
+           f"{terms['sigma_product'].mean():.2f}, normalisation {terms['normalisation'].mean():.2f}")

@@ -116,7 +116,7 @@ def assert_same_token_law(a: torch.Tensor, b: torch.Tensor) -> None:
         assert stats.ks_2samp((a @ directions[:, d]).numpy(), (b @ directions[:, d]).numpy()).pvalue > 1e-4
 
 
-def test_exact_mode_samples_the_target_on_the_coarsened_schedule(pair, capsys):
+def test_exact_mode_samples_the_target_on_the_coarsened_schedule(pair, report):
     target, draft = pair
     n, schedule = 3000, DiffusionSchedule.cosine(10)
     kwargs = dict(labels=torch.arange(n) % 10, guidance_scale=2.0, temperature=1.0)
@@ -136,9 +136,8 @@ def test_exact_mode_samples_the_target_on_the_coarsened_schedule(pair, capsys):
     a, b = paper.flatten(1).double(), reference.flatten(1).double()
     z = ((a.mean(0) - b.mean(0)) / torch.sqrt((a.var(0) + b.var(0)) / n)).abs().max()
     assert z > 5  # the released rule is not distribution-preserving, and at this N it shows
-    with capsys.disabled():
-        print(f"\nMAR toy: exact acceptance {stats_.acceptance_rate:.3f}; paper mode acceptance "
-              f"{paper_stats.acceptance_rate:.3f}, largest coordinate mean shift vs the coarsened target {z:.1f} SE")
+    report(f"MAR toy: exact acceptance {stats_.acceptance_rate:.3f}; paper mode acceptance "
+           f"{paper_stats.acceptance_rate:.3f}, largest coordinate mean shift vs the coarsened target {z:.1f} SE")
 
 
 @pytest.mark.parametrize(
