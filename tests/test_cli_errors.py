@@ -64,7 +64,7 @@ def test_bad_input_fails_in_one_line_before_any_model_loads(command, expected, h
     assert seconds < 10  # an answer, not a model load (which the blocked torch import rules out anyway)
 
 
-def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, report):
+def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, capsys):
     """An image size the model cannot make and a prompt longer than its text context: exit 2, one line that quotes a
     long prompt shortened, nothing written."""
     cases = [
@@ -78,7 +78,7 @@ def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, report):
         with pytest.raises(SystemExit) as exit_info:
             main([*argv, "--out", str(out)])
         assert exit_info.value.code == 2
-        assert report.readouterr().err.splitlines()[-1] == expected
+        assert capsys.readouterr().err.splitlines()[-1] == expected
         assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
