@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from mmspec.core.measured import device_fingerprint
-from mmspec.image import COUPLINGS, INITS
+from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.frontier import FrontierTree
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, WINDOWS
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
@@ -97,9 +97,8 @@ def tokens_per_forward(options: dict) -> int:
     """The tokens one target forward of a method scores per row (a frontier tree's nodes; 1 for AR)."""
     if options["decoding"] != "sjd":
         return 1
-    if options.get("tree_width", 1) == 1:
-        return options["window"]
-    return FrontierTree.build(options["window"], options["tree_width"], options.get("tree_depth", 2)).size
+    sjd = get_decoding(**options)
+    return FrontierTree.build(sjd.window, sjd.tree_width, sjd.tree_depth).size if sjd.tree else sjd.window
 
 
 def window_forward_cost(pipe, batch_size: int, windows=COST_WINDOWS, repeats: int = 20) -> dict[int, float]:

@@ -55,7 +55,7 @@ from mmspec.core.verify import VerifyResult
 class FrontierTree:
     """The static node layout of a window of W main nodes with a (width, depth) tree at its start.
 
-    level: [T] long, node t holds the token of image position c - 1 + level[t]. parent: [T] long (-1 for the root).
+    level: [T] long, node t holds the token of image position c - 1 + level[t].
     children: [T, width] long node ids, -1 where absent. lineage: [T, W] long, lineage[t, l] = the ancestor of t at
     level l (t itself at its own level), -1 past level[t]. ancestors: [T, T] bool, t attends to u (itself included).
     groups: per level l = 1 .. depth, [G_l] long, the nodes of level l - 1 whose children are drawn; the main node
@@ -66,7 +66,6 @@ class FrontierTree:
     width: int
     depth: int
     level: torch.Tensor
-    parent: torch.Tensor
     children: torch.Tensor
     lineage: torch.Tensor
     ancestors: torch.Tensor
@@ -104,9 +103,8 @@ class FrontierTree:
                 ancestors[t, node] = True
                 node = parent[node]
         padded = torch.tensor([c + [-1] * (width - len(c)) for c in children], dtype=torch.long)
-        return cls(window, width, depth, torch.tensor(level, device=device), torch.tensor(parent, device=device),
-                   padded.to(device), lineage.to(device), ancestors.to(device),
-                   tuple(torch.tensor(g, device=device) for g in groups))
+        return cls(window, width, depth, torch.tensor(level, device=device), padded.to(device), lineage.to(device),
+                   ancestors.to(device), tuple(torch.tensor(g, device=device) for g in groups))
 
     def draft(self, main_tokens: torch.Tensor, q: torch.Tensor, lengths: torch.Tensor,
               gumbel_uniforms: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
