@@ -3,7 +3,7 @@ so `mmspec --help` and the CLI's checks of its arguments answer before torch loa
 methods import their names from here."""
 
 IMAGE_DECODINGS = ("auto", "sjd", "draft", "ar")  # "auto": the fastest exact one for the device (mmspec.image.policy)
-INITS = ("random", "horizontal", "vertical")  # SJD: how positions no window has reached are drafted
+INITS = ("random", "horizontal", "vertical", "lookahead")  # SJD: how positions no window has reached are drafted
 COUPLINGS = ("none", "maximal", "gumbel")  # SJD: how drafts are redrafted between iterations
 # every acceptance rule by name -> the decodings that take it (the rule objects: mmspec.core.acceptance); only
 # "exact" is lossless

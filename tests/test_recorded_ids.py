@@ -1,6 +1,9 @@
 """Token ids recorded from the embedded models, so that a refactor of the decoders changes no sample: the same seed
 gives the same ids for AR, SJD (each init / coupling that is not keyed differently on purpose), LANTERN, the draft
-model path and the text drafters as when `tests/fixtures/recorded_ids.json` was written.
+model path and the text drafters as when `tests/fixtures/recorded_ids.json` was written. The models run in float64:
+in float32 another CPU's kernels (AVX-512 or AVX2, another BLAS blocking) move a logit by 1e-7, enough to flip a
+sampled token at a CDF boundary once in a few hundred draws and so to diverge a whole row (seen between an Intel and
+an AMD runner); in float64 such a flip needs a uniform within about 1e-15 of a boundary.
 
 Rerecord only for a deliberate change of the random stream (say which in the commit):
     python -m tests.test_recorded_ids
@@ -20,6 +23,7 @@ IMAGE_RUNS = {  # name -> the pipeline call's decoding options
     "ar": {"decoding": "ar"},
     "sjd": {"decoding": "sjd", "window": 16},
     "sjd_random_none": {"decoding": "sjd", "window": 6, "init": "random", "coupling": "none"},
+    "sjd_lookahead": {"decoding": "sjd", "window": 12, "init": "lookahead"},
     "sjd_vertical_lantern": {"decoding": "sjd", "window": 8, "init": "vertical", "acceptance": "lantern",
                              "lantern_k": 20, "lantern_delta": 0.2},
     "draft": {"decoding": "draft", "draft_length": 4},
@@ -46,7 +50,7 @@ def image_pipeline():
     from mmspec import LlamaGenPipeline
     from mmspec.zoo import IMAGE_T2I
 
-    pipe = LlamaGenPipeline.from_pretrained(IMAGE_T2I)
+    pipe = LlamaGenPipeline.from_pretrained(IMAGE_T2I, dtype=torch.float64)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -56,7 +60,7 @@ def text_pipeline():
     from mmspec import SpeculativeTextPipeline
     from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
 
-    return SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
+    return SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT, dtype=torch.float64)
 
 
 def image_ids(options: dict) -> list[list[int]]:

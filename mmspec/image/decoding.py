@@ -95,7 +95,7 @@ def probs_of(
 class Opening:
     """What every image decoding starts from: the image span (N tokens, V ids, forced tokens [N] or None), the
     model's state after the condition prefill, image token 0 of each row ([B] long, drawn from the prefill's
-    logits with the caller's generator), the dtype of the processed laws (float32, or float64 for a float64 model),
+    law first_law [B, V] with the caller's generator), the dtype of the processed laws (float32, or float64 for a float64 model),
     the phase timer of `stats` and the start time."""
 
     N: int
@@ -103,6 +103,7 @@ class Opening:
     forced: torch.Tensor | None
     state: Any
     first_token: torch.Tensor
+    first_law: torch.Tensor
     dtype: torch.dtype
     timer: PhaseTimer
     started: float
@@ -123,7 +124,7 @@ def open_decoding(model: DiscreteImageModel, condition: Any, sampling: SamplingC
     with timer("sample"):
         p0 = probs_of(logits.at(slice(-1, None)), sampling, torch.zeros(B, 1, dtype=torch.long, device=device), forced)
         first_token = sample(p0[:, 0], generator)
-    return Opening(N, V, forced, state, first_token, p0.dtype, timer, started)
+    return Opening(N, V, forced, state, first_token, p0[:, 0], p0.dtype, timer, started)
 
 
 class Commits:

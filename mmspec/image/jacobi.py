@@ -13,9 +13,11 @@
 - Draft initialisation of positions no window has reached yet: `"random"` (uniform over the image tokens, carrying
   the uniform law, which accepts with min(1, V p(x)) where the one-hot bookkeeping of the official code accepts with
   p(x)), `"horizontal"` (the token to the left) or `"vertical"` (the token one grid row above), both deterministic
-  given earlier positions, so they carry a one-hot law. Structure tokens (what `forced_tokens` names, e.g. Emu3's
-  end-of-line) are never an initial draft of a free position: random drafts skip them, copies come from the nearest
-  free position (`DraftSpan`).
+  given earlier positions, so they carry a one-hot law, or `"lookahead"`: a sample of the target's own law at the
+  last output position of the row's previous forward (the prefill's law of image token 0 before the first window),
+  the law just past the window, stored as the draft's q. Structure tokens (what `forced_tokens` names, e.g. Emu3's
+  end-of-line) are never an initial draft of a free position: random and lookahead drafts skip them (the lookahead
+  law is renormalised over the draftable ids), copies come from the nearest free position (`DraftSpan`).
 
 One iteration for a row with c committed tokens and window W = min(L, N - c):
     inputs  [x_{c-1}, d_c, ..., d_{c+W-2}]     x_{c-1} is the last committed token, whose key/value is not cached yet
@@ -28,8 +30,9 @@ Why every mode is exact. Attach to each image position i the randomness drawn *f
 the uniforms and samples of its acceptance test and redrafts, its Gumbel vector. Nothing computed for a position
 < i ever reads randomness of position i: outputs are causal, and which iteration verifies i and which window covers
 it depend only on the tests at positions < i. Let F_i be everything drawn for positions < i. By induction over
-iterations, the draft at i has law q given F_i, where q is the law stored with it: an initial draft is uniform or a
-function of F_i; a fresh redraft is a sample of p_t, whose value is fixed by F_i; a maximally coupled redraft is
+iterations, the draft at i has law q given F_i, where q is the law stored with it: an initial draft is uniform, a
+function of F_i, or a lookahead sample (its law is an output of a forward whose inputs all lie before i, so a function
+of F_i, and it is drawn with a uniform of its own); a fresh redraft is a sample of p_t, whose value is fixed by F_i; a maximally coupled redraft is
 MRS(x, q, p_t) with x ~ q given F_i, which is distributed as p_t (the speculative-sampling lemma, applied to the
 draft rather than to the output); a Gumbel redraft argmax(log p_t + g_i) is distributed as p_t because g_i is
 independent of F_i. When i is verified, all of x_{<i} is committed and the target law there is the model's
@@ -204,6 +207,7 @@ class SJD(DecodingComponent):
             laws = Ring(torch.zeros(B, L, V, dtype=dtype, device=device))
             seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
             span = DraftSpan.of(forced, N, L, V, device)
+            ahead = opening.first_law  # [B, V] the law just past each row's last window, for init="lookahead"
         drafted_end = rows.committed.clone()  # positions < drafted_end hold a committed token or a draft
         try:
             yield rows.progress()
@@ -216,7 +220,7 @@ class SJD(DecodingComponent):
                     # A fixed number of draws per row and iteration (init, accept, residual, fresh), whatever W is.
                     uniforms = uniform((B, 4, L), generator, device, dtype)
                     self._initialise(seq, laws, inputs_at[:, 1:], drafted_end, uniforms[:, 0], model.grid[1], forced,
-                                     span)
+                                     span, ahead)
                     inputs = seq.gather(1, inputs_at)
                     q = laws.read(inputs_at[:, 1:])  # [B, W - 1, V]
                     lengths = rows.draft_lengths(W)
@@ -240,6 +244,8 @@ class SJD(DecodingComponent):
                                                        uniforms[:, 3])
                     _write(seq, outputs_at, tokens, active[:, None])
                     laws.write(outputs_at, result.laws, active[:, None])
+                    last = result.laws.gather(1, _rows(lengths[:, None], V)).squeeze(1)  # a row's last real output
+                    ahead = torch.where(active[:, None], last, ahead)
                     drafted_end = torch.where(active, committed + W, drafted_end)
                     rows.advance(verified, lengths)
                 with timer("target"):
@@ -260,14 +266,19 @@ class SJD(DecodingComponent):
         width: int,
         forced: torch.Tensor | None,
         span: DraftSpan,
+        ahead: torch.Tensor,
     ) -> None:
         """Draft the window positions [B, W - 1] that no earlier window reached (>= drafted_end), in place; draws:
-        [B, >= W - 1] uniforms for the random initialisation. Free positions get image tokens only (`span`)."""
+        [B, >= W - 1] uniforms for the random and lookahead initialisations; ahead: [B, V] each row's law just past
+        its last window. Free positions get image tokens only (`span`)."""
         V = laws.buffer.shape[-1]
         if self.init == "random":
             F = span.ids.shape[0]
             tokens = span.ids[(draws[:, : positions.shape[1]] * F).long().clamp(max=F - 1)]
             law = span.uniform.to(laws.buffer.dtype).expand(*positions.shape, V)
+        elif self.init == "lookahead":
+            law = span.restrict(ahead).to(laws.buffer.dtype)[:, None].expand(*positions.shape, V)
+            tokens = inverse_cdf(law, draws[:, : positions.shape[1]])
         else:
             last = span.last_free_at(drafted_end - 1)[:, None].expand_as(positions)
             source = last
@@ -353,6 +364,12 @@ class DraftSpan:
         last_free = torch.where(free, positions, -1).cummax(0).values
         ids = draftable.nonzero().flatten()
         return cls(ids, draftable.float() / len(ids), torch.where(last_free >= 0, last_free, positions))
+
+    def restrict(self, law: torch.Tensor) -> torch.Tensor:
+        """law [B, V] renormalised over the draftable ids; the uniform law over them where it has no mass there."""
+        law = law * (self.uniform > 0)
+        mass = law.sum(-1, keepdim=True)
+        return torch.where(mass > 0, law / mass.clamp(min=torch.finfo(law.dtype).tiny), self.uniform.to(law))
 
     def last_free_at(self, positions: torch.Tensor) -> torch.Tensor:
         """The nearest free position at or before each of `positions` (any shape, values in [0, N + L))."""

@@ -157,7 +157,7 @@ def test_window_one_is_plain_ar_sampling():
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [({"window": 0}, ValueError, "window must be >= 1"), ({"window": 2.5}, TypeError, "window must be an int"),
-     ({"init": "diagonal"}, ValueError, r"init must be one of \('random', 'horizontal', 'vertical'\)"),
+     ({"init": "diagonal"}, ValueError, r"init must be one of \('random', 'horizontal', 'vertical', 'lookahead'\)"),
      ({"coupling": "loose"}, ValueError, r"coupling must be one of \('none', 'maximal', 'gumbel'\)")],
 )
 def test_bad_options_raise_clear_errors(kwargs, error, match):
@@ -182,7 +182,8 @@ def test_a_model_without_an_image_span_and_wrong_generator_lists_are_rejected():
 def test_initial_drafts_of_free_positions_are_never_structure_tokens(init):
     """A 3 x (3 + 1) span whose last column is forced to end-of-line (id 4): every initialisation drafts the free
     positions from the image ids 0..3 only and stores the law it drew from; horizontal and vertical copies come from
-    the nearest free position (copying the end-of-line there would be a draft of probability 0, always rejected)."""
+    the nearest free position (copying the end-of-line there would be a draft of probability 0, always rejected);
+    a lookahead law is renormalised over the image ids (uniform over them if it has no mass there)."""
     from mmspec.image.jacobi import DraftSpan, Ring
     from mmspec.models.hf_image import structured_span
 
@@ -194,10 +195,14 @@ def test_initial_drafts_of_free_positions_are_never_structure_tokens(init):
     seq[:, :4] = torch.tensor([1, 2, 3, 4])  # the first row committed, closed by its end-of-line
     ring = Ring(torch.zeros(2, L, V, dtype=torch.float64))  # the laws of the live window, slot = position mod L
     positions = torch.arange(4, 10).expand(2, -1)
-    SJD(init=init)._initialise(seq, ring, positions, torch.tensor([4, 4]), torch.rand(2, 6), 4, forced, span)
+    ahead = torch.tensor([[0.1, 0.05, 0.05, 0.0, 0.8], [0.0, 0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
+    SJD(init=init)._initialise(seq, ring, positions, torch.tensor([4, 4]), torch.rand(2, 6), 4, forced, span, ahead)
     drafts, free, laws = seq[:, 4:10], forced[4:10] < 0, ring.read(positions)
     assert (drafts[:, free] < 4).all() and (drafts[:, ~free] == 4).all()
     assert (laws.gather(-1, drafts[..., None]) > 0).all()
+    if init == "lookahead":
+        expected = torch.tensor([[0.5, 0.25, 0.25, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25, 0.0]], dtype=torch.float64)
+        torch.testing.assert_close(laws[:, free], expected[:, None].expand(2, int(free.sum()), V))
     torch.testing.assert_close(laws.sum(-1), torch.ones(2, 6, dtype=torch.float64))
     if init == "horizontal":
         assert (drafts[:, free] == 3).all()  # the token at position 2, the last free one before position 4

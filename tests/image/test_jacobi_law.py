@@ -120,20 +120,32 @@ def first_draft_always_accepted(p_x, q_x):
     return probability.index_fill(-1, torch.tensor([0]), 1.0) if probability.shape[-1] else probability
 
 
+def lookahead_stored_uniform(self, seq, laws, positions, drafted_end, draws, width, forced, span, ahead):
+    """A lookahead draft, sampled from the law past the window, is stored with the uniform law of a random draft.
+    (Storing the one-hot law of its own token would be no mutation: accept-with-p(x)-else-p-without-x is exact for any
+    x drawn independently of the test, only slower.)"""
+    _initialise(self, seq, laws, positions, drafted_end, draws, width, forced, span, ahead)
+    free = (positions >= drafted_end[:, None]) & (jacobi.forced_at(forced, positions) < 0)
+    laws.write(positions, span.uniform.to(laws.buffer).expand(*positions.shape, V), free)
+
+
 _jacobi_step, _accept_probability = jacobi.jacobi_step, jacobi.accept_probability
-MUTATIONS = {  # (object, attribute, replacement)
-    "resample_from_p": (jacobi, "residual_law", lambda p, q: p),
-    "stale_law_for_kept_drafts": (jacobi, "jacobi_step", stale_law_for_kept_drafts),
-    "no_kv_rollback": (TableImageModel, "rollback", lambda self, state, keep: None),
-    "misaligned_targets": (jacobi, "jacobi_step", misaligned_targets),
-    "forced_minimum_acceptance": (jacobi, "accept_probability", first_draft_always_accepted),
+_initialise = SJD._initialise
+MUTATIONS = {  # (object, attribute, replacement, the decoding it breaks)
+    "resample_from_p": (jacobi, "residual_law", lambda p, q: p, SJD(N, "horizontal", "maximal")),
+    "stale_law_for_kept_drafts": (jacobi, "jacobi_step", stale_law_for_kept_drafts, SJD(N, "horizontal", "maximal")),
+    "no_kv_rollback": (TableImageModel, "rollback", lambda self, state, keep: None, SJD(N, "horizontal", "maximal")),
+    "misaligned_targets": (jacobi, "jacobi_step", misaligned_targets, SJD(N, "horizontal", "maximal")),
+    "forced_minimum_acceptance": (jacobi, "accept_probability", first_draft_always_accepted,
+                                  SJD(N, "horizontal", "maximal")),
+    "lookahead_stored_uniform": (SJD, "_initialise", lookahead_stored_uniform, SJD(3, "lookahead", "maximal")),
 }
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 def test_mutations_are_rejected(mutation, monkeypatch):
-    owner, attribute, replacement = MUTATIONS[mutation]
+    owner, attribute, replacement, decoding = MUTATIONS[mutation]
     monkeypatch.setattr(owner, attribute, replacement)
-    tokens, _, model = decode_rows(SJD(N, "horizontal", "maximal"))
+    tokens, _, model = decode_rows(decoding)
     checks = law_checks(tokens, model)
     assert min(checks.values()) < ALPHA, f"mutation {mutation} was not detected: {checks}"
