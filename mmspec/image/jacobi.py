@@ -208,6 +208,7 @@ class SJD(DecodingComponent):
             seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
             span = DraftSpan.of(forced, N, L, V, device)
             ahead = opening.first_law  # [B, V] the law just past each row's last window, for init="lookahead"
+            everywhere = torch.arange(seq.shape[1], device=device)
         drafted_end = rows.committed.clone()  # positions < drafted_end hold a committed token or a draft
         try:
             yield rows.progress()
@@ -219,8 +220,9 @@ class SJD(DecodingComponent):
                 with timer("draft"):
                     # A fixed number of draws per row and iteration (init, accept, residual, fresh), whatever W is.
                     uniforms = uniform((B, 4, L), generator, device, dtype)
-                    self._initialise(seq, laws, inputs_at[:, 1:], drafted_end, uniforms[:, 0], model.grid[1], forced,
-                                     span, ahead)
+                    drafted = everywhere < drafted_end[:, None]
+                    initialise_drafts(self.init, seq, laws, inputs_at[:, 1:], True, drafted, uniforms[:, 0],
+                                      model.grid[1], forced, span, ahead)
                     inputs = seq.gather(1, inputs_at)
                     q = laws.read(inputs_at[:, 1:])  # [B, W - 1, V]
                     lengths = rows.draft_lengths(W)
@@ -256,45 +258,59 @@ class SJD(DecodingComponent):
         finally:  # also when the caller stops early: count what was committed
             rows.finish(opening.started)
 
-    def _initialise(
-        self,
-        seq: torch.Tensor,
-        laws: Ring,
-        positions: torch.Tensor,
-        drafted_end: torch.Tensor,
-        draws: torch.Tensor,
-        width: int,
-        forced: torch.Tensor | None,
-        span: DraftSpan,
-        ahead: torch.Tensor,
-    ) -> None:
-        """Draft the window positions [B, W - 1] that no earlier window reached (>= drafted_end), in place; draws:
-        [B, >= W - 1] uniforms for the random and lookahead initialisations; ahead: [B, V] each row's law just past
-        its last window. Free positions get image tokens only (`span`)."""
-        V = laws.buffer.shape[-1]
-        if self.init == "random":
-            F = span.ids.shape[0]
-            tokens = span.ids[(draws[:, : positions.shape[1]] * F).long().clamp(max=F - 1)]
-            law = span.uniform.to(laws.buffer.dtype).expand(*positions.shape, V)
-        elif self.init == "lookahead":
-            law = span.restrict(ahead).to(laws.buffer.dtype)[:, None].expand(*positions.shape, V)
-            tokens = inverse_cdf(law, draws[:, : positions.shape[1]])
-        else:
-            last = span.last_free_at(drafted_end - 1)[:, None].expand_as(positions)
-            source = last
-            if self.init == "vertical":  # the nearest row above that is already drafted; the first row repeats left
-                above = positions - ((positions - drafted_end[:, None]) // width + 1) * width
-                source = torch.where(above >= 0, span.last_free_at(above), last)
-            tokens = seq.gather(1, source)
-            law = torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype)
-        if forced is not None:
-            token = forced_at(forced, positions)
-            tokens = torch.where(token >= 0, token, tokens)
-            law = torch.where((token >= 0)[..., None], torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype),
-                              law)
-        new = positions >= drafted_end[:, None]
-        _write(seq, positions, tokens, new)
-        laws.write(positions, law, new)
+
+def initialise_drafts(
+    init: str,
+    seq: torch.Tensor,
+    laws: Ring,
+    positions: torch.Tensor,
+    where: torch.Tensor | bool,
+    drafted: torch.Tensor,
+    draws: torch.Tensor,
+    width: int,
+    forced: torch.Tensor | None,
+    span: DraftSpan,
+    ahead: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Draft the positions [B, W'] that hold nothing yet (not `drafted` [B, N + L] bool) and that `where` [B, W']
+    selects, by the rule `init` (one of `INITS`), in place; returns the [B, W'] bool mask of those drafted now.
+
+    draws: [B, >= W'] uniforms for the random and lookahead rules; ahead: [B, V] each row's law just past its last
+    window (lookahead only). A copy comes from the nearest drafted free position before the run of new positions
+    (horizontal) or from the nearest drafted position straight above (vertical, the horizontal copy where there is
+    none). Free positions get image tokens only (`span`); forced positions their token, with a one-hot law."""
+    V = laws.buffer.shape[-1]
+    count = positions.shape[1]
+    if init == "random":
+        F = span.ids.shape[0]
+        tokens = span.ids[(draws[:, :count] * F).long().clamp(max=F - 1)]
+        law = span.uniform.to(laws.buffer.dtype).expand(*positions.shape, V)
+    elif init == "lookahead":
+        law = span.restrict(ahead).to(laws.buffer.dtype)[:, None].expand(*positions.shape, V)
+        tokens = inverse_cdf(law, draws[:, :count])
+    else:
+        everywhere = torch.arange(drafted.shape[1], device=drafted.device)
+        last_known = torch.where(drafted & span.free, everywhere, -1).cummax(1).values  # [B, N + L]
+        before = (positions - 1).clamp(min=0)
+        last = last_known.gather(1, before)
+        source = torch.where(last >= 0, last, before)
+        if init == "vertical":  # the nearest drafted row above; the smallest step m wins
+            above = torch.full_like(positions, -1)
+            for m in range((count - 1) // width + 1, 0, -1):
+                candidate = positions - m * width
+                found = (candidate >= 0) & drafted.gather(1, candidate.clamp(min=0))
+                above = torch.where(found, candidate, above)
+            source = torch.where(above >= 0, span.last_free_at(above.clamp(min=0)), source)
+        tokens = seq.gather(1, source)
+        law = torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype)
+    if forced is not None:
+        token = forced_at(forced, positions)
+        tokens = torch.where(token >= 0, token, tokens)
+        law = torch.where((token >= 0)[..., None], torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype), law)
+    new = ~drafted.gather(1, positions) & where
+    _write(seq, positions, tokens, new)
+    laws.write(positions, law, new)
+    return new
 
 
 @dataclass(frozen=True)
@@ -345,11 +361,13 @@ class DraftSpan:
     an end-of-line), which has probability 0 there.
 
     ids: [F] long, the draftable ids; uniform: [V], the uniform law over them; last_free: [N + L] long, for each
-    absolute position the nearest free position at or before it (positions >= N are scratch, free)."""
+    absolute position the nearest free position at or before it; free: [N + L] bool, the positions no token is
+    forced at (positions >= N are scratch, free)."""
 
     ids: torch.Tensor
     uniform: torch.Tensor
     last_free: torch.Tensor
+    free: torch.Tensor
 
     @classmethod
     def of(cls, forced: torch.Tensor | None, N: int, L: int, V: int, device: torch.device) -> DraftSpan:
@@ -363,7 +381,7 @@ class DraftSpan:
         positions = torch.arange(N + L, device=device)
         last_free = torch.where(free, positions, -1).cummax(0).values
         ids = draftable.nonzero().flatten()
-        return cls(ids, draftable.float() / len(ids), torch.where(last_free >= 0, last_free, positions))
+        return cls(ids, draftable.float() / len(ids), torch.where(last_free >= 0, last_free, positions), free)
 
     def restrict(self, law: torch.Tensor) -> torch.Tensor:
         """law [B, V] renormalised over the draftable ids; the uniform law over them where it has no mass there."""

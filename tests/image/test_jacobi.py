@@ -184,7 +184,7 @@ def test_initial_drafts_of_free_positions_are_never_structure_tokens(init):
     positions from the image ids 0..3 only and stores the law it drew from; horizontal and vertical copies come from
     the nearest free position (copying the end-of-line there would be a draft of probability 0, always rejected);
     a lookahead law is renormalised over the image ids (uniform over them if it has no mass there)."""
-    from mmspec.image.jacobi import DraftSpan, Ring
+    from mmspec.image.jacobi import DraftSpan, Ring, initialise_drafts
     from mmspec.models.hf_image import structured_span
 
     forced, N, L, V = structured_span(3, 3, 4), 12, 6, 5
@@ -196,7 +196,8 @@ def test_initial_drafts_of_free_positions_are_never_structure_tokens(init):
     ring = Ring(torch.zeros(2, L, V, dtype=torch.float64))  # the laws of the live window, slot = position mod L
     positions = torch.arange(4, 10).expand(2, -1)
     ahead = torch.tensor([[0.1, 0.05, 0.05, 0.0, 0.8], [0.0, 0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
-    SJD(init=init)._initialise(seq, ring, positions, torch.tensor([4, 4]), torch.rand(2, 6), 4, forced, span, ahead)
+    drafted = (torch.arange(N + L) < 4).expand(2, -1)
+    initialise_drafts(init, seq, ring, positions, True, drafted, torch.rand(2, 6), 4, forced, span, ahead)
     drafts, free, laws = seq[:, 4:10], forced[4:10] < 0, ring.read(positions)
     assert (drafts[:, free] < 4).all() and (drafts[:, ~free] == 4).all()
     assert (laws.gather(-1, drafts[..., None]) > 0).all()

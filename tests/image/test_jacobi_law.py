@@ -120,17 +120,18 @@ def first_draft_always_accepted(p_x, q_x):
     return probability.index_fill(-1, torch.tensor([0]), 1.0) if probability.shape[-1] else probability
 
 
-def lookahead_stored_uniform(self, seq, laws, positions, drafted_end, draws, width, forced, span, ahead):
+def lookahead_stored_uniform(init, seq, laws, positions, where, drafted, draws, width, forced, span, ahead=None):
     """A lookahead draft, sampled from the law past the window, is stored with the uniform law of a random draft.
     (Storing the one-hot law of its own token would be no mutation: accept-with-p(x)-else-p-without-x is exact for any
     x drawn independently of the test, only slower.)"""
-    _initialise(self, seq, laws, positions, drafted_end, draws, width, forced, span, ahead)
-    free = (positions >= drafted_end[:, None]) & (jacobi.forced_at(forced, positions) < 0)
-    laws.write(positions, span.uniform.to(laws.buffer).expand(*positions.shape, V), free)
+    new = _initialise(init, seq, laws, positions, where, drafted, draws, width, forced, span, ahead)
+    laws.write(positions, span.uniform.to(laws.buffer).expand(*positions.shape, V),
+               new & (jacobi.forced_at(forced, positions) < 0))
+    return new
 
 
 _jacobi_step, _accept_probability = jacobi.jacobi_step, jacobi.accept_probability
-_initialise = SJD._initialise
+_initialise = jacobi.initialise_drafts
 MUTATIONS = {  # (object, attribute, replacement, the decoding it breaks)
     "resample_from_p": (jacobi, "residual_law", lambda p, q: p, SJD(N, "horizontal", "maximal")),
     "stale_law_for_kept_drafts": (jacobi, "jacobi_step", stale_law_for_kept_drafts, SJD(N, "horizontal", "maximal")),
@@ -138,7 +139,7 @@ MUTATIONS = {  # (object, attribute, replacement, the decoding it breaks)
     "misaligned_targets": (jacobi, "jacobi_step", misaligned_targets, SJD(N, "horizontal", "maximal")),
     "forced_minimum_acceptance": (jacobi, "accept_probability", first_draft_always_accepted,
                                   SJD(N, "horizontal", "maximal")),
-    "lookahead_stored_uniform": (SJD, "_initialise", lookahead_stored_uniform, SJD(3, "lookahead", "maximal")),
+    "lookahead_stored_uniform": (jacobi, "initialise_drafts", lookahead_stored_uniform, SJD(3, "lookahead", "maximal")),
 }
 
 
