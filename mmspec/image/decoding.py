@@ -95,8 +95,8 @@ def probs_of(
 class Opening:
     """What every image decoding starts from: the image span (N tokens, V ids, forced tokens [N] or None), the
     model's state after the condition prefill, image token 0 of each row ([B] long, drawn from the prefill's
-    law first_law [B, V] with the caller's generator), the dtype of the processed laws (float32, or float64 for a float64 model),
-    the phase timer of `stats` and the start time."""
+    law first_law [B, V] with the caller's generator), the dtype of the processed laws (float32, or float64 for a
+    float64 model), the phase timer of `stats` and the start time."""
 
     N: int
     V: int
