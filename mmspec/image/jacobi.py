@@ -34,8 +34,8 @@ iterations, the draft at i has law q given F_i, where q is the law stored with i
 function of F_i, or a lookahead sample (its law is an output of a forward whose inputs all lie before i, so a
 function of F_i, and it is drawn with a uniform of its own); a fresh redraft is a sample of p_t, whose value is fixed
 by F_i; a maximally coupled redraft is MRS(x, q, p_t) with x ~ q given F_i, which is distributed as p_t (the
-speculative-sampling lemma, applied to the draft rather than to the output); a Gumbel redraft argmax(log p_t + g_i) is distributed as p_t because g_i is
-independent of F_i. When i is verified, all of x_{<i} is committed and the target law there is the model's
+speculative-sampling lemma, applied to the draft rather than to the output); a Gumbel redraft argmax(log p_t + g_i)
+is distributed as p_t because g_i is independent of F_i. When i is verified, all of x_{<i} is committed and the target law there is the model's
 conditional p(. | x_{<i}), so accept-with-min(1, p/q)-else-residual emits x_i ~ p(. | x_{<i}) given F_i: the
 committed sequence has the AR joint law. Storing the stale q with a kept token, resampling from p instead of the
 residual, verifying draft i against the law of i - 1, or forcing an acceptance each break one step of this argument;
