@@ -26,19 +26,19 @@ The accepted drafts plus one token (the residual at the first rejection, or a sa
 committed; the cache keeps the keys/values of x_{c-1} and the accepted drafts; the new last token opens the next
 window. Rows advance independently: every row keeps its own committed length, window position and cache length.
 
-Why every mode is exact. Attach to each image position i the randomness drawn *for* it: its draft initialisation,
-the uniforms and samples of its acceptance test and redrafts, its Gumbel vector. Nothing computed for a position
-< i ever reads randomness of position i: outputs are causal, and which iteration verifies i and which window covers
-it depend only on the tests at positions < i. Let F_i be everything drawn for positions < i. By induction over
-iterations, the draft at i has law q given F_i, where q is the law stored with it: an initial draft is uniform, a
-function of F_i, or a lookahead sample (its law is an output of a forward whose inputs all lie before i, so a
-function of F_i, and it is drawn with a uniform of its own); a fresh redraft is a sample of p_t, whose value is fixed
-by F_i; a maximally coupled redraft is MRS(x, q, p_t) with x ~ q given F_i, which is distributed as p_t (the
-speculative-sampling lemma, applied to the draft rather than to the output); a Gumbel redraft argmax(log p_t + g_i)
-is distributed as p_t because g_i is independent of F_i. When i is verified, all of x_{<i} is committed and the target law there is the model's
-conditional p(. | x_{<i}), so accept-with-min(1, p/q)-else-residual emits x_i ~ p(. | x_{<i}) given F_i: the
-committed sequence has the AR joint law. Storing the stale q with a kept token, resampling from p instead of the
-residual, verifying draft i against the law of i - 1, or forcing an acceptance each break one step of this argument;
+Why every mode is exact. Attach to each image position i the randomness drawn *for* it: its draft initialisation, the
+uniforms and samples of its acceptance test and redrafts, its Gumbel vector. Nothing computed for a position < i ever
+reads randomness of position i: outputs are causal, and which iteration verifies i and which window covers it depend
+only on the tests at positions < i. Let F_i be everything drawn for positions < i. By induction over iterations, the
+draft at i has law q given F_i, where q is the law stored with it: an initial draft is uniform, a function of F_i, or a
+lookahead sample (its law is an output of a forward whose inputs all lie before i, so a function of F_i, and it is drawn
+with a uniform of its own); a fresh redraft is a sample of p_t, whose value is fixed by F_i; a maximally coupled redraft
+is MRS(x, q, p_t) with x ~ q given F_i, which is distributed as p_t (the speculative-sampling lemma, applied to the
+draft rather than to the output); a Gumbel redraft argmax(log p_t + g_i) is distributed as p_t because g_i is
+independent of F_i. When i is verified, all of x_{<i} is committed and the target law there is the model's conditional
+p(. | x_{<i}), so accept-with-min(1, p/q)-else-residual emits x_i ~ p(. | x_{<i}) given F_i: the committed sequence has
+the AR joint law. Storing the stale q with a kept token, resampling from p instead of the residual, verifying draft i
+against the law of i - 1, or forcing an acceptance each break one step of this argument;
 `tests/image/test_jacobi_law.py` shows the law test rejecting each.
 """
 
