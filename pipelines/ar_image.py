@@ -198,6 +198,8 @@ class ARImagePipeline(MMSpecPipeline):
         coupling: str | None = None,
         tree_width: int | None = None,
         tree_depth: int | None = None,
+        rows: int | None = None,
+        lag: int | None = None,
         draft_length: int | None = None,
         acceptance: Acceptance | str | None = None,
         lantern_k: int | None = None,
@@ -254,6 +256,9 @@ class ARImagePipeline(MMSpecPipeline):
             tree_width (`int`, *optional*), tree_depth (`int`, *optional*): `"sjd"` only: a frontier tree (SJD-PAC's
                 proactive drafting, exact): `tree_width` candidates at each of the window's first `tree_depth` draft
                 positions (default 1: no tree; depth 2).
+            rows (`int`, *optional*), lag (`int`, *optional*): `"pjd"` only (parallel Jacobi decoding, lossy unless
+                rows is 1): grid rows decoding at once, each in its own window of `window` positions (default 2),
+                and the columns a row stays behind the committed frontier of the row above (default 2).
             draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward.
             acceptance (`Acceptance` or `str`, *optional*): `"sjd"` / `"draft"`: `Exact()` (default, lossless) or
                 `Lantern(k=, delta=, lam=)` (LANTERN relaxed acceptance over codebook neighbours: faster, lossy;
@@ -273,7 +278,7 @@ class ARImagePipeline(MMSpecPipeline):
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
         adapter = self.image_adapter(height, width)
         options = {"window": window, "init": init, "coupling": coupling, "tree_width": tree_width,
-                   "tree_depth": tree_depth, "draft_length": draft_length,
+                   "tree_depth": tree_depth, "rows": rows, "lag": lag, "draft_length": draft_length,
                    "acceptance": acceptance, "lantern_k": lantern_k, "lantern_delta": lantern_delta,
                    "lantern_lam": lantern_lam}
         decoding = self.decoding_for_call(decoding, options, implied="auto")

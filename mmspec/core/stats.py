@@ -102,14 +102,15 @@ class SpecStats(DecodingStats):
     _pending: list = field(default_factory=list, repr=False)
 
     def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor | None = None,
-                    active: torch.Tensor | None = None) -> None:
+                    active: torch.Tensor | None = None, stepped: torch.Tensor | None = None) -> None:
         """result: the step's VerifyResult; draft_lengths: [B'] long. Either `rows`: [B'] long, the indices in the
-        caller's batch of the rows still generating, or `active`: [B] bool, which rows of a full batch took part
-        (the others' entries are ignored; no host sync)."""
+        caller's batch of the rows still generating, or `active`: [B'] bool, which entries took part (the others'
+        are ignored; no host sync). stepped: [B] bool, which samples took a step when a sample verifies several
+        chains at once (PJD's row windows: B' = B * windows); default `active`."""
         if active is None:
             self.steps.index_add_(0, rows, torch.ones_like(rows))
         else:
-            self.steps += active.long()
+            self.steps += (active if stepped is None else stepped).long()
         excess = result.excess_acceptance
         self._pending.append((result.n_accepted, draft_lengths, None if excess is None else excess.double(), active))
 

@@ -244,7 +244,7 @@ class SJD(DecodingComponent):
                         walk = tree.layout.walk(p_nodes, q, tree.tokens, tree.valid, uniforms[:, 1], tree.uniforms)
                         verified, tokens, path = merge(verified, tokens, walk, tree.tokens, uniforms[:, 2],
                                                        uniforms[:, 3])
-                    _write(seq, outputs_at, tokens, active[:, None])
+                    write_at(seq, outputs_at, tokens, active[:, None])
                     laws.write(outputs_at, result.laws, active[:, None])
                     last = result.laws.gather(1, _rows(lengths[:, None], V)).squeeze(1)  # a row's last real output
                     ahead = torch.where(active[:, None], last, ahead)
@@ -308,7 +308,7 @@ def initialise_drafts(
         tokens = torch.where(token >= 0, token, tokens)
         law = torch.where((token >= 0)[..., None], torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype), law)
     new = ~drafted.gather(1, positions) & where
-    _write(seq, positions, tokens, new)
+    write_at(seq, positions, tokens, new)
     laws.write(positions, law, new)
     return new
 
@@ -407,7 +407,7 @@ class Ring:
 
     def write(self, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
         """Store values [B, W, V] at `positions` where `where` [B, W] (broadcastable) holds, in place."""
-        _write(self.buffer, positions % self.buffer.shape[1], values, where)
+        write_at(self.buffer, positions % self.buffer.shape[1], values, where)
 
 
 def gumbel(seeds: torch.Tensor, positions: torch.Tensor, V: int, dtype: torch.dtype) -> torch.Tensor:
@@ -423,7 +423,7 @@ def _rows(positions: torch.Tensor, V: int) -> torch.Tensor:
     return positions[..., None].expand(-1, -1, V)
 
 
-def _write(buffer: torch.Tensor, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
+def write_at(buffer: torch.Tensor, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
     """buffer[b, positions[b, w]] = values[b, w] where `where` [B, W] (broadcastable) holds, in place; buffer is
     [B, S] (tokens) or [B, S, V] (laws)."""
     index = positions if buffer.ndim == 2 else _rows(positions, buffer.shape[-1])

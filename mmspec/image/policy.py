@@ -62,11 +62,13 @@ class Choice:
 
 def explicit_method(options: dict) -> str | None:
     """The method that options given with `decoding="auto"` configure — an explicit setting wins over the policy:
-    `draft_length` -> "draft", any other (window, init, coupling, acceptance, lantern_*) -> "sjd"; None if none is
-    given (then the policy chooses)."""
+    `draft_length` -> "draft", `rows` or `lag` -> "pjd", any other (window, init, coupling, acceptance, lantern_*,
+    tree_*) -> "sjd"; None if none is given (then the policy chooses)."""
     given = {name for name, value in options.items() if value is not None}
     if "draft_length" in given:
         return "draft"
+    if given & {"rows", "lag"}:
+        return "pjd"
     return "sjd" if given else None
 
 

@@ -8,10 +8,11 @@ from mmspec.core.component import DecodingComponent, component_from
 from mmspec.image.decoding import AR
 from mmspec.image.draft_model import DraftModel
 from mmspec.image.jacobi import SJD
+from mmspec.image.parallel import PJD
 from mmspec.options import IMAGE_DECODINGS
 
 # every name of mmspec.options.IMAGE_DECODINGS but "auto", which pipelines resolve (mmspec.image.policy)
-DECODINGS: dict[str, type[DecodingComponent]] = {"ar": AR, "sjd": SJD, "draft": DraftModel}
+DECODINGS: dict[str, type[DecodingComponent]] = {"ar": AR, "sjd": SJD, "draft": DraftModel, "pjd": PJD}
 
 
 def image_acceptance(acceptance=None, lantern_k: int | None = None, lantern_delta: float | None = None,

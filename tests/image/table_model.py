@@ -21,6 +21,8 @@ class TableState:
     length: torch.Tensor  # [B] long, tokens kept per row
     cfg: bool
     tree_start: torch.Tensor | None = None  # [B] lengths before the last forward_tree
+    cached: torch.Tensor | None = None  # [B, N] bool, positions committed through commit_segments
+    segment_inputs: tuple | None = None  # (tokens, positions) [B, T] of the last forward_segments
 
 
 class TableImageModel:
@@ -85,6 +87,32 @@ class TableImageModel:
         target = state.tree_start[:, None] + torch.arange(1, path.shape[1] + 1)
         source = torch.where(path >= 0, state.tree_start[:, None] + path, target)
         state.tokens.scatter_(1, target, state.tokens.gather(1, source))
+
+    def forward_segments(self, tokens: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor,
+                         state: TableState) -> ImageLogits:
+        """PJD's row windows: token t's law reads, at every position before its own, the token of its segment there
+        (itself included) if any, else the committed token if `commit_segments` cached it, else 0 (a hole)."""
+        B, T = tokens.shape
+        if state.cached is None:
+            state.cached = torch.zeros(B, self.N, dtype=torch.bool)
+        state.segment_inputs = (tokens, positions)
+        sequences = torch.where(state.cached, state.tokens[:, : self.N], 0)[:, None].expand(B, T, self.N).clone()
+        at = positions.clamp(max=self.N - 1)
+        for source in range(T):  # input `source` is seen by the later inputs of its segment
+            seen = (segments == segments[:, source, None]) & (torch.arange(T) >= source) & (positions[:, source, None]
+                                                                                             < self.N)
+            index = at[:, source, None, None].expand(B, T, 1)
+            sequences.scatter_(2, index, torch.where(seen[..., None], tokens[:, source, None, None],
+                                                     sequences.gather(2, index)))
+        lengths = (positions + 1).reshape(B * T, 1)
+        logits = self.logits_of(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T), lengths, state.cfg)
+        return ImageLogits(logits.cond.view(B, T, -1), None if logits.uncond is None else logits.uncond.view(B, T, -1))
+
+    def commit_segments(self, state: TableState, keep: torch.Tensor) -> None:
+        tokens, positions = state.segment_inputs
+        rows, inputs = keep.nonzero(as_tuple=True)
+        state.tokens[rows, positions[rows, inputs]] = tokens[rows, inputs]
+        state.cached[rows, positions[rows, inputs]] = True
 
     def rollback(self, state: TableState, keep: torch.Tensor) -> None:
         state.length = keep.clone()

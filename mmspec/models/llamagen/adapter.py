@@ -29,6 +29,8 @@ class LlamaGenState:
     batch_size: int
     cfg: bool
     tree_start: torch.Tensor | None = None  # [R] fill levels before the last `forward_tree`, for `keep_path`
+    cached: torch.Tensor | None = None  # [R, S] bool, slots a segment input may read (`forward_segments`)
+    segment_slots: torch.Tensor | None = None  # [R, T] the slots of the last `forward_segments`'s inputs
 
 
 class LlamaGenAdapter:
@@ -88,6 +90,33 @@ class LlamaGenAdapter:
         cache = state.cache
         cache.k[:, rows, :, target] = cache.k[:, rows, :, source]
         cache.v[:, rows, :, target] = cache.v[:, rows, :, source]
+
+    def forward_segments(self, tokens: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor,
+                         state: LlamaGenState) -> ImageLogits:
+        """Score tokens [B, T] at image positions [B, T] in segments [B, T] (PJD's row windows,
+        `mmspec.image.parallel`): token t sees the committed tokens before its position and its segment up to
+        itself; logits [B, T, V]. The state's fill levels are not used: what a query reads is what
+        `commit_segments` cached."""
+        model, cache = self.transformer, state.cache
+        if state.cached is None:  # the condition prefix, the only thing cached after the prefill
+            state.cached = cache.key_valid & (torch.arange(cache.capacity, device=tokens.device) < cache.lengths[:, None])
+        rows = (lambda t: torch.cat([t, t])) if state.cfg else (lambda t: t)
+        state.segment_slots = rows(positions) + model.config.cls_token_num
+        logits = model.forward_segments(model.tok_embeddings(rows(tokens)), cache, state.segment_slots,
+                                        rows(segments), state.cached)
+        return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
+
+    def commit_segments(self, state: LlamaGenState, keep: torch.Tensor) -> None:
+        """After `forward_segments`: cache the keys/values of the kept inputs (keep [B, T] bool) at their positions."""
+        keep = torch.cat([keep, keep]) if state.cfg else keep
+        T = keep.shape[1]
+        source = self.transformer.config.cls_token_num + self.num_image_tokens + torch.arange(T, device=keep.device)
+        target = torch.where(keep, state.segment_slots, source)  # an input not kept is copied onto itself
+        rows = torch.arange(keep.shape[0], device=keep.device)[:, None]
+        cache = state.cache
+        cache.k[:, rows, :, target] = cache.k[:, rows, :, source.expand_as(target)]
+        cache.v[:, rows, :, target] = cache.v[:, rows, :, source.expand_as(target)]
+        state.cached.scatter_(1, target, keep | state.cached.gather(1, target))
 
     def rollback(self, state: LlamaGenState, keep: torch.Tensor) -> None:
         lengths = keep + self.transformer.config.cls_token_num

@@ -353,6 +353,30 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         cache.max_length += W
         return self.output(self.norm(h)).float()
 
+    def forward_segments(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor, segments: torch.Tensor,
+                         cached: torch.Tensor) -> torch.Tensor:
+        """Score T inputs per row that sit at scattered positions, under a segment-causal mask (PJD's row windows).
+
+        x: [R, T, dim] embedded inputs; positions: [R, T] the slot each input belongs to (condition length + image
+        position; rotary position too); segments: [R, T] long, inputs of one segment are consecutive; cached: [R, S]
+        bool, the slots holding keys/values a query may read. Input t sees the cached slots before its own position
+        and the inputs of its segment up to itself. The inputs' keys/values go to the scratch slots past the image
+        (base .. base + T - 1, base = condition length + N), where `commit_segments` of the adapter copies them from.
+        Returns logits [R, T, V] float32; the fill levels are not moved."""
+        R, T = segments.shape
+        base = self.config.cls_token_num + self.num_image_tokens
+        if base + T > cache.capacity:
+            raise ValueError(f"{T} segment inputs overflow the cache's {cache.capacity - base} scratch slots")
+        index = torch.arange(T, device=x.device)
+        slots = (base + index).expand(R, T)
+        keys = torch.arange(cache.capacity, device=x.device)
+        scratch = (keys >= base) & (keys < base + T)  # [S]
+        own = (segments[:, None, :] == segments[:, :, None]) & (index[None, :] <= index[:, None])  # [R, T, T]
+        own = scratch & own.gather(2, (keys - base).clamp(0, T - 1).expand(R, T, -1))  # [R, T, S]
+        before = ~scratch & cached[:, None, :] & (keys < positions[..., None])
+        h = self._blocks(x, slots, (own | before)[:, None], cache, positions)
+        return self.output(self.norm(h)).float()
+
     def _mask(self, slots: torch.Tensor, key_valid: torch.Tensor, capacity: int | None = None,
               ancestors: torch.Tensor | None = None) -> torch.Tensor:
         """[R, 1, W, S] bool: a query at slot s sees valid keys at slots <= s, and always itself (so that a padded

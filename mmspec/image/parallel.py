@@ -1,0 +1,255 @@
+"""Parallel Jacobi decoding (PJD; Liao et al., CVPR 2026, arXiv 2606.05703): several image rows decode at once, each
+with its own Jacobi window, under a row-causal mask. Lossy; `rows=1` is SJD exactly.
+
+The image's grid rows are the unit. The lowest row not yet complete decodes as in SJD (`mmspec.image.jacobi`): a
+window of W target positions after its committed tokens, exact acceptance with min(1, p/q), coupled redrafts. Up to
+`rows - 1` rows below it decode at the same time, each in a window of its own: row r + 1 may commit a column only
+`lag` columns behind row r's committed frontier, so the tokens just above (and up to `lag` to their right) are
+committed when it does. All windows go through one target forward in which a window's tokens see the committed
+tokens before them and the earlier tokens of their own window, and never another window's drafts (the row-causal
+mask; `forward_segments` of the adapter). Each window is verified on its own with SJD's step (`jacobi_step`):
+accepted drafts and one closing token are committed per window, the others stay as the next drafts.
+
+Deviation from the AR law. A token of row r + 1 is accepted against the target's law given the committed tokens only:
+row r's tokens right of its frontier minus `lag` (and, at the start of a row, the last tokens of the row above) are
+not seen. The committed image is a sample of a different joint law, where each token of a lower row is drawn without
+part of its raster prefix; its keys/values are cached as computed then, so later tokens read them too. The distortion
+shrinks as `lag` grows (at lag >= width no two rows overlap and PJD is SJD again) and is measured, not bounded:
+`tests/image/test_parallel.py` measures the total-variation distance of its output law from AR's on a lookup-table
+model and `python -m mmspec.eval.quality --methods ar pjd` the distribution shift on the embedded model.
+
+`rows=1` runs the same loop with one window and gives the tokens SJD gives for the same seeds (tested), the knob at
+zero of this lossy mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from mmspec.core.component import DecodingComponent
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.rng import Generators, sample_seeds, uniform
+from mmspec.core.stats import SpecStats
+from mmspec.core.verify import VerifyResult
+from mmspec.image.decoding import PAD_ID, Commits, DecodeStep, open_decoding, probs_of
+from mmspec.image.jacobi import DraftSpan, Ring, write_at, gumbel, initialise_drafts, jacobi_step
+from mmspec.image.protocol import DiscreteImageModel
+from mmspec.options import COUPLINGS, INITS
+
+PJD_INITS = tuple(init for init in INITS if init != "lookahead")
+
+
+@dataclass(frozen=True)
+class PJD(DecodingComponent):
+    """Parallel Jacobi decoding over image rows (lossy unless rows == 1).
+
+    window: W, target positions per row window. rows: grid rows decoding at once (1 = SJD with the same settings,
+    token for token). lag: how many columns a row stays behind the committed frontier of the row above. init /
+    coupling: as SJD's (`"lookahead"` is SJD's only). Needs an adapter with `forward_segments` / `commit_segments`
+    (LlamaGen's and the embedded models').
+    """
+
+    name: ClassVar[str] = "pjd"
+    modality: ClassVar[str] = "image"
+    window: int = 8
+    rows: int = 2
+    lag: int = 2
+    init: str = "horizontal"
+    coupling: str = "maximal"
+
+    def __post_init__(self):
+        self.check_count("window", "target positions per row window")
+        self.check_count("rows", "grid rows decoding at once")
+        self.check_count("lag", "columns a row stays behind the row above")
+        if self.init not in PJD_INITS:
+            raise ValueError(f"init must be one of {PJD_INITS}, got {self.init!r}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        super().__post_init__()
+
+    @property
+    def lossless(self) -> bool:
+        return self.rows == 1
+
+    @torch.no_grad()
+    def __call__(
+        self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
+    ):
+        missing = [name for name in ("forward_segments", "commit_segments") if not callable(getattr(model, name, None))]
+        if missing:
+            raise ValueError(f"decoding='pjd' needs a model adapter with forward_segments and commit_segments; "
+                             f"{type(model).__name__} has no {' or '.join(missing)}")
+        W, R = self.window, self.rows
+        height, width = model.grid
+        slots = R * W + (R > 1)  # the row windows, and one slot for a closing token no window starts from
+        opening = open_decoding(model, condition, sampling, generator, stats, max_window=slots + 1)
+        N, V, forced, state, timer = opening.N, opening.V, opening.forced, opening.state, opening.timer
+        B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
+
+        with timer("draft"):
+            rows = RowCommits(opening.first_token, N, W, stats, height, width)
+            seq = rows.seq
+            laws = Ring(torch.zeros(B, R * width + 2 * W, V, dtype=dtype, device=device))  # all live drafts
+            seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
+            span = DraftSpan.of(forced, N, W, V, device)
+            drafted = torch.zeros(B, N + W, dtype=torch.bool, device=device)
+            drafted[:, 0] = True
+            cached = torch.zeros(B, N, dtype=torch.bool, device=device)  # keys/values in the model's state
+            j = torch.arange(W, device=device)
+        try:
+            yield rows.progress()
+            while rows.minimum < N:
+                with timer("draft"):
+                    windows = rows.windows(R, W, self.lag)
+                    starts, lengths, active = windows.starts, windows.lengths, windows.active  # [B, R]
+                    inputs_at = starts[..., None] - 1 + j  # [B, R, W] absolute positions
+                    draws = uniform((B, R, 4, W), generator, device, dtype)
+                    # Window by window (their padding positions may repeat another window's): the first input of
+                    # a window that opens under an unfinished row is a draft of that row, then the new drafts.
+                    for k in range(R):
+                        real = active[:, k, None] & (j[:-1] < lengths[:, k, None])  # [B, W - 1]
+                        for at, where, u in ((inputs_at[:, k, :1], active[:, k, None], draws[:, k, 0, W - 1 :]),
+                                             (inputs_at[:, k, 1:], real, draws[:, k, 0, : W - 1])):
+                            new = initialise_drafts(self.init, seq, laws, at, where, drafted, u, width, forced, span)
+                            drafted |= _mask_at(drafted, at, new)
+                    tokens = seq.gather(1, inputs_at.flatten(1)).view(B, R, W)
+                    q = laws.read(inputs_at[..., 1:].flatten(1)).view(B, R, W - 1, V)
+                    orphan = rows.orphan(cached, windows)  # [B], -1 where none
+                    layout = Segments.of(inputs_at, orphan, seq)
+                with timer("target"):
+                    logits = model.forward_segments(layout.tokens, layout.positions, layout.segments, state)
+                stats.target_forwards += 1
+                with timer("verify"):
+                    outputs_at = inputs_at + 1
+                    p = probs_of(logits.at(slice(0, R * W)), sampling, outputs_at.flatten(1), forced)
+                    p = p.view(B * R, W, V)
+                    g = None if seeds is None else gumbel(seeds.repeat_interleave(R), outputs_at.flatten(0, 1), V,
+                                                          p.dtype)
+                    result = jacobi_step(p, tokens[..., 1:].flatten(0, 1), q.flatten(0, 1), lengths.flatten(),
+                                         draws[:, :, 1:].flatten(0, 1), self.coupling, g)
+                    n = result.verify.n_accepted.view(B, R)
+                    written = active[..., None] & (j <= lengths[..., None])  # [B, R, W] the real outputs
+                    step_tokens, step_laws = result.tokens.view(B, R, W), result.laws.view(B, R, W, V)
+                    for k in range(R):
+                        write_at(seq, outputs_at[:, k], step_tokens[:, k], written[:, k])
+                        laws.write(outputs_at[:, k], step_laws[:, k], written[:, k])
+                    drafted |= _mask_at(drafted, outputs_at.flatten(1), written.flatten(1))
+                    # Cache the window inputs that are now committed: the accepted drafts and the first input when
+                    # it is committed (a draft of the row above stays out); the orphaned closing token always.
+                    first_committed = rows.committed_at(inputs_at[..., 0])
+                    keep = active[..., None] & (j <= n[..., None]) & ((j > 0) | first_committed[..., None])
+                    keep = layout.with_orphan(keep.flatten(1), orphan >= 0)
+                    cached |= _mask_at(cached, layout.positions.clamp(max=N - 1), keep)
+                    rows.advance(starts, n, active, result.verify, lengths)
+                with timer("target"):
+                    model.commit_segments(state, keep)
+                yield rows.progress()
+        finally:  # also when the caller stops early: count what was committed
+            rows.finish(opening.started)
+
+
+@dataclass(frozen=True)
+class RowWindows:
+    """One iteration's row windows, [B, R] each: the row they decode, their first target position (starts), their
+    real drafts (lengths; target positions = lengths + 1) and whether they run (active)."""
+
+    rows: torch.Tensor
+    starts: torch.Tensor
+    lengths: torch.Tensor
+    active: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Segments:
+    """The tokens of one `forward_segments` call, [B, T] each: the row windows back to back (segment k = window k),
+    then, with more than one window, one slot for an orphaned closing token (segment R; position 0 when unused)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    segments: torch.Tensor
+
+    @classmethod
+    def of(cls, inputs_at: torch.Tensor, orphan: torch.Tensor, seq: torch.Tensor) -> Segments:
+        B, R, W = inputs_at.shape
+        positions = inputs_at.flatten(1)
+        segments = torch.arange(R, device=seq.device).repeat_interleave(W).expand(B, -1)
+        if R > 1:
+            positions = torch.cat([positions, orphan.clamp(min=0)[:, None]], 1)
+            segments = torch.cat([segments, torch.full((B, 1), R, device=seq.device)], 1)
+        return cls(seq.gather(1, positions), positions, segments)
+
+    def with_orphan(self, keep: torch.Tensor, orphan: torch.Tensor) -> torch.Tensor:
+        """keep [B, R * W] extended by the orphan slot's flag [B] when the layout has one."""
+        return torch.cat([keep, orphan[:, None]], 1) if keep.shape[1] < self.positions.shape[1] else keep
+
+
+class RowCommits(Commits):
+    """`Commits` where the committed tokens need not be a prefix: each grid row commits a prefix of itself.
+
+    done: [B, N] bool, the committed positions; `committed` stays the length of the committed raster prefix (what
+    `DecodeStep.n_committed` reports and the loop waits on)."""
+
+    def __init__(self, first_tokens: torch.Tensor, N: int, extra: int, stats: SpecStats, height: int, width: int):
+        super().__init__(first_tokens, N, extra, stats)
+        self.height, self.width = height, width
+        self.done = torch.zeros(first_tokens.shape[0], N, dtype=torch.bool, device=first_tokens.device)
+        self.done[:, 0] = True
+
+    def committed_at(self, positions: torch.Tensor) -> torch.Tensor:
+        """Whether each of `positions` (any shape, values >= -1) is committed; -1 never is."""
+        flat = positions.flatten(1)
+        return (self.done.gather(1, flat.clamp(min=0)) & (flat >= 0)).view_as(positions)
+
+    def windows(self, R: int, W: int, lag: int) -> RowWindows:
+        """The row windows of this iteration: the lowest unfinished row and the R - 1 rows after it. Row k >= 1 may
+        commit up to `lag` columns short of row k - 1's frontier; the lowest row runs across its row end (as SJD
+        does) unless the next row has begun."""
+        B, device, w = self.done.shape[0], self.done.device, self.width
+        in_row = self.done.view(B, self.height, w).long().cumprod(-1).sum(-1)  # [B, H] committed prefix of a row
+        lowest = (in_row == w).long().sum(1)  # rows finish in order
+        rows = lowest[:, None] + torch.arange(R, device=device)
+        exists = rows < self.height
+        row = rows.clamp(max=self.height - 1)
+        starts = row * w + in_row.gather(1, row)  # [B, R] each row's frontier
+        limit = torch.cat([torch.full_like(starts[:, :1], self.N), starts[:, :-1] + w - lag], 1)
+        active = exists & (limit > starts)
+        if R > 1:  # the lowest row stops at its row end once the next row has committed or runs now
+            begun = (in_row.gather(1, row[:, 1:2]).squeeze(1) > 0) | active[:, 1]
+            limit[:, 0] = torch.where(begun, (row[:, 0] + 1) * w, self.N)
+        lengths = ((limit - starts).clamp(max=W) - 1).clamp(min=0)
+        return RowWindows(rows, starts, lengths, active)
+
+    def orphan(self, cached: torch.Tensor, windows: RowWindows) -> torch.Tensor:
+        """[B] the committed position whose keys/values are not cached and which no window of this iteration starts
+        from (a row's closing token when the next row had begun), -1 where there is none (at most one per sample)."""
+        loose = (self.done & ~cached).scatter(1, windows.starts - 1, False)
+        position = loose.long().argmax(1)
+        return torch.where(loose.any(1), position, -1)
+
+    def advance(self, starts: torch.Tensor, n: torch.Tensor, active: torch.Tensor, result: VerifyResult,
+                lengths: torch.Tensor) -> None:
+        """Commit n + 1 tokens from each active window's start (starts, n, active, lengths: [B, R]) and record the
+        step per window."""
+        self.step += 1
+        position = torch.arange(self.N, device=starts.device)
+        window = (position >= starts[..., None]) & (position <= (starts + n)[..., None]) & active[..., None]
+        newly = window.any(1) & ~self.done  # [B, N]
+        self.done |= newly
+        self.stats.acceptance_map.masked_fill_(newly, self.step)
+        self.stats.record_step(result, lengths.flatten(), active=active.flatten(), stepped=active.any(1))
+        self.committed = self.done.long().cumprod(1).sum(1)
+
+    def progress(self) -> DecodeStep:
+        self.minimum = int(self.committed.min())
+        tokens = torch.where(self.done, self.seq[:, : self.N], PAD_ID)
+        return DecodeStep(self.step, tokens, self.committed.clone(), self.minimum)
+
+
+def _mask_at(mask: torch.Tensor, positions: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """A bool tensor shaped like `mask` [B, S]: True at positions[b, t] where `where` [B, T] holds (repeated
+    positions are OR-ed)."""
+    hits = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
+    return hits.scatter_add_(1, positions, where.long()) > 0
