@@ -148,18 +148,25 @@ def check_generate(args) -> None:
     check_prompts(args.prompt)
     for flag, low in (("--n", 1), ("--seed", 0), ("--guidance-scale", 0), ("--temperature", 0), ("--top-k", 0),
                       ("--height", 1), ("--width", 1), ("--window", 1), ("--tree-width", 1), ("--tree-depth", 1),
-                      ("--draft-length", 1), ("--lantern-k", 1), ("--lantern-lam", 1), ("--upscale", 1)):
+                      ("--rows", 1), ("--lag", 1), ("--draft-length", 1), ("--lantern-k", 1), ("--lantern-lam", 1),
+                      ("--upscale", 1)):
         check_number(args, flag, low)
     check_number(args, "--top-p", 0, 1, low_open=True)
     check_number(args, "--lantern-delta", 0, 1)
     sjd = args.decoding in ("sjd", "auto") and args.draft_length is None
-    check_only_with(args, ("--window", "--init", "--coupling", "--tree-width"), sjd, "--decoding sjd (or auto)")
+    pjd = args.decoding in ("pjd", "auto") and args.draft_length is None and args.tree_width is None
+    check_only_with(args, ("--window", "--init", "--coupling"), sjd or pjd, "--decoding sjd, pjd (or auto)")
+    check_only_with(args, ("--tree-width",), sjd and args.rows is None and args.lag is None, "--decoding sjd (or auto)")
+    check_only_with(args, ("--rows", "--lag"), pjd, "--decoding pjd (or auto)")
+    if pjd and args.init == "lookahead" and (args.decoding == "pjd" or args.rows or args.lag):
+        raise UsageError("--init lookahead is SJD's only; pjd takes random, horizontal or vertical")
     check_only_with(args, ("--tree-depth",), (args.tree_width or 1) > 1, "--tree-width > 1")
     check_only_with(args, ("--tree-width",), args.acceptance in (None, "exact"), "--acceptance exact")
     if args.tree_depth is not None and args.tree_depth >= (args.window or 16):
         raise UsageError(f"--tree-depth must be < the window ({args.window or 16}), got {args.tree_depth}")
     check_only_with(args, ("--draft-length",), args.decoding in ("draft", "auto"), "--decoding draft (or auto)")
-    check_only_with(args, ("--acceptance",), args.decoding != "ar", "--decoding sjd, draft or auto")
+    parallel = args.decoding == "pjd" or args.rows is not None or args.lag is not None
+    check_only_with(args, ("--acceptance",), args.decoding != "ar" and not parallel, "--decoding sjd, draft or auto")
     check_only_with(args, ("--lantern-k", "--lantern-delta", "--lantern-lam"), args.acceptance == "lantern",
                     "--acceptance lantern")
     check_output(args.out, IMAGE_EXTENSIONS)
@@ -264,7 +271,8 @@ def run_generate(args) -> int:
             "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
             "negative_prompt": args.negative_prompt}
     method = {"decoding": args.decoding, "window": args.window, "init": args.init, "coupling": args.coupling,
-              "tree_width": args.tree_width, "tree_depth": args.tree_depth, "draft_length": args.draft_length,
+              "tree_width": args.tree_width, "tree_depth": args.tree_depth, "rows": args.rows, "lag": args.lag,
+              "draft_length": args.draft_length,
               "acceptance": args.acceptance, "lantern_k": args.lantern_k,
               "lantern_delta": args.lantern_delta, "lantern_lam": args.lantern_lam}
     if args.remeasure:
@@ -404,14 +412,20 @@ def build_parser() -> Parser:
     image.add_argument("--decoding", choices=IMAGE_DECODINGS, default="auto",
                        help="'auto': the fastest exact decoding for this device and batch (SJD at the window a "
                             "measured cost curve favours, or AR when none pays); 'sjd': speculative Jacobi decoding; "
-                            "'draft': the pipeline's draft model drafts; 'ar': a token per forward")
-    image.add_argument("--window", type=int, default=None, help="sjd: tokens per target forward (default: auto's)")
-    image.add_argument("--init", choices=INITS, default=None, help="sjd: draft initialisation (default: best)")
-    image.add_argument("--coupling", choices=COUPLINGS, default=None, help="sjd: redraft coupling (default: best)")
+                            "'draft': the pipeline's draft model drafts; 'pjd': parallel Jacobi decoding over image "
+                            "rows (lossy unless --rows 1); 'ar': a token per forward")
+    image.add_argument("--window", type=int, default=None,
+                       help="sjd: tokens per target forward (default: auto's); pjd: per row window")
+    image.add_argument("--init", choices=INITS, default=None, help="sjd / pjd: draft initialisation (default: best)")
+    image.add_argument("--coupling", choices=COUPLINGS, default=None,
+                       help="sjd / pjd: redraft coupling (default: best)")
     image.add_argument("--tree-width", type=int, default=None,
                        help="sjd: candidates per position of a frontier tree (SJD-PAC's proactive drafting, exact; "
                             "default 1: none)")
     image.add_argument("--tree-depth", type=int, default=None, help="sjd: draft positions with a tree (default 2)")
+    image.add_argument("--rows", type=int, default=None, help="pjd: grid rows decoding at once (default 2)")
+    image.add_argument("--lag", type=int, default=None,
+                       help="pjd: columns a row stays behind the row above's committed frontier (default 2)")
     image.add_argument("--draft-length", type=int, default=None, help="draft: tokens drafted per target forward")
     image.add_argument("--acceptance", choices=acceptances("image"), default=None,
                        help="sjd / draft: 'exact' (default, lossless) or 'lantern' (relaxed over codebook neighbours, "

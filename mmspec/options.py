@@ -2,7 +2,8 @@
 so `mmspec --help` and the CLI's checks of its arguments answer before torch loads. The modules that implement the
 methods import their names from here."""
 
-IMAGE_DECODINGS = ("auto", "sjd", "draft", "pjd", "ar")  # "auto": the fastest exact one for the device (mmspec.image.policy)
+# "auto": the fastest exact one for the device (mmspec.image.policy); "pjd" is lossy (parallel rows)
+IMAGE_DECODINGS = ("auto", "sjd", "draft", "pjd", "ar")
 INITS = ("random", "horizontal", "vertical", "lookahead")  # SJD: how positions no window has reached are drafted
 COUPLINGS = ("none", "maximal", "gumbel")  # SJD: how drafts are redrafted between iterations
 # every acceptance rule by name -> the decodings that take it (the rule objects: mmspec.core.acceptance); only

@@ -35,7 +35,7 @@ from mmspec.core.rng import Generators, sample_seeds, uniform
 from mmspec.core.stats import SpecStats
 from mmspec.core.verify import VerifyResult
 from mmspec.image.decoding import PAD_ID, Commits, DecodeStep, open_decoding, probs_of
-from mmspec.image.jacobi import DraftSpan, Ring, write_at, gumbel, initialise_drafts, jacobi_step
+from mmspec.image.jacobi import DraftSpan, Ring, gumbel, initialise_drafts, jacobi_step, write_at
 from mmspec.image.protocol import DiscreteImageModel
 from mmspec.options import COUPLINGS, INITS
 

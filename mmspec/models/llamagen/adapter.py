@@ -99,7 +99,8 @@ class LlamaGenAdapter:
         `commit_segments` cached."""
         model, cache = self.transformer, state.cache
         if state.cached is None:  # the condition prefix, the only thing cached after the prefill
-            state.cached = cache.key_valid & (torch.arange(cache.capacity, device=tokens.device) < cache.lengths[:, None])
+            filled = torch.arange(cache.capacity, device=tokens.device) < cache.lengths[:, None]
+            state.cached = cache.key_valid & filled
         rows = (lambda t: torch.cat([t, t])) if state.cfg else (lambda t: t)
         state.segment_slots = rows(positions) + model.config.cls_token_num
         logits = model.forward_segments(model.tok_embeddings(rows(tokens)), cache, state.segment_slots,
