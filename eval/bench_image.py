@@ -15,8 +15,8 @@ step compression SJD reaches on the embedded model at every window and batch siz
 
 Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
-cache, SJD as published (window 16, random init, independent redrafts) and our exact modes with their best settings
-(`BEST`, chosen by `--sweep`). Columns: target forwards per image, step compression (image tokens per target forward
+cache, SJD as published (window 16, random init, independent redrafts), our exact modes with their best settings
+(`BEST`, chosen by `--sweep`) and PJD (lossy, never counted as the best exact method). Columns: target forwards per image, step compression (image tokens per target forward
 a row took part in, the prefill included), median latency of a call, speedup of the median latency against AR at
 the same batch size, and the share of decoding time spent outside the target forward (drafting, verification,
 bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU
@@ -37,7 +37,7 @@ import torch
 from mmspec.core.measured import device_fingerprint
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.frontier import FrontierTree
-from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, WINDOWS
+from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, tree_key
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.pipelines.auto import AutoARImagePipeline
 from mmspec.zoo import IMAGE_T2I
@@ -52,7 +52,8 @@ BEST = {  # the best wall-clock settings of each coupling in `--sweep` on this m
     "sjd_tree": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal", "tree_width": 2,
                  "tree_depth": 2},
 }
-METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST}
+PJD = {"decoding": "pjd"}  # parallel Jacobi decoding over image rows, its defaults: lossy, reported apart
+METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST, "pjd": PJD}
 SWEEP_WINDOWS = (8, 12, 16, 24, 32)
 POLICY_BATCH_SIZES = (1, 2, 4, 8)
 POLICY_WINDOWS = (2, 4, 8, 16, 32)  # the fixed windows the default is compared with
@@ -94,7 +95,11 @@ def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int,
 
 
 def tokens_per_forward(options: dict) -> int:
-    """The tokens one target forward of a method scores per row (a frontier tree's nodes; 1 for AR)."""
+    """The tokens one target forward of a method scores per row (a frontier tree's nodes, PJD's row windows and
+    its slot for a closing token; 1 for AR)."""
+    if options["decoding"] == "pjd":
+        pjd = get_decoding(**options)
+        return pjd.rows * pjd.window + (pjd.rows > 1)
     if options["decoding"] != "sjd":
         return 1
     sjd = get_decoding(**options)
@@ -159,6 +164,9 @@ def summary(rows: list[Row], costs: dict[int, dict[int, float]]) -> dict:
         "speedup_bound_bs1": {r.method: round(r.step_compression / costs[1][tokens_per_forward(METHODS[r.method])], 3)
                               for r in ours if r.batch_size == 1},
     }
+    if ("pjd", 1) in at:  # lossy: never the best exact method
+        result["pjd_step_compression_bs1"] = round(at[("pjd", 1)].step_compression, 3)
+        result["pjd_speedup_vs_ar_bs1"] = round(at[("pjd", 1)].speedup_vs_ar, 3)
     if any(r.batch_size == 8 for r in ours):
         result["best_exact_speedup_vs_ar_bs8"] = round(max(r.speedup_vs_ar for r in ours if r.batch_size == 8), 3)
     return result
@@ -176,22 +184,28 @@ def sweep(pipe, prompts: list[str]) -> None:
                       f"speedup {base.median_latency_s / row.median_latency_s:.2f}", flush=True)
 
 
-def measure_prior(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, windows=WINDOWS) -> dict:
+def measure_prior(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, candidates=WINDOWS) -> dict:
     """Step compression c(W, B) of exact SJD (the policy's settings): N / mean batch forwards (prefill excluded) over
-    the prompts decoded in batches of B, per batch size and window."""
+    the prompts decoded in batches of B, per batch size and candidate: a window W, or a frontier tree (W, K, D) keyed
+    "WxKxD"."""
     compression = {}
     for batch_size in batch_sizes:
         compression[batch_size] = {}
-        for window in windows:
+        for candidate in candidates:
+            tree = isinstance(candidate, tuple)
+            options = {"window": candidate[0], "tree_width": candidate[1], "tree_depth": candidate[2]} if tree else {
+                "window": candidate}
             forwards, batches, N = 0, 0, None
             for start in range(0, len(prompts) - batch_size + 1, batch_size):
                 generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(batch_size)]
                 out = pipe(prompts[start : start + batch_size], generator=generators, output_type="latent",
-                           decoding="sjd", window=window, **SJD_SETTINGS)
+                           decoding="sjd", **options, **SJD_SETTINGS)
                 forwards += out.stats.target_forwards - out.stats.prefill_forwards
                 batches, N = batches + 1, out.images.shape[1]
-            compression[batch_size][window] = round(N * batches / forwards, 3)
-            print(f"batch {batch_size} window {window}: compression {compression[batch_size][window]}", flush=True)
+            key = tree_key(candidate) if tree else candidate
+            compression[batch_size][key] = round(N * batches / forwards, 3)
+            print(f"batch {batch_size} {'tree' if tree else 'window'} {key}: compression "
+                  f"{compression[batch_size][key]}", flush=True)
     return compression
 
 
@@ -245,7 +259,8 @@ def main(argv: list[str] | None = None) -> dict:
         prompts = held_out_prompts(args.prompts or 16)
         report = {"model": args.model, "prompts": len(prompts), "settings": SJD_SETTINGS,
                   "command": "python -m mmspec.eval.bench_image --measure-prior",
-                  "compression": measure_prior(pipe, prompts)}
+                  "compression": measure_prior(pipe, prompts),
+                  "tree_compression": measure_prior(pipe, prompts, candidates=TREES)}
         PRIOR_FILE.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {PRIOR_FILE}")
         return report

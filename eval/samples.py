@@ -24,6 +24,7 @@ from PIL import Image, PngImagePlugin
 from tqdm.auto import tqdm
 
 from mmspec.eval.bench_image import BEST
+from mmspec.image import get_decoding
 
 PRESETS = {
     "ar": {"decoding": "ar"},
@@ -32,9 +33,10 @@ PRESETS = {
     "lantern": {**BEST["sjd_maximal"], "acceptance": "lantern", "lantern_k": 100, "lantern_delta": 0.1},
     "gsd": {**BEST["sjd_maximal"], "acceptance": "gsd"},  # GSD's grouped acceptance, the official code's settings
     "tree": BEST["sjd_tree"],  # SJD-PAC's frontier tree on the maximal coupling (exact)
+    "pjd": {"decoding": "pjd"},  # parallel Jacobi decoding over image rows (lossy), its defaults
 }
-OPTION_KEYS = ("window", "init", "coupling", "tree_width", "tree_depth", "draft_length", "acceptance", "lantern_k",
-               "lantern_delta", "lantern_lam")
+OPTION_KEYS = ("window", "init", "coupling", "tree_width", "tree_depth", "rows", "lag", "draft_length", "acceptance",
+               "lantern_k", "lantern_delta", "lantern_lam")
 SEEDS_PER_SET = 1_000_000  # seed of image k of prompt i in seed set s: base + s * SEEDS_PER_SET + i * K + k
 
 
@@ -56,8 +58,8 @@ class Method:
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """`[label=]preset[:key=value,...]`: a preset (`ar`, `sjd`, `draft`, `lantern`, `gsd`, `tree`) whose pipeline options
-        the pairs set or override, e.g. `d02=lantern:lantern_delta=0.2` or
+        """`[label=]preset[:key=value,...]`: a preset (`ar`, `sjd`, `draft`, `lantern`, `gsd`, `tree`, `pjd`) whose
+        pipeline options the pairs set or override, e.g. `d02=lantern:lantern_delta=0.2` or
         `wide=sjd:window=24,coupling=gumbel`. The label defaults to the preset's name, or to `text` with pairs."""
         head, _, pairs = text.partition(":")
         label, _, name = head.rpartition("=")
@@ -78,7 +80,7 @@ class Method:
 
     @property
     def lossless(self) -> bool:
-        return self.options.get("acceptance") in (None, "exact")
+        return get_decoding(**self.options).lossless
 
 
 def read_prompts(path: str | Path) -> list[str]:

@@ -423,9 +423,9 @@ def build_parser() -> Parser:
                        help="sjd: candidates per position of a frontier tree (SJD-PAC's proactive drafting, exact; "
                             "default 1: none)")
     image.add_argument("--tree-depth", type=int, default=None, help="sjd: draft positions with a tree (default 2)")
-    image.add_argument("--rows", type=int, default=None, help="pjd: grid rows decoding at once (default 2)")
+    image.add_argument("--rows", type=int, default=None, help="pjd: grid rows decoding at once (default 4)")
     image.add_argument("--lag", type=int, default=None,
-                       help="pjd: columns a row stays behind the row above's committed frontier (default 2)")
+                       help="pjd: columns a row stays behind the row above's committed frontier (default 1)")
     image.add_argument("--draft-length", type=int, default=None, help="draft: tokens drafted per target forward")
     image.add_argument("--acceptance", choices=acceptances("image"), default=None,
                        help="sjd / draft: 'exact' (default, lossless) or 'lantern' (relaxed over codebook neighbours, "

@@ -257,8 +257,8 @@ class ARImagePipeline(MMSpecPipeline):
                 proactive drafting, exact): `tree_width` candidates at each of the window's first `tree_depth` draft
                 positions (default 1: no tree; depth 2).
             rows (`int`, *optional*), lag (`int`, *optional*): `"pjd"` only (parallel Jacobi decoding, lossy unless
-                rows is 1): grid rows decoding at once, each in its own window of `window` positions (default 2),
-                and the columns a row stays behind the committed frontier of the row above (default 2).
+                rows is 1): grid rows decoding at once, each in its own window of `window` positions (default 4),
+                and the columns a row stays behind the committed frontier of the row above (default 1).
             draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward.
             acceptance (`Acceptance` or `str`, *optional*): `"sjd"` / `"draft"`: `Exact()` (default, lossless) or
                 `Lantern(k=, delta=, lam=)` (LANTERN relaxed acceptance over codebook neighbours: faster, lossy;

@@ -47,16 +47,17 @@ class PJD(DecodingComponent):
     """Parallel Jacobi decoding over image rows (lossy unless rows == 1).
 
     window: W, target positions per row window. rows: grid rows decoding at once (1 = SJD with the same settings,
-    token for token). lag: how many columns a row stays behind the committed frontier of the row above. init /
+    token for token). lag: how many columns a row stays behind the committed frontier of the row above. The defaults
+    (4, 4, 1) are the fastest of a sweep on the embedded model (docs/benchmarks.md). init /
     coupling: as SJD's (`"lookahead"` is SJD's only). Needs an adapter with `forward_segments` / `commit_segments`
     (LlamaGen's and the embedded models').
     """
 
     name: ClassVar[str] = "pjd"
     modality: ClassVar[str] = "image"
-    window: int = 8
-    rows: int = 2
-    lag: int = 2
+    window: int = 4
+    rows: int = 4
+    lag: int = 1
     init: str = "horizontal"
     coupling: str = "maximal"
 

@@ -18,7 +18,10 @@ policy predicts the seconds of one batch of B images decoded with window W as
   pipeline's own runs reached (`DecodingPolicy.record`): the excess over AR, c - 1, times the mean ratio of observed to
   predicted excess.
 
-It picks the W of least T and runs SJD at W when that is predicted at least `MARGIN` times faster than AR, else AR.
+The candidates are SJD's chain at every window of `WINDOWS` and SJD-PAC's frontier trees of `TREES` (window W, K
+candidates at D draft positions: one forward scores its T nodes, so its cost is the curve's at T tokens, interpolated
+between measured windows; its compression c is measured like the chains', `tree_compression` in the prior file).
+It picks the candidate of least T and runs it when that is predicted at least `MARGIN` times faster than AR, else AR.
 A choice, once made, holds for that batch size and CFG setting for the life of the policy (one per pipeline), so a
 seed gives the same image on every call; what later runs reach changes the choices made after `reconsider()` (or
 `remeasure()`), and those of batch sizes not yet seen.
@@ -38,10 +41,12 @@ import torch
 from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint, synchronize
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.image.decoding import AR, ImageDecoding
+from mmspec.image.frontier import FrontierTree
 from mmspec.image.jacobi import SJD
 from mmspec.image.protocol import DiscreteImageModel
 
 WINDOWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows the policy considers (AR is W = 1)
+TREES = ((8, 2, 2), (16, 2, 2), (32, 2, 2))  # the frontier trees it considers: (window, tree_width, tree_depth)
 MARGIN = 1.1  # predicted speedup SJD must reach to be chosen: the model of T ignores SJD's bookkeeping (~5-9 %)
 HISTORY = 32  # runs the acceptance estimate averages over
 REPEATS = 5  # timed forwards per window (after one untimed), their median is the cost
@@ -114,6 +119,37 @@ def load_prior(path: Path = PRIOR_FILE) -> dict[int, dict[int, float]]:
     return {int(B): {int(W): float(c) for W, c in row.items()} for B, row in saved["compression"].items()}
 
 
+def tree_key(tree: tuple[int, int, int]) -> str:
+    """How a frontier tree (window, tree_width, tree_depth) is named in the prior file: "16x2x2"."""
+    return "x".join(map(str, tree))
+
+
+def load_tree_prior(path: Path = PRIOR_FILE) -> dict[int, dict[tuple[int, int, int], float]]:
+    """The embedded model's step compression with frontier trees, batch size -> (W, K, D) -> c; empty if the file
+    has none."""
+    saved = json.loads(path.read_text()).get("tree_compression", {})
+    return {int(B): {tuple(int(x) for x in key.split("x")): float(c) for key, c in row.items()}
+            for B, row in saved.items()}
+
+
+def tree_nodes(tree: tuple[int, int, int]) -> int:
+    """Tokens one target forward of a frontier tree scores (its nodes)."""
+    return FrontierTree.build(*tree).size
+
+
+def cost_at(curve: dict[int, float], width: int) -> float:
+    """The curve's seconds at `width` tokens: measured, or linear between the nearest measured widths (beyond the
+    widest, along its last segment)."""
+    if width in curve:
+        return curve[width]
+    widths = sorted(curve)
+    below = max((W for W in widths if W < width), default=widths[0])
+    above = min((W for W in widths if W > width), default=None)
+    if above is None:
+        below, above = widths[-2], widths[-1]
+    return curve[below] + (curve[above] - curve[below]) * (width - below) / (above - below)
+
+
 class DecodingPolicy:
     """Chooses the decoding of `decoding="auto"` calls for one pipeline and learns from their outcomes.
 
@@ -125,9 +161,11 @@ class DecodingPolicy:
     """
 
     def __init__(self, cache: MeasurementCache | None = None, prior: dict[int, dict[int, float]] | None = None,
-                 windows=WINDOWS, margin: float = MARGIN):
+                 windows=WINDOWS, margin: float = MARGIN,
+                 tree_prior: dict[int, dict[tuple[int, int, int], float]] | None = None):
         self.cache = cache if cache is not None else MeasurementCache("cost_curves")
         self.prior = prior if prior is not None else load_prior()
+        self.tree_prior = tree_prior if tree_prior is not None else load_tree_prior()
         self.windows, self.margin = tuple(windows), margin
         # observed / prior excess compression (c - 1) of the last runs auto chose SJD for
         self.history: deque[float] = deque(maxlen=HISTORY)
@@ -165,12 +203,13 @@ class DecodingPolicy:
         self._fresh.add(key)
         return curve, True
 
-    def prior_compression(self, window: int, batch_size: int) -> float:
+    def prior_compression(self, window: int | tuple[int, int, int], batch_size: int) -> float:
         """c(W, B) of the embedded model: the prior at the smallest measured batch size >= B (the largest if none),
-        linear in W between measured windows."""
-        sizes = sorted(self.prior)
-        row = self.prior[next((B for B in sizes if B >= batch_size), sizes[-1])]
-        if window in row:
+        linear in W between measured windows; for a frontier tree (W, K, D), its own measured c."""
+        prior = self.tree_prior if isinstance(window, tuple) else self.prior
+        sizes = sorted(prior)
+        row = prior[next((B for B in sizes if B >= batch_size), sizes[-1])]
+        if window in row or isinstance(window, tuple):
             return row[window]
         below = max((W for W in row if W < window), default=min(row))
         above = min((W for W in row if W > window), default=max(row))
@@ -178,11 +217,19 @@ class DecodingPolicy:
             return row[below]
         return row[below] + (row[above] - row[below]) * (window - below) / (above - below)
 
-    def compression(self, window: int, batch_size: int) -> float:
+    def compression(self, window: int | tuple[int, int, int], batch_size: int) -> float:
         """Predicted c(W, B): the prior's excess over AR scaled by the mean observed / prior ratio of this pipeline's
-        runs, and at most W."""
+        runs, and at most W (a tree's window)."""
         scale = statistics.fmean(self.history) if self.history else 1.0
-        return min(float(window), 1.0 + (self.prior_compression(window, batch_size) - 1.0) * scale)
+        W = window[0] if isinstance(window, tuple) else window
+        return min(float(W), 1.0 + (self.prior_compression(window, batch_size) - 1.0) * scale)
+
+    def trees(self, batch_size: int) -> list[tuple[int, int, int]]:
+        """The frontier trees with a prior at this batch size's row."""
+        sizes = sorted(self.tree_prior)
+        if not sizes:
+            return []
+        return sorted(self.tree_prior[next((B for B in sizes if B >= batch_size), sizes[-1])])
 
     def choose(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig) -> Choice:
         key = json.dumps([model_fingerprint(model), self.curve_key(batch_size, sampling)], sort_keys=True)
@@ -195,15 +242,23 @@ class DecodingPolicy:
         curve, measured = self.cost_curve(model, condition, batch_size, sampling)
         N = model.grid[0] * model.grid[1]
         ar_seconds = N * curve[1]
-        seconds = {W: N / min(self.compression(W, batch_size), W) * curve[W] for W in self.windows}
+        trees = self.trees(batch_size) if callable(getattr(model, "forward_tree", None)) else []
+        widths = {W: W for W in self.windows} | {tree: tree_nodes(tree) for tree in trees}
+        seconds = {c: N / self.compression(c, batch_size) * cost_at(curve, width) for c, width in widths.items()}
         best = min(seconds, key=seconds.get)
         speedup = ar_seconds / seconds[best]
         source = "measured now" if measured else "cached"
+        if isinstance(best, tuple):
+            window, name = best[0], f"sjd window {best[0]} with a {best[1]} x {best[2]} frontier tree"
+            decoding = SJD(window=best[0], tree_width=best[1], tree_depth=best[2], **SJD_SETTINGS)
+        else:
+            window, name, decoding = best, f"sjd window {best}", SJD(window=best, **SJD_SETTINGS)
         if speedup >= self.margin:
-            reason = (f"auto: sjd window {best} predicted {speedup:.2f}x AR at batch {batch_size} (a {best}-token "
-                      f"forward costs {curve[best] / curve[1]:.1f} AR steps here, cost curve {source})")
-            return Choice(SJD(window=best, **SJD_SETTINGS), best, speedup, reason)
-        reason = (f"auto: ar, no window pays at batch {batch_size} (best: sjd window {best} predicted "
+            reason = (f"auto: {name} predicted {speedup:.2f}x AR at batch {batch_size} (a {widths[best]}-token "
+                      f"forward costs {cost_at(curve, widths[best]) / curve[1]:.1f} AR steps here, cost curve "
+                      f"{source})")
+            return Choice(decoding, window, speedup, reason)
+        reason = (f"auto: ar, no window pays at batch {batch_size} (best: {name} predicted "
                   f"{speedup:.2f}x < {self.margin}x; cost curve {source})")
         return Choice(AR(), 1, 1.0, reason)
 
@@ -211,8 +266,10 @@ class DecodingPolicy:
         """Fold the observed step compression of a finished run of `choice` into the acceptance estimate."""
         if choice.window == 1:
             return
+        sjd = choice.decoding
+        candidate = (sjd.window, sjd.tree_width, sjd.tree_depth) if sjd.tree else sjd.window
         observed = float(stats.new_tokens.max()) / max(1, stats.target_forwards - stats.prefill_forwards)
-        self.history.append(max(0.0, observed - 1.0) / (self.prior_compression(choice.window, batch_size) - 1.0))
+        self.history.append(max(0.0, observed - 1.0) / (self.prior_compression(candidate, batch_size) - 1.0))
 
 
 def model_device(model: DiscreteImageModel) -> torch.device:

@@ -34,7 +34,7 @@ def policy_with_curve(tmp_path, adapter, curve: dict[int, float], batch_size: in
     cache = MeasurementCache("cost_curves", tmp_path)
     cache.put(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), f"B={batch_size} cfg",
               {str(W): seconds for W, seconds in curve.items()})
-    return DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16, 32))
+    return DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16, 32), tree_prior={})
 
 
 def test_a_flat_cost_curve_picks_a_wide_window_and_a_compute_bound_one_picks_ar(tmp_path, adapter, pipe):
@@ -46,6 +46,36 @@ def test_a_flat_cost_curve_picks_a_wide_window_and_a_compute_bound_one_picks_ar(
     linear = {W: float(W) for W in (1, 2, 4, 8, 16, 32)}  # compute-bound: W tokens cost W AR steps
     choice = policy_with_curve(tmp_path / "linear", adapter, linear).choose(adapter, condition, 1, CFG)
     assert choice.window == 1 and choice.decoding.name == "ar" and "no window pays" in choice.reason
+
+
+def test_a_frontier_tree_is_chosen_where_its_extra_tokens_cost_little(tmp_path, adapter, pipe):
+    """With a tree prior of 3.6 tokens per forward at window 16 (20 nodes) against the chain's 3.0: on a flat curve
+    the tree wins; where each token costs (a CPU) the chain's 16 tokens beat the tree's 20. An adapter without
+    forward_tree never gets one."""
+    condition = pipe.encode_prompt(["a red circle"])
+    trees = {1: {(16, 2, 2): 3.6}}
+    flat = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0, 32: 1.1}
+    cache = MeasurementCache("cost_curves", tmp_path)
+    cache.put(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), "B=1 cfg",
+              {str(W): seconds for W, seconds in flat.items()})
+    policy = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16), tree_prior=trees)
+    choice = policy.choose(adapter, condition, 1, CFG)
+    assert (choice.window, choice.decoding.tree_width, choice.decoding.tree_depth) == (16, 2, 2), choice.reason
+    assert "2 x 2 frontier tree" in choice.reason and "20-token forward" in choice.reason
+    steep = {W: 1.0 + 0.3 * W for W in (1, 2, 4, 8, 16, 32)}
+    cache.put(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), "B=1 cfg",
+              {str(W): seconds for W, seconds in steep.items()})
+    choice = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16), tree_prior=trees).choose(
+        adapter, condition, 1, CFG)
+    assert choice.decoding.name == "sjd" and not choice.decoding.tree, choice.reason
+    chain_only = type("ChainOnly", (), {"grid": adapter.grid, "vocab_size": adapter.vocab_size,
+                                        "transformer": adapter.transformer})()
+    assert DecodingPolicy(cache=cache, prior=PRIOR, tree_prior=trees).trees(1) == [(16, 2, 2)]
+    cache.put(model_fingerprint(chain_only), device_fingerprint(torch.device("cpu")), "B=1 cfg",
+              {str(W): seconds for W, seconds in flat.items()})
+    choice = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16), tree_prior=trees).choose(
+        chain_only, condition, 1, CFG)
+    assert not choice.decoding.tree, choice.reason
 
 
 def test_a_small_predicted_gain_stays_ar_below_the_margin(tmp_path, adapter, pipe):
@@ -102,11 +132,11 @@ def test_an_explicit_setting_wins_over_the_automatic_choice(pipe):
 
 def test_the_cost_curve_is_measured_once_then_read_from_disk(tmp_path, adapter, pipe):
     condition = pipe.encode_prompt(["a red circle"] * 2)
-    policy = DecodingPolicy(cache=MeasurementCache("cost_curves", tmp_path), prior=PRIOR)
+    policy = DecodingPolicy(cache=MeasurementCache("cost_curves", tmp_path), prior=PRIOR, tree_prior={})
     curve, measured = policy.cost_curve(adapter, condition, 2, CFG)
     assert measured and set(curve) == {1, *WINDOWS} and all(seconds > 0 for seconds in curve.values())
     assert len(list(tmp_path.glob("*.json"))) == 1
-    again = DecodingPolicy(cache=MeasurementCache("cost_curves", tmp_path), prior=PRIOR)  # a new process, the same machine
+    again = DecodingPolicy(cache=MeasurementCache("cost_curves", tmp_path), prior=PRIOR, tree_prior={})  # a new process, the same machine
     assert again.cost_curve(adapter, condition, 2, CFG) == (curve, False)
     again.remeasure()  # on request: measured again and the cached curve overwritten
     remeasured, measured = again.cost_curve(adapter, condition, 2, CFG)
@@ -124,20 +154,20 @@ def test_a_cost_curve_from_another_device_or_model_is_not_reused(tmp_path, adapt
     saved_fake = {str(W): seconds for W, seconds in fake.items()}
     elsewhere = {**device_print, "name": "NVIDIA H100 80GB HBM3 (sm 9.0)", "type": "cuda"}
     cache.put(model_print, elsewhere, "B=1 cfg", saved_fake)
-    curve, measured = DecodingPolicy(cache=cache, prior=PRIOR).cost_curve(adapter, condition, 1, CFG)
+    curve, measured = DecodingPolicy(cache=cache, prior=PRIOR, tree_prior={}).cost_curve(adapter, condition, 1, CFG)
     assert measured and curve != fake
     # a file copied from another machine under this machine's name is recognised by its content and rewritten
     ours = cache.path(model_print, device_print)
     copied = json.loads(cache.path(model_print, elsewhere).read_text())
     ours.write_text(json.dumps(copied))
-    curve, measured = DecodingPolicy(cache=cache, prior=PRIOR).cost_curve(adapter, condition, 1, CFG)
+    curve, measured = DecodingPolicy(cache=cache, prior=PRIOR, tree_prior={}).cost_curve(adapter, condition, 1, CFG)
     assert measured and curve != fake and json.loads(ours.read_text())["device"] == device_print
     # another model (the same pipeline at another size, or another checkpoint) has its own curve
     deeper = type(pipe.transformer)(**{**pipe.transformer.config, "n_layer": 3}).eval()
     other = LlamaGenAdapter(deeper, pipe.vqvae)
     assert model_fingerprint(other) != model_print
     cache.put(model_print, device_print, "B=1 cfg", saved_fake)
-    assert DecodingPolicy(cache=cache, prior=PRIOR).cost_curve(adapter, condition, 1, CFG) == (fake, False)
+    assert DecodingPolicy(cache=cache, prior=PRIOR, tree_prior={}).cost_curve(adapter, condition, 1, CFG) == (fake, False)
     assert cache.get(model_fingerprint(other), device_print, "B=1 cfg") is None
 
 
