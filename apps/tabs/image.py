@@ -127,7 +127,7 @@ def stream_decoding(pipe, prompt: str, seed: int, options: dict,
 
 
 class ImageTab:
-    """Text-to-image with a `LlamaGenPipeline`: AR vs SJD or the draft model, exact or LANTERN."""
+    """Text-to-image with a `LlamaGenPipeline`: AR vs SJD or the draft model, exact or LANTERN, or PJD (lossy)."""
 
     title = "Image"
 
@@ -138,6 +138,7 @@ class ImageTab:
         self.methods = [("auto: the fastest exact decoding here", "auto"), ("SJD (speculative Jacobi decoding)", "sjd")]
         if pipe.draft_transformer is not None:
             self.methods.append(("draft model", "draft"))
+        self.methods.append(("PJD (parallel rows, lossy)", "pjd"))
 
     def build(self) -> None:
         gr.Markdown(
@@ -190,6 +191,8 @@ class ImageTab:
         if acceptance not in ("exact", "lantern"):
             raise ValueError(f"acceptance must be 'exact' or 'lantern', got {acceptance!r}")
         options = {"decoding": method}
+        if acceptance == "lantern" and method == "pjd":
+            raise ValueError("LANTERN relaxes SJD's or the draft model's acceptance; PJD takes exact acceptance")
         if acceptance == "lantern":  # with "auto": SJD, since an explicit setting wins over the automatic choice
             options["acceptance"] = acceptance
             options["lantern_k"] = check_number("LANTERN k", lantern_k, 1, self.vocab_size - 1, integer=True)

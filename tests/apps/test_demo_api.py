@@ -76,6 +76,12 @@ def test_draft_model_method(client):
     assert table["data"][1][0] == "draft model" and int(table["data"][1][1]) < 256
 
 
+def test_pjd_method(client):
+    """Parallel rows commit out of raster order: the accelerated image still ends with every cell committed."""
+    table, status = generate_image(client, method="pjd").result()[4:]
+    assert table["data"][1][0] == "PJD (parallel rows, lossy)" and int(table["data"][1][1]) < 100
+
+
 def test_text_tab_highlights_accepted_drafts(client):
     ar_text, html, table, status = client.predict("def fibonacci(n):\n", "ngram", 4, 0.0, 48, 0,
                                                   api_name="/complete_text")
@@ -99,6 +105,7 @@ def test_text_tab_highlights_accepted_drafts(client):
         (dict(temperature=-1.0), "Value -1.0 is less than minimum value 0.0."),
         (dict(acceptance="lantern", lantern_delta=1.5), "Value 1.5 is greater than maximum value 1.0."),
         (dict(method="beam"), "beam"),
+        (dict(method="pjd", acceptance="lantern"), "PJD takes exact acceptance"),
     ],
 )
 def test_bad_input_is_a_clear_message_and_the_server_stays_up(client, overrides, message):
