@@ -67,7 +67,7 @@ def test_cfg_off_runs_no_unconditional_rows():
 
 def test_get_decoding_names_the_choices():
     assert isinstance(get_decoding("ar"), AR)
-    with pytest.raises(ValueError, match=r"\('auto', 'sjd', 'draft', 'ar'\)"):
+    with pytest.raises(ValueError, match=r"\('auto', 'sjd', 'draft', 'pjd', 'ar'\)"):
         get_decoding("jacobi")
     with pytest.raises(ValueError, match="pipelines resolve it"):
         get_decoding("auto")
