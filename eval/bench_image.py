@@ -16,8 +16,9 @@ step compression SJD reaches on the embedded model at every window and batch siz
 Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
 cache, SJD as published (window 16, random init, independent redrafts), our exact modes with their best settings
-(`BEST`, chosen by `--sweep`) and PJD (lossy, never counted as the best exact method). Columns: target forwards per image, step compression (image tokens per target forward
-a row took part in, the prefill included), median latency of a call, speedup of the median latency against AR at
+(`BEST`, chosen by `--sweep`) and PJD (lossy, never counted as the best exact method). Columns: target forwards per
+image, step compression (image tokens per target forward a row took part in, the prefill included), median latency
+of a call, speedup of the median latency against AR at
 the same batch size, and the share of decoding time spent outside the target forward (drafting, verification,
 bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU
 the window forward is compute-bound, which is what caps wall-clock speedup below step compression.
