@@ -104,37 +104,41 @@ class PJD(DecodingComponent):
             yield rows.progress()
             while rows.minimum < N:
                 with timer("draft"):
-                    windows = rows.windows(R, W, self.lag)
-                    starts, lengths, active = windows.starts, windows.lengths, windows.active  # [B, R]
-                    inputs_at = starts[..., None] - 1 + j  # [B, R, W] absolute positions
+                    # A fixed number of draws per sample and iteration, so a sample's stream does not depend on its
+                    # batch; the windows on rows past the image (for every sample) are left out of the forward.
                     draws = uniform((B, R, 4, W), generator, device, dtype)
+                    live = min(R, height - rows.minimum // width)
+                    windows = rows.windows(live, W, self.lag)
+                    starts, lengths, active = windows.starts, windows.lengths, windows.active  # [B, live]
+                    inputs_at = starts[..., None] - 1 + j  # [B, live, W] absolute positions
+                    draws = draws[:, :live]
                     # Window by window (their padding positions may repeat another window's): the first input of
                     # a window that opens under an unfinished row is a draft of that row, then the new drafts.
-                    for k in range(R):
+                    for k in range(live):
                         real = active[:, k, None] & (j[:-1] < lengths[:, k, None])  # [B, W - 1]
                         for at, where, u in ((inputs_at[:, k, :1], active[:, k, None], draws[:, k, 0, W - 1 :]),
                                              (inputs_at[:, k, 1:], real, draws[:, k, 0, : W - 1])):
                             new = initialise_drafts(self.init, seq, laws, at, where, drafted, u, width, forced, span)
                             drafted |= _mask_at(drafted, at, new)
-                    tokens = seq.gather(1, inputs_at.flatten(1)).view(B, R, W)
-                    q = laws.read(inputs_at[..., 1:].flatten(1)).view(B, R, W - 1, V)
+                    tokens = seq.gather(1, inputs_at.flatten(1)).view(B, live, W)
+                    q = laws.read(inputs_at[..., 1:].flatten(1)).view(B, live, W - 1, V)
                     orphan = rows.orphan(cached, windows)  # [B], -1 where none
-                    layout = Segments.of(inputs_at, orphan, seq)
+                    layout = Segments.of(inputs_at, orphan if R > 1 else None, seq)
                 with timer("target"):
                     logits = model.forward_segments(layout.tokens, layout.positions, layout.segments, state)
                 stats.target_forwards += 1
                 with timer("verify"):
                     outputs_at = inputs_at + 1
-                    p = probs_of(logits.at(slice(0, R * W)), sampling, outputs_at.flatten(1), forced)
-                    p = p.view(B * R, W, V)
-                    g = None if seeds is None else gumbel(seeds.repeat_interleave(R), outputs_at.flatten(0, 1), V,
+                    p = probs_of(logits.at(slice(0, live * W)), sampling, outputs_at.flatten(1), forced)
+                    p = p.view(B * live, W, V)
+                    g = None if seeds is None else gumbel(seeds.repeat_interleave(live), outputs_at.flatten(0, 1), V,
                                                           p.dtype)
                     result = jacobi_step(p, tokens[..., 1:].flatten(0, 1), q.flatten(0, 1), lengths.flatten(),
                                          draws[:, :, 1:].flatten(0, 1), self.coupling, g)
-                    n = result.verify.n_accepted.view(B, R)
-                    written = active[..., None] & (j <= lengths[..., None])  # [B, R, W] the real outputs
-                    step_tokens, step_laws = result.tokens.view(B, R, W), result.laws.view(B, R, W, V)
-                    for k in range(R):
+                    n = result.verify.n_accepted.view(B, live)
+                    written = active[..., None] & (j <= lengths[..., None])  # [B, live, W] the real outputs
+                    step_tokens, step_laws = result.tokens.view(B, live, W), result.laws.view(B, live, W, V)
+                    for k in range(live):
                         write_at(seq, outputs_at[:, k], step_tokens[:, k], written[:, k])
                         laws.write(outputs_at[:, k], step_laws[:, k], written[:, k])
                     drafted |= _mask_at(drafted, outputs_at.flatten(1), written.flatten(1))
@@ -166,18 +170,20 @@ class RowWindows:
 @dataclass(frozen=True)
 class Segments:
     """The tokens of one `forward_segments` call, [B, T] each: the row windows back to back (segment k = window k),
-    then, with more than one window, one slot for an orphaned closing token (segment R; position 0 when unused)."""
+    then, when PJD runs several rows, one slot for an orphaned closing token (the last segment; position 0 when
+    unused)."""
 
     tokens: torch.Tensor
     positions: torch.Tensor
     segments: torch.Tensor
 
     @classmethod
-    def of(cls, inputs_at: torch.Tensor, orphan: torch.Tensor, seq: torch.Tensor) -> Segments:
+    def of(cls, inputs_at: torch.Tensor, orphan: torch.Tensor | None, seq: torch.Tensor) -> Segments:
+        """inputs_at: [B, R', W] the windows' input positions; orphan: [B] (-1 where none), or None for no slot."""
         B, R, W = inputs_at.shape
         positions = inputs_at.flatten(1)
         segments = torch.arange(R, device=seq.device).repeat_interleave(W).expand(B, -1)
-        if R > 1:
+        if orphan is not None:
             positions = torch.cat([positions, orphan.clamp(min=0)[:, None]], 1)
             segments = torch.cat([segments, torch.full((B, 1), R, device=seq.device)], 1)
         return cls(seq.gather(1, positions), positions, segments)
