@@ -7,8 +7,8 @@
     python -m mmspec.eval.bench_image --default-policy --json eval/results/bench_default_policy.json
     python -m mmspec.eval.bench_image --measure-prior  # rewrite mmspec/image/compression_prior.json
 
-`--default-policy` compares the pipelines' default (`decoding="auto"`, `mmspec.image.policy`) with plain AR and with
-SJD at each fixed window, at batch 1, 2, 4 and 8: the methods run one after the other on each batch of prompts, and
+`--default-policy` compares the pipelines' default (`decoding="auto"`, `mmspec.image.policy`) with plain AR, with
+SJD at each fixed window and with a fixed frontier tree, at batch 1, 2, 4 and 8: the methods run one after the other on each batch of prompts, and
 the speed ratio of a method is the median over batches of AR's latency / its latency. `--measure-prior` measures the
 step compression SJD reaches on the embedded model at every window and batch size, the acceptance prior of the policy
 (a count of forwards, not a timing: it does not depend on the machine).
@@ -58,6 +58,7 @@ METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST, "pj
 SWEEP_WINDOWS = (8, 12, 16, 24, 32)
 POLICY_BATCH_SIZES = (1, 2, 4, 8)
 POLICY_WINDOWS = (2, 4, 8, 16, 32)  # the fixed windows the default is compared with
+POLICY_TREES = ((16, 2, 2),)  # and the fixed frontier trees
 COST_WINDOWS = (1, 2, 4, 8, 16, 32)  # the window widths whose forward cost is reported
 
 
@@ -210,12 +211,15 @@ def measure_prior(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, cand
     return compression
 
 
-def compare_default_policy(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, windows=POLICY_WINDOWS) -> dict:
-    """Per batch size: median latency per image of AR, the default and SJD at each fixed window (the methods run in
-    turn on every batch of prompts, so drift of the machine hits them alike), each one's median over batches of AR's
-    latency / its latency, and what the default chose."""
+def compare_default_policy(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, windows=POLICY_WINDOWS,
+                           trees=POLICY_TREES) -> dict:
+    """Per batch size: median latency per image of AR, the default, SJD at each fixed window and with each fixed
+    frontier tree (the methods run in turn on every batch of prompts, so drift of the machine hits them alike), each
+    one's median over batches of AR's latency / its latency, and what the default chose."""
     methods = {"ar": {"decoding": "ar"}, "default": {},
-               **{f"sjd_w{W}": {"decoding": "sjd", "window": W, **SJD_SETTINGS} for W in windows}}
+               **{f"sjd_w{W}": {"decoding": "sjd", "window": W, **SJD_SETTINGS} for W in windows},
+               **{f"sjd_tree{'x'.join(map(str, tree))}": {"decoding": "sjd", "window": tree[0], "tree_width": tree[1],
+                                                          "tree_depth": tree[2], **SJD_SETTINGS} for tree in trees}}
     results = {}
     for batch_size in batch_sizes:
         latency = {name: [] for name in methods}

@@ -1,20 +1,22 @@
 """Parallel Jacobi decoding (PJD; Liao et al., CVPR 2026, arXiv 2606.05703): several image rows decode at once, each
 with its own Jacobi window, under a row-causal mask. Lossy; `rows=1` is SJD exactly.
 
-The image's grid rows are the unit. The lowest row not yet complete decodes as in SJD (`mmspec.image.jacobi`): a
-window of W target positions after its committed tokens, exact acceptance with min(1, p/q), coupled redrafts. Up to
-`rows - 1` rows below it decode at the same time, each in a window of its own: row r + 1 may commit a column only
-`lag` columns behind row r's committed frontier, so the tokens just above (and up to `lag` to their right) are
-committed when it does. All windows go through one target forward in which a window's tokens see the committed
-tokens before them and the earlier tokens of their own window, and never another window's drafts (the row-causal
-mask; `forward_segments` of the adapter). Each window is verified on its own with SJD's step (`jacobi_step`):
-accepted drafts and one closing token are committed per window, the others stay as the next drafts.
+The image's grid rows are the unit. The lowest row not yet complete decodes as in SJD (`mmspec.image.jacobi`): a window
+of W target positions after its committed tokens, exact acceptance with min(1, p/q), coupled redrafts. Up to `rows - 1`
+rows below it decode at the same time, each in a window of its own: row r + 1 may commit a column only `lag` columns
+behind row r's committed frontier, so the tokens just above (and up to `lag` to their right) are committed when it does.
+All windows (but those of rows past the image, for every sample of the batch) go through one target forward in which a
+window's tokens see the committed tokens before them and the earlier tokens of their own window, and never another
+window's drafts (the row-causal mask; `forward_segments` of the adapter). Each window is verified on its own with SJD's
+step (`jacobi_step`): accepted drafts and one closing token are committed per window, the others stay as the next
+drafts.
 
 Deviation from the AR law. A token of row r + 1 is accepted against the target's law given the committed tokens only:
 row r's tokens right of its frontier minus `lag` (and, at the start of a row, the last tokens of the row above) are
 not seen. The committed image is a sample of a different joint law, where each token of a lower row is drawn without
 part of its raster prefix; its keys/values are cached as computed then, so later tokens read them too. The distortion
-shrinks as `lag` grows (at lag >= width no two rows overlap and PJD is SJD again) and is measured, not bounded:
+shrinks as `lag` grows (at lag >= width no two rows overlap and the law is SJD's, exact; tested) and is measured,
+not bounded:
 `tests/image/test_parallel.py` measures the total-variation distance of its output law from AR's on a lookup-table
 model and `python -m mmspec.eval.quality --methods ar pjd` the distribution shift on the embedded model.
 
