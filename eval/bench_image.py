@@ -7,11 +7,11 @@
     python -m mmspec.eval.bench_image --default-policy --json eval/results/bench_default_policy.json
     python -m mmspec.eval.bench_image --measure-prior  # rewrite mmspec/image/compression_prior.json
 
-`--default-policy` compares the pipelines' default (`decoding="auto"`, `mmspec.image.policy`) with plain AR, with
-SJD at each fixed window and with a fixed frontier tree, at batch 1, 2, 4 and 8: the methods run one after the other on each batch of prompts, and
-the speed ratio of a method is the median over batches of AR's latency / its latency. `--measure-prior` measures the
-step compression SJD reaches on the embedded model at every window and batch size, the acceptance prior of the policy
-(a count of forwards, not a timing: it does not depend on the machine).
+`--default-policy` compares the pipelines' default (`decoding="auto"`, `mmspec.image.policy`) with plain AR, with SJD at
+each fixed window and with a fixed frontier tree, at batch 1, 2, 4 and 8: the methods run one after the other on each
+batch of prompts, and the speed ratio of a method is the median over batches of AR's latency / its latency.
+`--measure-prior` measures the step compression SJD reaches on the embedded model at every window and batch size, the
+acceptance prior of the policy (a count of forwards, not a timing: it does not depend on the machine).
 
 Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV

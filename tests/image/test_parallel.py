@@ -138,9 +138,10 @@ def test_deviation_from_the_ar_law_is_measured(report):
     """100,002 rows on the 2 x 3 lookup-table model of the SJD law tests: two rows at once with lag 1 commit row 1's
     first column before row 0's last, so row 1 is drawn without part of its prefix; the exact test rejects the AR
     law (p < 1e-7) and the total-variation distance of the empirical law from AR's is well above sampling noise
-    (about 0.01 at this size). One row, or two rows with a lag of a whole row (no overlap): not rejected. (The lookup-table model reads an unseen token as 0, a prefix
-    with its own random law, so the distance here says that PJD is lossy, not how lossy it is on an image model:
-    `python -m mmspec.eval.quality --methods ar pjd` measures that.)"""
+    (about 0.01 at this size). One row, or two rows with a lag of a whole row (no overlap): not rejected. (The
+    lookup-table model reads an unseen token as 0, a prefix with its own random law, so the distance here says that
+    PJD is lossy, not how lossy it is on an image model: `python -m mmspec.eval.quality --methods ar pjd` measures
+    that.)"""
     from tests.image import test_jacobi_law as law
 
     model = TableImageModel(law.GRID, law.V, forced_tokens=law.FORCED)
