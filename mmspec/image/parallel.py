@@ -160,10 +160,9 @@ class PJD(DecodingComponent):
 
 @dataclass(frozen=True)
 class RowWindows:
-    """One iteration's row windows, [B, R] each: the row they decode, their first target position (starts), their
-    real drafts (lengths; target positions = lengths + 1) and whether they run (active)."""
+    """One iteration's row windows, [B, R] each: their first target position (starts), their real drafts (lengths;
+    target positions = lengths + 1) and whether they run (active)."""
 
-    rows: torch.Tensor
     starts: torch.Tensor
     lengths: torch.Tensor
     active: torch.Tensor
@@ -229,7 +228,7 @@ class RowCommits(Commits):
             begun = (in_row.gather(1, row[:, 1:2]).squeeze(1) > 0) | active[:, 1]
             limit[:, 0] = torch.where(begun, (row[:, 0] + 1) * w, self.N)
         lengths = ((limit - starts).clamp(max=W) - 1).clamp(min=0)
-        return RowWindows(rows, starts, lengths, active)
+        return RowWindows(starts, lengths, active)
 
     def orphan(self, cached: torch.Tensor, windows: RowWindows) -> torch.Tensor:
         """[B] the committed position whose keys/values are not cached and which no window of this iteration starts
