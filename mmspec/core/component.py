@@ -41,6 +41,11 @@ class DecodingComponent:
         acceptance = getattr(self, "acceptance", None)
         return acceptance is None or acceptance.lossless
 
+    @property
+    def law(self) -> str:
+        """"lossless" or "lossy" (`lossless`), as the stats report it."""
+        return "lossless" if self.lossless else "lossy"
+
     @classmethod
     def settings(cls) -> list[str]:
         """The saved fields, in order."""

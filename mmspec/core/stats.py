@@ -35,6 +35,7 @@ class DecodingStats:
         0, text (`speculative_generate`) counts its verification steps from 1 and marks padding after EOS with -1.
     timings: seconds spent per phase ("draft", "target", "verify", "total", ...).
     method: the decoding that ran (e.g. "SJD(window=8, ...)"); chosen_by: why, when the default chose it.
+    law: "lossless" (the output law is the model's) or "lossy", set with `method`.
     """
 
     target_forwards: int = 0
@@ -46,6 +47,7 @@ class DecodingStats:
     timings: dict[str, float] = field(default_factory=dict)
     method: str | None = None
     chosen_by: str | None = None
+    law: str | None = None
 
     @property
     def tokens_generated(self) -> int:
@@ -63,7 +65,8 @@ class DecodingStats:
 
     def as_dict(self) -> dict:
         """The figures as plain Python values (what the CLI prints and benchmarks store)."""
-        described = {key: value for key, value in (("method", self.method), ("chosen_by", self.chosen_by)) if value}
+        described = {key: value for key, value in (("method", self.method), ("law", self.law),
+                                                   ("chosen_by", self.chosen_by)) if value}
         return {**described, "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
                 "new_tokens": self.tokens_generated,
                 "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),

@@ -126,6 +126,7 @@ def test_decoding_object_and_shorthand_callback_and_output(case):
     figures = out.stats.as_dict()
     json.dumps(figures)  # plain values
     assert figures["target_forwards"] == out.stats.target_forwards >= 1
+    assert figures["law"] == case.decoding.law  # "lossless" or "lossy", from the component that ran
     assert "target_forwards" in out.stats.table()
 
 
