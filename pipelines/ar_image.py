@@ -243,15 +243,18 @@ class ARImagePipeline(MMSpecPipeline):
                 `mmspec.image.SJD(window=16, init="horizontal", coupling="maximal", acceptance=Exact())` (speculative
                 Jacobi decoding, lossless: the same output law as `AR()` in fewer target forwards),
                 `DraftModel(draft_length=4)` (a draft model drafts, the target verifies; pipelines with a
-                `draft_transformer`), `AR()` (one token per target forward) — or its name with its settings as
-                keyword arguments below (`decoding="sjd", window=32`). `"auto"` is the fastest exact decoding for this
-                model, device and batch size: SJD at the window a measured cost curve favours, or plain AR when no
-                window pays (`mmspec.image.policy`; `stats.chosen_by` says what it chose and why); a setting below
-                given without a decoding selects the component it belongs to.
-            window (`int`, *optional*): `"sjd"` only: tokens scored per target forward (default 16).
-            init (`str`, *optional*): `"sjd"` only: how positions no window has reached are drafted, `"random"`,
-                `"horizontal"` or `"vertical"`.
-            coupling (`str`, *optional*): `"sjd"` only: how drafts are redrafted between iterations, `"none"`
+                `draft_transformer`), `PJD(window=4, rows=4, lag=1)` (parallel Jacobi decoding over image rows:
+                faster, lossy unless `rows=1`; `stats.law` says which), `AR()` (one token per target forward) — or
+                its name with its settings as keyword arguments below (`decoding="sjd", window=32`). `"auto"` is the
+                fastest exact decoding for this model, device and batch size: SJD at the window (or with the frontier
+                tree) a measured cost curve favours, or plain AR when none pays (`mmspec.image.policy`;
+                `stats.chosen_by` says what it chose and why); a setting below given without a decoding selects the
+                component it belongs to.
+            window (`int`, *optional*): `"sjd"`: tokens scored per target forward (default 16); `"pjd"`: per row
+                window (default 4).
+            init (`str`, *optional*): `"sjd"` / `"pjd"`: how positions no window has reached are drafted,
+                `"random"`, `"horizontal"`, `"vertical"` or (SJD only) `"lookahead"`.
+            coupling (`str`, *optional*): `"sjd"` / `"pjd"`: how drafts are redrafted between iterations, `"none"`
                 (original SJD), `"maximal"` (MC-SJD, = SJD-PAC's adaptive continuation) or `"gumbel"`.
             tree_width (`int`, *optional*), tree_depth (`int`, *optional*): `"sjd"` only: a frontier tree (SJD-PAC's
                 proactive drafting, exact): `tree_width` candidates at each of the window's first `tree_depth` draft
