@@ -37,8 +37,7 @@ import torch
 
 from mmspec.core.measured import device_fingerprint
 from mmspec.image import COUPLINGS, INITS, get_decoding
-from mmspec.image.frontier import FrontierTree
-from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, tree_key
+from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.pipelines.auto import AutoARImagePipeline
 from mmspec.zoo import IMAGE_T2I
@@ -99,13 +98,7 @@ def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int,
 def tokens_per_forward(options: dict) -> int:
     """The tokens one target forward of a method scores per row (a frontier tree's nodes, PJD's row windows and
     its slot for a closing token; 1 for AR)."""
-    if options["decoding"] == "pjd":
-        pjd = get_decoding(**options)
-        return pjd.rows * pjd.window + (pjd.rows > 1)
-    if options["decoding"] != "sjd":
-        return 1
-    sjd = get_decoding(**options)
-    return FrontierTree.build(sjd.window, sjd.tree_width, sjd.tree_depth).size if sjd.tree else sjd.window
+    return get_decoding(**options).forward_width if options["decoding"] in ("sjd", "pjd") else 1
 
 
 def window_forward_cost(pipe, batch_size: int, windows=COST_WINDOWS, repeats: int = 20) -> dict[int, float]:
@@ -195,13 +188,11 @@ def measure_prior(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, cand
         compression[batch_size] = {}
         for candidate in candidates:
             tree = isinstance(candidate, tuple)
-            options = {"window": candidate[0], "tree_width": candidate[1], "tree_depth": candidate[2]} if tree else {
-                "window": candidate}
             forwards, batches, N = 0, 0, None
             for start in range(0, len(prompts) - batch_size + 1, batch_size):
                 generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(batch_size)]
                 out = pipe(prompts[start : start + batch_size], generator=generators, output_type="latent",
-                           decoding="sjd", **options, **SJD_SETTINGS)
+                           decoding=candidate_sjd(candidate))
                 forwards += out.stats.target_forwards - out.stats.prefill_forwards
                 batches, N = batches + 1, out.images.shape[1]
             key = tree_key(candidate) if tree else candidate
@@ -218,8 +209,7 @@ def compare_default_policy(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SI
     one's median over batches of AR's latency / its latency, and what the default chose."""
     methods = {"ar": {"decoding": "ar"}, "default": {},
                **{f"sjd_w{W}": {"decoding": "sjd", "window": W, **SJD_SETTINGS} for W in windows},
-               **{f"sjd_tree{'x'.join(map(str, tree))}": {"decoding": "sjd", "window": tree[0], "tree_width": tree[1],
-                                                          "tree_depth": tree[2], **SJD_SETTINGS} for tree in trees}}
+               **{f"sjd_tree{tree_key(tree)}": {"decoding": candidate_sjd(tree)} for tree in trees}}
     results = {}
     for batch_size in batch_sizes:
         latency = {name: [] for name in methods}

@@ -59,6 +59,12 @@ class DecodingComponent:
         if value < 1:
             raise ValueError(f"{field} must be >= 1 ({meaning}), got {value}")
 
+    def check_choice(self, field: str, choices: tuple[str, ...]) -> None:
+        """Raise unless setting `field` is one of `choices`."""
+        value = getattr(self, field)
+        if value not in choices:
+            raise ValueError(f"{field} must be one of {choices}, got {value!r}")
+
     def to_config(self) -> dict:
         """{"name": ..., settings...}, JSON-ready: what `save_pretrained` writes."""
         config = {"name": self.name}

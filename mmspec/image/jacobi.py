@@ -164,10 +164,8 @@ class SJD(DecodingComponent):
 
     def __post_init__(self):
         self.check_count("window", "tokens scored per target forward")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if self.coupling not in COUPLINGS:
-            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        self.check_choice("init", INITS)
+        self.check_choice("coupling", COUPLINGS)
         self.check_count("tree_width", "candidates per tree position")
         self.check_count("tree_depth", "draft positions with a tree")
         super().__post_init__()
@@ -184,6 +182,11 @@ class SJD(DecodingComponent):
     @property
     def tree(self) -> bool:
         return self.tree_width > 1
+
+    @property
+    def forward_width(self) -> int:
+        """Tokens one target forward scores per row: the window, or the frontier tree's nodes."""
+        return FrontierTree.build(self.window, self.tree_width, self.tree_depth).size if self.tree else self.window
 
     @torch.no_grad()
     def __call__(

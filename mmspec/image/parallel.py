@@ -67,15 +67,19 @@ class PJD(DecodingComponent):
         self.check_count("window", "target positions per row window")
         self.check_count("rows", "grid rows decoding at once")
         self.check_count("lag", "columns a row stays behind the row above")
-        if self.init not in PJD_INITS:
-            raise ValueError(f"init must be one of {PJD_INITS}, got {self.init!r}")
-        if self.coupling not in COUPLINGS:
-            raise ValueError(f"coupling must be one of {COUPLINGS}, got {self.coupling!r}")
+        self.check_choice("init", PJD_INITS)
+        self.check_choice("coupling", COUPLINGS)
         super().__post_init__()
 
     @property
     def lossless(self) -> bool:
         return self.rows == 1
+
+    @property
+    def forward_width(self) -> int:
+        """Tokens one target forward scores per sample: the row windows, and with several rows one slot for a
+        closing token no window starts from."""
+        return self.rows * self.window + (self.rows > 1)
 
     @torch.no_grad()
     def __call__(
@@ -87,8 +91,7 @@ class PJD(DecodingComponent):
                              f"{type(model).__name__} has no {' or '.join(missing)}")
         W, R = self.window, self.rows
         height, width = model.grid
-        slots = R * W + (R > 1)  # the row windows, and one slot for a closing token no window starts from
-        opening = open_decoding(model, condition, sampling, generator, stats, max_window=slots + 1)
+        opening = open_decoding(model, condition, sampling, generator, stats, max_window=self.forward_width + 1)
         N, V, forced, state, timer = opening.N, opening.V, opening.forced, opening.state, opening.timer
         B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
 

@@ -41,7 +41,6 @@ import torch
 from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint, synchronize
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.image.decoding import AR, ImageDecoding
-from mmspec.image.frontier import FrontierTree
 from mmspec.image.jacobi import SJD
 from mmspec.image.protocol import DiscreteImageModel
 
@@ -132,9 +131,18 @@ def load_tree_prior(path: Path = PRIOR_FILE) -> dict[int, dict[tuple[int, int, i
             for B, row in saved.items()}
 
 
-def tree_nodes(tree: tuple[int, int, int]) -> int:
-    """Tokens one target forward of a frontier tree scores (its nodes)."""
-    return FrontierTree.build(*tree).size
+def candidate_sjd(candidate: int | tuple[int, int, int]) -> SJD:
+    """The exact SJD a policy candidate runs: a window W, or a frontier tree (W, tree_width, tree_depth)."""
+    if isinstance(candidate, tuple):
+        window, tree_width, tree_depth = candidate
+        return SJD(window=window, tree_width=tree_width, tree_depth=tree_depth, **SJD_SETTINGS)
+    return SJD(window=candidate, **SJD_SETTINGS)
+
+
+def prior_row(prior: dict[int, dict], batch_size: int) -> dict:
+    """A prior's row for a batch size: the smallest measured batch size >= B (the largest if none)."""
+    sizes = sorted(prior)
+    return prior[next((B for B in sizes if B >= batch_size), sizes[-1])]
 
 
 def cost_at(curve: dict[int, float], width: int) -> float:
@@ -206,9 +214,7 @@ class DecodingPolicy:
     def prior_compression(self, window: int | tuple[int, int, int], batch_size: int) -> float:
         """c(W, B) of the embedded model: the prior at the smallest measured batch size >= B (the largest if none),
         linear in W between measured windows; for a frontier tree (W, K, D), its own measured c."""
-        prior = self.tree_prior if isinstance(window, tuple) else self.prior
-        sizes = sorted(prior)
-        row = prior[next((B for B in sizes if B >= batch_size), sizes[-1])]
+        row = prior_row(self.tree_prior if isinstance(window, tuple) else self.prior, batch_size)
         if window in row or isinstance(window, tuple):
             return row[window]
         below = max((W for W in row if W < window), default=min(row))
@@ -226,10 +232,7 @@ class DecodingPolicy:
 
     def trees(self, batch_size: int) -> list[tuple[int, int, int]]:
         """The frontier trees with a prior at this batch size's row."""
-        sizes = sorted(self.tree_prior)
-        if not sizes:
-            return []
-        return sorted(self.tree_prior[next((B for B in sizes if B >= batch_size), sizes[-1])])
+        return sorted(prior_row(self.tree_prior, batch_size)) if self.tree_prior else []
 
     def choose(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig) -> Choice:
         key = json.dumps([model_fingerprint(model), self.curve_key(batch_size, sampling)], sort_keys=True)
@@ -243,21 +246,20 @@ class DecodingPolicy:
         N = model.grid[0] * model.grid[1]
         ar_seconds = N * curve[1]
         trees = self.trees(batch_size) if callable(getattr(model, "forward_tree", None)) else []
-        widths = {W: W for W in self.windows} | {tree: tree_nodes(tree) for tree in trees}
-        seconds = {c: N / self.compression(c, batch_size) * cost_at(curve, width) for c, width in widths.items()}
+        candidates = {c: candidate_sjd(c) for c in (*self.windows, *trees)}
+        seconds = {c: N / self.compression(c, batch_size) * cost_at(curve, sjd.forward_width)
+                   for c, sjd in candidates.items()}
         best = min(seconds, key=seconds.get)
-        speedup = ar_seconds / seconds[best]
+        decoding, speedup = candidates[best], ar_seconds / seconds[best]
         source = "measured now" if measured else "cached"
-        if isinstance(best, tuple):
-            window, name = best[0], f"sjd window {best[0]} with a {best[1]} x {best[2]} frontier tree"
-            decoding = SJD(window=best[0], tree_width=best[1], tree_depth=best[2], **SJD_SETTINGS)
-        else:
-            window, name, decoding = best, f"sjd window {best}", SJD(window=best, **SJD_SETTINGS)
+        name = f"sjd window {decoding.window}"
+        if decoding.tree:
+            name += f" with a {decoding.tree_width} x {decoding.tree_depth} frontier tree"
         if speedup >= self.margin:
-            reason = (f"auto: {name} predicted {speedup:.2f}x AR at batch {batch_size} (a {widths[best]}-token "
-                      f"forward costs {cost_at(curve, widths[best]) / curve[1]:.1f} AR steps here, cost curve "
-                      f"{source})")
-            return Choice(decoding, window, speedup, reason)
+            width = decoding.forward_width
+            reason = (f"auto: {name} predicted {speedup:.2f}x AR at batch {batch_size} (a {width}-token forward "
+                      f"costs {cost_at(curve, width) / curve[1]:.1f} AR steps here, cost curve {source})")
+            return Choice(decoding, decoding.window, speedup, reason)
         reason = (f"auto: ar, no window pays at batch {batch_size} (best: {name} predicted "
                   f"{speedup:.2f}x < {self.margin}x; cost curve {source})")
         return Choice(AR(), 1, 1.0, reason)

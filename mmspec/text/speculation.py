@@ -40,11 +40,9 @@ class TextSpeculation(DecodingComponent):
     acceptance: Acceptance = Exact()
 
     def __post_init__(self):
-        if self.drafter not in TEXT_DRAFTERS:
-            raise ValueError(f"drafter must be one of {TEXT_DRAFTERS}, got {self.drafter!r}")
+        self.check_choice("drafter", TEXT_DRAFTERS)
         self.check_count("draft_length", "tokens drafted per target forward")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        self.check_choice("schedule", SCHEDULES)
         if isinstance(self.confidence_threshold, bool) or not isinstance(self.confidence_threshold, (int, float)) or (
                 not 0 <= self.confidence_threshold < 1):
             raise ValueError(f"confidence_threshold must be a number in [0, 1), got {self.confidence_threshold!r}")

@@ -64,8 +64,7 @@ class FrameSpeculation(DecodingComponent):
             raise TypeError(f"adaptive must be a bool, got {type(self.adaptive).__name__}")
         if isinstance(self.frame_cost, bool) or not isinstance(self.frame_cost, (int, float)) or self.frame_cost < 0:
             raise ValueError(f"frame_cost must be a number >= 0, got {self.frame_cost!r}")
-        if self.context not in CONTEXT_MODES:
-            raise ValueError(f"context must be one of {CONTEXT_MODES}, got {self.context!r}")
+        self.check_choice("context", CONTEXT_MODES)
         super().__post_init__()
 
     @property
