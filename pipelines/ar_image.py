@@ -306,7 +306,8 @@ class ARImagePipeline(MMSpecPipeline):
             decoder = choice.decoding
 
         # 3. Decode image tokens
-        stats, tokens = SpecStats(method=repr(decoder), chosen_by=choice and choice.reason, law=decoder.law), None
+        stats, tokens = SpecStats(chosen_by=choice and choice.reason), None
+        stats.describe(decoder)
         N = adapter.grid[0] * adapter.grid[1]
         steps = decoder(adapter, condition, sampling, generator, stats)
         with self.progress_bar(total=N) as progress, closing(steps):

@@ -35,7 +35,7 @@ class DecodingStats:
         0, text (`speculative_generate`) counts its verification steps from 1 and marks padding after EOS with -1.
     timings: seconds spent per phase ("draft", "target", "verify", "total", ...).
     method: the decoding that ran (e.g. "SJD(window=8, ...)"); chosen_by: why, when the default chose it.
-    law: "lossless" (the output law is the model's) or "lossy", set with `method`.
+    law: "lossless" (the output law is the model's) or "lossy"; `describe` sets it with `method`.
     """
 
     target_forwards: int = 0
@@ -48,6 +48,11 @@ class DecodingStats:
     method: str | None = None
     chosen_by: str | None = None
     law: str | None = None
+
+    def describe(self, decoding) -> None:
+        """Name the decoding component that ran: `method` (its repr, unless the run named itself) and its `law`."""
+        self.method = self.method or repr(decoding)
+        self.law = decoding.law
 
     @property
     def tokens_generated(self) -> int:

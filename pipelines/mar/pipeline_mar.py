@@ -148,7 +148,7 @@ class MARPipeline(MMSpecPipeline):
                 tokens, stats = generate_speculative(self.transformer, self.draft_transformer, seeds, num_iter,
                                                      schedule, label_tensor, guidance_scale, temperature, decoding,
                                                      on_step)
-        stats.method, stats.law = repr(decoding), decoding.law
+        stats.describe(decoding)
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         self.maybe_free_model_hooks()
         if not return_dict:

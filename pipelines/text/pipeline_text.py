@@ -275,7 +275,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             stats.chosen_by = chosen_by
             if not self._interrupt:
                 self.decoding_policy.record(key, name, int(stats.new_tokens.sum()), time.perf_counter() - started)
-        stats.method, stats.law = stats.method or repr(decoding), decoding.law
+        stats.describe(decoding)
 
         # 3. Decode to text
         new = sequences[:, ids.shape[1] :]

@@ -157,7 +157,7 @@ class NextFramePipeline(MMSpecPipeline):
         speculation = FrameSpeculation.sequential() if isinstance(decoding, AR) else decoding
         session = FrameSession(self.transformer, self.encode_frames(pixels), seeds, context_actions,
                                num_inference_steps, context_noise, speculation)
-        session.stats.method, session.stats.law = repr(decoding), speculation.law
+        session.stats.describe(decoding)
         return session
 
     def start_session(self, image, decoding: DecodingComponent | str | dict | None = None,

@@ -32,6 +32,11 @@ class LlamaGenState:
     cached: torch.Tensor | None = None  # [R, S] bool, slots a segment input may read (`forward_segments`)
     segment_slots: torch.Tensor | None = None  # [R, T] the slots of the last `forward_segments`'s inputs
 
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, ...] for every cache row: again for the unconditional twins with CFG (both halves see the same image
+        tokens)."""
+        return torch.cat([x, x]) if self.cfg else x
+
 
 class LlamaGenAdapter:
     def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel):
@@ -65,31 +70,25 @@ class LlamaGenAdapter:
     def forward(self, tokens: torch.Tensor, state: LlamaGenState) -> ImageLogits:
         if tokens.ndim != 2 or tokens.shape[0] != state.batch_size:
             raise ValueError(f"tokens must have shape [{state.batch_size}, W], got {tuple(tokens.shape)}")
-        rows = torch.cat([tokens, tokens]) if state.cfg else tokens  # both halves see the same image tokens
-        logits = self.transformer.forward_window(self.transformer.tok_embeddings(rows), state.cache)
+        logits = self.transformer.forward_window(self.transformer.tok_embeddings(state.rows(tokens)), state.cache)
         return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
 
     def forward_tree(self, tokens: torch.Tensor, tree: FrontierTree, state: LlamaGenState) -> ImageLogits:
         """Append a frontier tree's nodes [B, T] (tree attention; `mmspec.image.frontier`); logits [B, T, V]."""
         if tokens.ndim != 2 or tokens.shape != (state.batch_size, tree.size):
             raise ValueError(f"tokens must have shape [{state.batch_size}, {tree.size}], got {tuple(tokens.shape)}")
-        rows = torch.cat([tokens, tokens]) if state.cfg else tokens
         state.tree_start = state.cache.lengths.clone()
-        logits = self.transformer.forward_window(self.transformer.tok_embeddings(rows), state.cache,
+        logits = self.transformer.forward_window(self.transformer.tok_embeddings(state.rows(tokens)), state.cache,
                                                  (tree.level, tree.ancestors))
         return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
 
     def keep_path(self, state: LlamaGenState, path: torch.Tensor) -> None:
         """After `forward_tree`: move the keys/values of the accepted path's nodes (path [B, depth], the node of
         levels 1 .. depth, -1 past the path) onto the slots of the main chain's nodes of the same levels."""
-        path = torch.cat([path, path]) if state.cfg else path
+        path = state.rows(path)
         levels = torch.arange(1, path.shape[1] + 1, device=path.device)
         target = state.tree_start[:, None] + levels  # [R, depth]
-        source = torch.where(path >= 0, state.tree_start[:, None] + path, target)
-        rows = torch.arange(path.shape[0], device=path.device)[:, None]
-        cache = state.cache
-        cache.k[:, rows, :, target] = cache.k[:, rows, :, source]
-        cache.v[:, rows, :, target] = cache.v[:, rows, :, source]
+        state.cache.copy_slots(target, torch.where(path >= 0, state.tree_start[:, None] + path, target))
 
     def forward_segments(self, tokens: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor,
                          state: LlamaGenState) -> ImageLogits:
@@ -101,27 +100,22 @@ class LlamaGenAdapter:
         if state.cached is None:  # the condition prefix, the only thing cached after the prefill
             filled = torch.arange(cache.capacity, device=tokens.device) < cache.lengths[:, None]
             state.cached = cache.key_valid & filled
-        rows = (lambda t: torch.cat([t, t])) if state.cfg else (lambda t: t)
-        state.segment_slots = rows(positions) + model.config.cls_token_num
-        logits = model.forward_segments(model.tok_embeddings(rows(tokens)), cache, state.segment_slots,
-                                        rows(segments), state.cached)
+        state.segment_slots = state.rows(positions) + model.config.cls_token_num
+        logits = model.forward_segments(model.tok_embeddings(state.rows(tokens)), cache, state.segment_slots,
+                                        state.rows(segments), state.cached)
         return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
 
     def commit_segments(self, state: LlamaGenState, keep: torch.Tensor) -> None:
         """After `forward_segments`: cache the keys/values of the kept inputs (keep [B, T] bool) at their positions."""
-        keep = torch.cat([keep, keep]) if state.cfg else keep
-        T = keep.shape[1]
-        source = self.transformer.config.cls_token_num + self.num_image_tokens + torch.arange(T, device=keep.device)
+        keep = state.rows(keep)
+        source = (self.transformer.scratch_start + torch.arange(keep.shape[1], device=keep.device)).expand_as(keep)
         target = torch.where(keep, state.segment_slots, source)  # an input not kept is copied onto itself
-        rows = torch.arange(keep.shape[0], device=keep.device)[:, None]
-        cache = state.cache
-        cache.k[:, rows, :, target] = cache.k[:, rows, :, source.expand_as(target)]
-        cache.v[:, rows, :, target] = cache.v[:, rows, :, source.expand_as(target)]
+        state.cache.copy_slots(target, source)
         state.cached.scatter_(1, target, keep | state.cached.gather(1, target))
 
     def rollback(self, state: LlamaGenState, keep: torch.Tensor) -> None:
         lengths = keep + self.transformer.config.cls_token_num
-        state.cache.rollback(torch.cat([lengths, lengths]) if state.cfg else lengths)
+        state.cache.rollback(state.rows(lengths))
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vqvae.decode(tokens, self.grid)

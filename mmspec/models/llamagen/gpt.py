@@ -79,6 +79,13 @@ class KVCache:
     def capacity(self) -> int:
         return self.k.shape[3]
 
+    def copy_slots(self, target: torch.Tensor, source: torch.Tensor) -> None:
+        """Copy every layer's key/value of slot source[r, t] onto slot target[r, t] of row r (target, source: [R, T]
+        long; the targets of a row distinct)."""
+        rows = torch.arange(target.shape[0], device=target.device)[:, None]
+        self.k[:, rows, :, target] = self.k[:, rows, :, source]
+        self.v[:, rows, :, target] = self.v[:, rows, :, source]
+
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep the first `lengths[r]` slots of row r (lengths: [R] long, each <= the current fill level)."""
         if lengths.shape != self.lengths.shape:
@@ -315,12 +322,18 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         return self.output(self.norm(h[:, T - 1 :])).float()
 
     # ---- cached windows (inference) ---------------------------------------------------------------------------------
+    @property
+    def scratch_start(self) -> int:
+        """The first cache slot past the condition prefix and the image: windows that overhang the image and PJD's
+        segment inputs go there."""
+        return self.config.cls_token_num + self.num_image_tokens
+
     def new_cache(self, rows: int, device=None, dtype=None, extra_slots: int = 0) -> KVCache:
         """An empty cache for `rows` sequences: one slot per condition position and image token, plus `extra_slots`
         past the image for speculative windows of rows that are ahead of others (their contents are never read by a
         committed token)."""
         c = self.config
-        slots = c.cls_token_num + self.num_image_tokens + extra_slots
+        slots = self.scratch_start + extra_slots
         shape = (c.n_layer, rows, c.n_kv_head or c.n_head, slots, c.dim // c.n_head)
         device, dtype = device or self.device, dtype or self.dtype
         return KVCache(
@@ -364,7 +377,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         (base .. base + T - 1, base = condition length + N), where `commit_segments` of the adapter copies them from.
         Returns logits [R, T, V] float32; the fill levels are not moved."""
         R, T = segments.shape
-        base = self.config.cls_token_num + self.num_image_tokens
+        base = self.scratch_start
         if base + T > cache.capacity:
             raise ValueError(f"{T} segment inputs overflow the cache's {cache.capacity - base} scratch slots")
         index = torch.arange(T, device=x.device)
