@@ -66,7 +66,7 @@ from mmspec.core.verify import (
 from mmspec.image.decoding import Commits, forced_at, image_span, open_decoding, probs_of
 from mmspec.image.frontier import FrontierTree, merge
 from mmspec.image.lantern import relaxation_for
-from mmspec.image.protocol import DiscreteImageModel
+from mmspec.image.protocol import TREE_METHODS, DiscreteImageModel, require_methods
 from mmspec.options import COUPLINGS, INITS
 
 
@@ -333,10 +333,7 @@ class Trees:
     depend on its batch."""
 
     def __init__(self, window: int, width: int, depth: int, model: DiscreteImageModel):
-        missing = [name for name in ("forward_tree", "keep_path") if not callable(getattr(model, name, None))]
-        if missing:
-            raise ValueError(f"tree_width > 1 needs a model adapter with forward_tree and keep_path; "
-                             f"{type(model).__name__} has no {' or '.join(missing)}")
+        require_methods(model, TREE_METHODS, "tree_width > 1")
         self.width, self.depth = width, depth
         self.full = FrontierTree.build(window, width, depth)
         self.widest = self.full.size

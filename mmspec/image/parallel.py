@@ -38,7 +38,7 @@ from mmspec.core.stats import SpecStats
 from mmspec.core.verify import VerifyResult
 from mmspec.image.decoding import PAD_ID, Commits, DecodeStep, open_decoding, probs_of
 from mmspec.image.jacobi import DraftSpan, Ring, gumbel, initialise_drafts, jacobi_step, write_at
-from mmspec.image.protocol import DiscreteImageModel
+from mmspec.image.protocol import SEGMENT_METHODS, DiscreteImageModel, require_methods
 from mmspec.options import COUPLINGS, INITS
 
 PJD_INITS = tuple(init for init in INITS if init != "lookahead")
@@ -85,10 +85,7 @@ class PJD(DecodingComponent):
     def __call__(
         self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
     ):
-        missing = [name for name in ("forward_segments", "commit_segments") if not callable(getattr(model, name, None))]
-        if missing:
-            raise ValueError(f"decoding='pjd' needs a model adapter with forward_segments and commit_segments; "
-                             f"{type(model).__name__} has no {' or '.join(missing)}")
+        require_methods(model, SEGMENT_METHODS, "decoding='pjd'")
         W, R = self.window, self.rows
         height, width = model.grid
         opening = open_decoding(model, condition, sampling, generator, stats, max_window=self.forward_width + 1)
@@ -127,8 +124,8 @@ class PJD(DecodingComponent):
                             drafted |= _mask_at(drafted, at, new)
                     tokens = seq.gather(1, inputs_at.flatten(1)).view(B, live, W)
                     q = laws.read(inputs_at[..., 1:].flatten(1)).view(B, live, W - 1, V)
-                    orphan = rows.orphan(cached, windows)  # [B], -1 where none
-                    layout = Segments.of(inputs_at, orphan if R > 1 else None, seq)
+                    orphan = rows.orphan(cached, windows) if R > 1 else None  # [B], -1 where none
+                    layout = Segments.of(inputs_at, orphan, seq)
                 with timer("target"):
                     logits = model.forward_segments(layout.tokens, layout.positions, layout.segments, state)
                 stats.target_forwards += 1
@@ -151,7 +148,9 @@ class PJD(DecodingComponent):
                     # it is committed (a draft of the row above stays out); the orphaned closing token always.
                     first_committed = rows.committed_at(inputs_at[..., 0])
                     keep = active[..., None] & (j <= n[..., None]) & ((j > 0) | first_committed[..., None])
-                    keep = layout.with_orphan(keep.flatten(1), orphan >= 0)
+                    keep = keep.flatten(1)
+                    if orphan is not None:
+                        keep = torch.cat([keep, (orphan >= 0)[:, None]], 1)
                     cached |= _mask_at(cached, layout.positions.clamp(max=N - 1), keep)
                     rows.advance(starts, n, active, result.verify, lengths)
                 with timer("target"):
@@ -191,10 +190,6 @@ class Segments:
             positions = torch.cat([positions, orphan.clamp(min=0)[:, None]], 1)
             segments = torch.cat([segments, torch.full((B, 1), R, device=seq.device)], 1)
         return cls(seq.gather(1, positions), positions, segments)
-
-    def with_orphan(self, keep: torch.Tensor, orphan: torch.Tensor) -> torch.Tensor:
-        """keep [B, R * W] extended by the orphan slot's flag [B] when the layout has one."""
-        return torch.cat([keep, orphan[:, None]], 1) if keep.shape[1] < self.positions.shape[1] else keep
 
 
 class RowCommits(Commits):

@@ -42,7 +42,7 @@ from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_f
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.image.decoding import AR, ImageDecoding
 from mmspec.image.jacobi import SJD
-from mmspec.image.protocol import DiscreteImageModel
+from mmspec.image.protocol import TREE_METHODS, DiscreteImageModel, missing_methods
 
 WINDOWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows the policy considers (AR is W = 1)
 TREES = ((8, 2, 2), (16, 2, 2), (32, 2, 2))  # the frontier trees it considers: (window, tree_width, tree_depth)
@@ -245,7 +245,7 @@ class DecodingPolicy:
         curve, measured = self.cost_curve(model, condition, batch_size, sampling)
         N = model.grid[0] * model.grid[1]
         ar_seconds = N * curve[1]
-        trees = self.trees(batch_size) if callable(getattr(model, "forward_tree", None)) else []
+        trees = [] if missing_methods(model, TREE_METHODS) else self.trees(batch_size)
         candidates = {c: candidate_sjd(c) for c in (*self.windows, *trees)}
         seconds = {c: N / self.compression(c, batch_size) * cost_at(curve, sjd.forward_width)
                    for c, sjd in candidates.items()}

@@ -62,3 +62,26 @@ class DiscreteImageModel(Protocol):
     #       at position (kept tokens) + tree.level[t], attending to the kept tokens and its ancestors (tree.ancestors).
     #   keep_path(state, path [B, depth]): after forward_tree, move the keys/values of the path's nodes (node of
     #       levels 1 .. depth, -1 past the path) onto the slots of the main chain's nodes 1 .. depth.
+    # Optional, for PJD's row windows (`mmspec.image.parallel`); LlamaGen's adapter has them:
+    #   forward_segments(tokens [B, T], positions [B, T], segments [B, T], state) -> ImageLogits [B, T, V]: score
+    #       tokens at scattered image positions; token t sees the committed tokens before its position and the
+    #       tokens of its segment up to itself. The state's kept lengths are not used.
+    #   commit_segments(state, keep [B, T] bool): after forward_segments, keep the kept tokens' keys/values at their
+    #       positions, where later segment tokens see them.
+
+
+TREE_METHODS = ("forward_tree", "keep_path")  # what SJD's frontier trees ask of an adapter
+SEGMENT_METHODS = ("forward_segments", "commit_segments")  # what PJD asks of an adapter
+
+
+def missing_methods(model: DiscreteImageModel, names: tuple[str, ...]) -> list[str]:
+    """The optional adapter methods of `names` that `model` does not have."""
+    return [name for name in names if not callable(getattr(model, name, None))]
+
+
+def require_methods(model: DiscreteImageModel, names: tuple[str, ...], what: str) -> None:
+    """Raise a ValueError naming `what` unless the adapter has every method of `names`."""
+    missing = missing_methods(model, names)
+    if missing:
+        raise ValueError(f"{what} needs a model adapter with {' and '.join(names)}; {type(model).__name__} has no "
+                         f"{' or '.join(missing)}")
