@@ -53,6 +53,14 @@ class TableImageModel:
         code = self.codes(tokens, lengths)
         return ImageLogits(self.table[prompts[:, None], code], self.table[-1][code] if cfg else None)
 
+    def logits_per_query(self, sequences: torch.Tensor, lengths: torch.Tensor, state: TableState) -> ImageLogits:
+        """Logits [B, T, V] of T queries per row, query t reading the first lengths[b, t] tokens of its own sequence
+        sequences[b, t] (tree nodes and PJD's segment tokens each see a prefix of their own)."""
+        B, T = lengths.shape
+        logits = self.logits_of(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T),
+                                lengths.reshape(B * T, 1), state.cfg)
+        return ImageLogits(logits.cond.view(B, T, -1), None if logits.uncond is None else logits.uncond.view(B, T, -1))
+
     def prefill(self, condition: torch.Tensor, cfg: bool, max_window: int = 1):
         B = condition.shape[0]
         # Room for windows that overhang the image and for a decoder that never rolls back (a mutation under test).
@@ -79,9 +87,7 @@ class TableImageModel:
         at = (start[:, None, None] + torch.arange(W)).expand(B, T, W)
         lineage_tokens = tokens[:, tree.lineage.clamp(min=0)]  # [B, T, W]
         sequences.scatter_(2, at, torch.where(tree.lineage >= 0, lineage_tokens, sequences.gather(2, at)))
-        lengths = (start[:, None] + tree.level + 1).reshape(B * T, 1)
-        logits = self.logits_of(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T), lengths, state.cfg)
-        return ImageLogits(logits.cond.view(B, T, -1), None if logits.uncond is None else logits.uncond.view(B, T, -1))
+        return self.logits_per_query(sequences, start[:, None] + tree.level + 1, state)
 
     def keep_path(self, state: TableState, path: torch.Tensor) -> None:
         target = state.tree_start[:, None] + torch.arange(1, path.shape[1] + 1)
@@ -104,9 +110,7 @@ class TableImageModel:
             index = at[:, source, None, None].expand(B, T, 1)
             sequences.scatter_(2, index, torch.where(seen[..., None], tokens[:, source, None, None],
                                                      sequences.gather(2, index)))
-        lengths = (positions + 1).reshape(B * T, 1)
-        logits = self.logits_of(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T), lengths, state.cfg)
-        return ImageLogits(logits.cond.view(B, T, -1), None if logits.uncond is None else logits.uncond.view(B, T, -1))
+        return self.logits_per_query(sequences, positions + 1, state)
 
     def commit_segments(self, state: TableState, keep: torch.Tensor) -> None:
         tokens, positions = state.segment_inputs
