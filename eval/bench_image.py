@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from mmspec.core.measured import device_fingerprint
+from mmspec.core.measured import device_fingerprint, synchronize
+from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
@@ -51,6 +52,10 @@ BEST = {  # the best wall-clock settings of each coupling in `--sweep` on this m
     # SJD-PAC's frontier tree on the maximal coupling: 2 candidates at each of the first 2 draft positions (20 nodes)
     "sjd_tree": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal", "tree_width": 2,
                  "tree_depth": 2},
+    # the most tokens per exact forward found here: a wide frontier tree on a long window (8 candidates at each of the
+    # first 2 draft positions, 134 nodes); slow on a CPU, where the forward is compute-bound
+    "sjd_tree_wide": {"decoding": "sjd", "window": 64, "init": "vertical", "coupling": "maximal", "tree_width": 8,
+                      "tree_depth": 2},
 }
 PJD = {"decoding": "pjd"}  # parallel Jacobi decoding over image rows, its defaults: lossy, reported apart
 METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST, "pjd": PJD}
@@ -81,9 +86,10 @@ def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int,
     for repeat in range(repeats):
         for start in range(0, len(prompts), batch_size):
             batch = prompts[start : start + batch_size]
-            generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(len(batch))]
+            generators = seeded(pipe.device, range(1000 + start, 1000 + start + len(batch)))
             began = time.perf_counter()
             stats = pipe(batch, generator=generators, output_type="latent", **options).stats
+            synchronize(pipe.device)
             latencies.append(time.perf_counter() - began)
             if repeat == 0:
                 forwards += stats.target_forwards * len(batch)
@@ -112,16 +118,19 @@ def forward_seconds(pipe, transformer, batch_size: int, windows=(1,), repeats: i
     after 128 cached image tokens, per W."""
     adapter = LlamaGenAdapter(transformer, pipe.vqvae)
     condition = pipe.encode_prompt(["a red circle"] * batch_size)
+    device = pipe.device
     seconds = {}
     with torch.no_grad():
         for W in windows:
             state, _ = adapter.prefill(condition, cfg=True, max_window=max(windows))
-            adapter.forward(torch.zeros(batch_size, 128, dtype=torch.long), state)
-            keep = torch.full((batch_size,), 128)
+            adapter.forward(torch.zeros(batch_size, 128, dtype=torch.long, device=device), state)
+            keep = torch.full((batch_size,), 128, device=device)
             times = []
             for _ in range(repeats):
+                synchronize(device)
                 began = time.perf_counter()
-                adapter.forward(torch.zeros(batch_size, W, dtype=torch.long), state)
+                adapter.forward(torch.zeros(batch_size, W, dtype=torch.long, device=device), state)
+                synchronize(device)
                 times.append(time.perf_counter() - began)
                 adapter.rollback(state, keep)
             seconds[W] = statistics.median(times)
@@ -190,7 +199,7 @@ def measure_prior(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SIZES, cand
             tree = isinstance(candidate, tuple)
             forwards, batches, N = 0, 0, None
             for start in range(0, len(prompts) - batch_size + 1, batch_size):
-                generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(batch_size)]
+                generators = seeded(pipe.device, range(1000 + start, 1000 + start + batch_size))
                 out = pipe(prompts[start : start + batch_size], generator=generators, output_type="latent",
                            decoding=candidate_sjd(candidate))
                 forwards += out.stats.target_forwards - out.stats.prefill_forwards
@@ -217,9 +226,10 @@ def compare_default_policy(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SI
         for start in range(0, len(prompts) - batch_size + 1, batch_size):
             batch = prompts[start : start + batch_size]
             for name, options in methods.items():
-                generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(batch_size)]
+                generators = seeded(pipe.device, range(1000 + start, 1000 + start + batch_size))
                 began = time.perf_counter()
                 stats = pipe(batch, generator=generators, output_type="latent", **options).stats
+                synchronize(pipe.device)
                 latency[name].append((time.perf_counter() - began) / batch_size)
                 if name == "default":
                     chosen.add(stats.chosen_by)
@@ -247,8 +257,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default: 32, 16 with "
                                                                    "--measure-prior, 8 with --quick)")
     parser.add_argument("--json", default=None, help="write the rows and the summary here")
+    add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
-    pipe = AutoARImagePipeline.from_pretrained(args.model, dtype=torch.float32)
+    device = resolve_device(parser, args.device)
+    pipe = AutoARImagePipeline.from_pretrained(args.model, dtype=torch.float32).to(device)
     pipe.set_progress_bar_config(disable=True)
     if args.measure_prior:
         prompts = held_out_prompts(args.prompts or 16)
@@ -266,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
                 pipe(prompts[:batch_size], output_type="latent", **options)
         results = compare_default_policy(pipe, prompts)
         report = {"model": args.model, "prompts": len(prompts), "torch_threads": torch.get_num_threads(),
-                  "device": device_fingerprint(torch.device("cpu")), "batch_sizes": results,
+                  "device": device_fingerprint(device), "environment": environment(device), "batch_sizes": results,
                   **{f"default_vs_ar_bs{B}": r["speed_vs_ar"]["default"] for B, r in results.items()}}
         print(json.dumps({k: v for k, v in report.items() if k.startswith("default_vs")}, indent=1))
         if args.json:
@@ -293,7 +305,8 @@ def main(argv: list[str] | None = None) -> dict:
     widths = sorted(set(COST_WINDOWS) | {tokens_per_forward(options) for options in METHODS.values()})
     costs = {batch_size: window_forward_cost(pipe, batch_size, widths) for batch_size in (1, 8)}
     report = {"model": args.model, "prompts": len(prompts), "repeats": repeats,
-              "torch_threads": torch.get_num_threads(), "methods": METHODS, "rows": [vars(r) for r in rows],
+              "torch_threads": torch.get_num_threads(), "device": device_fingerprint(device),
+              "environment": environment(device), "methods": METHODS, "rows": [vars(r) for r in rows],
               "window_forward_cost": costs, "summary": summary(rows, costs)}
     print(format_table(rows))
     print("\nforward cost of a W-token window relative to W = 1 (CFG, 128 cached tokens):")
