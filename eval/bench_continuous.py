@@ -36,6 +36,8 @@ import numpy as np
 import torch
 
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
+from mmspec.core.measured import device_fingerprint, synchronize
+from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
 from mmspec.pipelines.mar import MARPipeline
 from mmspec.zoo import MAR_C2I
 from mmspec.zoo.pixels import encode_tokens
@@ -78,14 +80,15 @@ def method_options(method: str, pipes: dict, args) -> tuple[object, dict]:
 def run(method: str, pipes: dict, labels: list[int], batch_size: int, args) -> tuple[Row, np.ndarray]:
     """Generate one image per label in batches; returns the row and the images uint8 [N, H, W, 3]."""
     pipe, options = method_options(method, pipes, args)
-    pipe(labels[:batch_size], generator=torch.Generator().manual_seed(0), output_type="latent", **options)  # warm-up
+    pipe(labels[:batch_size], generator=seeded(pipe.device, [0])[0], output_type="latent", **options)  # warm-up
     latencies, images, totals = [], [], dict(target=0, draft=0, drafted=0, accepted=0, fallbacks=0)
     tries = []
     for start in range(0, len(labels), batch_size):
         batch = labels[start : start + batch_size]
-        generators = [torch.Generator().manual_seed(1000 + start + i) for i in range(len(batch))]
+        generators = seeded(pipe.device, range(1000 + start, 1000 + start + len(batch)))
         began = time.perf_counter()
         out = pipe(batch, generator=generators, output_type="np", **options)
+        synchronize(pipe.device)
         latencies.append(time.perf_counter() - began)
         images.append((out.images * 255).round().astype(np.uint8))
         stats = out.stats
@@ -114,7 +117,7 @@ def fd_clip(images: np.ndarray, reference_features: torch.Tensor, clip) -> float
 
 def vae_reconstructions(pipe, real: np.ndarray) -> np.ndarray:
     """The autoencoder's round trip of the real scenes (mean latents), uint8 [N, H, W, 3]."""
-    return (pipe.decode_tokens(encode_tokens(pipe.vae, torch.from_numpy(real)), "np") * 255).round().astype(np.uint8)
+    return (pipe.decode_tokens(encode_tokens(pipe.vae, torch.from_numpy(real).to(pipe.device)), "np") * 255).round().astype(np.uint8)
 
 
 def print_table(rows: list[Row], fds: dict[str, float]) -> None:
@@ -149,10 +152,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-fd", action="store_true", help="skip FD-CLIP")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--grid", type=Path, default=None, help="PNG: real scene + each method's sample, 8 rows")
+    add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
+    device = resolve_device(parser, args.device)
     if args.quick:
         args.images_bs1, args.images_bs8 = 2, 16
-    target = MARPipeline.from_pretrained(args.model, dtype=torch.float32)
+    target = MARPipeline.from_pretrained(args.model, dtype=torch.float32).to(device)
     pipes = {"target": target, "draft": MARPipeline(target.draft_transformer, target.vae)}
     real, captions = scenes(0, max(args.images_bs1, args.images_bs8), "heldout")
     labels = [class_label(c) for c in captions]
@@ -189,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
         grid.resize((64 * 2 * len(columns), 64 * 2 * shown), Image.NEAREST).save(args.grid)
 
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "grid")}
-    result = {"settings": settings, "rows": [asdict(r) for r in rows], "fd_clip": fds}
+    result = {"settings": settings, "device": device_fingerprint(device), "environment": environment(device),
+              "rows": [asdict(r) for r in rows], "fd_clip": fds}
     for row in rows:  # e.g. exact_speedup_vs_target_bs1: against the target alone on the cosine schedule ("ar")
         if row.method != "ar":
             result[f"{row.method}_speedup_vs_target_bs{row.batch_size}"] = round(row.speedup_vs_ar, 4)

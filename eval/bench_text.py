@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mmspec.core.measured import device_fingerprint, synchronize
+from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
@@ -52,6 +54,7 @@ class Row:
 
 class ForwardCounter:
     def __init__(self, model):
+        self.device = model.device
         self.count = 0
         model.register_forward_hook(lambda *_: self._hit())
 
@@ -63,11 +66,14 @@ class ForwardCounter:
 def forward_latency(model, context: int = 64, repeats: int = 50) -> float:
     """Median seconds of one cached 1-token forward at batch 1 after `context` tokens."""
     ids = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(model.device)
     cache = model(ids, use_cache=True).past_key_values
     times = []
     for _ in range(repeats):
+        synchronize(model.device)
         start = time.perf_counter()
         model(ids[:, -1:], past_key_values=cache, use_cache=True)
+        synchronize(model.device)
         times.append(time.perf_counter() - start)
         cache.crop(-1)
     return statistics.median(times)
@@ -97,7 +103,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int):
         def run(enc, temperature, seed):
             sequences, stats = speculative_generate(
                 target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(), temperature=temperature,
-                draft_length=schedule(), generator=torch.Generator().manual_seed(seed), **common,
+                draft_length=schedule(), generator=seeded(target.device, [seed])[0], **common,
             )
             return sequences, stats.mean_accepted_length
         return run
@@ -121,7 +127,8 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int):
 
 
 def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repeats) -> Row:
-    encoded = [tokenizer(b, return_tensors="pt", padding=True) for b in batches(prompts, batch_size)]
+    device = counter.device
+    encoded = [tokenizer(b, return_tensors="pt", padding=True).to(device) for b in batches(prompts, batch_size)]
     fn(encoded[0], temperature, seed=12345)  # warm-up
     times, tokens, forwards, taus = [], 0, 0, []
     for repeat in range(repeats):
@@ -133,6 +140,7 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
             new += int((generated != tokenizer.pad_token_id).sum())
             if tau is not None:
                 taus.append(tau)
+        synchronize(device)
         times.append(time.perf_counter() - start)
         tokens, forwards = new, counter.count
     return Row(name, batch_size, temperature, tokens, forwards, statistics.median(times),
@@ -173,14 +181,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", default=None, help="write rows and summary ratios to this path")
     parser.add_argument("--target", default=TEXT_TARGET)
     parser.add_argument("--draft", default=TEXT_DRAFT)
+    parser.add_argument("--prompts", type=int, default=None, help="prompts at batch 1 (default 16, --quick 4; batch "
+                                                                  "8 decodes at least 8)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per prompt (default 128, --quick 64)")
+    add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
+    device = resolve_device(parser, args.device)
 
     n_prompts, max_new_tokens, repeats = (4, 64, 1) if args.quick else (16, 128, 3)
+    n_prompts, max_new_tokens = args.prompts or n_prompts, args.new_tokens or max_new_tokens
+    if n_prompts < 1 or max_new_tokens < 1:
+        parser.error(f"--prompts and --new-tokens must be >= 1, got {n_prompts} and {max_new_tokens}")
     target, tokenizer = load_causal_lm(args.target)
     draft, _ = load_causal_lm(args.draft)
+    target, draft = target.to(device), draft.to(device)
     tokenizer.padding_side = "left"
     counter = ForwardCounter(target)
-    prompts = held_out_prompts(max(n_prompts, 8) if args.quick else n_prompts)
+    prompts = held_out_prompts(max(n_prompts, 8))
     methods = make_methods(target, draft, tokenizer, max_new_tokens)
     rows = []
     with torch.no_grad():
@@ -202,6 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         payload = {"config": {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats,
                               "draft_length": DRAFT_LENGTH, "threads": torch.get_num_threads()},
+                   "device": device_fingerprint(device), "environment": environment(device),
                    "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows], **ratios}
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2)

@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmspec.core.measured import device_fingerprint, synchronize
+from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
 from mmspec.pipelines.video import NextFramePipeline
 from mmspec.video import FrameSpeculation
 from mmspec.zoo import VIDEO_WORLD
@@ -92,9 +94,10 @@ def rollout_session(pipe, start: np.ndarray, actions: list[int], speculation, se
                     context_noise: float = 0.1):
     """Step one episode interactively; returns (frames [T, H, W, 3] in [0, 1], wall seconds, stats)."""
     session = pipe.start_session(start, decoding=speculation, num_inference_steps=steps, context_noise=context_noise,
-                                 generator=torch.Generator().manual_seed(seed), output_type="np")
+                                 generator=seeded(pipe.device, [seed])[0], output_type="np")
     began = time.perf_counter()
     frames = [session.step(action) for action in actions]
+    synchronize(pipe.device)
     seconds = time.perf_counter() - began
     return np.concatenate(frames), seconds, session.close()
 
@@ -135,19 +138,23 @@ def pass_costs(model, frames=(1, 2, 4, 8), repeats: int = 30) -> dict[int, float
     """Median ms of one forward over n new frames after a full cache (batch 1), per n: what a block of n costs per
     Euler step, and where `FrameSpeculation.frame_cost` comes from."""
     window, tokens, channels = model.config.attention_window, model.tokens_per_frame, model.config.latent_channels
+    device = model.device
     costs = {}
     for n in frames:
-        cache = model.new_cache(1, max_speculative=max(n, window))
-        _, kv = model(torch.zeros(1, window, tokens, channels), torch.zeros(1, window),
-                      torch.zeros(1, window, dtype=torch.long), 0, cache)
-        cache.append([k for k, _ in kv], [v for _, v in kv])
-        cache.commit(window)
-        latents, times = torch.zeros(1, n, tokens, channels), torch.ones(1, n)
-        actions = torch.zeros(1, n, dtype=torch.long)
+        with torch.device(device):
+            cache = model.new_cache(1, max_speculative=max(n, window))
+            _, kv = model(torch.zeros(1, window, tokens, channels), torch.zeros(1, window),
+                          torch.zeros(1, window, dtype=torch.long), 0, cache)
+            cache.append([k for k, _ in kv], [v for _, v in kv])
+            cache.commit(window)
+            latents, times = torch.zeros(1, n, tokens, channels), torch.ones(1, n)
+            actions = torch.zeros(1, n, dtype=torch.long)
         samples = []
         for _ in range(repeats + 3):
+            synchronize(device)
             began = time.perf_counter()
             model(latents, times, actions, window, cache)
+            synchronize(device)
             samples.append(time.perf_counter() - began)
         costs[n] = round(1000 * float(np.median(samples[3:])), 3)
     return costs
@@ -214,10 +221,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--plot", type=Path, default=None, help="PNG: FPS vs change probability, PSNR per frame")
     parser.add_argument("--strip", type=Path, default=None,
                         help="PNG: episode 0 at change probability 0.1, ground truth then each method, 16 frames")
+    add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
+    device = resolve_device(parser, args.device)
     if args.quick:
         args.episodes, args.frames = 3, 32
-    pipe = NextFramePipeline.from_pretrained(args.model, dtype=torch.float32)
+    pipe = NextFramePipeline.from_pretrained(args.model, dtype=torch.float32).to(device)
     pipe.set_progress_bar_config(disable=True)
     warm = ground_truth(1, 8, 0.2)[0]
     for method in args.methods:  # untimed warm-up of every code path
@@ -245,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
         save_strip(strip_truth, strip_videos, args.strip)
 
     result = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot", "strip")},
+              "device": device_fingerprint(device), "environment": environment(device),
               "pass_ms_by_frames": costs, "rows": [asdict(r) for r in rows],
               "psnr_per_frame_at_change_0.1": {m: [round(float(v), 3) for v in c] for m, c in curves.items()}}
     for row in rows:

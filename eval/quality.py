@@ -43,9 +43,9 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-import torch
 from scipy.stats import t, ttest_ind
 
+from mmspec.eval.devices import add_device_arguments, resolve_device
 from mmspec.eval.metrics import (
     clip_score,
     frechet_distance,
@@ -92,7 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--quick", action="store_true", help="64 prompts, 3 AR seed sets")
+    add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
+    args.device = resolve_device(parser, args.device)
     for name in ("images_per_prompt", "batch_size", "num_prompts", "method_seed_sets"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"{name}: must be >= 1, got {getattr(args, name)}")
@@ -324,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     from accelerate import PartialState
 
     args = parse_args(argv)
-    state = PartialState(cpu=not torch.cuda.is_available())  # CPU-only machines shard over gloo
+    state = PartialState(cpu=args.device.type == "cpu")  # on CPU the processes shard over gloo
     methods = [Method.parse(text) for text in args.methods]
     labels = [m.label for m in methods]
     if len(set(labels)) != len(labels):

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image, PngImagePlugin
 from tqdm.auto import tqdm
 
 from mmspec.eval.bench_image import BEST
+from mmspec.eval.devices import seeded
 from mmspec.image import get_decoding
 
 PRESETS = {
@@ -202,7 +202,7 @@ def generate(pipe, store: SampleStore, plan: list[tuple[Method, int]], batch_siz
         if method.label not in warmed:
             pipe([batch[0].prompt], output_type="latent", **store.sampling, **method.options)
             warmed.add(method.label)
-        generators = [torch.Generator().manual_seed(s.seed) for s in batch]
+        generators = seeded(pipe.device, [s.seed for s in batch])
         began = time.perf_counter()
         out = pipe([s.prompt for s in batch], generator=generators, output_type="latent", **store.sampling,
                    **method.options)

@@ -1,0 +1,71 @@
+"""`mmspec.eval.cost_model`: the projection formula on numbers worked by hand, the real shapes' sizes, the skip of a
+model that does not fit, and clear errors. The whole script runs in tests/eval/test_gpu_suite.py."""
+
+import pytest
+import torch
+
+from mmspec.eval import cost_model
+from mmspec.eval.cost_model import REAL_SHAPES, LlamaGenShape, measure_real_shape, projected_speedups
+
+
+def embedded_runs(ar_overhead: float = 0.0, overhead: float = 0.0) -> dict:
+    run = {"overhead_s": overhead}
+    return {"ar": {"overhead_s": ar_overhead},
+            "sjd": {2: {"compression": 2.0, **run}, 4: {"compression": 3.0, **run}},
+            "mc_sjd": {2: {"compression": 1.8, **run}, 4: {"compression": 4.0, **run}},
+            "lantern": {4: {"compression": 5.0, **run}},
+            "draft": {2: {"compression": 1.5, **run}, 3: {"compression": 2.0, **run}}}
+
+
+def test_the_projection_on_numbers_worked_by_hand():
+    curve = {1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0}  # seconds of a W-token forward
+    projected = projected_speedups(curve, draft_step=0.5, embedded=embedded_runs())
+    assert projected["ar"] == {"window": 1, "speedup": 1.0}
+    assert projected["sjd"] == {"window": 2, "speedup": 2.0}  # 2.0 / 1.0 beats 3.0 / 2.0
+    assert projected["mc_sjd"] == {"window": 4, "speedup": 2.0}  # 4.0 / 2.0 beats 1.8 / 1.0
+    assert projected["lantern"] == {"window": 4, "speedup": 2.5}
+    # the draft path pays its drafter: W = 2: 1.5 / (1.0 + 0.5) = 1.0; W = 3: 2.0 / (1.5 + 2 * 0.5) = 0.8
+    assert projected["draft"] == {"window": 2, "speedup": 1.0}
+
+
+def test_overhead_outside_the_forward_counts_per_forward():
+    curve = {1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0}
+    projected = projected_speedups(curve, 0.5, embedded_runs(ar_overhead=0.5, overhead=1.0))
+    # sjd W = 2: 2.0 * (1.0 + 0.5) / (1.0 + 1.0) = 1.5; W = 4: 3.0 * 1.5 / 3.0 = 1.5 -> the first best
+    assert projected["sjd"]["speedup"] == 1.5
+    assert projected["lantern"]["speedup"] == 2.5  # 5.0 * 1.5 / 3.0
+
+
+def test_windows_without_a_measured_cost_are_not_projected():
+    projected = projected_speedups({1: 1.0, 2: 1.0, 4: 4.0}, 0.5, embedded_runs())
+    assert projected["sjd"]["window"] == 2 and projected["draft"]["window"] == 2  # draft W = 3 has no cost
+
+
+def test_the_real_shapes_have_the_official_sizes():
+    # LlamaGen's paper: GPT-B 111M, GPT-L 343M, GPT-XL 775M parameters (c2i)
+    millions = {name: shape.parameters() / 1e6 for name, shape in REAL_SHAPES.items()}
+    assert 105 < millions["llamagen-b"] < 115
+    assert 335 < millions["llamagen-l"] < 350
+    assert 760 < millions["llamagen-xl"] < 790
+    assert REAL_SHAPES["llamagen-xl"].config["grid_size"] == 24  # 384 px with the ds16 tokenizer
+
+
+def test_a_model_that_does_not_fit_is_skipped_with_a_line(monkeypatch):
+    monkeypatch.setattr(cost_model, "available_bytes", lambda device: 2**30)
+    entry = measure_real_shape("llamagen-l", LlamaGenShape("GPT-L", 256), torch.device("cpu"), torch.float32,
+                               (1, 8), (1, 64), repeats=1)
+    assert set(entry) == {"skipped"}
+    assert entry["skipped"] == "needs about 2.3 GiB, 1.0 GiB free on cpu"  # 343M + 14M drafter + the cache, fp32
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--windows", "2", "4"], "--windows must be positive and include 1, got [2, 4]"),
+    (["--batch-sizes", "0"], "--batch-sizes must be positive, got [0]"),
+    (["--batch-sizes", "4", "--prompts", "2"], "--prompts must be at least the largest batch size (4), got 2"),
+    (["--models", "llamagen-z"], "argument --models: invalid choice: 'llamagen-z'"),
+])
+def test_bad_arguments_fail_before_any_model_loads(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cost_model.main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

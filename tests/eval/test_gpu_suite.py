@@ -1,0 +1,75 @@
+"""`eval/gpu_suite.sh` end to end on the CPU (`--device cpu --quick`, the smoke settings), so the GPU suite cannot rot
+while no GPU is at hand; and every benchmark's `--device` check: a device this machine lacks is one usage line (exit
+2) before any model loads, and the suite then writes nothing."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = ("bench_text", "bench_image", "bench_continuous", "bench_video", "quality", "cost_model")
+
+
+def suite(*args: str, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # the worker's share of the cores
+    return subprocess.run(["bash", str(REPO / "eval" / "gpu_suite.sh"), *args, "--out", str(out), "--python",
+                           sys.executable], capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
+
+
+def test_the_suite_runs_every_benchmark_on_the_cpu(tmp_path, record_property):
+    run = suite("--device", "cpu", "--quick", out=tmp_path / "results")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    written = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert written == sorted([f"{name}.json" for name in BENCHMARKS] + ["environment.json"])
+    environment = json.loads((tmp_path / "results" / "environment.json").read_text())
+    assert environment["device"]["type"] == "cpu" and environment["environment"]["torch"] == torch.__version__
+    assert [r["benchmark"] for r in environment["runs"]] == list(BENCHMARKS)
+    for r in environment["runs"]:  # the exact commands, naming the results where they now are
+        assert f"-m mmspec.eval.{r['benchmark']} --device cpu" in r["command"]
+        assert f"--json {tmp_path / 'results' / r['benchmark']}.json" in r["command"]
+    for name in BENCHMARKS:
+        report = json.loads((tmp_path / "results" / f"{name}.json").read_text())
+        if name != "quality":
+            assert report["device"]["type"] == "cpu", name
+    cost = json.loads((tmp_path / "results" / "cost_model.json").read_text())
+    assert cost["projection_relative_error"] >= 0
+    assert set(cost["models"]["llamagen-b"]["projected"]["1"]) == {"ar", "sjd", "mc_sjd", "lantern", "draft"}
+    record_property("measured", f"gpu_suite.sh --device cpu --quick: {environment['total_seconds']} s")
+
+
+def test_the_suite_refuses_bad_arguments_and_writes_nothing(tmp_path):
+    run = suite("--frobnicate", out=tmp_path / "results")
+    assert run.returncode == 2 and "unknown argument --frobnicate" in run.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_suite_on_a_missing_gpu_fails_at_once_and_writes_nothing(tmp_path):
+    run = suite("--device", "cuda", out=tmp_path / "results")
+    assert run.returncode == 2
+    assert "--device cuda: no CUDA device here" in run.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_refuses_a_device_this_machine_lacks(name, tmp_path):
+    run = subprocess.run([sys.executable, "-m", f"mmspec.eval.{name}", "--device", "cuda", "--json",
+                          str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].endswith("--device cuda: no CUDA device here (torch "
+                                                       f"{torch.__version__}, CUDA not built in)")
+    assert not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x"])
+def test_a_device_that_is_not_cpu_or_cuda_is_refused(device):
+    run = subprocess.run([sys.executable, "-m", "mmspec.eval.cost_model", "--device", device], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].endswith(f"--device must be cpu, cuda or cuda:N, got {device!r}")
