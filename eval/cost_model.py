@@ -63,7 +63,7 @@ METHODS = {  # method -> the decoding settings at window W (the draft path: W - 
     "draft": lambda W: {"decoding": "draft", "draft_length": W - 1},
 }
 LOSSLESS = ("sjd", "mc_sjd", "draft")
-QUICK = {"models": ("llamagen-b", "llamagen-l"), "batch_sizes": (1, 4), "prompts": 4, "repeats": 2}
+QUICK = {"models": ("llamagen-b", "llamagen-l"), "batch_sizes": (1, 4), "prompts": 4, "repeats": 5}
 
 
 @dataclass(frozen=True)
