@@ -117,7 +117,8 @@ def fd_clip(images: np.ndarray, reference_features: torch.Tensor, clip) -> float
 
 def vae_reconstructions(pipe, real: np.ndarray) -> np.ndarray:
     """The autoencoder's round trip of the real scenes (mean latents), uint8 [N, H, W, 3]."""
-    return (pipe.decode_tokens(encode_tokens(pipe.vae, torch.from_numpy(real).to(pipe.device)), "np") * 255).round().astype(np.uint8)
+    tokens = encode_tokens(pipe.vae, torch.from_numpy(real).to(pipe.device))
+    return (pipe.decode_tokens(tokens, "np") * 255).round().astype(np.uint8)
 
 
 def print_table(rows: list[Row], fds: dict[str, float]) -> None:

@@ -35,7 +35,7 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,6 +45,8 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.eval.bench_image import held_out_prompts
 from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
 from mmspec.image.policy import measure_cost_curve
+from mmspec.models.hf_image import PromptCondition
+from mmspec.models.janus import JanusAdapter
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.gpt import OFFICIAL_SIZES, LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
@@ -66,12 +68,51 @@ LOSSLESS = ("sjd", "mc_sjd", "draft")
 QUICK = {"models": ("llamagen-b", "llamagen-l"), "batch_sizes": (1, 4), "prompts": 4, "repeats": 5}
 
 
+class RealShape:
+    """A model at a real configuration, built with random weights: its target and drafter adapters
+    (`mmspec.image.DiscreteImageModel`) and a condition for B samples. Subclasses set `layers`, `kv_width` (key or
+    value features per token and layer) and `context` (tokens cached besides the image) and build the models."""
+
+    layers: int
+    kv_width: int
+    context: int
+
+    def model(self, layers: int | None = None) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def adapter(self, model: torch.nn.Module):
+        raise NotImplementedError
+
+    def condition(self, batch_size: int, device: torch.device):
+        raise NotImplementedError
+
+    @property
+    def image_tokens(self) -> int:
+        raise NotImplementedError
+
+    def parameters(self, layers: int | None = None) -> int:
+        with torch.device("meta"):
+            return sum(p.numel() for p in self.model(layers).parameters())
+
+    def bytes_needed(self, dtype: torch.dtype, batch_size: int, window: int) -> int:
+        """Weights (target and drafter) plus the KV cache of 2B rows over the context, the image and a window."""
+        cache = 2 * self.layers * 2 * batch_size * (self.context + self.image_tokens + window) * self.kv_width
+        return (self.parameters() + self.parameters(DRAFT_LAYERS) + cache) * dtype.itemsize
+
+    def build(self, device: torch.device, dtype: torch.dtype) -> tuple:
+        """The target's and the drafter's (`DRAFT_LAYERS` decoder layers) adapters, random weights on `device`."""
+        with torch.device(device):
+            target, drafter = self.model().to(dtype).eval(), self.model(DRAFT_LAYERS).to(dtype).eval()
+        return self.adapter(target), self.adapter(drafter)
+
+
 @dataclass(frozen=True)
-class LlamaGenShape:
+class LlamaGenShape(RealShape):
     """A LlamaGen class-to-image GPT of an official size (`OFFICIAL_SIZES`) at an image size with the ds16 tokenizer."""
 
     size: str
     image_size: int
+    context = 1  # the class token
 
     @property
     def config(self) -> dict:
@@ -79,34 +120,91 @@ class LlamaGenShape:
         return {"dim": dim, "n_layer": layers, "n_head": heads, "grid_size": self.image_size // 16,
                 "vocab_size": 16384, "model_type": "c2i"}
 
-    def parameters(self) -> int:
-        with torch.device("meta"):
-            return sum(p.numel() for p in LlamaGenTransformer(**self.config).parameters())
+    @property
+    def layers(self) -> int:
+        return self.config["n_layer"]
 
-    def bytes_needed(self, dtype: torch.dtype, batch_size: int, window: int) -> int:
-        """Weights (target and drafter) plus the KV cache of 2B rows over the image and a window, in bytes."""
-        config = self.config
-        slots = config["grid_size"] ** 2 + 1 + window
-        cache = 2 * config["n_layer"] * 2 * batch_size * slots * config["dim"]
-        drafter = self.parameters() * DRAFT_LAYERS // config["n_layer"]
-        return (self.parameters() + drafter + cache) * dtype.itemsize
+    @property
+    def kv_width(self) -> int:
+        return self.config["dim"]
 
-    def build(self, device: torch.device, dtype: torch.dtype) -> tuple[LlamaGenAdapter, LlamaGenAdapter]:
-        """The target's and the drafter's adapters, random weights on `device`."""
+    @property
+    def image_tokens(self) -> int:
+        return self.config["grid_size"] ** 2
+
+    def model(self, layers: int | None = None) -> LlamaGenTransformer:
+        return LlamaGenTransformer(**{**self.config, "n_layer": layers or self.layers})
+
+    def adapter(self, model: LlamaGenTransformer) -> LlamaGenAdapter:
         vq = LlamaGenVQModel(codebook_size=16384, ch=32, ch_mult=(1,), num_res_blocks=1, z_channels=32)
-        with torch.device(device):
-            target = LlamaGenTransformer(**self.config).to(dtype).eval()
-            drafter = LlamaGenTransformer(**{**self.config, "n_layer": DRAFT_LAYERS}).to(dtype).eval()
-        return LlamaGenAdapter(target, vq), LlamaGenAdapter(drafter, vq)
+        return LlamaGenAdapter(model, vq.to(model.device))
 
     def condition(self, batch_size: int, device: torch.device) -> LlamaGenCondition:
         return LlamaGenCondition(torch.zeros(batch_size, dtype=torch.long, device=device))
+
+
+@dataclass(frozen=True)
+class JanusShape(RealShape):
+    """Janus-Pro (transformers' `JanusForConditionalGeneration`) at a release's language-model size, 384 px images
+    (24 x 24 tokens of a 16,384-code VQ), prompts of `context` tokens. `overrides`: JanusConfig keyword arguments
+    merged over the release's (the tests build a tiny one)."""
+
+    hidden: int
+    intermediate: int
+    num_layers: int
+    heads: int
+    context: int = 32
+    overrides: dict = field(default_factory=dict, compare=False)
+
+    BOS, PAD, BOI = 100000, 100015, 100016  # Janus-Pro's ids of <begin_of_sentence>, <pad>, <begin_of_image>
+
+    @property
+    def layers(self) -> int:
+        return self.num_layers
+
+    @property
+    def kv_width(self) -> int:
+        return self.hidden
+
+    @property
+    def image_tokens(self) -> int:
+        vq = self.overrides.get("vq_config", {})
+        return vq.get("num_patches", 24) ** 2
+
+    def model(self, layers: int | None = None):
+        from transformers import JanusConfig, JanusForConditionalGeneration
+
+        text = {"model_type": "llama", "vocab_size": 102400, "hidden_size": self.hidden,
+                "intermediate_size": self.intermediate, "num_hidden_layers": layers or self.layers,
+                "num_attention_heads": self.heads, "num_key_value_heads": self.heads,
+                "max_position_embeddings": 16384, "pad_token_id": self.PAD}
+        vq = {"projection_dim": self.hidden, "image_token_embed_dim": self.hidden}
+        config = {"text_config": text, "vq_config": vq, **self.overrides}
+        config["text_config"] = {**text, **self.overrides.get("text_config", {}),
+                                 "num_hidden_layers": layers or self.layers}
+        config["vq_config"] = {**vq, **self.overrides.get("vq_config", {})}
+        model = JanusForConditionalGeneration(JanusConfig(**config))
+        generation = model.generation_config
+        generation.bos_token_id, generation.pad_token_id = self.BOS, self.PAD
+        generation.generation_kwargs = {"boi_token_id": self.BOI}
+        return model
+
+    def adapter(self, model) -> JanusAdapter:
+        return JanusAdapter(model)
+
+    def condition(self, batch_size: int, device: torch.device) -> PromptCondition:
+        ids = torch.full((batch_size, self.context), 5, dtype=torch.long, device=device)
+        ids[:, 0], ids[:, -1] = self.BOS, self.BOI
+        return PromptCondition(ids)
 
 
 REAL_SHAPES = {
     "llamagen-b": LlamaGenShape("GPT-B", 256),
     "llamagen-l": LlamaGenShape("GPT-L", 256),
     "llamagen-xl": LlamaGenShape("GPT-XL", 384),
+    # the language models of deepseek-ai/Janus-Pro-1B and -7B (Llama: width, FFN width, layers, heads)
+    "janus-pro-1b": JanusShape(2048, 5632, 24, 16),
+    "janus-pro-7b": JanusShape(4096, 11008, 30, 32),
 }
 
 
@@ -147,7 +245,7 @@ def projected_speedups(curve: dict[int, float], draft_step: float, embedded: dic
     return projected
 
 
-def measure_real_shape(name: str, shape: LlamaGenShape, device: torch.device, dtype: torch.dtype,
+def measure_real_shape(name: str, shape: RealShape, device: torch.device, dtype: torch.dtype,
                        batch_sizes, windows, repeats: int) -> dict:
     """Cost curves cost(W, B) / cost(1, B) and the drafter's step cost per batch size, or why the model was skipped."""
     needed, free = shape.bytes_needed(dtype, max(batch_sizes), max(windows)), available_bytes(device)
@@ -163,7 +261,7 @@ def measure_real_shape(name: str, shape: LlamaGenShape, device: torch.device, dt
         draft_steps[B] = measure_cost_curve(drafter, condition, sampling, (1,), repeats)[1]
         print(describe_curve(name, B, curves[B], draft_steps[B]), flush=True)
     del target, drafter
-    return {"parameters": shape.parameters(), "config": shape.config, "forward_seconds": curves,
+    return {"parameters": shape.parameters(), "shape": repr(shape), "forward_seconds": curves,
             "draft_step_seconds": draft_steps, "cost_curve": {B: relative(c) for B, c in curves.items()},
             "seconds": round(time.perf_counter() - began, 1)}
 

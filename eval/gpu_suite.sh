@@ -7,8 +7,8 @@
 #
 # Options: --device DEVICE (default cuda), --quick (the smallest settings of each benchmark: a smoke test, about two
 # minutes on 2 CPU cores), --out DIR (default eval/results/gpu), --python PYTHON (default python3). The full run is
-# sized for under 25 minutes on one H100-class GPU. Nothing is written when a benchmark fails: the results go to a
-# scratch folder and move to --out only after every benchmark has finished.
+# sized for under 25 minutes on one H100-class GPU and also draws docs/images/cost_model_<device>.png. Nothing is
+# written when a benchmark fails: the results go to a scratch folder and move only after every benchmark has finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,8 +24,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+plot="$scratch/cost_model_${device%%:*}.png"  # to docs/images/ after a full run; a smoke test's is dropped
 if [ "$quick" = 1 ]; then
-    plots=0
     declare -A settings=(
         [bench_text]="--quick --prompts 1 --new-tokens 16"
         [bench_image]="--quick --prompts 1"
@@ -35,7 +37,6 @@ if [ "$quick" = 1 ]; then
         [cost_model]="--quick --models llamagen-b --batch-sizes 1 --windows 1 2 4 --prompts 1 --repeats 1"
     )
 else
-    plots=1
     declare -A settings=(
         [bench_text]=""
         [bench_image]=""
@@ -46,14 +47,12 @@ else
     )
 fi
 
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
 commands=()
 for name in bench_text bench_image bench_continuous bench_video quality cost_model; do
     extra=""
     case "$name" in
         quality) extra="--out-dir $scratch/quality_images" ;;
-        cost_model) extra="--plot $([ "$plots" = 1 ] && echo "docs/images/cost_model_${device%%:*}.png" || echo "$scratch/cost_model.png")" ;;
+        cost_model) extra="--plot $plot" ;;
     esac
     command="$python -m mmspec.eval.$name --device $device ${settings[$name]} --json $scratch/$name.json $extra"
     echo "== $command"
@@ -79,7 +78,7 @@ total, name = report["total_seconds"], report["device"]["name"]
 print(f"suite: {len(runs)} benchmarks in {total} s on {name}")
 ' "$device" "$quick" "$scratch/environment.json"
 
-rm -rf "$scratch/quality_images"
 mkdir -p "$out"
 mv "$scratch"/*.json "$out"/
+[ "$quick" = 1 ] || mv "$plot" docs/images/
 echo "wrote $out"
