@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,14 +176,13 @@ class JanusShape(RealShape):
         from transformers import JanusConfig, JanusForConditionalGeneration
 
         text = {"model_type": "llama", "vocab_size": 102400, "hidden_size": self.hidden,
-                "intermediate_size": self.intermediate, "num_hidden_layers": layers or self.layers,
-                "num_attention_heads": self.heads, "num_key_value_heads": self.heads,
-                "max_position_embeddings": 16384, "pad_token_id": self.PAD}
+                "intermediate_size": self.intermediate, "num_attention_heads": self.heads,
+                "num_key_value_heads": self.heads, "max_position_embeddings": 16384, "pad_token_id": self.PAD}
         vq = {"projection_dim": self.hidden, "image_token_embed_dim": self.hidden}
-        config = {"text_config": text, "vq_config": vq, **self.overrides}
-        config["text_config"] = {**text, **self.overrides.get("text_config", {}),
-                                 "num_hidden_layers": layers or self.layers}
-        config["vq_config"] = {**vq, **self.overrides.get("vq_config", {})}
+        config = {**self.overrides,
+                  "text_config": {**text, **self.overrides.get("text_config", {}),
+                                  "num_hidden_layers": layers or self.layers},
+                  "vq_config": {**vq, **self.overrides.get("vq_config", {})}}
         model = JanusForConditionalGeneration(JanusConfig(**config))
         generation = model.generation_config
         generation.bos_token_id, generation.pad_token_id = self.BOS, self.PAD
@@ -425,8 +425,7 @@ def main(argv: list[str] | None = None) -> dict:
         errors[method] = {"window": window, "projected": projected, "measured": measured,
                           "relative_error": round(abs(projected - measured) / measured, 3)}
     report = {"device": device_fingerprint(device), "environment": environment(device), "dtype": args.dtype,
-              "command": "python -m mmspec.eval.cost_model " + " ".join(argv if argv is not None else __import__(
-                  "sys").argv[1:]),
+              "command": "python -m mmspec.eval.cost_model " + " ".join(sys.argv[1:] if argv is None else argv),
               "batch_sizes": list(batch_sizes), "windows": list(windows),
               "models": {"embedded (shapes)": embedded}, "projection_check": errors,
               "projection_relative_error": max(e["relative_error"] for e in errors.values())}
