@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
-from mmspec.core.measured import device_fingerprint, synchronize
-from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
+from mmspec.core.measured import synchronize
+from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
 from mmspec.pipelines.mar import MARPipeline
 from mmspec.zoo import MAR_C2I
 from mmspec.zoo.pixels import encode_tokens
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
         grid.resize((64 * 2 * len(columns), 64 * 2 * shown), Image.NEAREST).save(args.grid)
 
     settings = {k: v for k, v in vars(args).items() if k not in ("json", "grid")}
-    result = {"settings": settings, "device": device_fingerprint(device), "environment": environment(device),
+    result = {"settings": settings, **machine(device),
               "rows": [asdict(r) for r in rows], "fd_clip": fds}
     for row in rows:  # e.g. exact_speedup_vs_target_bs1: against the target alone on the cosine schedule ("ar")
         if row.method != "ar":

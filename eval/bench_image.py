@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from mmspec.core.measured import device_fingerprint, synchronize
-from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
+from mmspec.core.measured import synchronize
+from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
                 pipe(prompts[:batch_size], output_type="latent", **options)
         results = compare_default_policy(pipe, prompts)
         report = {"model": args.model, "prompts": len(prompts), "torch_threads": torch.get_num_threads(),
-                  "device": device_fingerprint(device), "environment": environment(device), "batch_sizes": results,
+                  **machine(device), "batch_sizes": results,
                   **{f"default_vs_ar_bs{B}": r["speed_vs_ar"]["default"] for B, r in results.items()}}
         print(json.dumps({k: v for k, v in report.items() if k.startswith("default_vs")}, indent=1))
         if args.json:
@@ -305,8 +305,8 @@ def main(argv: list[str] | None = None) -> dict:
     widths = sorted(set(COST_WINDOWS) | {tokens_per_forward(options) for options in METHODS.values()})
     costs = {batch_size: window_forward_cost(pipe, batch_size, widths) for batch_size in (1, 8)}
     report = {"model": args.model, "prompts": len(prompts), "repeats": repeats,
-              "torch_threads": torch.get_num_threads(), "device": device_fingerprint(device),
-              "environment": environment(device), "methods": METHODS, "rows": [vars(r) for r in rows],
+              "torch_threads": torch.get_num_threads(), **machine(device), "methods": METHODS,
+              "rows": [vars(r) for r in rows],
               "window_forward_cost": costs, "summary": summary(rows, costs)}
     print(format_table(rows))
     print("\nforward cost of a W-token window relative to W = 1 (CFG, 128 cached tokens):")

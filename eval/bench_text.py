@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.core.measured import device_fingerprint, synchronize
-from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
+from mmspec.core.measured import synchronize
+from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         payload = {"config": {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats,
                               "draft_length": DRAFT_LENGTH, "threads": torch.get_num_threads()},
-                   "device": device_fingerprint(device), "environment": environment(device),
+                   **machine(device),
                    "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows], **ratios}
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2)

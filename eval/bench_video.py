@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmspec.core.measured import device_fingerprint, synchronize
-from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
+from mmspec.core.measured import synchronize
+from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
 from mmspec.pipelines.video import NextFramePipeline
 from mmspec.video import FrameSpeculation
 from mmspec.zoo import VIDEO_WORLD
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
         save_strip(strip_truth, strip_videos, args.strip)
 
     result = {"settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot", "strip")},
-              "device": device_fingerprint(device), "environment": environment(device),
+              **machine(device),
               "pass_ms_by_frames": costs, "rows": [asdict(r) for r in rows],
               "psnr_per_frame_at_change_0.1": {m: [round(float(v), 3) for v in c] for m, c in curves.items()}}
     for row in rows:

@@ -41,10 +41,10 @@ from pathlib import Path
 
 import torch
 
-from mmspec.core.measured import device_fingerprint, synchronize
+from mmspec.core.measured import synchronize
 from mmspec.core.probs import SamplingConfig
 from mmspec.eval.bench_image import held_out_prompts
-from mmspec.eval.devices import add_device_arguments, environment, resolve_device, seeded
+from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
 from mmspec.image.policy import measure_cost_curve
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.janus import JanusAdapter
@@ -247,23 +247,37 @@ def projected_speedups(curve: dict[int, float], draft_step: float, embedded: dic
 
 def measure_real_shape(name: str, shape: RealShape, device: torch.device, dtype: torch.dtype,
                        batch_sizes, windows, repeats: int) -> dict:
-    """Cost curves cost(W, B) / cost(1, B) and the drafter's step cost per batch size, or why the model was skipped."""
+    """`measure_curves` of a real shape's random-weight models, or why the model was skipped."""
     needed, free = shape.bytes_needed(dtype, max(batch_sizes), max(windows)), available_bytes(device)
     if needed > 0.8 * free:
         return {"skipped": f"needs about {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free on {device}"}
     began = time.perf_counter()
     target, drafter = shape.build(device, dtype)
+    entry = measure_curves(name, target, drafter, lambda B: shape.condition(B, device), batch_sizes, windows, repeats)
+    del target, drafter
+    return {"parameters": shape.parameters(), "shape": repr(shape), **entry,
+            "seconds": round(time.perf_counter() - began, 1)}
+
+
+def measure_curves(name: str, target, drafter, condition_of, batch_sizes, windows, repeats: int) -> dict:
+    """Per batch size B: the target's cost curve (`forward_seconds`: W -> seconds of a W-token forward with its CFG
+    rows and logits processing; `cost_curve`: the same relative to W = 1) and the drafter's one-token forward
+    (`draft_step_seconds`). target, drafter: adapters; condition_of(B): a condition for B samples."""
     sampling = SamplingConfig(guidance_scale=GUIDANCE)
     curves, draft_steps = {}, {}
     for B in batch_sizes:
-        condition = shape.condition(B, device)
+        condition = condition_of(B)
         curves[B] = measure_cost_curve(target, condition, sampling, curve_windows(windows), repeats)
         draft_steps[B] = measure_cost_curve(drafter, condition, sampling, (1,), repeats)[1]
         print(describe_curve(name, B, curves[B], draft_steps[B]), flush=True)
-    del target, drafter
-    return {"parameters": shape.parameters(), "shape": repr(shape), "forward_seconds": curves,
-            "draft_step_seconds": draft_steps, "cost_curve": {B: relative(c) for B, c in curves.items()},
-            "seconds": round(time.perf_counter() - began, 1)}
+    return {"forward_seconds": curves, "draft_step_seconds": draft_steps,
+            "cost_curve": {B: relative(c) for B, c in curves.items()}}
+
+
+def projections(entry: dict, runs: dict) -> dict:
+    """Per batch size: `projected_speedups` of a model's `measure_curves` entry with the embedded runs of that size."""
+    return {B: projected_speedups(curve, entry["draft_step_seconds"][B], runs[B])
+            for B, curve in entry["forward_seconds"].items()}
 
 
 def describe_curve(name: str, batch_size: int, curve: dict[int, float], draft_step: float) -> str:
@@ -276,7 +290,7 @@ def run_embedded(pipe, device: torch.device, prompts: list[str], batch_size: int
     """Step compression and wall-clock speedup over AR of every method and window on the embedded model: on each
     batch of prompts AR runs first, then every method at every window (so drift of the machine hits them alike); a
     method's speedup is the median over batches of AR's latency / its latency. draft_step: seconds of the drafter's
-    one-token forward (`embedded_cost`)."""
+    one-token forward (`measure_curves`)."""
     def timed(options: dict, batch: list[str], start: int):
         generators = seeded(device, range(1000 + start, 1000 + start + len(batch)))
         synchronize(device)
@@ -316,16 +330,6 @@ def overhead_seconds(stats, draft_step: float) -> float:
     bookkeeping), less its drafter's forwards at `draft_step` seconds each (the projection counts those itself)."""
     outside = stats.timings["total"] - stats.timings.get("target", 0.0) - stats.draft_forwards * draft_step
     return outside / stats.target_forwards
-
-
-def embedded_cost(pipe, batch_size: int, windows, repeats: int) -> tuple[dict[int, float], float]:
-    """The embedded target's cost curve (seconds per W) and its drafter's one-token seconds, as for the real shapes."""
-    adapter = pipe.image_adapter()
-    condition = pipe.encode_prompt(held_out_prompts(batch_size), None, adapter)
-    sampling = SamplingConfig(guidance_scale=GUIDANCE)
-    curve = measure_cost_curve(adapter, condition, sampling, curve_windows(windows), repeats)
-    draft = measure_cost_curve(pipe.draft_adapter(), condition, sampling, (1,), repeats)
-    return curve, draft[1]
 
 
 def format_table(report: dict) -> str:
@@ -408,15 +412,13 @@ def main(argv: list[str] | None = None) -> dict:
     pipe.set_progress_bar_config(disable=True)
     texts = held_out_prompts(prompts)
     pipe(texts[:1], output_type="latent", decoding="ar")  # warm-up
-    embedded = {"forward_seconds": {}, "draft_step_seconds": {}, "runs": {}}
-    for B in batch_sizes:
-        curve, draft_step = embedded_cost(pipe, B, windows, repeats)
-        embedded["forward_seconds"][B], embedded["draft_step_seconds"][B] = curve, draft_step
-        print(describe_curve("embedded", B, curve, draft_step), flush=True)
-        embedded["runs"][B] = run_embedded(pipe, device, texts, B, windows, draft_step)
-    embedded["cost_curve"] = {B: relative(c) for B, c in embedded["forward_seconds"].items()}
-    embedded["projected"] = {B: projected_speedups(embedded["forward_seconds"][B], embedded["draft_step_seconds"][B],
-                                                   embedded["runs"][B]) for B in batch_sizes}
+    adapter = pipe.image_adapter()
+    embedded = measure_curves("embedded", adapter, pipe.draft_adapter(),
+                              lambda B: pipe.encode_prompt(held_out_prompts(B), None, adapter), batch_sizes, windows,
+                              repeats)
+    embedded["runs"] = {B: run_embedded(pipe, device, texts, B, windows, embedded["draft_step_seconds"][B])
+                        for B in batch_sizes}
+    embedded["projected"] = projections(embedded, embedded["runs"])
     errors = {}
     for method in LOSSLESS:
         window = embedded["projected"][batch_sizes[0]][method]["window"]
@@ -424,7 +426,7 @@ def main(argv: list[str] | None = None) -> dict:
         projected = embedded["projected"][batch_sizes[0]][method]["speedup"]
         errors[method] = {"window": window, "projected": projected, "measured": measured,
                           "relative_error": round(abs(projected - measured) / measured, 3)}
-    report = {"device": device_fingerprint(device), "environment": environment(device), "dtype": args.dtype,
+    report = {**machine(device), "dtype": args.dtype,
               "command": "python -m mmspec.eval.cost_model " + " ".join(sys.argv[1:] if argv is None else argv),
               "batch_sizes": list(batch_sizes), "windows": list(windows),
               "models": {"embedded (shapes)": embedded}, "projection_check": errors,
@@ -434,8 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
         if "skipped" in entry:
             print(f"{name}: skipped, {entry['skipped']}", flush=True)
         else:
-            entry["projected"] = {B: projected_speedups(entry["forward_seconds"][B], entry["draft_step_seconds"][B],
-                                                        embedded["runs"][B]) for B in batch_sizes}
+            entry["projected"] = projections(entry, embedded["runs"])
         report["models"][name] = entry
     print("\nprojected speedup vs AR (window picked per method):")
     print(format_table(report))

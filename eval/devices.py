@@ -7,6 +7,8 @@ import platform
 
 import torch
 
+from mmspec.core.measured import device_fingerprint
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -33,12 +35,13 @@ def resolve_device(parser: argparse.ArgumentParser, name: str) -> torch.device:
     return device
 
 
-def environment(device: torch.device) -> dict:
-    """Versions and hardware a results file records: python, torch, CUDA, and the GPU's name on CUDA."""
-    described = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+def machine(device: torch.device) -> dict:
+    """What a results file records of where it ran: `device` (the hardware's fingerprint, as the cost-curve cache
+    keys it) and `environment` (python, torch and CUDA versions, and the GPU's name on CUDA)."""
+    environment = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
     if device.type == "cuda":
-        described["gpu"] = torch.cuda.get_device_name(device)
-    return described
+        environment["gpu"] = torch.cuda.get_device_name(device)
+    return {"device": device_fingerprint(device), "environment": environment}
 
 
 def seeded(device: torch.device, seeds) -> list[torch.Generator]:

@@ -64,15 +64,14 @@ done
 printf '%s\n' "${commands[@]}" | "$python" -c '
 import json, sys
 import torch
-from mmspec.core.measured import device_fingerprint
-from mmspec.eval.devices import environment
+from mmspec.eval.devices import machine
 
 device = torch.device(sys.argv[1])
 runs = [dict(zip(("benchmark", "seconds", "command"), line.rstrip("\n").split("\t"))) for line in sys.stdin]
 for run in runs:
     run["seconds"] = int(run["seconds"])
-report = {"device": device_fingerprint(device), "environment": environment(device), "quick": sys.argv[2] == "1",
-          "runs": runs, "total_seconds": sum(run["seconds"] for run in runs)}
+report = {**machine(device), "quick": sys.argv[2] == "1", "runs": runs,
+          "total_seconds": sum(run["seconds"] for run in runs)}
 json.dump(report, open(sys.argv[3], "w"), indent=1)
 total, name = report["total_seconds"], report["device"]["name"]
 print(f"suite: {len(runs)} benchmarks in {total} s on {name}")
