@@ -3,31 +3,42 @@
 # commands with their seconds):
 #
 #   bash eval/gpu_suite.sh                                   # --device cuda, into eval/results/gpu/
+#   bash eval/gpu_suite.sh --short --only bench_text,quality # two benchmarks at their own --quick settings
 #   bash eval/gpu_suite.sh --device cpu --quick --out DIR    # the smoke test run by tests/eval/test_gpu_suite.py
 #
 # Options: --device DEVICE (default cuda), --quick (the smallest settings of each benchmark: a smoke test, about two
-# minutes on 2 CPU cores), --out DIR (default eval/results/gpu), --python PYTHON (default python3). The full run is
-# sized for under 25 minutes on one H100-class GPU and also draws docs/images/cost_model_<device>.png. Nothing is
-# written when a benchmark fails: the results go to a scratch folder and move only after every benchmark has finished.
+# minutes on 2 CPU cores), --short (each benchmark's own --quick settings; the cost model at every real shape),
+# --only NAME[,NAME] (these benchmarks; environment.json keeps the other benchmarks' runs from earlier calls), --out DIR
+# (default eval/results/gpu), --python PYTHON (default python3). The full run is sized for under 25 minutes on one
+# H100-class GPU; it and --short also draw docs/images/cost_model_<device>.png. Nothing is written when a benchmark
+# fails: the results go to a scratch folder and move only after every benchmark has finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-device=cuda quick=0 out=eval/results/gpu python=python3
+benchmarks=(bench_text bench_image bench_continuous bench_video quality cost_model)
+device=cuda tier=full out=eval/results/gpu python=python3 only=$(IFS=,; echo "${benchmarks[*]}")
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) device="${2:?--device needs a value}"; shift 2 ;;
-        --quick) quick=1; shift ;;
+        --quick) tier=smoke; shift ;;
+        --short) tier=short; shift ;;
+        --only) only="${2:?--only needs a value}"; shift 2 ;;
         --out) out="${2:?--out needs a value}"; shift 2 ;;
         --python) python="${2:?--python needs a value}"; shift 2 ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
+done
+IFS=, read -r -a chosen <<< "$only"
+for name in "${chosen[@]}"; do
+    [[ " ${benchmarks[*]} " == *" $name "* ]] || {
+        echo "gpu_suite.sh: --only: unknown benchmark '$name'; choose from ${benchmarks[*]}" >&2; exit 2; }
 done
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 plot="$scratch/cost_model_${device%%:*}.png"  # to docs/images/ after a full run; a smoke test's is dropped
-if [ "$quick" = 1 ]; then
+if [ "$tier" = smoke ]; then
     declare -A settings=(
         [bench_text]="--quick --prompts 1 --new-tokens 16"
         [bench_image]="--quick --prompts 1"
@@ -35,6 +46,15 @@ if [ "$quick" = 1 ]; then
         [bench_video]="--quick --episodes 1 --frames 8 --change-probs 0.1"
         [quality]="--quick --num-prompts 2 --ar-seed-sets 2 --methods ar sjd"
         [cost_model]="--quick --models llamagen-b --batch-sizes 1 --windows 1 2 4 --prompts 1 --repeats 1"
+    )
+elif [ "$tier" = short ]; then
+    declare -A settings=(
+        [bench_text]="--quick"
+        [bench_image]="--quick"
+        [bench_continuous]="--quick"
+        [bench_video]="--quick"
+        [quality]="--quick --methods ar sjd tree lantern gsd draft pjd"
+        [cost_model]="--dtype bfloat16 --batch-sizes 1 4 --prompts 4 --repeats 10"
     )
 else
     declare -A settings=(
@@ -48,7 +68,8 @@ else
 fi
 
 commands=()
-for name in bench_text bench_image bench_continuous bench_video quality cost_model; do
+for name in "${benchmarks[@]}"; do
+    [[ ",$only," == *",$name,"* ]] || continue
     extra=""
     case "$name" in
         quality) extra="--out-dir $scratch/quality_images" ;;
@@ -62,22 +83,27 @@ for name in bench_text bench_image bench_continuous bench_video quality cost_mod
 done
 
 printf '%s\n' "${commands[@]}" | "$python" -c '
-import json, sys
+import json, os, sys
 import torch
 from mmspec.eval.devices import machine
 
-device = torch.device(sys.argv[1])
+device, tier, earlier_path, path = torch.device(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 runs = [dict(zip(("benchmark", "seconds", "command"), line.rstrip("\n").split("\t"))) for line in sys.stdin]
 for run in runs:
     run["seconds"] = int(run["seconds"])
-report = {**machine(device), "quick": sys.argv[2] == "1", "runs": runs,
-          "total_seconds": sum(run["seconds"] for run in runs)}
-json.dump(report, open(sys.argv[3], "w"), indent=1)
-total, name = report["total_seconds"], report["device"]["name"]
-print(f"suite: {len(runs)} benchmarks in {total} s on {name}")
-' "$device" "$quick" "$scratch/environment.json"
+report = {**machine(device), "tier": tier, "runs": runs}
+if os.path.exists(earlier_path):  # an earlier --only call on this device and tier: keep its other benchmarks
+    earlier = json.load(open(earlier_path))
+    if earlier.get("tier") == tier and earlier["device"]["name"] == report["device"]["name"]:
+        ran = {run["benchmark"] for run in runs}
+        report["runs"] = [run for run in earlier["runs"] if run["benchmark"] not in ran] + runs
+report["total_seconds"] = sum(run["seconds"] for run in report["runs"])
+json.dump(report, open(path, "w"), indent=1)
+seconds, name = sum(run["seconds"] for run in runs), report["device"]["name"]
+print(f"suite: {len(runs)} benchmarks in {seconds} s on {name}")
+' "$device" "$tier" "$out/environment.json" "$scratch/environment.json"
 
 mkdir -p "$out"
 mv "$scratch"/*.json "$out"/
-[ "$quick" = 1 ] || mv "$plot" docs/images/
+if [ "$tier" != smoke ] && [ -f "$plot" ]; then mv "$plot" docs/images/; fi
 echo "wrote $out"

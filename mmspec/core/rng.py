@@ -25,10 +25,12 @@ def check_generators(generator: Generators, batch_size: int, name: str = "genera
 
 def sample_seeds(generator: Generators, batch_size: int) -> torch.Tensor:
     """[B] long: one seed per sample from the caller's generator(s), for the keyed draws below; with a list of
-    generators, sample b's seed comes from generator[b]."""
+    generators, sample b's seed comes from generator[b]. On the CPU whatever the generators' device (a CUDA generator
+    draws on its own device)."""
     if generator is not None and not isinstance(generator, torch.Generator):
-        return torch.cat([torch.randint(0, 2**31 - 1, (1,), generator=g) for g in generator])
-    return torch.randint(0, 2**31 - 1, (batch_size,), generator=generator)
+        return torch.cat([torch.randint(0, 2**31 - 1, (1,), generator=g, device=g.device).cpu() for g in generator])
+    device = None if generator is None else generator.device
+    return torch.randint(0, 2**31 - 1, (batch_size,), generator=generator, device=device).cpu()
 
 
 def uniform(shape: tuple[int, ...], generator: Generators, device: torch.device, dtype=torch.float32) -> torch.Tensor:

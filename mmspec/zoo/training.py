@@ -34,6 +34,26 @@ def cosine_lr(lr: float, steps: int, warmup: int) -> Callable[[int], float]:
     return lr_at
 
 
+def add_device_argument(parser) -> None:
+    """--device: where a training script trains (its data stays on the CPU and each batch is moved over)."""
+    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"),
+                        help="cpu (default) or cuda[:N]; on CUDA the forward runs under bfloat16 autocast")
+
+
+def seconds_key(device: torch.device) -> str:
+    """The training metrics' key for the training time: train_cpu_seconds, train_cuda_seconds."""
+    return f"train_{device.type}_seconds"
+
+
+def to_device(batch, device: torch.device):
+    """`batch` (a tensor, or a tuple / list of tensors and other values) with its tensors moved to `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return type(batch)(to_device(item, device) for item in batch)
+    return batch
+
+
 def train_loop(
     name: str,
     model: torch.nn.Module,
@@ -47,22 +67,26 @@ def train_loop(
     ckpt_every: int = 100,
     weight_decay: float = 0.1,
     after_step: Callable[[int], None] | None = None,
+    device: torch.device | str = "cpu",
 ) -> float:
     """Train `model` for `steps` AdamW steps (warm-up, cosine to 10%, grad-norm clip 1), resuming from
     `<work_dir>/ckpt-<name>.pt`, which is rewritten every `ckpt_every` steps with the model, optimiser, data RNG and
     elapsed time.
 
-    batch_fn(generator) -> batch draws the next batch from the loop's data generator (seeded by `seed`, restored on
-    resume); loss_fn(model, batch) -> (loss to optimise, loss to display); after_step(step) runs after each update.
+    batch_fn(generator) -> batch draws the next batch (on the CPU) from the loop's data generator (seeded by `seed`,
+    restored on resume); the loop moves it to `device`, where `model` is moved too. loss_fn(model, batch) -> (loss to
+    optimise, loss to display) runs under bfloat16 autocast on CUDA. after_step(step) runs after each update.
     Returns the seconds spent training in total, across resumptions.
     """
+    device = torch.device(device)
+    model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     lr_at = cosine_lr(lr, steps, warmup=min(100, steps // 10))
     generator = torch.Generator().manual_seed(seed)
     ckpt_path = Path(work_dir) / f"ckpt-{name}.pt"
     start, elapsed = 0, 0.0
     if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
+        ckpt = torch.load(ckpt_path, weights_only=False, map_location=device)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         generator.set_state(ckpt["generator"])
@@ -75,14 +99,16 @@ def train_loop(
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        total, shown = loss_fn(model, batch_fn(generator))
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            total, shown = loss_fn(model, to_device(batch_fn(generator), device))
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if after_step is not None:
             after_step(step)
-        bar.set_postfix(loss=f"{shown.item():.4f}")
+        if step % 10 == 0:  # reading the loss syncs with the device
+            bar.set_postfix(loss=f"{shown.item():.4f}")
         done = step + 1
         if done % ckpt_every == 0 or done == steps:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -93,10 +119,11 @@ def train_loop(
 
 
 def save_stage(model, folder: Path, metrics: dict, steps: int, batch_size: int, seconds: float) -> dict:
-    """Complete a training stage: add the model's size and the run (steps, batch size, training seconds) to its
-    held-out `metrics`, log them, and save the model with `training_metrics.json` in `folder`. Returns the metrics."""
+    """Complete a training stage: add the model's size and the run (steps, batch size, training seconds on the model's
+    device) to its held-out `metrics`, log them, and save the model with `training_metrics.json` in `folder`. Returns
+    the metrics."""
     metrics = {**metrics, "parameters": sum(p.numel() for p in model.parameters()), "steps": steps,
-               "batch_size": batch_size, "train_cpu_seconds": round(seconds, 1)}
+               "batch_size": batch_size, seconds_key(next(model.parameters()).device): round(seconds, 1)}
     logger.info("%s: %s", folder.name, metrics)
     model.save_pretrained(folder)
     (folder / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

@@ -4,6 +4,8 @@ import json
 
 import torch
 
+from mmspec.models.llamagen.gpt import LlamaGenTransformer
+from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.pipelines.llamagen import LlamaGenPipeline
 from mmspec.zoo.shapes import scenes
 from mmspec.zoo.train_image import build_tokenizer, main
@@ -34,6 +36,23 @@ def test_train_save_resume_and_reload(tmp_path):
     drafted = pipe("a small red circle on a plain background", output_type="latent", decoding="draft",
                    generator=torch.Generator().manual_seed(0))
     assert drafted.images.shape == (1, 256) and drafted.stats.draft_forwards > 0
+
+
+def test_a_retrain_from_a_saved_pipeline_keeps_its_vq_tokenizer(tmp_path):
+    """--vq-from: the GPT is retrained on the codes of the given pipeline's VQ, which is saved unchanged."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--train-scenes", "24", "--held-out-scenes", "8", "--vq-batch-size", "4", "--vq-steps", "1",
+              "--ar-batch-size", "2", "--ar-steps", "1", "--draft-batch-size", "2", "--draft-steps", "1"]
+    main(common + ["--work-dir", str(tmp_path / "work1"), "--out-dir", str(first)])
+    main(common + ["--work-dir", str(tmp_path / "work2"), "--out-dir", str(second), "--vq-from", str(first),
+                   "--seed", "1"])
+    vq_first, vq_second = (LlamaGenVQModel.from_pretrained(out / "vqvae") for out in (first, second))
+    for (name, a), (_, b) in zip(vq_first.state_dict().items(), vq_second.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    metrics = [json.loads((out / "training_metrics.json").read_text()) for out in (first, second)]
+    assert metrics[0]["vqvae"] == metrics[1]["vqvae"]
+    gpt_first, gpt_second = (LlamaGenTransformer.from_pretrained(out / "transformer") for out in (first, second))
+    assert not torch.equal(gpt_first.tok_embeddings.weight, gpt_second.tok_embeddings.weight)  # a new GPT (seed 1)
 
 
 def test_caption_tokenizer_covers_the_grammar_without_unknown_words():
