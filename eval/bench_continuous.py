@@ -36,8 +36,9 @@ import numpy as np
 import torch
 
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
+from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
-from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
+from mmspec.eval.devices import machine, seeded
 from mmspec.pipelines.mar import MARPipeline
 from mmspec.zoo import MAR_C2I
 from mmspec.zoo.pixels import encode_tokens

@@ -35,8 +35,9 @@ from pathlib import Path
 
 import torch
 
+from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
-from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
+from mmspec.eval.devices import machine, seeded
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key
 from mmspec.models.llamagen.adapter import LlamaGenAdapter

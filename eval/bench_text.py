@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
+from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
-from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
+from mmspec.eval.devices import machine, seeded
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm

@@ -37,8 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
-from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
+from mmspec.eval.devices import machine, seeded
 from mmspec.pipelines.video import NextFramePipeline
 from mmspec.video import FrameSpeculation
 from mmspec.zoo import VIDEO_WORLD

@@ -41,10 +41,11 @@ from pathlib import Path
 
 import torch
 
+from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
 from mmspec.core.probs import SamplingConfig
 from mmspec.eval.bench_image import held_out_prompts
-from mmspec.eval.devices import add_device_arguments, machine, resolve_device, seeded
+from mmspec.eval.devices import machine, seeded
 from mmspec.image.policy import measure_cost_curve
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.janus import JanusAdapter

@@ -34,12 +34,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import psnr, reconstruct, to_model_range
 from mmspec.zoo.shapes import CAPTION_WORDS, scenes
-from mmspec.zoo.training import add_device_argument, add_stage_arguments, save_stage, seconds_key, train_loop
+from mmspec.zoo.training import add_stage_arguments, save_stage, seconds_key, train_loop
 
 logger = logging.getLogger(__name__)
 
@@ -350,12 +351,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vq-from", default=None, metavar="PIPELINE_DIR",
                         help="take this saved pipeline's VQ tokenizer (and its metrics) instead of training one, so "
                              "that a retrained GPT keeps the codes of the shipped model")
-    add_device_argument(parser)
+    add_device_arguments(parser, dtype=False)  # on CUDA the forwards run under bfloat16 autocast
     for stage, steps, batch_size, lr in (("vq", 1800, 32, 1e-3), ("ar", 1600, 32, 1.5e-3), ("draft", 1000, 24, 2e-3)):
         add_stage_arguments(parser, stage, steps, batch_size, lr)
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    args.device = resolve_device(parser, args.device)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)

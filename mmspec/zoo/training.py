@@ -34,12 +34,6 @@ def cosine_lr(lr: float, steps: int, warmup: int) -> Callable[[int], float]:
     return lr_at
 
 
-def add_device_argument(parser) -> None:
-    """--device: where a training script trains (its data stays on the CPU and each batch is moved over)."""
-    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"),
-                        help="cpu (default) or cuda[:N]; on CUDA the forward runs under bfloat16 autocast")
-
-
 def seconds_key(device: torch.device) -> str:
     """The training metrics' key for the training time: train_cpu_seconds, train_cuda_seconds."""
     return f"train_{device.type}_seconds"
