@@ -139,16 +139,16 @@ def pass_costs(model, frames=(1, 2, 4, 8), repeats: int = 30) -> dict[int, float
     """Median ms of one forward over n new frames after a full cache (batch 1), per n: what a block of n costs per
     Euler step, and where `FrameSpeculation.frame_cost` comes from."""
     window, tokens, channels = model.config.attention_window, model.tokens_per_frame, model.config.latent_channels
-    device = model.device
+    device, dtype = model.device, model.dtype
     costs = {}
     for n in frames:
         with torch.device(device):
             cache = model.new_cache(1, max_speculative=max(n, window))
-            _, kv = model(torch.zeros(1, window, tokens, channels), torch.zeros(1, window),
+            _, kv = model(torch.zeros(1, window, tokens, channels, dtype=dtype), torch.zeros(1, window),
                           torch.zeros(1, window, dtype=torch.long), 0, cache)
             cache.append([k for k, _ in kv], [v for _, v in kv])
             cache.commit(window)
-            latents, times = torch.zeros(1, n, tokens, channels), torch.ones(1, n)
+            latents, times = torch.zeros(1, n, tokens, channels, dtype=dtype), torch.ones(1, n)
             actions = torch.zeros(1, n, dtype=torch.long)
         samples = []
         for _ in range(repeats + 3):

@@ -4,14 +4,15 @@ configurations, combined with the acceptance measured on the embedded model.
     python -m mmspec.eval.cost_model --device cpu --quick --json eval/results/cost_model_cpu.json
     python -m mmspec.eval.cost_model --device cuda --dtype bfloat16 --json eval/results/gpu/cost_model.json
     python -m mmspec.eval.cost_model --models llamagen-b --batch-sizes 1 --windows 1 2 4 8   # a part
+    python -m mmspec.eval.cost_model --models mar-l mar-h nfd-310m --batch-sizes 1 8         # MAR and next-frame
 
 A forward's cost does not depend on the weights' values, so a model with random weights of the real shapes costs what
 the real model costs. For each model of `REAL_SHAPES` that fits in the device's memory (the others are skipped with a
 line saying so) the script measures the cost curve cost(W, B) / cost(1, B): one KV-cached forward of a W-token window
 for B samples and their CFG rows, plus the processing of its logits, after half the image is cached — the measurement
 behind the automatic default (`mmspec.image.policy.measure_cost_curve`). The draft path's drafter at a real size is
-the target's width with `DRAFT_LAYERS` decoder layers (an EAGLE / LANTERN drafter's size); its one-token forward is
-timed the same way.
+the target's width with `real_shapes.DRAFT_LAYERS` decoder layers (an EAGLE / LANTERN drafter's size); its one-token
+forward is timed the same way.
 
 Acceptance comes from the embedded text-to-image model (`mmspec/zoo/shapes`), decoded on the same device with the
 same held-out prompts and seeds: for each method of `METHODS` and each window W (draft length W - 1 for the draft
@@ -27,6 +28,10 @@ The embedded model is its own test of the projection: its cost curve is measured
 clock is measured on the same runs that give the acceptance, and `projection_relative_error` is the largest
 |projected - measured| / measured over the lossless methods at the first batch size (each at the window the
 projection picks). The prefill, which every method pays alike, is left out of the projection.
+
+MAR-B / L / H (`mmspec.eval.cost_mar`: continuous speculative decoding, MAR-B drafting for MAR-L and MAR-H) and the
+NFD-size next-frame transformer (`mmspec.eval.cost_video`: frame speculation) are projected the same way from their
+own embedded models, under the report's "mar" and "video" keys, each with its own projection check.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,20 +49,19 @@ from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
 from mmspec.core.probs import SamplingConfig
 from mmspec.eval.bench_image import held_out_prompts
+from mmspec.eval.cost_mar import MAR_SHAPES, measure_mar
+from mmspec.eval.cost_mar import format_table as format_mar_table
+from mmspec.eval.cost_video import VIDEO_SHAPES, measure_video
 from mmspec.eval.devices import machine, seeded
+from mmspec.eval.real_shapes import REAL_SHAPES, RealShape
 from mmspec.image.policy import measure_cost_curve
-from mmspec.models.hf_image import PromptCondition
-from mmspec.models.janus import JanusAdapter
-from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
-from mmspec.models.llamagen.gpt import OFFICIAL_SIZES, LlamaGenTransformer
-from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.zoo import IMAGE_T2I
+from mmspec.zoo.shapes import class_label, scenes
 
 WINDOWS = (1, 2, 4, 8, 16, 32, 64)
 DRAFT_WINDOWS = (2, 3, 5)  # the draft path's windows (draft lengths 1, 2, 4): its drafts run one token per forward
 BATCH_SIZES = (1, 4, 8)
 GUIDANCE = 3.0  # the embedded model's CFG scale: every forward carries its unconditional rows
-DRAFT_LAYERS = 1
 METHODS = {  # method -> the decoding settings at window W (the draft path: W - 1 drafted tokens)
     "sjd": lambda W: {"decoding": "sjd", "window": W, "init": "random", "coupling": "none"},
     "mc_sjd": lambda W: {"decoding": "sjd", "window": W, "init": "horizontal", "coupling": "maximal"},
@@ -67,146 +70,9 @@ METHODS = {  # method -> the decoding settings at window W (the draft path: W - 
     "draft": lambda W: {"decoding": "draft", "draft_length": W - 1},
 }
 LOSSLESS = ("sjd", "mc_sjd", "draft")
+ALL_SHAPES = [*REAL_SHAPES, *MAR_SHAPES, *VIDEO_SHAPES]
+VIDEO_EPISODES, VIDEO_FRAMES = 3, 32  # the embedded world model's rollouts (bench_video --quick's)
 QUICK = {"models": ("llamagen-b", "llamagen-l"), "batch_sizes": (1, 4), "prompts": 4, "repeats": 5}
-
-
-class RealShape:
-    """A model at a real configuration, built with random weights: its target and drafter adapters
-    (`mmspec.image.DiscreteImageModel`) and a condition for B samples. Subclasses set `layers`, `kv_width` (key or
-    value features per token and layer) and `context` (tokens cached besides the image) and build the models."""
-
-    layers: int
-    kv_width: int
-    context: int
-
-    def model(self, layers: int | None = None) -> torch.nn.Module:
-        raise NotImplementedError
-
-    def adapter(self, model: torch.nn.Module):
-        raise NotImplementedError
-
-    def condition(self, batch_size: int, device: torch.device):
-        raise NotImplementedError
-
-    @property
-    def image_tokens(self) -> int:
-        raise NotImplementedError
-
-    def parameters(self, layers: int | None = None) -> int:
-        with torch.device("meta"):
-            return sum(p.numel() for p in self.model(layers).parameters())
-
-    def bytes_needed(self, dtype: torch.dtype, batch_size: int, window: int) -> int:
-        """Weights (target and drafter) plus the KV cache of 2B rows over the context, the image and a window."""
-        cache = 2 * self.layers * 2 * batch_size * (self.context + self.image_tokens + window) * self.kv_width
-        return (self.parameters() + self.parameters(DRAFT_LAYERS) + cache) * dtype.itemsize
-
-    def build(self, device: torch.device, dtype: torch.dtype) -> tuple:
-        """The target's and the drafter's (`DRAFT_LAYERS` decoder layers) adapters, random weights on `device`."""
-        with torch.device(device):
-            target, drafter = self.model().to(dtype).eval(), self.model(DRAFT_LAYERS).to(dtype).eval()
-        return self.adapter(target), self.adapter(drafter)
-
-
-@dataclass(frozen=True)
-class LlamaGenShape(RealShape):
-    """A LlamaGen class-to-image GPT of an official size (`OFFICIAL_SIZES`) at an image size with the ds16 tokenizer."""
-
-    size: str
-    image_size: int
-    context = 1  # the class token
-
-    @property
-    def config(self) -> dict:
-        dim, layers, heads = OFFICIAL_SIZES[self.size]
-        return {"dim": dim, "n_layer": layers, "n_head": heads, "grid_size": self.image_size // 16,
-                "vocab_size": 16384, "model_type": "c2i"}
-
-    @property
-    def layers(self) -> int:
-        return self.config["n_layer"]
-
-    @property
-    def kv_width(self) -> int:
-        return self.config["dim"]
-
-    @property
-    def image_tokens(self) -> int:
-        return self.config["grid_size"] ** 2
-
-    def model(self, layers: int | None = None) -> LlamaGenTransformer:
-        return LlamaGenTransformer(**{**self.config, "n_layer": layers or self.layers})
-
-    def adapter(self, model: LlamaGenTransformer) -> LlamaGenAdapter:
-        vq = LlamaGenVQModel(codebook_size=16384, ch=32, ch_mult=(1,), num_res_blocks=1, z_channels=32)
-        return LlamaGenAdapter(model, vq.to(model.device))
-
-    def condition(self, batch_size: int, device: torch.device) -> LlamaGenCondition:
-        return LlamaGenCondition(torch.zeros(batch_size, dtype=torch.long, device=device))
-
-
-@dataclass(frozen=True)
-class JanusShape(RealShape):
-    """Janus-Pro (transformers' `JanusForConditionalGeneration`) at a release's language-model size, 384 px images
-    (24 x 24 tokens of a 16,384-code VQ), prompts of `context` tokens. `overrides`: JanusConfig keyword arguments
-    merged over the release's (the tests build a tiny one)."""
-
-    hidden: int
-    intermediate: int
-    num_layers: int
-    heads: int
-    context: int = 32
-    overrides: dict = field(default_factory=dict, compare=False)
-
-    BOS, PAD, BOI = 100000, 100015, 100016  # Janus-Pro's ids of <begin_of_sentence>, <pad>, <begin_of_image>
-
-    @property
-    def layers(self) -> int:
-        return self.num_layers
-
-    @property
-    def kv_width(self) -> int:
-        return self.hidden
-
-    @property
-    def image_tokens(self) -> int:
-        vq = self.overrides.get("vq_config", {})
-        return vq.get("num_patches", 24) ** 2
-
-    def model(self, layers: int | None = None):
-        from transformers import JanusConfig, JanusForConditionalGeneration
-
-        text = {"model_type": "llama", "vocab_size": 102400, "hidden_size": self.hidden,
-                "intermediate_size": self.intermediate, "num_attention_heads": self.heads,
-                "num_key_value_heads": self.heads, "max_position_embeddings": 16384, "pad_token_id": self.PAD}
-        vq = {"projection_dim": self.hidden, "image_token_embed_dim": self.hidden}
-        config = {**self.overrides,
-                  "text_config": {**text, **self.overrides.get("text_config", {}),
-                                  "num_hidden_layers": layers or self.layers},
-                  "vq_config": {**vq, **self.overrides.get("vq_config", {})}}
-        model = JanusForConditionalGeneration(JanusConfig(**config))
-        generation = model.generation_config
-        generation.bos_token_id, generation.pad_token_id = self.BOS, self.PAD
-        generation.generation_kwargs = {"boi_token_id": self.BOI}
-        return model
-
-    def adapter(self, model) -> JanusAdapter:
-        return JanusAdapter(model)
-
-    def condition(self, batch_size: int, device: torch.device) -> PromptCondition:
-        ids = torch.full((batch_size, self.context), 5, dtype=torch.long, device=device)
-        ids[:, 0], ids[:, -1] = self.BOS, self.BOI
-        return PromptCondition(ids)
-
-
-REAL_SHAPES = {
-    "llamagen-b": LlamaGenShape("GPT-B", 256),
-    "llamagen-l": LlamaGenShape("GPT-L", 256),
-    "llamagen-xl": LlamaGenShape("GPT-XL", 384),
-    # the language models of deepseek-ai/Janus-Pro-1B and -7B (Llama: width, FFN width, layers, heads)
-    "janus-pro-1b": JanusShape(2048, 5632, 24, 16),
-    "janus-pro-7b": JanusShape(4096, 11008, 30, 32),
-}
 
 
 def curve_windows(windows) -> tuple[int, ...]:
@@ -377,36 +243,10 @@ def plot(report: dict, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_device_arguments(parser)
-    parser.add_argument("--quick", action="store_true",
-                        help=f"models {', '.join(QUICK['models'])}, batch sizes {QUICK['batch_sizes']}, "
-                             f"{QUICK['prompts']} prompts, {QUICK['repeats']} timed forwards per window")
-    parser.add_argument("--models", nargs="+", choices=sorted(REAL_SHAPES), default=None,
-                        help="real shapes to measure (default: all; --quick: LlamaGen-B and -L)")
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=None, help=f"default {BATCH_SIZES}")
-    parser.add_argument("--windows", nargs="+", type=int, default=list(WINDOWS),
-                        help="window widths to measure (must include 1)")
-    parser.add_argument("--prompts", type=int, default=None,
-                        help="held-out prompts the embedded model decodes per batch size (default 8, --quick 4)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed forwards per window (default 5)")
-    parser.add_argument("--json", default=None, help="write the report here")
-    parser.add_argument("--plot", default=None, help="write the plot here (docs/images/cost_model_<device>.png)")
-    args = parser.parse_args(argv)
-    if 1 not in args.windows or min(args.windows) < 1:
-        parser.error(f"--windows must be positive and include 1, got {args.windows}")
-    batch_sizes = tuple(args.batch_sizes or (QUICK["batch_sizes"] if args.quick else BATCH_SIZES))
-    if min(batch_sizes) < 1:
-        parser.error(f"--batch-sizes must be positive, got {list(batch_sizes)}")
-    prompts = args.prompts or (QUICK["prompts"] if args.quick else 8)
-    if prompts < max(batch_sizes):
-        parser.error(f"--prompts must be at least the largest batch size ({max(batch_sizes)}), got {prompts}")
-    models = args.models or (QUICK["models"] if args.quick else sorted(REAL_SHAPES))
-    repeats = args.repeats or (QUICK["repeats"] if args.quick else 5)
-    device, dtype = resolve_device(parser, args.device), getattr(torch, args.dtype)
-    windows = tuple(sorted(set(args.windows)))
-
+def measure_image(names, device: torch.device, dtype: torch.dtype, batch_sizes, windows, prompts: int,
+                  repeats: int) -> dict:
+    """The discrete-image part of the report: the embedded model's curves, runs and projection check, and each of
+    `names` (`REAL_SHAPES`) measured or skipped, with its projections."""
     from mmspec.pipelines.auto import AutoARImagePipeline
 
     pipe = AutoARImagePipeline.from_pretrained(IMAGE_T2I, dtype=torch.float32).to(device)
@@ -427,12 +267,9 @@ def main(argv: list[str] | None = None) -> dict:
         projected = embedded["projected"][batch_sizes[0]][method]["speedup"]
         errors[method] = {"window": window, "projected": projected, "measured": measured,
                           "relative_error": round(abs(projected - measured) / measured, 3)}
-    report = {**machine(device), "dtype": args.dtype,
-              "command": "python -m mmspec.eval.cost_model " + " ".join(sys.argv[1:] if argv is None else argv),
-              "batch_sizes": list(batch_sizes), "windows": list(windows),
-              "models": {"embedded (shapes)": embedded}, "projection_check": errors,
+    report = {"models": {"embedded (shapes)": embedded}, "projection_check": errors,
               "projection_relative_error": max(e["relative_error"] for e in errors.values())}
-    for name in models:
+    for name in names:
         entry = measure_real_shape(name, REAL_SHAPES[name], device, dtype, batch_sizes, windows, repeats)
         if "skipped" in entry:
             print(f"{name}: skipped, {entry['skipped']}", flush=True)
@@ -441,14 +278,58 @@ def main(argv: list[str] | None = None) -> dict:
         report["models"][name] = entry
     print("\nprojected speedup vs AR (window picked per method):")
     print(format_table(report))
-    print("\nprojection check on the embedded model, batch "
-          f"{batch_sizes[0]}: " + ", ".join(f"{m} projected {e['projected']:.2f}x, measured {e['measured']:.2f}x"
-                                            for m, e in errors.items())
+    print(f"\nprojection check on the embedded model, batch {batch_sizes[0]}: "
+          + ", ".join(f"{m} projected {e['projected']:.2f}x, measured {e['measured']:.2f}x" for m, e in errors.items())
           + f"; projection_relative_error {report['projection_relative_error']:.3f}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_device_arguments(parser)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"models {', '.join(QUICK['models'])}, batch sizes {QUICK['batch_sizes']}, "
+                             f"{QUICK['prompts']} prompts, {QUICK['repeats']} timed forwards per window")
+    parser.add_argument("--models", nargs="+", choices=ALL_SHAPES, default=None,
+                        help="real shapes to measure (default: all; --quick: LlamaGen-B and -L)")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=None, help=f"default {BATCH_SIZES}")
+    parser.add_argument("--windows", nargs="+", type=int, default=list(WINDOWS),
+                        help="window widths to measure (must include 1)")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="held-out prompts the embedded model decodes per batch size (default 8, --quick 4)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed forwards per window (default 5)")
+    parser.add_argument("--json", default=None, help="write the report here")
+    parser.add_argument("--plot", default=None, help="write the plot here (docs/images/cost_model_<device>.png)")
+    args = parser.parse_args(argv)
+    if 1 not in args.windows or min(args.windows) < 1:
+        parser.error(f"--windows must be positive and include 1, got {args.windows}")
+    batch_sizes = tuple(args.batch_sizes or (QUICK["batch_sizes"] if args.quick else BATCH_SIZES))
+    if min(batch_sizes) < 1:
+        parser.error(f"--batch-sizes must be positive, got {list(batch_sizes)}")
+    prompts = args.prompts or (QUICK["prompts"] if args.quick else 8)
+    if prompts < max(batch_sizes):
+        parser.error(f"--prompts must be at least the largest batch size ({max(batch_sizes)}), got {prompts}")
+    models = args.models or (QUICK["models"] if args.quick else ALL_SHAPES)
+    repeats = args.repeats or (QUICK["repeats"] if args.quick else 5)
+    device, dtype = resolve_device(parser, args.device), getattr(torch, args.dtype)
+    windows = tuple(sorted(set(args.windows)))
+
+    report = {**machine(device), "dtype": args.dtype,
+              "command": "python -m mmspec.eval.cost_model " + " ".join(sys.argv[1:] if argv is None else argv),
+              "batch_sizes": list(batch_sizes), "windows": list(windows)}
+    if image := [m for m in models if m in REAL_SHAPES]:
+        report |= measure_image(image, device, dtype, batch_sizes, windows, prompts, repeats)
+    if mar := [m for m in models if m in MAR_SHAPES]:
+        labels = [class_label(caption) for caption in scenes(0, prompts, "heldout")[1]]
+        report["mar"] = measure_mar(mar, device, dtype, batch_sizes, labels, repeats)
+        print("\nMAR: projected speedup of continuous speculative decoding vs the target's AR:")
+        print(format_mar_table(report["mar"]))
+    if video := [m for m in models if m in VIDEO_SHAPES]:
+        report["video"] = measure_video(video, device, dtype, VIDEO_EPISODES, VIDEO_FRAMES, repeats)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
-    if args.plot:
+    if args.plot and "models" in report:
         plot(report, Path(args.plot))
     return report
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from mmspec.eval import cost_model
-from mmspec.eval.cost_model import REAL_SHAPES, JanusShape, LlamaGenShape, measure_real_shape, projected_speedups
+from mmspec.eval.cost_model import measure_real_shape, projected_speedups
+from mmspec.eval.real_shapes import REAL_SHAPES, Emu3Shape, JanusShape, LlamaGenShape, LuminaShape
 
 
 def embedded_runs(ar_overhead: float = 0.0, overhead: float = 0.0) -> dict:
@@ -84,8 +85,27 @@ def test_janus_pro_is_measured_through_its_adapter_at_a_tiny_size():
     assert tiny.image_tokens == 16
 
 
+@pytest.mark.parametrize("tiny", [
+    Emu3Shape(32, 37, 2, 4, 2, 200, 3, 4, 20, context=6),
+    LuminaShape(32, 37, 2, 4, 2, 200, 2, 4, 16, context=6),
+], ids=["emu3", "lumina-mgpt"])
+def test_line_structured_families_are_measured_through_their_adapters_at_a_tiny_size(tiny):
+    entry = measure_real_shape("tiny", tiny, torch.device("cpu"), torch.float32, (2,), (1, 2, 4), repeats=1)
+    assert set(entry["cost_curve"][2]) == {1, 2, 3, 4, 5} and entry["cost_curve"][2][1] == 1.0
+    assert entry["draft_step_seconds"][2] > 0
+    assert tiny.image_tokens == tiny.height * (tiny.width + 1)  # every row closed by its line token
+    assert tiny.kv_width == 16  # 2 of 4 heads of width 8
+
+
 def test_the_janus_pro_shapes_are_the_releases():
     # the releases' language models are DeepSeek-LLM 1.5 B (24 x 2048) and 7 B (30 x 4096), vocabulary 102,400;
     # with the SigLIP encoder, the VQ and the generation head about 1.9 B and 7.0 B in all
     for name, billions in (("janus-pro-1b", (1.8, 2.0)), ("janus-pro-7b", (6.9, 7.1))):
+        assert billions[0] < REAL_SHAPES[name].parameters() / 1e9 < billions[1], name
+
+
+def test_the_emu3_and_lumina_mgpt_shapes_are_the_releases():
+    # Emu3-Gen: 8.49 B with its 184,622-token vocabulary (untied head); Lumina-mGPT-7B: Chameleon-7B, 7.0 B
+    for name, billions, tokens in (("emu3-8b", (8.4, 8.6), 90 * 91), ("lumina-mgpt-7b", (6.9, 7.1), 48 * 49)):
+        assert REAL_SHAPES[name].image_tokens == tokens, name
         assert billions[0] < REAL_SHAPES[name].parameters() / 1e9 < billions[1], name
