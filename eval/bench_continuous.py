@@ -25,7 +25,6 @@ images, a row per image: the real held-out scene, then each method's sample (sam
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -38,7 +37,7 @@ import torch
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
-from mmspec.eval.devices import machine, seeded
+from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.pipelines.mar import MARPipeline
 from mmspec.zoo import MAR_C2I
 from mmspec.zoo.pixels import encode_tokens
@@ -202,8 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         if row.method != "ar":
             result[f"{row.method}_speedup_vs_target_bs{row.batch_size}"] = round(row.speedup_vs_ar, 4)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
     return result
 
 

@@ -31,13 +31,12 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
-from mmspec.eval.devices import machine, seeded
+from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
@@ -283,8 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
                   **{f"default_vs_ar_bs{B}": r["speed_vs_ar"]["default"] for B, r in results.items()}}
         print(json.dumps({k: v for k, v in report.items() if k.startswith("default_vs")}, indent=1))
         if args.json:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(report, indent=1))
+            write_json(args.json, report)
         return report
     prompts = held_out_prompts(args.prompts or (8 if args.quick or args.sweep else 32))
     repeats = 1 if args.quick else 2
@@ -315,8 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  batch {batch_size}: " + ", ".join(f"W={W}: {c:.2f}x" for W, c in cost.items()))
     print("\n" + json.dumps(report["summary"], indent=1))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_json(args.json, report)
     return report
 
 

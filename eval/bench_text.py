@@ -28,7 +28,7 @@ import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
-from mmspec.eval.devices import machine, seeded
+from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
@@ -222,8 +222,7 @@ def main(argv: list[str] | None = None) -> dict:
                               "draft_length": DRAFT_LENGTH, "threads": torch.get_num_threads()},
                    **machine(device),
                    "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows], **ratios}
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=2)
+        write_json(args.json, payload)
     return ratios
 
 

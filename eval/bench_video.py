@@ -29,7 +29,6 @@ the context-pass pipelining that both use factored out.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
-from mmspec.eval.devices import machine, seeded
+from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.pipelines.video import NextFramePipeline
 from mmspec.video import FrameSpeculation
 from mmspec.zoo import VIDEO_WORLD
@@ -262,8 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
         if row.method == args.headline:
             result[f"speedup_at_change_rate_{row.change_prob:g}"] = round(row.speedup_vs_strict, 4)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
     return result
 
 

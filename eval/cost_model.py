@@ -37,7 +37,6 @@ own embedded models, under the report's "mar" and "video" keys, each with its ow
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -52,7 +51,7 @@ from mmspec.eval.bench_image import held_out_prompts
 from mmspec.eval.cost_mar import MAR_SHAPES, measure_mar
 from mmspec.eval.cost_mar import format_table as format_mar_table
 from mmspec.eval.cost_video import VIDEO_SHAPES, measure_video
-from mmspec.eval.devices import machine, seeded
+from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.eval.real_shapes import REAL_SHAPES, RealShape
 from mmspec.image.policy import measure_cost_curve
 from mmspec.zoo import IMAGE_T2I
@@ -327,8 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     if video := [m for m in models if m in VIDEO_SHAPES]:
         report["video"] = measure_video(video, device, dtype, VIDEO_EPISODES, VIDEO_FRAMES, repeats)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_json(args.json, report)
     if args.plot and "models" in report:
         plot(report, Path(args.plot))
     return report

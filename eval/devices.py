@@ -1,9 +1,11 @@
-"""What a results file records about the machine, and the seeded generators a benchmark draws with on its device
-(the `--device` / `--dtype` flags themselves: `mmspec.core.devices`)."""
+"""What a results file records about the machine, how it is written, and the seeded generators a benchmark draws with
+on its device (the `--device` / `--dtype` flags themselves: `mmspec.core.devices`)."""
 
 from __future__ import annotations
 
+import json
 import platform
+from pathlib import Path
 
 import torch
 
@@ -22,3 +24,9 @@ def machine(device: torch.device) -> dict:
 def seeded(device: torch.device, seeds) -> list[torch.Generator]:
     """One generator per seed on `device` (the samplers draw on the device the model runs on)."""
     return [torch.Generator(device).manual_seed(seed) for seed in seeds]
+
+
+def write_json(path: str | Path, report: dict) -> None:
+    """A benchmark's report as JSON at `path`, its folder made if need be."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=1) + "\n")

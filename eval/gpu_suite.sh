@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-benchmarks=(bench_text bench_image bench_continuous bench_video quality cost_model)
+benchmarks=(bench_text bench_image bench_continuous bench_video bench_graphs quality cost_model)
 device=cuda tier=full out=eval/results/gpu python=python3 only=$(IFS=,; echo "${benchmarks[*]}")
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -44,6 +44,7 @@ if [ "$tier" = smoke ]; then
         [bench_image]="--quick --prompts 1"
         [bench_continuous]="--quick --images-bs1 1 --images-bs8 2 --num-iter 8 --diffusion-steps 10 --no-fd"
         [bench_video]="--quick --episodes 1 --frames 8 --change-probs 0.1"
+        [bench_graphs]="--quick --prompts 1"
         [quality]="--quick --num-prompts 2 --ar-seed-sets 2 --methods ar sjd"
         [cost_model]="--quick --models llamagen-b --batch-sizes 1 --windows 1 2 4 --prompts 1 --repeats 1"
     )
@@ -53,6 +54,7 @@ elif [ "$tier" = short ]; then
         [bench_image]="--quick"
         [bench_continuous]="--quick"
         [bench_video]="--quick"
+        [bench_graphs]="--quick"
         [quality]="--quick --methods ar sjd tree lantern gsd draft pjd"
         [cost_model]="--dtype bfloat16 --batch-sizes 1 4 --prompts 4 --repeats 10"
     )
@@ -62,6 +64,7 @@ else
         [bench_image]=""
         [bench_continuous]=""
         [bench_video]=""
+        [bench_graphs]=""
         [quality]="--quick --methods ar sjd tree lantern gsd draft pjd"
         [cost_model]="--dtype bfloat16"
     )

@@ -25,6 +25,7 @@ from diffusers.utils import make_image_grid
 from torch import nn
 
 from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.eval.devices import write_json
 from mmspec.pipelines.auto import AutoARImagePipeline
 from mmspec.zoo import IMAGE_T2I
 from mmspec.zoo.pixels import psnr, reconstruct, to_model_range, to_uint8
@@ -175,8 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         grid.resize((grid.width * 2, grid.height * 2), Image.NEAREST).save(GRID_PATH)
         report["grid_captions"] = captions[:6]
 
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     print(json.dumps(report, indent=2))
 
 

@@ -37,7 +37,6 @@ one process (or `mmspec.eval.bench_image`).
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 from pathlib import Path
@@ -46,6 +45,7 @@ import numpy as np
 from scipy.stats import t, ttest_ind
 
 from mmspec.core.devices import add_device_arguments, resolve_device
+from mmspec.eval.devices import write_json
 from mmspec.eval.metrics import (
     clip_score,
     frechet_distance,
@@ -381,8 +381,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     report["fid_feature_space"] = descriptions[primary]
     print(format_table(report, descriptions, args.batch_size))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.json, report)
     if args.plot:
         plot(report, primary, descriptions[primary], args.plot)
     return report

@@ -18,9 +18,12 @@ Plain AR has neither: its table shows forwards and tokens only (`speculative=Fal
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+
+from mmspec.core.measured import synchronize
 
 
 @dataclass
@@ -174,8 +177,24 @@ class SpecStats(DecodingStats):
         }
 
 
+_SYNCHRONIZED: list[torch.device] = []  # the devices of the open `synchronized_timings` blocks, innermost last
+
+
+@contextmanager
+def synchronized_timings(device: torch.device | str):
+    """Within the block every `PhaseTimer` phase synchronizes `device` as it starts and as it ends, so that the phase
+    timings of asynchronous (CUDA) work hold the work, not only its launch. It adds host syncs to every step: for
+    measurements (`mmspec.eval.bench_graphs`), not for speed."""
+    _SYNCHRONIZED.append(torch.device(device))
+    try:
+        yield
+    finally:
+        _SYNCHRONIZED.pop()
+
+
 class PhaseTimer:
-    """Accumulates wall-clock seconds per phase into a dict: `with timer("draft"): ...`."""
+    """Accumulates wall-clock seconds per phase into a dict: `with timer("draft"): ...` (see `synchronized_timings`
+    for asynchronous devices)."""
 
     def __init__(self, timings: dict[str, float]):
         self.timings = timings
@@ -186,8 +205,12 @@ class PhaseTimer:
         return self
 
     def __enter__(self):
+        if _SYNCHRONIZED:
+            synchronize(_SYNCHRONIZED[-1])
         self._start = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
+        if _SYNCHRONIZED:
+            synchronize(_SYNCHRONIZED[-1])
         self.timings[self._phase] = self.timings.get(self._phase, 0.0) + time.perf_counter() - self._start

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mmspec.core.component import DecodingComponent
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
+from mmspec.models.llamagen.graphs import WindowGraphs
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.pipelines.ar_image import ARImagePipeline, size_error
 
@@ -74,6 +75,7 @@ class LlamaGenPipeline(ARImagePipeline):
         self.register_modules(transformer=transformer, vqvae=vqvae, tokenizer=tokenizer, text_encoder=text_encoder,
                               draft_transformer=draft_transformer)
         self.decoding = decoding
+        self.window_graphs: dict[str, WindowGraphs] = {}  # `enable_cuda_graphs`
         self.image_processor = VaeImageProcessor(vae_scale_factor=vqvae.downsample_factor, do_normalize=True)
 
     @property
@@ -95,10 +97,27 @@ class LlamaGenPipeline(ARImagePipeline):
         height, width = height or size, width or size
         if (height, width) != (size, size):
             raise size_error("this LlamaGen model", height, width, f"its token grid makes {size}x{size} only")
-        return LlamaGenAdapter(self.transformer, self.vqvae)
+        return LlamaGenAdapter(self.transformer, self.vqvae, self.window_graphs.get("transformer"))
 
     def draft_adapter(self) -> LlamaGenAdapter | None:
-        return None if self.draft_transformer is None else LlamaGenAdapter(self.draft_transformer, self.vqvae)
+        if self.draft_transformer is None:
+            return None
+        return LlamaGenAdapter(self.draft_transformer, self.vqvae, self.window_graphs.get("draft_transformer"))
+
+    def enable_cuda_graphs(self) -> None:
+        """Replay the decoding loop's window forwards (target and draft) from CUDA graphs, one per window width,
+        captured on first use (`mmspec.models.llamagen.graphs.WindowGraphs`): on a GPU a small model's forward at
+        batch 1 is bound by kernel launches. The pipeline then keeps one KV cache per transformer, so one call runs at
+        a time; `disable_cuda_graphs()` undoes it. The pipeline must be on a CUDA device."""
+        if self.device.type != "cuda":
+            raise ValueError(f"enable_cuda_graphs needs the pipeline on a CUDA device (pipe.to('cuda')), it is on "
+                             f"{self.device}")
+        self.window_graphs = {name: WindowGraphs(model) for name, model in
+                              (("transformer", self.transformer), ("draft_transformer", self.draft_transformer))
+                              if model is not None}
+
+    def disable_cuda_graphs(self) -> None:
+        self.window_graphs = {}
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None = None,

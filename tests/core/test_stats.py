@@ -1,5 +1,5 @@
 """The stats family: every class's `as_dict()`, `table()` and properties work, empty and after a run's counts, and a
-subclass only adds to its base's figures."""
+subclass only adds to its base's figures; `synchronized_timings` syncs every phase, inside its block only."""
 
 import dataclasses
 
@@ -74,3 +74,22 @@ def test_a_subclass_only_adds(cls):
     assert {f.name for f in dataclasses.fields(base)} <= {f.name for f in dataclasses.fields(cls)}
     assert set(base().as_dict()) <= set(cls().as_dict())
     assert set(properties(base)) <= set(properties(cls))
+
+
+def test_synchronized_timings_synchronize_every_phase_inside_the_block_only(monkeypatch):
+    from mmspec.core import stats as stats_module
+
+    synced = []
+    monkeypatch.setattr(stats_module, "synchronize", synced.append)
+    timings = {}
+    timer = stats_module.PhaseTimer(timings)
+    with timer("target"):
+        pass
+    assert synced == []  # outside a block: no host sync
+    with stats_module.synchronized_timings("cpu"):
+        with timer("target"):
+            pass
+        with timer("verify"):
+            pass
+    assert synced == [torch.device("cpu")] * 4  # as each phase starts and ends
+    assert set(timings) == {"target", "verify"} and stats_module._SYNCHRONIZED == []

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("bench_text", "bench_image", "bench_continuous", "bench_video", "quality", "cost_model")
+BENCHMARKS = ("bench_text", "bench_image", "bench_continuous", "bench_video", "bench_graphs", "quality", "cost_model")
 
 
 def suite(*args: str, out: Path) -> subprocess.CompletedProcess:
@@ -43,6 +43,9 @@ def test_the_suite_runs_every_benchmark_on_the_cpu(tmp_path, record_property):
     cost = json.loads((tmp_path / "results" / "cost_model.json").read_text())
     assert cost["projection_relative_error"] >= 0
     assert set(cost["models"]["llamagen-b"]["projected"]["1"]) == {"ar", "sjd", "mc_sjd", "lantern", "draft"}
+    graphs = json.loads((tmp_path / "results" / "bench_graphs.json").read_text())
+    assert graphs["graphs"] == "needs CUDA" and set(graphs["modes"]) == {"eager"}
+    assert 0 <= graphs["modes"]["eager"]["1"]["sjd_w16"]["outside_share"] < 1
     record_property("measured", f"gpu_suite.sh --device cpu --quick: {environment['total_seconds']} s")
 
 
@@ -52,7 +55,7 @@ def test_the_suite_refuses_bad_arguments_and_writes_nothing(tmp_path):
     run = suite("--only", "bench_text,bench_imgae", out=tmp_path / "results")
     assert run.returncode == 2
     assert run.stderr.strip() == ("gpu_suite.sh: --only: unknown benchmark 'bench_imgae'; choose from bench_text "
-                                  "bench_image bench_continuous bench_video quality cost_model")
+                                  "bench_image bench_continuous bench_video bench_graphs quality cost_model")
     assert not (tmp_path / "results").exists()
 
 

@@ -9,6 +9,7 @@ import torch
 from mmspec.image.frontier import FrontierTree
 from mmspec.image.protocol import ImageLogits
 from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer
+from mmspec.models.llamagen.graphs import WindowGraphs
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 
 
@@ -39,13 +40,18 @@ class LlamaGenState:
 
 
 class LlamaGenAdapter:
-    def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel):
+    """graphs: the transformer's `WindowGraphs` (CUDA graphs): its cache holds the state of one decoding at a time,
+    and `forward`'s windows replay its graphs; None = a fresh cache per prefill, eager forwards."""
+
+    def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, graphs: WindowGraphs | None = None):
         if transformer.config.vocab_size != vqvae.config.codebook_size:
             raise ValueError(
                 f"transformer vocab_size ({transformer.config.vocab_size}) != vqvae codebook_size "
                 f"({vqvae.config.codebook_size})"
             )
-        self.transformer, self.vqvae = transformer, vqvae
+        if graphs is not None and graphs.transformer is not transformer:
+            raise ValueError("graphs must be the WindowGraphs of this adapter's transformer")
+        self.transformer, self.vqvae, self.graphs = transformer, vqvae, graphs
         self.grid = (transformer.config.grid_size, transformer.config.grid_size)
         self.vocab_size = transformer.config.vocab_size
 
@@ -60,7 +66,8 @@ class LlamaGenAdapter:
         prefix = model.embed_condition(condition.states)  # [B, T, dim]
         if cfg:
             prefix = torch.cat([prefix, model.embed_condition(model.unconditional(B, prefix.device))])  # [2B, T, dim]
-        cache = model.new_cache(prefix.shape[0], device=prefix.device, dtype=prefix.dtype, extra_slots=max_window - 1)
+        new_cache = model.new_cache if self.graphs is None else self.graphs.cache
+        cache = new_cache(prefix.shape[0], device=prefix.device, dtype=prefix.dtype, extra_slots=max_window - 1)
         if condition.mask is not None:
             cache.key_valid[:B, : prefix.shape[1]] = condition.mask
         logits = model.forward_window(prefix, cache)[:, -1:]  # [B or 2B, 1, V]
@@ -70,7 +77,11 @@ class LlamaGenAdapter:
     def forward(self, tokens: torch.Tensor, state: LlamaGenState) -> ImageLogits:
         if tokens.ndim != 2 or tokens.shape[0] != state.batch_size:
             raise ValueError(f"tokens must have shape [{state.batch_size}, W], got {tuple(tokens.shape)}")
-        logits = self.transformer.forward_window(self.transformer.tok_embeddings(state.rows(tokens)), state.cache)
+        rows = state.rows(tokens)
+        if self.graphs is None:
+            logits = self.transformer.forward_window(self.transformer.tok_embeddings(rows), state.cache)
+        else:
+            logits = self.graphs(rows)
         return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
 
     def forward_tree(self, tokens: torch.Tensor, tree: FrontierTree, state: LlamaGenState) -> ImageLogits:

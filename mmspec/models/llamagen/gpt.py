@@ -90,8 +90,17 @@ class KVCache:
         """Keep the first `lengths[r]` slots of row r (lengths: [R] long, each <= the current fill level)."""
         if lengths.shape != self.lengths.shape:
             raise ValueError(f"lengths must have shape {tuple(self.lengths.shape)}, got {tuple(lengths.shape)}")
-        self.lengths = lengths.to(self.lengths)
+        self.lengths.copy_(lengths)  # in place: a captured window forward (`WindowGraphs`) reads this tensor
         self.max_length = int(lengths.max())  # the one host sync of a speculative step
+
+
+def check_window_fits(cache: KVCache, width: int) -> None:
+    """Raise if a window of `width` after the fullest row would overflow the cache (host-side: no device sync)."""
+    if cache.max_length + width > cache.capacity:
+        raise ValueError(
+            f"a window of {width} after up to {cache.max_length} filled slots overflows the cache "
+            f"({cache.capacity} slots)"
+        )
 
 
 class RMSNorm(nn.Module):
@@ -353,17 +362,21 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         lengths[r] + level[t] and sees the cached prefix and its ancestors only (tree attention); None = a chain.
         """
         W = x.shape[1]
-        if cache.max_length + W > cache.capacity:
-            raise ValueError(
-                f"a window of {W} after up to {cache.max_length} filled slots overflows the cache "
-                f"({cache.capacity} slots)"
-            )
+        check_window_fits(cache, W)
+        logits = self.append_window(x, cache, tree)
+        cache.max_length += W
+        return logits
+
+    def append_window(self, x: torch.Tensor, cache: KVCache, tree: tuple[torch.Tensor, torch.Tensor] | None = None
+                      ) -> torch.Tensor:
+        """`forward_window`'s device work alone (no capacity check, `cache.max_length` not moved): no host sync and
+        no Python state, so that a CUDA graph can capture it (`mmspec.models.llamagen.graphs.WindowGraphs`)."""
+        W = x.shape[1]
         slots = cache.lengths[:, None] + torch.arange(W, device=x.device)  # [R, W]
         mask = self._mask(slots, cache.key_valid, cache.capacity, None if tree is None else tree[1])
         positions = slots if tree is None else cache.lengths[:, None] + tree[0]
         h = self._blocks(x, slots, mask, cache, positions)
         cache.lengths += W
-        cache.max_length += W
         return self.output(self.norm(h)).float()
 
     def forward_segments(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor, segments: torch.Tensor,

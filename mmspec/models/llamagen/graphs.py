@@ -1,0 +1,86 @@
+"""`WindowGraphs`: a LlamaGen transformer's decoding-loop window forwards replayed from CUDA graphs.
+
+On a GPU a small model's forward at batch 1 is bound by kernel launches, not FLOPs: the embedded 6 M-parameter model
+takes 4 ms per forward on an H100 whatever the window. gpt-fast's answer is a static KV cache written by slot index
+and one captured graph per input shape; `KVCache` already is such a cache (rollback lowers `lengths` in place), so a
+window of W tokens after the cached prefix is one shape per W. `WindowGraphs` keeps one cache per transformer, hands
+it to one decoding at a time, and captures the window forward (embedding, blocks, head) for each W on its first use;
+replaying it launches one graph. The capacity check and `max_length` (host-side) stay outside the graph, so a step
+still has its one host sync, in `KVCache.rollback`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer, check_window_fits
+
+WARMUP = 2  # eager runs on a side stream before a capture (the allocator and lazy kernel loading settle)
+
+
+class WindowGraphs:
+    """`cache(rows, ...)` hands out the kept cache, emptied (a new one, and new graphs, when its rows, slots, dtype or
+    device change): one decoding at a time uses it. `__call__(tokens [R, W] long)` appends a window to that cache and
+    returns its logits [R, W, V] float32, as `transformer.forward_window(transformer.tok_embeddings(tokens), cache)`
+    does, replaying W's graph. capture=False runs the same static-buffer steps eagerly (the path CPU tests take)."""
+
+    def __init__(self, transformer: LlamaGenTransformer, capture: bool = True):
+        self.transformer, self.capture = transformer, capture
+        self.kept: KVCache | None = None
+        self.key: tuple | None = None
+        self.windows: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor, torch.Tensor | None]] = {}
+
+    def cache(self, rows: int, device=None, dtype=None, extra_slots: int = 0) -> KVCache:
+        """The kept cache, empty, for `rows` rows (arguments as `LlamaGenTransformer.new_cache`)."""
+        device = torch.device(device or self.transformer.device)
+        key = (rows, device, dtype or self.transformer.dtype, extra_slots)
+        if key != self.key:
+            if self.capture and device.type != "cuda":
+                raise ValueError(f"CUDA graphs need the model on a CUDA device, got {device}")
+            self.kept, self.key, self.windows = self.transformer.new_cache(rows, device, dtype, extra_slots), key, {}
+        else:
+            self.kept.lengths.zero_()
+            self.kept.key_valid.fill_(True)
+            self.kept.max_length = 0
+        return self.kept
+
+    def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
+        cache = self.kept
+        if cache is None or tokens.ndim != 2 or tokens.shape[0] != cache.lengths.shape[0]:
+            rows = None if cache is None else cache.lengths.shape[0]
+            raise ValueError(f"tokens must be [{rows}, W] for the kept cache (from `cache()`), got "
+                             f"{tuple(tokens.shape)}")
+        W = tokens.shape[1]
+        check_window_fits(cache, W)
+        if W not in self.windows:
+            self.windows[W] = self._capture(tokens)
+        graph, static_tokens, static_logits = self.windows[W]
+        static_tokens.copy_(tokens)
+        if graph is None:
+            logits = self._window(static_tokens)
+        else:
+            graph.replay()
+            logits = static_logits.clone()  # the next replay overwrites the graph's output
+        cache.max_length += W
+        return logits
+
+    def _window(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.transformer.append_window(self.transformer.tok_embeddings(tokens), self.kept)
+
+    def _capture(self, tokens: torch.Tensor) -> tuple:
+        """(graph or None, static tokens, static logits or None) for tokens' width."""
+        static_tokens = tokens.clone()
+        if not self.capture:
+            return None, static_tokens, None
+        lengths = self.kept.lengths.clone()
+        stream = torch.cuda.Stream(tokens.device)
+        stream.wait_stream(torch.cuda.current_stream(tokens.device))
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP):  # writes slots past the fill levels only, which a window overwrites anyway
+                self._window(static_tokens)
+                self.kept.lengths.copy_(lengths)
+        torch.cuda.current_stream(tokens.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # records without running: the fill levels are still `lengths`
+            static_logits = self._window(static_tokens)
+        return graph, static_tokens, static_logits

@@ -1,0 +1,131 @@
+"""`WindowGraphs`, the CUDA-graph path of the LlamaGen window forward: through its static buffers and kept cache
+(graphs off, as on this CPU) AR, SJD at several windows and the draft path decode exactly what the eager path decodes
+(sampled, CFG, top-k, batch 2, a padded prompt), also when a second decoding reuses the kept cache; the kept cache ends
+with the eager cache's keys / values; a mutant whose reused cache keeps the last prompts' padding is caught. Where CUDA is present
+the captured graphs decode what the eager path decodes. Errors."""
+
+import pytest
+import torch
+
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.stats import SpecStats
+from mmspec.image import AR, SJD, DraftModel
+from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
+from mmspec.models.llamagen.graphs import WindowGraphs
+from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_pipeline, tiny_transformer, tiny_vq
+
+SAMPLING = SamplingConfig(temperature=1.0, top_k=8, guidance_scale=3.0)
+DECODINGS = {"ar": lambda drafter: AR(), "sjd-w3": lambda drafter: SJD(3, "horizontal", "maximal"),
+             "sjd-w16": lambda drafter: SJD(16, "random", "none"),
+             "draft": lambda drafter: DraftModel(2, drafter=drafter)}
+
+
+def condition(padded_row: int, seed: int, device="cpu", dtype=torch.float64) -> LlamaGenCondition:
+    """Two prompts; row `padded_row` has two padding slots (-1: no mask)."""
+    states = torch.randn(2, TEXT_CONTEXT, 16, generator=torch.Generator().manual_seed(seed), dtype=dtype).to(device)
+    if padded_row < 0:
+        return LlamaGenCondition(states)
+    mask = torch.ones(2, TEXT_CONTEXT, dtype=torch.bool)
+    mask[padded_row, :2] = False
+    return LlamaGenCondition(states, mask.to(device))
+
+
+def decode(name: str, target: LlamaGenAdapter, drafter: LlamaGenAdapter, cond: LlamaGenCondition, seed: int):
+    """(tokens [2, N], the final state) of one decoding."""
+    captured, prefill = {}, target.prefill
+
+    def spy(*args, **kwargs):
+        captured["state"], logits = prefill(*args, **kwargs)
+        return captured["state"], logits
+
+    target.prefill = spy
+    device = cond.states.device
+    with torch.no_grad():
+        *_, last = DECODINGS[name](drafter)(target, cond, SAMPLING, torch.Generator(device).manual_seed(seed),
+                                            SpecStats())
+    return last.tokens, captured["state"]
+
+
+def adapters(models, graphs_type=None, capture=False):
+    """(target, drafter) adapters, eager or with `graphs_type` (WindowGraphs or a mutant) per transformer."""
+    vq = tiny_vq(dtype=models[0].dtype).to(models[0].device)
+    if graphs_type is None:
+        return tuple(LlamaGenAdapter(model, vq) for model in models)
+    return tuple(LlamaGenAdapter(model, vq, graphs_type(model, capture=capture)) for model in models)
+
+
+def graphed_decodes_match_eager(graphs_type, models=None, capture=False, device="cpu", dtype=torch.float64) -> bool:
+    """Every decoding, three times on the same graphed adapters (reusing the kept caches: a padded prompt, then
+    prompts without a mask, then the other row padded), equals an eager decoding token for token, and the kept cache ends as the eager one."""
+    models = models or (tiny_transformer(seed=0), tiny_transformer(seed=1))
+    graphed = adapters(models, graphs_type, capture)
+    for name in DECODINGS:
+        for padded_row, seed in ((0, 1), (-1, 2), (1, 3)):
+            cond = condition(padded_row, seed, device, dtype)
+            eager_tokens, eager_state = decode(name, *adapters(models), cond, seed)
+            tokens, state = decode(name, *graphed, cond, seed)
+            if not torch.equal(tokens, eager_tokens):
+                return False
+            cache, eager = state.cache, eager_state.cache
+            assert cache is graphed[0].graphs.kept
+            if not torch.equal(cache.lengths, eager.lengths):
+                return False
+            filled = torch.arange(cache.capacity, device=device) < cache.lengths[:, None]  # [R, S]
+            for buffer, eager_buffer in ((cache.k, eager.k), (cache.v, eager.v)):
+                if not torch.equal(buffer.transpose(2, 3)[:, filled], eager_buffer.transpose(2, 3)[:, filled]):
+                    return False
+    return True
+
+
+def test_the_graph_path_decodes_what_the_eager_path_decodes():
+    assert graphed_decodes_match_eager(WindowGraphs)
+
+
+class KeptPadding(WindowGraphs):
+    """Mutant: a reused cache is emptied but keeps the previous decoding's padding (key_valid)."""
+
+    def cache(self, rows, device=None, dtype=None, extra_slots=0):
+        reused = self.kept is not None and self.key == (rows, self.key[1], dtype, extra_slots)
+        padding = self.kept.key_valid.clone() if reused else None
+        cache = super().cache(rows, device, dtype, extra_slots)
+        if padding is not None:
+            cache.key_valid.copy_(padding)
+        return cache
+
+
+def test_a_kept_cache_that_keeps_its_padding_is_caught():
+    assert not graphed_decodes_match_eager(KeptPadding)
+
+
+def test_rollback_writes_the_fill_levels_in_place():
+    model = tiny_transformer()
+    cache = model.new_cache(2)
+    lengths = cache.lengths
+    model.forward_window(torch.zeros(2, 5, 32, dtype=torch.float64), cache)
+    cache.rollback(torch.tensor([3, 4]))
+    assert cache.lengths is lengths and lengths.tolist() == [3, 4] and cache.max_length == 4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_captured_graphs_decode_what_the_eager_path_decodes_on_cuda():
+    models = tuple(tiny_transformer(seed=seed, dtype=torch.float32).cuda() for seed in (0, 1))
+    assert graphed_decodes_match_eager(WindowGraphs, models, capture=True, device="cuda", dtype=torch.float32)
+
+
+def test_errors():
+    model, other = tiny_transformer(seed=0), tiny_transformer(seed=1)
+    with pytest.raises(ValueError, match="CUDA graphs need the model on a CUDA device, got cpu"):
+        WindowGraphs(model).cache(2)
+    graphs = WindowGraphs(model, capture=False)
+    with pytest.raises(ValueError, match=r"tokens must be \[None, W\] for the kept cache"):
+        graphs(torch.zeros(2, 3, dtype=torch.long))
+    cache = graphs.cache(2)
+    with pytest.raises(ValueError, match=r"tokens must be \[2, W\]"):
+        graphs(torch.zeros(3, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="overflows the cache"):
+        graphs(torch.zeros(2, cache.capacity + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="graphs must be the WindowGraphs of this adapter's transformer"):
+        LlamaGenAdapter(other, tiny_vq(), graphs)
+    with pytest.raises(ValueError, match=r"enable_cuda_graphs needs the pipeline on a CUDA device \(pipe.to\('cuda'\)\), "
+                                         "it is on cpu"):
+        tiny_pipeline().enable_cuda_graphs()
