@@ -18,8 +18,9 @@ Acceptance comes from the embedded text-to-image model (`mmspec/zoo/shapes`), de
 same held-out prompts and seeds: for each method of `METHODS` and each window W (draft length W - 1 for the draft
 path) the step compression c(W, B) = image tokens / batch target forwards after the prefill, and o(W, B), the seconds
 per target forward spent outside it (drafting, verification, bookkeeping; for the draft path less its drafter's
-forwards), which do not grow with the model. With t(W, B) the seconds of a W-token forward and d(B) the drafter's
-one-token forward, the projected speedup of a method on a model at batch B is the best over W of
+forwards; on CUDA from a second run with synchronized phase timings), which do not grow with the model. With t(W, B)
+the seconds of a W-token forward and d(B) the drafter's one-token forward, the projected speedup of a method on a
+model at batch B is the best over W of
 
     SJD-type:    c(W, B) * (t(1, B) + o_AR(B)) / (t(W, B) + o(W, B))
     draft path:  c(W, B) * (t(1, B) + o_AR(B)) / (t(W, B) + (W - 1) d(B) + o(W, B))
@@ -47,6 +48,7 @@ import torch
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.stats import synchronized_timings
 from mmspec.eval.bench_image import held_out_prompts
 from mmspec.eval.cost_mar import MAR_SHAPES, measure_mar
 from mmspec.eval.cost_mar import format_table as format_mar_table
@@ -157,13 +159,22 @@ def run_embedded(pipe, device: torch.device, prompts: list[str], batch_size: int
     batch of prompts AR runs first, then every method at every window (so drift of the machine hits them alike); a
     method's speedup is the median over batches of AR's latency / its latency. draft_step: seconds of the drafter's
     one-token forward (`measure_curves`)."""
-    def timed(options: dict, batch: list[str], start: int):
+    def call(options: dict, batch: list[str], start: int):
         generators = seeded(device, range(1000 + start, 1000 + start + len(batch)))
+        return pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
+
+    def timed(options: dict, batch: list[str], start: int):
+        """(seconds, stats) of a call; on CUDA the stats (whose phase timings give the overhead) come from a second
+        call with the same seeds and every phase synchronized, so that they time the work, not its launch."""
         synchronize(device)
         began = time.perf_counter()
-        stats = pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
+        stats = call(options, batch, start)
         synchronize(device)
-        return time.perf_counter() - began, stats
+        seconds = time.perf_counter() - began
+        if device.type == "cuda":
+            with synchronized_timings(device):
+                stats = call(options, batch, start)
+        return seconds, stats
 
     settings = {(method, W): make(W) for method, make in METHODS.items()
                 for W in (DRAFT_WINDOWS if method == "draft" else windows) if W > 1}
