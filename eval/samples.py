@@ -9,6 +9,7 @@ skipped) and speed can be summarised from what is on disk. `<root>/<label>/metho
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image, PngImagePlugin
 from tqdm.auto import tqdm
 
@@ -181,6 +183,19 @@ class SampleStore:
         return np.stack(images), records
 
 
+def weights_digest(pipe) -> str:
+    """A short digest of a pipeline's weights: every parameter's name, shape, first 1,024 values and sum."""
+    digest = hashlib.sha256()
+    for name, component in sorted(pipe.components.items()):
+        if isinstance(component, torch.nn.Module):
+            for key, tensor in component.state_dict().items():
+                values = tensor.detach().flatten()
+                digest.update(f"{name}.{key}{tuple(tensor.shape)}".encode())
+                digest.update(values[:1024].double().cpu().numpy().tobytes())
+                digest.update(values.double().sum().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def generate(pipe, store: SampleStore, plan: list[tuple[Method, int]], batch_size: int, model: str,
              process_index: int = 0, num_processes: int = 1) -> int:
     """Make the missing images of every (method, seed set) in `plan` with a LlamaGenPipeline-like `pipe` (`__call__`
@@ -189,6 +204,7 @@ def generate(pipe, store: SampleStore, plan: list[tuple[Method, int]], batch_siz
     on its batch or process; decoded in a batch of another size or with another thread count, a pixel may round
     differently by one grey level. Each method gets an untimed warm-up call first. Returns how many images this
     process made."""
+    model = f"{model} (weights {weights_digest(pipe)})"  # a retrained model's images are another setting
     for method, _ in plan:
         store.claim(method, model)
     work = []

@@ -1,7 +1,7 @@
 """`python -m mmspec.eval.quality` at a tiny size on the embedded image model's components around its 2-layer draft
 (`small_image_model`): prompt files, method specs, clear errors, the
-report's keys, resumability (nothing regenerated, a missing image remade identically, a relabelled method refused)
-and sharding with `accelerate launch` (the same images and quality numbers as one process)."""
+report's keys, resumability (nothing regenerated, a missing image remade identically, a relabelled method or other
+weights refused) and sharding with `accelerate launch` (the same images and quality numbers as one process)."""
 
 import json
 import shutil
@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from mmspec.eval.quality import main
-from mmspec.eval.samples import PRESETS, Method, read_prompts
+from mmspec.eval.samples import PRESETS, Method, SampleStore, generate, read_prompts
 from mmspec.zoo.shapes import scenes
 
 TINY = ["--methods", "ar", "sjd", "--num-prompts", "3", "--ar-seed-sets", "2", "--batch-size", "2"]
@@ -175,6 +175,22 @@ def test_report_and_resume(one_process, tiny, tmp_path):
 
     with pytest.raises(ValueError, match="holds images of another setting"):
         main(["--methods", "ar", "sjd=sjd:window=8", *tiny[3:], "--out-dir", str(out)])
+
+
+def test_a_store_made_with_other_weights_is_refused(small_image_model, tmp_path):
+    """The store pins the model's weights (a digest), not only its name: a retrained model's run never reuses the
+    images of the model it replaced."""
+    from mmspec.pipelines.auto import AutoARImagePipeline
+
+    pipe = AutoARImagePipeline.from_pretrained(small_image_model, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    store, plan = SampleStore(tmp_path, ["a red circle"], 1, 0, {}), [(Method.parse("ar"), 0)]
+    assert generate(pipe, store, plan, 1, "shapes") == 1
+    assert generate(pipe, store, plan, 1, "shapes") == 0  # the same weights: resumed
+    with torch.no_grad():
+        pipe.transformer.output.weight[0, 0] += 1.0
+    with pytest.raises(ValueError, match="holds images of another setting"):
+        generate(pipe, store, plan, 1, "shapes")
 
 
 def test_sharded_run_matches_one_process(one_process, tiny, tmp_path):
