@@ -31,11 +31,12 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import synchronize
+from mmspec.core.measured import median_seconds, synchronize
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key
@@ -125,15 +126,9 @@ def forward_seconds(pipe, transformer, batch_size: int, windows=(1,), repeats: i
             state, _ = adapter.prefill(condition, cfg=True, max_window=max(windows))
             adapter.forward(torch.zeros(batch_size, 128, dtype=torch.long, device=device), state)
             keep = torch.full((batch_size,), 128, device=device)
-            times = []
-            for _ in range(repeats):
-                synchronize(device)
-                began = time.perf_counter()
-                adapter.forward(torch.zeros(batch_size, W, dtype=torch.long, device=device), state)
-                synchronize(device)
-                times.append(time.perf_counter() - began)
-                adapter.rollback(state, keep)
-            seconds[W] = statistics.median(times)
+            tokens = torch.zeros(batch_size, W, dtype=torch.long, device=device)
+            seconds[W] = median_seconds(partial(adapter.forward, tokens, state), device, repeats,
+                                        after=partial(adapter.rollback, state, keep))
     return seconds
 
 

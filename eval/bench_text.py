@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import synchronize
+from mmspec.core.measured import median_seconds, synchronize
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
@@ -69,15 +69,8 @@ def forward_latency(model, context: int = 64, repeats: int = 50) -> float:
     ids = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
     ids = ids.to(model.device)
     cache = model(ids, use_cache=True).past_key_values
-    times = []
-    for _ in range(repeats):
-        synchronize(model.device)
-        start = time.perf_counter()
-        model(ids[:, -1:], past_key_values=cache, use_cache=True)
-        synchronize(model.device)
-        times.append(time.perf_counter() - start)
-        cache.crop(-1)
-    return statistics.median(times)
+    return median_seconds(lambda: model(ids[:, -1:], past_key_values=cache, use_cache=True), model.device, repeats,
+                          after=lambda: cache.crop(-1))
 
 
 def batches(prompts: list[str], batch_size: int) -> list[list[str]]:

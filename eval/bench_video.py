@@ -31,13 +31,14 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import synchronize
+from mmspec.core.measured import median_seconds, synchronize
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.pipelines.video import NextFramePipeline
 from mmspec.video import FrameSpeculation
@@ -149,14 +150,8 @@ def pass_costs(model, frames=(1, 2, 4, 8), repeats: int = 30) -> dict[int, float
             cache.commit(window)
             latents, times = torch.zeros(1, n, tokens, channels, dtype=dtype), torch.ones(1, n)
             actions = torch.zeros(1, n, dtype=torch.long)
-        samples = []
-        for _ in range(repeats + 3):
-            synchronize(device)
-            began = time.perf_counter()
-            model(latents, times, actions, window, cache)
-            synchronize(device)
-            samples.append(time.perf_counter() - began)
-        costs[n] = round(1000 * float(np.median(samples[3:])), 3)
+        seconds = median_seconds(partial(model, latents, times, actions, window, cache), device, repeats, warmup=3)
+        costs[n] = round(1000 * seconds, 3)
     return costs
 
 

@@ -28,8 +28,9 @@ import time
 import numpy as np
 import torch
 
-from mmspec.core.measured import synchronize
+from mmspec.core.measured import median_seconds, synchronize
 from mmspec.eval.devices import seeded
+from mmspec.eval.timed_spans import TimedSpans
 from mmspec.models.mar.model import MAR_PRESETS, MARModel
 
 MAR_SHAPES = {"mar-b": "mar_base", "mar-l": "mar_large", "mar-h": "mar_huge"}  # our name -> MARModel.preset
@@ -41,37 +42,16 @@ METHODS = ("exact", "paper")
 HEAD_ROWS_MEASURED = 8192  # beyond, a head call's cost is extrapolated linearly in its rows
 
 
-class CallLog:
-    """Forward hooks on a `MARModel`: its encoder-decoder passes, the rows of each diffusion-head call, and the
-    seconds spent inside both (the device synchronized around each, so that the seconds are the work's)."""
-
-    def __init__(self, model: MARModel):
-        self.passes, self.head_rows, self.inside = 0, [], 0.0
-        device = model.device
-
-        def start(module, args):
-            synchronize(device)
-            self.began = time.perf_counter()
-            if module is model.diffloss.net:
-                self.head_rows.append(args[0].shape[0])
-
-        def stop(module, args, output):
-            synchronize(device)
-            self.inside += time.perf_counter() - self.began
-            self.passes += module is model.decoder_norm
-
-        self.handles = [model.z_proj.register_forward_pre_hook(start), model.decoder_norm.register_forward_hook(stop),
-                        model.diffloss.net.register_forward_pre_hook(start),
-                        model.diffloss.net.register_forward_hook(stop)]
-
-    def remove(self) -> dict:
-        for handle in self.handles:
-            handle.remove()
-        return {"passes": self.passes, "head_rows": self.head_rows, "inside_s": self.inside}
+def call_log(model: MARModel) -> TimedSpans:
+    """Hooks on a `MARModel`: its encoder-decoder passes (`passes`: z_proj's input to decoder_norm's output), the rows
+    of each diffusion-head call (`head_rows`), and the seconds inside both."""
+    head = model.diffloss.net
+    return TimedSpans(model.device, {"passes": (model.z_proj, model.decoder_norm, None),
+                                     "head_rows": (head, head, lambda args: args[0].shape[0])})
 
 
 def run_embedded(pipe, labels: list[int], batch_size: int, settings: dict = SETTINGS) -> dict:
-    """AR, then each of `METHODS`, on each batch of `labels` (same seeds), with `CallLog`s on the target and the
+    """AR, then each of `METHODS`, on each batch of `labels` (same seeds), with `call_log`s on the target and the
     draft: per method the pipeline calls, the logs and the wall clock summed over them, and the measured speedup
     over AR."""
     models = {"target": pipe.transformer, "draft": pipe.draft_transformer}
@@ -82,7 +62,7 @@ def run_embedded(pipe, labels: list[int], batch_size: int, settings: dict = SETT
             | {role: {"passes": 0, "head_rows": [], "inside_s": 0.0} for role in models} for m in options}
     for start in starts:
         for method, kwargs in options.items():
-            logs = {role: CallLog(model) for role, model in models.items()}
+            logs = {role: call_log(model) for role, model in models.items()}
             synchronize(pipe.device)
             began = time.perf_counter()
             pipe(labels[start : start + batch_size], output_type="latent",
@@ -92,7 +72,7 @@ def run_embedded(pipe, labels: list[int], batch_size: int, settings: dict = SETT
             for role, log in logs.items():
                 logged = log.remove()
                 total = runs[method][role]
-                total["passes"] += logged["passes"]
+                total["passes"] += len(logged["passes"])
                 total["head_rows"] += logged["head_rows"]
                 total["inside_s"] += logged["inside_s"]
     for run in runs.values():
@@ -118,15 +98,7 @@ def measure_components(model: MARModel, batch_size: int, max_rows: int, repeats:
     embedding = model.class_embedding(torch.zeros(rows, dtype=torch.long, device=device), rows)
 
     def seconds(fn, times: int) -> float:
-        fn()  # warm-up
-        spent = []
-        for _ in range(times):
-            synchronize(device)
-            began = time.perf_counter()
-            fn()
-            synchronize(device)
-            spent.append(time.perf_counter() - began)
-        return float(np.median(spent))
+        return median_seconds(fn, device, times, warmup=1)
 
     with torch.no_grad():
         pass_s = seconds(lambda: model.encode_decode(tokens, unknown.to(device), embedding), repeats)
@@ -167,8 +139,9 @@ def measure_mar(names, device: torch.device, dtype: torch.dtype, batch_sizes, la
                 presets: dict | None = None, settings: dict = SETTINGS) -> dict:
     """The MAR section of the cost model's report: the embedded pair's runs, its projection check, and for each of
     `names` (and the drafts of their pairs) the measured components, the projected seconds of an AR call
-    (`ar_call_s`), and for the targets of `PAIRS` the projected speedups. presets: our name -> `MARModel` keyword arguments (default the official sizes,
-    `MAR_PRESETS`, at 256 px); settings: the embedded pair's decoding (the tests shorten it)."""
+    (`ar_call_s`), and for the targets of `PAIRS` the projected speedups. presets: our name -> `MARModel` keyword
+    arguments (default the official sizes, `MAR_PRESETS`, at 256 px); settings: the embedded pair's decoding (the tests
+    shorten it)."""
     from mmspec.pipelines.mar import MARPipeline
     from mmspec.zoo import MAR_C2I
 

@@ -19,12 +19,10 @@ model is the projection's test: its own c(n) projects the speedups its rollouts 
 
 from __future__ import annotations
 
-import time
-
 import torch
 
-from mmspec.core.measured import synchronize
 from mmspec.eval.bench_video import METHODS, ground_truth, pass_costs, rollout_session
+from mmspec.eval.timed_spans import TimedSpans
 from mmspec.models.nextframe import NextFrameTransformer
 
 NFD_SHAPE = {"latent_channels": 16, "latent_size": 18, "num_actions": 16, "dim": 1024, "depth": 16, "num_heads": 16,
@@ -34,38 +32,14 @@ CHANGE_PROB = 0.1
 STEPS = 4  # Euler steps per block, bench_video's default
 
 
-class ForwardLog:
-    """Forward hooks on a `NextFrameTransformer`: the number of new frames of every forward and the seconds spent
-    inside them (the device synchronized around each)."""
-
-    def __init__(self, model: NextFrameTransformer):
-        self.frames, self.inside = [], 0.0
-        device = model.device
-
-        def start(module, args):
-            synchronize(device)
-            self.began = time.perf_counter()
-            self.frames.append(args[0].shape[1])
-
-        def stop(module, args, output):
-            synchronize(device)
-            self.inside += time.perf_counter() - self.began
-
-        self.handles = [model.register_forward_pre_hook(start), model.register_forward_hook(stop)]
-
-    def remove(self) -> dict:
-        for handle in self.handles:
-            handle.remove()
-        return {"frames": self.frames, "inside_s": self.inside}
-
-
 def run_embedded(pipe, episodes: int, frames: int) -> dict:
     """Per method of `METHODS`: every forward's frame count, the seconds inside the forwards, and the overhead (wall
     clock less forwards and decoding), summed over `episodes` held-out episodes of `frames` frames."""
     runs = {m: {"frames": [], "inside_s": 0.0, "overhead_s": 0.0} for m in METHODS}
     for index, (truth, actions) in enumerate(ground_truth(episodes, frames, CHANGE_PROB)):
         for method, speculation in METHODS.items():
-            log = ForwardLog(pipe.transformer)
+            model = pipe.transformer
+            log = TimedSpans(pipe.device, {"frames": (model, model, lambda args: args[0].shape[1])})
             _, wall, stats = rollout_session(pipe, truth[0], actions, speculation, 1000 + index, STEPS)
             logged = log.remove()
             runs[method]["frames"] += logged["frames"]
@@ -116,7 +90,8 @@ def measure_video(names, device: torch.device, dtype: torch.dtype, episodes: int
         section[name] = {"parameters": sum(p.numel() for p in model.parameters()), "config": config,
                          "forward_ms": costs, "projected": projected_speedups(runs, costs)}
         print(f"{name}: forward over n frames " + ", ".join(f"n={n} {ms:.1f} ms" for n, ms in costs.items())
-              + "; projected vs sequential " + ", ".join(f"{m} {s:.2f}x" for m, s in section[name]["projected"].items()),
+              + "; projected vs sequential "
+              + ", ".join(f"{m} {s:.2f}x" for m, s in section[name]["projected"].items()),
               flush=True)
         del model
     section["projection_relative_error"] = max(c["relative_error"] for c in check.values())

@@ -11,6 +11,9 @@ import hashlib
 import json
 import os
 import platform
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -62,6 +65,24 @@ def modules_fingerprint(modules: dict[str, torch.nn.Module | None], **extra) -> 
 def synchronize(device: torch.device) -> None:
     if device.type != "cpu":
         getattr(torch, device.type).synchronize(device)
+
+
+def median_seconds(call: Callable[[], object], device: torch.device, repeats: int, warmup: int = 0,
+                   after: Callable[[], object] | None = None) -> float:
+    """Median wall-clock seconds of `repeats` calls of `call()` after `warmup` untimed ones, the device synchronized
+    before and after each (so the seconds are the work's); `after()` runs untimed after every call (a cache
+    rollback that puts the state back)."""
+    times = []
+    for repeat in range(warmup + repeats):
+        synchronize(device)
+        began = time.perf_counter()
+        call()
+        synchronize(device)
+        if repeat >= warmup:
+            times.append(time.perf_counter() - began)
+        if after is not None:
+            after()
+    return statistics.median(times)
 
 
 class MeasurementCache:

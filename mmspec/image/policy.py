@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint, synchronize
+from mmspec.core.measured import MeasurementCache, device_fingerprint, median_seconds, modules_fingerprint
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.image.decoding import AR, ImageDecoding
 from mmspec.image.jacobi import SJD
@@ -98,17 +97,13 @@ def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingC
     curve = {}
     for W in windows:
         tokens = torch.zeros(B, W, dtype=torch.long, device=device)
-        times = []
-        for repeat in range(repeats + 1):
-            synchronize(device)
-            began = time.perf_counter()
+
+        def step(tokens=tokens):
             logits = model.forward(tokens, state)
             process_logits(logits.cond, sampling, logits.uncond)
-            synchronize(device)
-            if repeat:  # the first forward of a shape is untimed (allocator, kernel selection)
-                times.append(time.perf_counter() - began)
-            model.rollback(state, keep)
-        curve[W] = statistics.median(times)
+
+        # the first forward of a shape is untimed (allocator, kernel selection)
+        curve[W] = median_seconds(step, device, repeats, warmup=1, after=lambda: model.rollback(state, keep))
     return curve
 
 
