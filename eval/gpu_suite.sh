@@ -38,8 +38,20 @@ done
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 plot="$scratch/cost_model_${device%%:*}.png"  # to docs/images/ after a full run; a smoke test's is dropped
-if [ "$tier" = smoke ]; then
-    declare -A settings=(
+declare -A settings=(  # the full run; --short and --quick below
+    [bench_text]=""
+    [bench_image]=""
+    [bench_continuous]=""
+    [bench_video]=""
+    [bench_graphs]=""
+    [quality]="--quick --methods ar sjd tree lantern gsd draft pjd"
+    [cost_model]="--dtype bfloat16"
+)
+if [ "$tier" = short ]; then
+    for name in bench_text bench_image bench_continuous bench_video bench_graphs; do settings[$name]="--quick"; done
+    settings[cost_model]="--dtype bfloat16 --batch-sizes 1 4 --prompts 4 --repeats 10"
+elif [ "$tier" = smoke ]; then
+    settings=(
         [bench_text]="--quick --prompts 1 --new-tokens 16"
         [bench_image]="--quick --prompts 1"
         [bench_continuous]="--quick --images-bs1 1 --images-bs8 2 --num-iter 8 --diffusion-steps 10 --no-fd"
@@ -47,26 +59,6 @@ if [ "$tier" = smoke ]; then
         [bench_graphs]="--quick --prompts 1"
         [quality]="--quick --num-prompts 2 --ar-seed-sets 2 --methods ar sjd"
         [cost_model]="--quick --models llamagen-b --batch-sizes 1 --windows 1 2 4 --prompts 1 --repeats 1"
-    )
-elif [ "$tier" = short ]; then
-    declare -A settings=(
-        [bench_text]="--quick"
-        [bench_image]="--quick"
-        [bench_continuous]="--quick"
-        [bench_video]="--quick"
-        [bench_graphs]="--quick"
-        [quality]="--quick --methods ar sjd tree lantern gsd draft pjd"
-        [cost_model]="--dtype bfloat16 --batch-sizes 1 4 --prompts 4 --repeats 10"
-    )
-else
-    declare -A settings=(
-        [bench_text]=""
-        [bench_image]=""
-        [bench_continuous]=""
-        [bench_video]=""
-        [bench_graphs]=""
-        [quality]="--quick --methods ar sjd tree lantern gsd draft pjd"
-        [cost_model]="--dtype bfloat16"
     )
 fi
 

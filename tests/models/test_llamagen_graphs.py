@@ -1,8 +1,8 @@
 """`WindowGraphs`, the CUDA-graph path of the LlamaGen window forward: through its static buffers and kept cache
 (graphs off, as on this CPU) AR, SJD at several windows and the draft path decode exactly what the eager path decodes
-(sampled, CFG, top-k, batch 2, a padded prompt), also when a second decoding reuses the kept cache; the kept cache ends
-with the eager cache's keys / values; a mutant whose reused cache keeps the last prompts' padding is caught. Where CUDA is present
-the captured graphs decode what the eager path decodes. Errors."""
+(sampled, CFG, top-k, batch 2, a padded prompt), also when later decodings reuse the kept cache; the kept cache ends
+with the eager cache's keys / values; a mutant whose reused cache keeps the last prompts' padding is caught. Where CUDA
+is present the captured graphs decode what the eager path decodes. Errors."""
 
 import pytest
 import torch
@@ -56,7 +56,8 @@ def adapters(models, graphs_type=None, capture=False):
 
 def graphed_decodes_match_eager(graphs_type, models=None, capture=False, device="cpu", dtype=torch.float64) -> bool:
     """Every decoding, three times on the same graphed adapters (reusing the kept caches: a padded prompt, then
-    prompts without a mask, then the other row padded), equals an eager decoding token for token, and the kept cache ends as the eager one."""
+    prompts without a mask, then the other row padded), equals an eager decoding token for token, and the kept cache
+    ends as the eager one."""
     models = models or (tiny_transformer(seed=0), tiny_transformer(seed=1))
     graphed = adapters(models, graphs_type, capture)
     for name in DECODINGS:
@@ -126,6 +127,6 @@ def test_errors():
         graphs(torch.zeros(2, cache.capacity + 1, dtype=torch.long))
     with pytest.raises(ValueError, match="graphs must be the WindowGraphs of this adapter's transformer"):
         LlamaGenAdapter(other, tiny_vq(), graphs)
-    with pytest.raises(ValueError, match=r"enable_cuda_graphs needs the pipeline on a CUDA device \(pipe.to\('cuda'\)\), "
-                                         "it is on cpu"):
+    with pytest.raises(ValueError, match=r"enable_cuda_graphs needs the pipeline on a CUDA device "
+                                         r"\(pipe.to\('cuda'\)\), it is on cpu"):
         tiny_pipeline().enable_cuda_graphs()
