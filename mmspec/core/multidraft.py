@@ -89,15 +89,17 @@ def spectr_beta(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor) -> torch.Te
     return torch.minimum(q, p / rho[:, None]).sum(-1)
 
 
-def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int, iterations: int = 64) -> torch.Tensor:
-    """rho* in [1, k]: the smallest rho with 1 - (1 - beta(rho))^k <= rho beta(rho), by bisection ([B]).
+def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int | torch.Tensor, iterations: int = 64) -> torch.Tensor:
+    """rho* in [1, max(k, 1)]: the smallest rho with 1 - (1 - beta(rho))^k <= rho beta(rho), by bisection ([B]);
+    k: an int or [B] per-row candidate counts.
 
     rho beta(rho) grows and beta(rho) falls with rho, so the condition is monotone; rho = k always satisfies it. The
     upper end of the bracket is returned, so the condition holds exactly.
     """
     B = p.shape[0]
     lo = torch.ones(B, dtype=p.dtype, device=p.device)
-    hi = torch.full((B,), float(k), dtype=p.dtype, device=p.device)
+    k = torch.as_tensor(k, dtype=p.dtype, device=p.device).expand(B)
+    hi = k.clamp(min=1)
 
     def valid(rho):
         beta = spectr_beta(p, q, rho)
@@ -112,15 +114,19 @@ def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int, iterations: int = 64) -
     return hi
 
 
-def spectr_plan(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor) -> MultiDraftPlan:
-    """K-SEQ for i.i.d. candidates from q."""
-    K = candidates.shape[1]
-    rho = spectr_rho(p, q, K)
+def spectr_plan(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor,
+                valid: torch.Tensor | None = None) -> MultiDraftPlan:
+    """K-SEQ for i.i.d. candidates from q. valid: [B, K] bool, a prefix of each row (None = all): a row with K'
+    valid candidates gets the plan of K' candidates (K' = 0: the residual is p)."""
+    K = candidates.shape[1] if valid is None else valid.sum(-1, keepdim=True).to(p.dtype)  # int or [B, 1]
+    rho = spectr_rho(p, q, K if valid is None else K[:, 0])
     beta = spectr_beta(p, q, rho)[:, None]  # [B, 1]
     accept = accept_probability(p.gather(1, candidates), rho[:, None] * q.gather(1, candidates))
+    if valid is not None:
+        accept = accept * valid
     p_accept = 1 - (1 - beta) ** K
     # (1 - (1-beta)^K) / beta -> K as beta -> 0
-    gain = torch.where(beta > 0, p_accept / beta.clamp(min=torch.finfo(p.dtype).tiny), torch.full_like(beta, K))
+    gain = torch.where(beta > 0, p_accept / beta.clamp(min=torch.finfo(p.dtype).tiny), K * torch.ones_like(beta))
     p_reject = (1 - beta) ** K
     residual = (p - torch.minimum(q, p / rho[:, None]) * gain).clamp(min=0)
     residual = torch.where(p_reject > 0, residual / residual.sum(-1, keepdim=True).clamp(min=1e-300), p)

@@ -1,0 +1,235 @@
+"""Exact verification of a `DraftTree`: walk from the root, at each node a multi-draft rule over its children that
+matches how they were drawn; the first accepted child becomes the current node; when every child is rejected (or the
+node is a leaf) one token is drawn from the rule's final residual (the target law itself at a leaf: the bonus).
+
+| rule            | children drawn                 | P(accept at a node)                          | cost per node  |
+|-----------------|--------------------------------|----------------------------------------------|----------------|
+| "specinfer"     | iid from q                     | multi-round rejection (SpecInfer)            | O(K V)         |
+| "spectr"        | iid from q                     | 1 - (1 - beta(rho*))^K (SpecTr K-SEQ)        | O(K V + 64 V)  |
+| "khisti"        | iid from q, K <= 2             | 1 - TV(p, r), r = law of the IS-selected one | O(V^2) at K=2  |
+| "rsd"           | without replacement from q     | recursive rejection (RSD)                    | O(K V)         |
+| "deterministic" | a function of the context      | p(children): sample y ~ p, walk if y is one  | O(K V)         |
+
+- SpecInfer (Miao et al. 2024, arXiv 2305.09781): p' = p; child j accepted with min(1, p'(c_j)/q(c_j)), else
+  p' = norm(max(p' - q, 0)); deterministic children are the same rule with q = one-hot(c_j).
+- RSD (Jeon et al. 2024, arXiv 2402.14160): as SpecInfer, but after rejecting c_j also q = q without c_j, renormalised.
+- SpecTr K-SEQ (Sun et al. 2023, arXiv 2310.15141), `mmspec.core.multidraft.spectr_plan`.
+- Khisti et al. 2025 (arXiv 2410.18234), two-stage: select one of the K = 2 drafts by importance weights w = p/q
+  (c_1 with w(c_1) / (w(c_1) + w(c_2))); its law is r = 2 q (M q), M[y, z] = w(y) / (w(y) + w(z)); then single-draft
+  speculative sampling of the selected token against p with r.
+
+Why a walk is exact: each rule emits a token of law p_u at node u whatever the number of children, provided that
+number does not depend on the children's own draws; given the accepted child c, c's children are a fresh draw from
+q_c, so the walk continues from c with law p_c. Dynamic trees that choose which nodes to expand by the path's draft
+probability keep this (the path is drawn before the children); trees that prune children by their own probability
+must use deterministic children.
+
+The ceiling (`alpha_star`): Hu et al. 2025 (arXiv 2502.18779) show the best acceptance any verifier can reach for
+drafts x_1..x_K ~ Q is alpha* = min over sets H of p(H) + Q(some x_j outside H) (an optimal-transport LP's dual).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations, permutations
+
+import torch
+
+from mmspec.core.multidraft import MultiDraftPlan, spectr_plan
+from mmspec.core.rng import Generators, sample, uniform
+from mmspec.core.trees import DraftTree, TreeLayout
+from mmspec.core.verify import accept_probability, residual_law
+
+TREE_RULES = {"iid": ("specinfer", "spectr", "khisti"), "without_replacement": ("rsd",),
+              "deterministic": ("deterministic",)}
+DEFAULT_RULES = {scheme: rules[0] for scheme, rules in TREE_RULES.items()}
+KHISTI_CHUNK = 1 << 24  # elements of the [rows, V, V] selection-weight tensor built at once
+EXACT_CEILING_VOCABULARY = 12  # alpha_star enumerates every set H up to this many tokens
+
+
+def check_rule(scheme: str, rule: str | None) -> str:
+    """The rule that verifies children drawn by `scheme` (default: the first of TREE_RULES[scheme])."""
+    if rule is None:
+        return DEFAULT_RULES[scheme]
+    if rule not in TREE_RULES[scheme]:
+        exact_for = [s for s, rules in TREE_RULES.items() if rule in rules]
+        raise ValueError(f"tree rule {rule!r} is not exact for {scheme!r} children; {scheme!r} takes "
+                         f"{TREE_RULES[scheme]}" + (f" ({rule!r} is for {exact_for[0]!r})" if exact_for else ""))
+    return rule
+
+
+def recursive_plan(p: torch.Tensor, q: torch.Tensor | None, candidates: torch.Tensor, valid: torch.Tensor,
+                   without_replacement: bool) -> MultiDraftPlan:
+    """SpecInfer (iid, or deterministic with q None) and RSD (without_replacement) over K candidates per row.
+
+    p, q: [R, V]; candidates, valid: [R, K] (valid: a prefix of each row). Invalid candidates are never accepted and
+    leave the laws as they are, so a row with K' valid candidates gets the plan of K' candidates."""
+    p_i, q_i = p, q
+    accept = []
+    for i in range(candidates.shape[1]):  # over the K siblings (K is small), vectorised over rows
+        x = candidates[:, i : i + 1]
+        q_now = torch.zeros_like(p).scatter_(1, x, 1.0) if q is None else q_i
+        accept_i = accept_probability(p_i.gather(1, x), q_now.gather(1, x)).squeeze(1)
+        p_next = residual_law(p_i, q_now)
+        live = valid[:, i]
+        accept.append(torch.where(live, accept_i, 0))
+        p_i = torch.where(live[:, None], p_next, p_i)
+        if without_replacement:
+            q_next = q_i.scatter(1, x, 0.0)
+            q_next = q_next / q_next.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
+            q_i = torch.where(live[:, None], q_next, q_i)
+    return MultiDraftPlan(accept_prob=torch.stack(accept, 1) if accept else p.new_zeros(p.shape[0], 0), residual=p_i)
+
+
+def khisti_selection_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """r = 2 q (M q): the law of the token that importance weights w = p/q select from two iid drafts of q.
+    p, q: [R, V] -> [R, V]. Built in row chunks of at most KHISTI_CHUNK weight entries."""
+    V = p.shape[1]
+    chunk = max(1, KHISTI_CHUNK // (V * V))
+    laws = []
+    for p_c, q_c in zip(p.split(chunk), q.split(chunk), strict=True):
+        w = torch.where(q_c > 0, p_c / q_c.clamp(min=torch.finfo(q_c.dtype).tiny), 0)
+        total = w[:, :, None] + w[:, None, :]
+        m = torch.where(total > 0, w[:, :, None] / total.clamp(min=torch.finfo(q_c.dtype).tiny), 0.5)
+        laws.append(2 * q_c * m.bmm(q_c[:, :, None]).squeeze(-1))
+    return torch.cat(laws)
+
+
+def khisti_plan(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, valid: torch.Tensor) -> MultiDraftPlan:
+    """Two-stage selection + single-draft speculative sampling for K <= 2 iid candidates, as a sequential plan:
+    P(accept c_1) = s a(c_1), P(accept c_2 | c_1 not) = (1 - s) a(c_2) / (1 - s a(c_1)), s = P(select c_1),
+    a = min(1, p/r)."""
+    R, K = candidates.shape
+    if K > 2:
+        raise ValueError(f"the 'khisti' rule takes at most 2 children per node, got {K}")
+    if K == 0:
+        return recursive_plan(p, q, candidates, valid, without_replacement=False)
+    two = valid[:, -1] if K == 2 else torch.zeros(R, dtype=torch.bool, device=p.device)
+    r = q.clone()
+    r[two] = khisti_selection_law(p[two], q[two])  # only the nodes with two children pay O(V^2)
+    a = accept_probability(p.gather(1, candidates), r.gather(1, candidates)) * valid  # [R, K]
+    if K == 1:
+        return MultiDraftPlan(accept_prob=a, residual=torch.where(valid[:, :1], residual_law(p, r), p))
+    w = torch.where(q > 0, p / q.clamp(min=torch.finfo(q.dtype).tiny), 0).gather(1, candidates)  # [R, 2]
+    total = w.sum(-1)
+    s = torch.where(two, torch.where(total > 0, w[:, 0] / total.clamp(min=torch.finfo(q.dtype).tiny), 0.5), 1.0)
+    first = s * a[:, 0]
+    second = torch.where(first < 1, (1 - s) * a[:, 1] / (1 - first).clamp(min=torch.finfo(q.dtype).tiny), 0)
+    residual = torch.where(valid[:, :1], residual_law(p, r), p)
+    return MultiDraftPlan(accept_prob=torch.stack([first, second], 1), residual=residual)
+
+
+def node_plans(p: torch.Tensor, tree: DraftTree, layout: TreeLayout, rule: str) -> MultiDraftPlan:
+    """Every slot's plan over its children at once: accept_prob [B, N + 1, K], residual [B, N + 1, V] (a leaf's
+    residual is its target law). p: [B, N + 1, V], the target law after each slot."""
+    B, S, V = p.shape
+    K = layout.children.shape[-1]
+    valid = (layout.children >= 0).view(B * S, K)
+    node = (layout.children - 1).clamp(min=0).view(B, S * K)
+    candidates = tree.tokens.gather(1, node).view(B * S, K) if tree.tokens.shape[1] else node.view(B * S, K)
+    p_flat = p.reshape(B * S, V)
+    q_flat = None if tree.q is None else tree.q.to(p.dtype).reshape(B * S, V)
+    if rule == "spectr":
+        plan = spectr_plan(p_flat, q_flat, candidates, valid)
+    elif rule == "khisti":
+        plan = khisti_plan(p_flat, q_flat, candidates, valid)
+    else:
+        plan = recursive_plan(p_flat, q_flat, candidates, valid, without_replacement=rule == "rsd")
+    return MultiDraftPlan(plan.accept_prob.view(B, S, K), plan.residual.view(B, S, V))
+
+
+@dataclass(frozen=True)
+class TreeVerifyResult:
+    """n_accepted: [B] long, accepted nodes. path: [B, D] long, the accepted nodes' slots by depth, -1 past them.
+    next_token: [B] long, the residual or bonus token after the path. node_acceptance: [B, D] float, at each inner
+    node the walk visited (root first), the rule's probability of accepting one of its children; NaN past the walk
+    and at leaves (the mean over visited nodes is the rule's realised acceptance rate, to set against alpha*)."""
+
+    n_accepted: torch.Tensor
+    path: torch.Tensor
+    next_token: torch.Tensor
+    node_acceptance: torch.Tensor
+
+
+def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: str | None = None,
+                layout: TreeLayout | None = None) -> TreeVerifyResult:
+    """Walk `tree` with `rule` (default: the exact rule of its scheme, see TREE_RULES). p: [B, N + 1, V], the target
+    law after each slot. A loop over the tree's depth and its children, vectorised over rows; the random stream
+    does not depend on acceptance (K uniforms per depth, then one for the closing token)."""
+    rule = check_rule(tree.scheme, rule)
+    B, S = p.shape[:2]
+    if S != tree.tokens.shape[1] + 1:
+        raise ValueError(f"p must be [B, N + 1, V] for a tree of N = {tree.tokens.shape[1]} nodes, got "
+                         f"{tuple(p.shape)}")
+    layout = layout or tree.layout()
+    plan = node_plans(p, tree, layout, rule)
+    K = layout.children.shape[-1]
+    D = int(layout.depth.max())  # host sync: the deepest path
+    rows = torch.arange(B, device=p.device)
+    current = torch.zeros(B, dtype=torch.long, device=p.device)
+    walking = torch.ones(B, dtype=torch.bool, device=p.device)
+    path = torch.full((B, D), -1, dtype=torch.long, device=p.device)
+    has_children = layout.children[..., 0] >= 0 if K else torch.zeros(B, S, dtype=torch.bool, device=p.device)
+    reject_all = (1 - plan.accept_prob).prod(-1)  # [B, N + 1]
+    node_acceptance = torch.full((B, D), torch.nan, dtype=p.dtype, device=p.device)
+    for d in range(D):
+        kids = layout.children[rows, current]  # [B, K]
+        hit = (uniform((B, K), generator, p.device, p.dtype) < plan.accept_prob[rows, current]) & (kids >= 0)
+        here = walking & has_children[rows, current]
+        node_acceptance[:, d] = torch.where(here, 1 - reject_all[rows, current], torch.nan)
+        walking &= hit.any(-1)
+        chosen = kids.gather(1, hit.long().argmax(-1, keepdim=True)).squeeze(1)
+        current = torch.where(walking, chosen, current)
+        path[:, d] = torch.where(walking, current, -1)
+    next_token = sample(plan.residual[rows, current], generator)
+    return TreeVerifyResult((path >= 0).sum(-1), path, next_token, node_acceptance)
+
+
+def alpha_star(p: torch.Tensor, q: torch.Tensor, k: int, scheme: str) -> torch.Tensor:
+    """The best acceptance probability of any verifier for k drafts of q against target p (Hu et al. 2025), per row:
+    p, q [R, V] -> [R] float64.
+
+    alpha* = 1 - max_H [Q(every draft in H) - p(H)], with Q(every draft in H) = q(H)^k for iid drafts and the
+    probability that an ordered sample without replacement of size k lies in H otherwise. With V <=
+    EXACT_CEILING_VOCABULARY every H is enumerated (exact). Above it, H runs over the sets of smallest p/q
+    (a sub-family, so the result is an upper bound, tight where the optimum is such a set; k <= 2 without
+    replacement). "deterministic" drafts (q one-hot rows of the k children summed) give p(children)."""
+    p, q = p.double(), q.double()
+    V = p.shape[1]
+    if scheme == "deterministic":
+        return (p * (q > 0)).sum(-1)
+    if V <= EXACT_CEILING_VOCABULARY:
+        sets = torch.tensor([[(h >> x) & 1 for x in range(V)] for h in range(1 << V)], dtype=torch.float64)
+        all_inside = _all_inside_exact(q, sets, k, scheme)  # [R, 2^V]
+        return 1 - (all_inside - p @ sets.T).amax(-1).clamp(min=0)
+    ratio = torch.where(q > 0, p / q.clamp(min=1e-300), torch.inf)
+    order = ratio.argsort(-1)
+    q_sorted, p_sorted = q.gather(1, order), p.gather(1, order)
+    q_in = q_sorted.cumsum(-1)  # q(H_t), H_t = the t + 1 tokens of smallest ratio
+    if scheme == "iid":
+        all_inside = q_in**k
+    elif k == 1:
+        all_inside = q_in
+    elif k == 2:  # sum over x in H of q(x) (q(H) - q(x)) / (1 - q(x))
+        weight = q_sorted / (1 - q_sorted).clamp(min=1e-300)
+        all_inside = q_in * weight.cumsum(-1) - (q_sorted * weight).cumsum(-1)
+    else:
+        raise ValueError(f"alpha_star without replacement needs k <= 2 above {EXACT_CEILING_VOCABULARY} tokens, "
+                         f"got k = {k}")
+    return 1 - (all_inside - p_sorted.cumsum(-1)).amax(-1).clamp(min=0)
+
+
+def _all_inside_exact(q: torch.Tensor, sets: torch.Tensor, k: int, scheme: str) -> torch.Tensor:
+    """Q(every draft in H) for every set H (rows of sets: [2^V, V] 0/1): [R, 2^V]."""
+    if scheme == "iid":
+        return (q @ sets.T) ** k
+    R, V = q.shape
+    inside = torch.zeros(R, sets.shape[0], dtype=torch.float64)
+    for subset in combinations(range(V), k):
+        for order in permutations(subset):
+            prob, drawn = torch.ones(R, dtype=torch.float64), torch.zeros(R, dtype=torch.float64)
+            for x in order:
+                prob = prob * q[:, x] / (1 - drawn).clamp(min=1e-300)
+                drawn = drawn + q[:, x]
+            inside += prob[:, None] * sets[:, list(order)].prod(-1)[None]
+    return inside

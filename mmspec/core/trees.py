@@ -1,0 +1,123 @@
+"""DraftTree: the one draft record of tree speculation, for text and image decoders (a chain is a tree with one child
+per node).
+
+Slots. A tree of N nodes per row hangs off its root, the row's last committed token. Slot 0 is the root, slot 1 + i
+is node i, so every per-node tensor has N + 1 entries: the target law p[:, s] after slot s's path (one target
+forward over all slots with a tree mask, `TreeLayout.ancestors`, and depth-based positions), and the draft law
+q[:, s] that slot s's children were drawn from.
+
+                      slot 0 (root)                      node  parent  depth   children of slot (K = 2)
+                     /            \\                      0     -1      1       slot 0: [1, 2]
+              slot 1 (node 0)    slot 2 (node 1)          1     -1      1       slot 1: [3, 4]
+               /        \\            \\                    2      0      2       slot 2: [5, -1]
+         slot 3        slot 4        slot 5              3      0      2       first_child = children[..., 0]
+                                                          4      1      2       next_sibling: slot 3 -> 4, 4 -> -1
+
+How children were drawn decides which verification rule is exact for them (`mmspec.core.tree_verify`):
+"iid" (K independent draws from q), "without_replacement" (an ordered sample without replacement from q,
+Gumbel-top-k) or "deterministic" (chosen as a function of the context, e.g. the draft's top-k; q is None).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.core.drafts import Draft
+
+SCHEMES = ("iid", "without_replacement", "deterministic")
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """Draft nodes per row, in topological order (a node's parent comes before it; siblings in the order drawn).
+
+    tokens: [B, N] long. parent: [B, N] long, the parent's node index, -1 for a child of the root.
+    n_nodes: [B] long, real nodes per row: nodes >= n_nodes[b] are padding (ragged trees at batch > 1).
+    q: [B, N + 1, V] float, the law slot s's children were drawn from (rows of childless slots are never read), or
+       None for "deterministic" trees. scheme: how children were drawn, one of SCHEMES.
+    """
+
+    tokens: torch.Tensor
+    parent: torch.Tensor
+    n_nodes: torch.Tensor
+    q: torch.Tensor | None
+    scheme: str
+
+    def __post_init__(self):
+        if self.tokens.ndim != 2 or self.parent.shape != self.tokens.shape:
+            raise ValueError(f"DraftTree.tokens and .parent must both be [B, N], got {tuple(self.tokens.shape)} and "
+                             f"{tuple(self.parent.shape)}")
+        B, N = self.tokens.shape
+        if self.n_nodes.shape != (B,):
+            raise ValueError(f"DraftTree.n_nodes must have shape [{B}], got {tuple(self.n_nodes.shape)}")
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"DraftTree.scheme must be one of {SCHEMES}, got {self.scheme!r}")
+        if (self.q is None) != (self.scheme == "deterministic"):
+            raise ValueError("DraftTree.q must be None exactly when scheme is 'deterministic'")
+        if self.q is not None and self.q.shape[:2] != (B, N + 1):
+            raise ValueError(f"DraftTree.q must have shape [{B}, {N + 1}, V] (one law per slot), got "
+                             f"{tuple(self.q.shape)}")
+
+    @classmethod
+    def from_chain(cls, draft: Draft) -> DraftTree:
+        """A chain draft as a tree: node j's parent is node j - 1; the law of token j becomes slot j's children law."""
+        B, L = draft.tokens.shape
+        parent = (torch.arange(L, device=draft.tokens.device) - 1).expand(B, L)
+        q = None if draft.q is None else torch.cat([draft.q, torch.zeros_like(draft.q[:, :1])], 1)
+        return cls(draft.tokens, parent, draft.lengths, q, "deterministic" if draft.q is None else "iid")
+
+    def layout(self) -> TreeLayout:
+        return TreeLayout.of(self)
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """A tree's structure over slots (0 = root), computed once per step with one host sync (the widest family).
+
+    depth: [B, N + 1] long (root 0; padding nodes 0). ancestors: [B, N + 1, N + 1] bool, ancestors[b, s, t] = t is
+    s or an ancestor of s (the tree attention mask over the window of slots). children: [B, N + 1, K] long, the
+    slots of each slot's children in the order drawn, -1 where absent; K = the most children of any slot.
+    """
+
+    depth: torch.Tensor
+    ancestors: torch.Tensor
+    children: torch.Tensor
+
+    @classmethod
+    def of(cls, tree: DraftTree) -> TreeLayout:
+        B, N = tree.tokens.shape
+        device = tree.tokens.device
+        real = torch.arange(N, device=device) < tree.n_nodes[:, None]  # [B, N]
+        parent_slot = torch.where(real, tree.parent + 1, -1)
+        ancestors = torch.eye(N + 1, dtype=torch.bool, device=device).repeat(B, 1, 1)
+        ancestors[:, 1:].scatter_(2, parent_slot.clamp(min=0)[..., None], real[..., None])
+        for _ in range(math.ceil(math.log2(N + 1))):  # transitive closure by squaring: paths of length <= N
+            ancestors = ancestors.float().bmm(ancestors.float()) > 0
+        depth = ancestors.sum(-1) - 1
+        # sibling rank: earlier real nodes with the same parent
+        same_parent = (parent_slot[:, :, None] == parent_slot[:, None, :]) & real[:, :, None] & real[:, None, :]
+        rank = (same_parent & torch.ones(N, N, dtype=torch.bool, device=device).tril(-1)).sum(-1)  # [B, N]
+        K = int(torch.where(real, rank + 1, 0).max()) if N else 0  # host sync: the table's width
+        children = torch.full((B, (N + 1) * K + 1), -1, dtype=torch.long, device=device)
+        column = torch.where(real, parent_slot * K + rank, (N + 1) * K)  # padding goes to a dropped column
+        children.scatter_(1, column, torch.arange(1, N + 1, device=device).expand(B, N))
+        return cls(depth, ancestors, children[:, :-1].view(B, N + 1, K))
+
+    @property
+    def first_child(self) -> torch.Tensor:
+        """[B, N + 1] long, each slot's first child slot, -1 for leaves."""
+        if self.children.shape[-1] == 0:
+            return torch.full(self.depth.shape, -1, dtype=torch.long, device=self.depth.device)
+        return self.children[..., 0]
+
+    @property
+    def next_sibling(self) -> torch.Tensor:
+        """[B, N + 1] long, each slot's next sibling slot in the order drawn, -1 for the last child and the root."""
+        B, S = self.children.shape[:2]
+        following = torch.cat([self.children[..., 1:], self.children.new_full((B, S, 1), -1)], -1)
+        sibling = torch.full((B, S + 1), -1, dtype=torch.long, device=self.children.device)
+        slots = torch.where(self.children >= 0, self.children, S).flatten(1)
+        return sibling.scatter_(1, slots, following.flatten(1))[:, :S]
