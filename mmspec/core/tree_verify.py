@@ -143,19 +143,22 @@ class TreeVerifyResult:
     """n_accepted: [B] long, accepted nodes. path: [B, D] long, the accepted nodes' slots by depth, -1 past them.
     next_token: [B] long, the residual or bonus token after the path. node_acceptance: [B, D] float, at each inner
     node the walk visited (root first), the rule's probability of accepting one of its children; NaN past the walk
-    and at leaves (the mean over visited nodes is the rule's realised acceptance rate, to set against alpha*)."""
+    and at leaves (the mean over visited nodes is the rule's realised acceptance rate). node_alpha_star: [B, D]
+    float, alpha* at the same nodes (`alpha_star` for the node's children), when asked for; else None."""
 
     n_accepted: torch.Tensor
     path: torch.Tensor
     next_token: torch.Tensor
     node_acceptance: torch.Tensor
+    node_alpha_star: torch.Tensor | None = None
 
 
 def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: str | None = None,
-                layout: TreeLayout | None = None) -> TreeVerifyResult:
+                layout: TreeLayout | None = None, ceiling: bool = False) -> TreeVerifyResult:
     """Walk `tree` with `rule` (default: the exact rule of its scheme, see TREE_RULES). p: [B, N + 1, V], the target
     law after each slot. A loop over the tree's depth and its children, vectorised over rows; the random stream
-    does not depend on acceptance (K uniforms per depth, then one for the closing token)."""
+    does not depend on acceptance (K uniforms per depth, then one for the closing token). ceiling: also compute
+    alpha* at every visited inner node (a sort of the vocabulary per node)."""
     rule = check_rule(tree.scheme, rule)
     B, S = p.shape[:2]
     if S != tree.tokens.shape[1] + 1:
@@ -172,17 +175,42 @@ def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: s
     has_children = layout.children[..., 0] >= 0 if K else torch.zeros(B, S, dtype=torch.bool, device=p.device)
     reject_all = (1 - plan.accept_prob).prod(-1)  # [B, N + 1]
     node_acceptance = torch.full((B, D), torch.nan, dtype=p.dtype, device=p.device)
+    visited = torch.full((B, D), -1, dtype=torch.long, device=p.device)  # inner nodes the walk visited
     for d in range(D):
         kids = layout.children[rows, current]  # [B, K]
         hit = (uniform((B, K), generator, p.device, p.dtype) < plan.accept_prob[rows, current]) & (kids >= 0)
         here = walking & has_children[rows, current]
         node_acceptance[:, d] = torch.where(here, 1 - reject_all[rows, current], torch.nan)
+        visited[:, d] = torch.where(here, current, -1)
         walking &= hit.any(-1)
         chosen = kids.gather(1, hit.long().argmax(-1, keepdim=True)).squeeze(1)
         current = torch.where(walking, chosen, current)
         path[:, d] = torch.where(walking, current, -1)
     next_token = sample(plan.residual[rows, current], generator)
-    return TreeVerifyResult((path >= 0).sum(-1), path, next_token, node_acceptance)
+    star = node_ceiling(p, tree, layout, visited) if ceiling else None
+    return TreeVerifyResult((path >= 0).sum(-1), path, next_token, node_acceptance, star)
+
+
+def node_ceiling(p: torch.Tensor, tree: DraftTree, layout: TreeLayout, slots: torch.Tensor) -> torch.Tensor:
+    """alpha* at the given slots [B, D] (-1: none, NaN out) for their children: [B, D] float64."""
+    B, D = slots.shape
+    V = p.shape[-1]
+    at = slots.clamp(min=0)
+    p_at = p.gather(1, at[..., None].expand(B, D, V)).flatten(0, 1)
+    kids = layout.children.gather(1, at[..., None].expand(B, D, layout.children.shape[-1])).flatten(0, 1)
+    k = (kids >= 0).sum(-1)  # [B D]
+    star = torch.full((B * D,), torch.nan, dtype=torch.float64, device=p.device)
+    if tree.q is None:  # the children themselves: alpha* = p(children)
+        tokens = tree.tokens.gather(1, (kids - 1).clamp(min=0).view(B, -1)).view(B * D, -1)
+        children = torch.zeros_like(p_at).scatter_reduce(1, tokens, (kids >= 0).to(p_at.dtype), "amax")
+        star = (p_at * children).sum(-1).double()
+    else:
+        q_at = tree.q.gather(1, at[..., None].expand(B, D, V)).flatten(0, 1).to(p.dtype)
+        for count in k.unique().tolist():  # host sync: the distinct child counts (at most K)
+            rows = k == count
+            if count:
+                star[rows] = alpha_star(p_at[rows], q_at[rows], count, tree.scheme)
+    return torch.where((slots >= 0).flatten() & (k > 0), star, torch.nan).view(B, D)
 
 
 def alpha_star(p: torch.Tensor, q: torch.Tensor, k: int, scheme: str) -> torch.Tensor:

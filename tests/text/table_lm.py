@@ -3,7 +3,8 @@
 `TableLM` is a second-order Markov model: the logits of the next token are `table[prev2, prev1]`, where prev1 and
 prev2 are the last two *valid* tokens of the row up to the query slot. It reads its history from the transformers
 cache (keys are one-hot token ids) and the attention mask, exactly as a transformer would, so a missing cache rollback
-or a wrong position changes its output law.
+or a wrong position changes its output law. It takes the 2-D slot mask of `forward_window` and the 4-D additive
+tree mask of `forward_tree`.
 """
 
 import torch
@@ -27,10 +28,13 @@ class TableLM(torch.nn.Module):
         keys, _ = past_key_values.update(one_hot, one_hot, 0)
         history = keys[:, 0].argmax(-1)  # [B, S]
         S = history.shape[1]
-        valid = attention_mask.bool()  # [B, S]
-        slots = torch.arange(S)
-        query_slots = slots[S - W :]  # [W]
-        visible = valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])  # [B, W, S]
+        if attention_mask.ndim == 4:  # tree attention: an additive [B, 1, W, S] mask, 0 where visible
+            visible = attention_mask[:, 0] == 0
+        else:
+            valid = attention_mask.bool()  # [B, S]
+            slots = torch.arange(S)
+            query_slots = slots[S - W :]  # [W]
+            visible = valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])  # [B, W, S]
         rank = visible.long().cumsum(-1)
         count = rank[..., -1:]  # [B, W, 1] tokens visible to each query
         def last(k):  # token with rank count - k, or NONE

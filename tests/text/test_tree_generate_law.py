@@ -1,0 +1,97 @@
+"""Sequence-level exactness of speculative_generate with tree drafters: the output law equals the target's AR joint law.
+
+The set-up of `test_generate_law` (lookup-table LMs over V = 5, token 4 = EOS, 4 new tokens, two prompts of different
+lengths in one left-padded batch of 200,000 rows, chi-square per prompt at alpha = 1e-5), with every tree drafter
+and every tree rule: dynamic trees of a draft LM drawn without replacement (RSD), iid (SpecInfer, SpecTr, Khisti),
+deterministic top-k children reranked OPT-Tree style, and STAND's n-gram memory. The draft LM reads its tree through
+the same tree attention as the target. Mutation companions must be rejected by the same test.
+"""
+
+import pytest
+import torch
+
+from mmspec.core import tree_verify
+from mmspec.text import cache, generate, speculative_generate
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape
+from tests.text.table_lm import TableLM, exact_joint_law, random_table
+from tests.text.test_generate_law import ALPHA, EOS, N_NEW, PROMPT_MASK, PROMPTS, ROWS, V, chi_square_p_value
+
+CONFIGS = {  # name: (drafter, tree rule, temperature, top_k)
+    "rsd_k2": (lambda d: ModelTreeDrafter(d, TreeShape(6, 2, 2, 3)), None, 1.0, 0),
+    "rsd_k3_topk": (lambda d: ModelTreeDrafter(d, TreeShape(7, 3, 1, 3)), None, 0.7, 3),
+    "specinfer_iid": (lambda d: ModelTreeDrafter(d, TreeShape(6, 2, 2, 3, "iid")), "specinfer", 1.3, 0),
+    "spectr_iid": (lambda d: ModelTreeDrafter(d, TreeShape(7, 3, 1, 3, "iid")), "spectr", 1.0, 0),
+    "khisti_iid": (lambda d: ModelTreeDrafter(d, TreeShape(6, 2, 2, 3, "iid")), "khisti", 1.0, 3),
+    "opt_tree_deterministic": (lambda d: ModelTreeDrafter(d, TreeShape(5, 3, 2, 3, "deterministic", True)), None,
+                               1.0, 0),
+    "stand": (lambda d: StandDrafter(TreeShape(6, 2, 2, 3), max_ngram=2), None, 1.0, 0),
+}
+
+
+def run_and_test(name, seed=0):
+    """Min p-value over the two prompts, and the stats."""
+    make, rule, temperature, top_k = CONFIGS[name]
+    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
+    ids, mask = PROMPTS.repeat(ROWS // 2, 1), PROMPT_MASK.repeat(ROWS // 2, 1)
+    out, stats = speculative_generate(
+        target, ids, mask, drafter=make(draft), tree_rule=rule, measure_ceiling=True, max_new_tokens=N_NEW, temperature=temperature,
+        top_k=top_k, eos_token_id=EOS, pad_token_id=EOS, generator=torch.Generator().manual_seed(seed),
+    )
+    new = out[:, PROMPTS.shape[1]:]
+    new = torch.cat([new, torch.full((ROWS, N_NEW - new.shape[1]), EOS)], 1)
+    p_values = []
+    for r in range(2):
+        prompt = PROMPTS[r][PROMPT_MASK[r].bool()].tolist()
+        law = exact_joint_law(target.table, prompt, N_NEW, temperature, top_k, EOS)
+        p_values.append(chi_square_p_value(new[r::2], law))
+    return min(p_values), stats
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_tree_speculation_matches_exact_joint_law(name):
+    p_value, stats = run_and_test(name)
+    assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
+    assert 0 < stats.accepted < stats.drafted  # both branches of the rule were exercised
+    assert stats.mean_accepted_length > 1.2
+    assert 0 < stats.tree_acceptance < 1
+    assert stats.tree_acceptance <= stats.tree_alpha_star + 1e-9  # no rule beats the ceiling at the nodes it visits
+
+
+def keep_rejected_branches(state, region, keep):
+    """Mutation: the cache keeps every tree node's keys/values, the rejected branches' too."""
+    cache.keep_path(state, region, torch.ones_like(keep))
+
+
+def siblings_not_renormalised(p, q):
+    """Mutation: after a rejected child the target law is max(p - q, 0), not renormalised."""
+    return (p - q).clamp(min=0)
+
+
+MUTATIONS = {  # name: (config, module, attribute, replacement)
+    "keeps_rejected_branch_kv": ("rsd_k2", generate, "keep_path", keep_rejected_branches),
+    "residual_not_renormalised_across_siblings": ("rsd_k2", tree_verify, "residual_law", siblings_not_renormalised),
+    "without_replacement_children_verified_as_iid": (
+        "rsd_k3_topk", tree_verify, "check_rule", lambda scheme, rule: "specinfer"),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_tree_mutations_are_rejected(mutation, monkeypatch):
+    config, module, attribute, replacement = MUTATIONS[mutation]
+    monkeypatch.setattr(module, attribute, replacement)
+    p_value, _ = run_and_test(config)
+    assert p_value < ALPHA, f"mutation {mutation} was not detected (p = {p_value:.2e})"
+
+
+def test_greedy_tree_decoding_is_the_targets_greedy_output():
+    """At temperature 0 the tree's children are the draft's top tokens and the output is the target's argmax path."""
+    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
+    out, stats = speculative_generate(target, PROMPTS, PROMPT_MASK, drafter=ModelTreeDrafter(draft, TreeShape(6, 2, 2, 3)),
+                                      max_new_tokens=6, temperature=0.0, pad_token_id=EOS)
+    for r in range(2):
+        seq = PROMPTS[r][PROMPT_MASK[r].bool()].tolist()
+        for _ in range(6):
+            prev2 = seq[-2] if len(seq) >= 2 else V
+            seq.append(int(target.table[prev2, seq[-1]].argmax()))
+        assert out[r, PROMPTS.shape[1]:].tolist() == seq[-6:]
+    assert stats.accepted > 0
