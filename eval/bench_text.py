@@ -7,9 +7,14 @@
 Prompts come from the held-out split of the corpus. Every method runs on the same target, prompts and seeds, after a
 warm-up, at temperature 0 and 1 (no top-k/top-p): the AR baseline (`target.generate` with its KV cache), transformers
 assisted generation with the same draft (its defaults, and with our draft length), transformers prompt lookup, and
-ours (model drafter, n-gram, layer skip, adaptive length) at batch 1; AR and ours (model drafter with draft length 4,
-2 and 1) at batch 8. The summary ratios take the best of ours against the best transformers assisted run (batch 1)
-and against AR (batch 8).
+ours (model drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees: the draft
+model's dynamic tree of TREE_SHAPE, OPT-Tree (T = 0 only: deterministic children), STAND's model-free n-gram memory) at batch 1; AR and ours (chains of
+4, 2 and 1, trees of TREE_SHAPE and two smaller budgets) at batch 8. The summary ratios take the best of ours
+against the best transformers assisted run (batch 1) and against AR (batch 8), the tree's tokens per forward
+against the best chain's, and STAND's tokens per forward against transformers' prompt lookup.
+
+For tree methods an extra untimed pass measures, at every inner node the walks visit, the rule's acceptance
+probability and alpha*, the best any verifier could reach with the same drafts (`mmspec.core.tree_verify`).
 
 Target forwards are counted by a forward hook on the target for every method (transformers' included). Columns:
 target forwards per token, tokens per target forward (tau-like, bonus included), tokens/s, speedup vs AR at the same
@@ -31,11 +36,20 @@ from mmspec.core.measured import median_seconds, synchronize
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
 from mmspec.zoo.text_corpus import held_out_prompts
 
 DRAFT_LENGTH = 4
-BATCH8_ONLY = ("ours_model_len1", "ours_model_len2")
+# the draft model's tree: every node gets two children without replacement, to depth 4 (30 nodes); at batch 8 also
+# 14 and 6 nodes (the best tree shrinks as verification stops being free)
+TREE_SHAPE = TreeShape(nodes=30, branching=2, expand=16, depth=4)
+SMALL_TREES = {"ours_tree_n14": TreeShape(nodes=14, branching=2, expand=8, depth=3),
+               "ours_tree_n6": TreeShape(nodes=6, branching=2, expand=4, depth=2)}
+OPT_TREE_SHAPE = TreeShape(nodes=16, branching=4, expand=4, depth=8, scheme="deterministic", rerank=True)
+CHAINS = ("ours_model", "ours_model_len8", "ours_model_len16")  # the draft model's chains at batch 1
+BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
+BATCH8 = ("ar", "ours_model", "ours_tree", *BATCH8_ONLY)
 
 
 @dataclass
@@ -47,6 +61,8 @@ class Row:
     target_forwards: int
     seconds: float
     mean_accepted_length: float | None = None
+    tree_acceptance: float | None = None
+    tree_alpha_star: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -84,7 +100,8 @@ def sampling_kwargs(temperature: float) -> dict:
 
 
 def make_methods(target, draft, tokenizer, max_new_tokens: int):
-    """name -> fn(encoded batch, temperature, seed) -> (sequences, mean accepted length or None)."""
+    """name -> fn(encoded batch, temperature, seed) -> (sequences, stats or None); tree methods also take
+    ceiling=True (alpha* at the visited nodes)."""
     common = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
 
     def hf(**extra):
@@ -99,7 +116,17 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int):
                 target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(), temperature=temperature,
                 draft_length=schedule(), generator=seeded(target.device, [seed])[0], **common,
             )
-            return sequences, stats.mean_accepted_length
+            return sequences, stats
+        return run
+
+    def tree(make_drafter):
+        def run(enc, temperature, seed, ceiling=False):
+            sequences, stats = speculative_generate(
+                target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(), temperature=temperature,
+                measure_ceiling=ceiling, generator=seeded(target.device, [seed])[0], **common,
+            )
+            return sequences, stats
+        run.tree = True
         return run
 
     exit_layer = target.config.early_exit_layer
@@ -117,6 +144,12 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int):
         # The best draft length shrinks as the batch grows (verification is no longer free): batch 8 also tries 1 and 2.
         "ours_model_len1": ours(lambda: ModelDrafter(draft), lambda: DraftLengthSchedule(1)),
         "ours_model_len2": ours(lambda: ModelDrafter(draft), lambda: DraftLengthSchedule(2)),
+        "ours_model_len8": ours(lambda: ModelDrafter(draft), lambda: DraftLengthSchedule(8)),
+        "ours_model_len16": ours(lambda: ModelDrafter(draft), lambda: DraftLengthSchedule(16)),
+        "ours_tree": tree(lambda: ModelTreeDrafter(draft, TREE_SHAPE)),
+        "ours_opt_tree": tree(lambda: ModelTreeDrafter(draft, OPT_TREE_SHAPE)),
+        "ours_stand": tree(lambda: StandDrafter()),
+        **{name: tree(lambda shape=shape: ModelTreeDrafter(draft, shape)) for name, shape in SMALL_TREES.items()},
     }
 
 
@@ -129,27 +162,38 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
         counter.count = 0
         new, start = 0, time.perf_counter()
         for i, enc in enumerate(encoded):
-            sequences, tau = fn(enc, temperature, seed=1000 * repeat + i)
+            sequences, stats = fn(enc, temperature, seed=1000 * repeat + i)
             generated = sequences[:, enc["input_ids"].shape[1] :]
             new += int((generated != tokenizer.pad_token_id).sum())
-            if tau is not None:
-                taus.append(tau)
+            if stats is not None:
+                taus.append(stats.mean_accepted_length)
         synchronize(device)
         times.append(time.perf_counter() - start)
         tokens, forwards = new, counter.count
-    return Row(name, batch_size, temperature, tokens, forwards, statistics.median(times),
-               statistics.mean(taus) if taus else None)
+    row = Row(name, batch_size, temperature, tokens, forwards, statistics.median(times),
+              statistics.mean(taus) if taus else None)
+    if getattr(fn, "tree", False):  # untimed: the rule's acceptance against alpha* at the nodes the walks visit
+        ceilings = [fn(enc, temperature, seed=i, ceiling=True)[1] for i, enc in enumerate(encoded)]
+        acceptance = [s.tree_acceptance for s in ceilings if s.tree_acceptance is not None]  # None: no inner node
+        row.tree_acceptance = statistics.mean(acceptance) if acceptance else None
+        stars = [s.tree_alpha_star for s in ceilings if s.tree_acceptance is not None]
+        row.tree_alpha_star = None if None in stars or not stars else statistics.mean(stars)
+    return row
 
 
 def format_table(rows: list[Row]) -> str:
     baseline = {(r.batch_size, r.temperature): r.tokens_per_second for r in rows if r.method == "ar"}
-    header = "| method | bs | T | target fwd / token | tokens / target fwd | mean accepted length | tokens/s | speedup vs AR |"
-    lines = [header, "|" + "---|" * 8]
+    header = ("| method | bs | T | target fwd / token | tokens / target fwd | mean accepted length | tokens/s | "
+              "speedup vs AR | tree rule acceptance / alpha* |")
+    lines = [header, "|" + "---|" * 9]
     for r in rows:
         tau = "" if r.mean_accepted_length is None else f"{r.mean_accepted_length:.2f}"
         speedup = r.tokens_per_second / baseline[(r.batch_size, r.temperature)]
+        star = "n/a" if r.tree_alpha_star is None else f"{r.tree_alpha_star:.3f}"
+        ceiling = "" if r.tree_acceptance is None else f"{r.tree_acceptance:.3f} / {star}"
         lines.append(f"| {r.method} | {r.batch_size} | {r.temperature:g} | {r.target_forwards / r.new_tokens:.3f} | "
-                     f"{r.new_tokens / r.target_forwards:.2f} | {tau} | {r.tokens_per_second:.1f} | {speedup:.2f}x |")
+                     f"{r.new_tokens / r.target_forwards:.2f} | {tau} | {r.tokens_per_second:.1f} | {speedup:.2f}x | "
+                     f"{ceiling} |")
     return "\n".join(lines)
 
 
@@ -160,8 +204,21 @@ def summary(rows: list[Row]) -> dict:
     def best_ours(bs, t):
         return max(r.tokens_per_second for r in rows if r.method.startswith("ours") and (r.batch_size, r.temperature) == (bs, t))
 
+    def per_forward(method, bs, t):
+        return next(r.new_tokens / r.target_forwards for r in rows if (r.method, r.batch_size, r.temperature) ==
+                    (method, bs, t))
+
     best_hf_assisted_t1 = max(tps("hf_assisted", 1, 1.0), tps("hf_assisted_len4", 1, 1.0))
+    best_chain_t1 = max(per_forward(chain, 1, 1.0) for chain in CHAINS)
+    tree_t1 = next(r for r in rows if (r.method, r.batch_size, r.temperature) == ("ours_tree", 1, 1.0))
     return {
+        "tree_over_chain_tokens_per_forward_t1_bs1": per_forward("ours_tree", 1, 1.0) / best_chain_t1,
+        "tree_over_chain_tokens_per_forward_t0_bs1": per_forward("ours_tree", 1, 0.0) / max(
+            per_forward(chain, 1, 0.0) for chain in CHAINS),
+        "tree_rule_acceptance_t1_bs1": tree_t1.tree_acceptance,
+        "tree_alpha_star_t1_bs1": tree_t1.tree_alpha_star,
+        "stand_tokens_per_forward_t1_bs1": per_forward("ours_stand", 1, 1.0),
+        "hf_prompt_lookup_tokens_per_forward_t1_bs1": per_forward("hf_prompt_lookup", 1, 1.0),
         "ours_vs_hf_assisted_bs1": best_ours(1, 1.0) / best_hf_assisted_t1,
         "ours_bs8_vs_ar_bs8": best_ours(8, 1.0) / tps("ar", 8, 1.0),
         "ours_bs8_vs_ar_bs8_greedy": best_ours(8, 0.0) / tps("ar", 8, 0.0),
@@ -199,9 +256,11 @@ def main(argv: list[str] | None = None) -> dict:
             for name, fn in methods.items():
                 if name in BATCH8_ONLY:
                     continue
+                if name == "ours_opt_tree" and temperature > 0:  # deterministic children: built for greedy
+                    continue
                 rows.append(measure(name, fn, prompts[:n_prompts], tokenizer, counter, 1, temperature, repeats))
                 print(f"{name} bs=1 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
-            for name in ("ar", "ours_model", *BATCH8_ONLY):
+            for name in BATCH8:
                 rows.append(measure(name, methods[name], prompts[: max(n_prompts, 8)], tokenizer, counter, 8, temperature, repeats))
                 print(f"{name} bs=8 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
     table, ratios = format_table(rows), summary(rows)

@@ -192,7 +192,8 @@ def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: s
 
 
 def node_ceiling(p: torch.Tensor, tree: DraftTree, layout: TreeLayout, slots: torch.Tensor) -> torch.Tensor:
-    """alpha* at the given slots [B, D] (-1: none, NaN out) for their children: [B, D] float64."""
+    """alpha* at the given slots [B, D] (-1: none, NaN out) for their children: [B, D] float64; NaN also where
+    `alpha_star` cannot compute it (more than 2 children without replacement over a large vocabulary)."""
     B, D = slots.shape
     V = p.shape[-1]
     at = slots.clamp(min=0)
@@ -208,7 +209,7 @@ def node_ceiling(p: torch.Tensor, tree: DraftTree, layout: TreeLayout, slots: to
         q_at = tree.q.gather(1, at[..., None].expand(B, D, V)).flatten(0, 1).to(p.dtype)
         for count in k.unique().tolist():  # host sync: the distinct child counts (at most K)
             rows = k == count
-            if count:
+            if count and (count <= 2 or tree.scheme == "iid" or V <= EXACT_CEILING_VOCABULARY):
                 star[rows] = alpha_star(p_at[rows], q_at[rows], count, tree.scheme)
     return torch.where((slots >= 0).flatten() & (k > 0), star, torch.nan).view(B, D)
 

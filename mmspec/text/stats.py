@@ -15,7 +15,8 @@ class TextStats(SpecStats):
     token (else the target drew it: a residual or bonus token, or every token of plain AR); False on padding; and
     for trees tree_acceptance: the mean over the inner nodes the walks visited of the rule's probability of
     accepting one of the node's children, and tree_alpha_star: the mean of the best any verifier could do at the
-    same nodes (alpha*, `speculative_generate(..., measure_ceiling=True)`); None for chains."""
+    same nodes (alpha*, `speculative_generate(..., measure_ceiling=True)`; None where alpha* is not computable at
+    every such node); None for chains."""
 
     from_draft: torch.Tensor | None = None
     tree_acceptance: float | None = None
@@ -35,6 +36,7 @@ class TextStats(SpecStats):
             self._tree_nodes.clear()
             inner = ~rule.isnan()
             self.tree_acceptance = float(rule[inner].mean()) if inner.any() else None
-            self.tree_alpha_star = float(star[inner].mean()) if star is not None and inner.any() else None
+            known = star is not None and inner.any() and not star[inner].isnan().any()
+            self.tree_alpha_star = float(star[inner].mean()) if known else None
         super().finalize()
 

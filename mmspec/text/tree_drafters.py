@@ -146,7 +146,8 @@ def grow_tree(root_law: torch.Tensor, expand, shape: TreeShape, generator: Gener
 
 
 def _pack(tokens, parent, keep, laws, expanded, scheme) -> DraftTree:
-    """Real nodes first (topological order kept), parents renumbered, laws placed at their nodes' slots."""
+    """Real nodes first (topological order kept), parents renumbered, laws placed at their nodes' slots; the nodes
+    no row keeps are cut off (one host sync), so the target never scores them."""
     B, n = tokens.shape
     order = (~keep).long().argsort(dim=1, stable=True)
     new_index = torch.empty_like(order).scatter_(1, order, torch.arange(n, device=tokens.device).expand(B, n))
@@ -161,8 +162,9 @@ def _pack(tokens, parent, keep, laws, expanded, scheme) -> DraftTree:
         if expanded.shape[1]:
             slots = torch.where(keep.gather(1, expanded), new_index.gather(1, expanded) + 1, n + 1)
             q.scatter_(1, slots[..., None].expand(-1, -1, V), torch.cat(laws[1:], 1))
-        q = q[:, : n + 1]
-    return DraftTree(tokens.gather(1, order), parent, n_nodes, q, scheme)
+    width = int(n_nodes.max())
+    q = None if q is None else q[:, : width + 1]
+    return DraftTree(tokens.gather(1, order)[:, :width], parent[:, :width], n_nodes, q, scheme)
 
 
 def tree_law(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

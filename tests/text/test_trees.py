@@ -1,0 +1,151 @@
+"""Tree attention on a real (tiny) transformers LM, the accepted-path rollback, the tree drafters' contracts and the
+loop's refusals. The exactness of trees in the loop is `test_tree_generate_law`."""
+
+import pytest
+import torch
+
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.trees import DraftTree
+from mmspec.text import speculative_generate
+from mmspec.text.cache import RaggedCacheState, forward_tree, forward_window, keep_path
+from mmspec.text.drafters import ModelDrafter
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape, grow_tree
+from tests.conftest import tiny_llama
+
+# a tree over slots 0 (root) .. 5: nodes 0, 1 under the root, 2, 3 under node 0, 4 under node 1
+PARENT = torch.tensor([[-1, -1, 0, 0, 1], [-1, 0, 1, -1, -1]])
+N_NODES = torch.tensor([5, 3])  # row 1: a chain of 3, then padding
+
+
+def path_tokens(tree_tokens: torch.Tensor, parent: torch.Tensor, node: int) -> list[int]:
+    path = []
+    while node >= 0:
+        path.insert(0, int(tree_tokens[node]))
+        node = int(parent[node])
+    return path
+
+
+@torch.no_grad()
+def test_tree_forward_equals_each_paths_own_forward_and_keep_path_leaves_exactly_the_path():
+    model = tiny_llama()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 48, (2, 5), generator=g)
+    valid = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]], dtype=torch.bool)
+    committed = [prompt[b][valid[b]].tolist() for b in range(2)]
+    state = RaggedCacheState.empty(2, torch.device("cpu"))
+    forward_window(model, state, prompt, valid)
+    root = torch.randint(3, 48, (2, 1), generator=g)
+    nodes = torch.randint(3, 48, (2, 5), generator=g)
+    tree = DraftTree(nodes, PARENT, N_NODES, None, "deterministic")
+    layout = tree.layout()
+    real = torch.cat([torch.ones(2, 1, dtype=torch.bool), torch.arange(5) < N_NODES[:, None]], 1)
+    lengths = state.lengths
+    logits = forward_tree(model, state, torch.cat([root, nodes], 1), layout.ancestors, lengths[:, None] + layout.depth,
+                          real)
+    for b in range(2):
+        for node in range(int(N_NODES[b])):
+            sequence = committed[b] + [int(root[b])] + path_tokens(nodes[b], PARENT[b], node)
+            reference = model(torch.tensor([sequence])).logits[0, -1]
+            torch.testing.assert_close(logits[b, 1 + node], reference, rtol=0, atol=1e-5)
+    # row 0 accepts node 1 then node 4; row 1 accepts nodes 0, 1 of its chain
+    keep = torch.zeros(2, 6, dtype=torch.bool)
+    keep[0, [0, 2, 5]] = True
+    keep[1, [0, 1, 2]] = True
+    keep_path(state, 6, keep)
+    kept = [committed[0] + [int(root[0]), int(nodes[0, 1]), int(nodes[0, 4])],
+            committed[1] + [int(root[1]), int(nodes[1, 0]), int(nodes[1, 1])]]
+    assert state.lengths.tolist() == [len(k) for k in kept]
+    nxt = torch.randint(3, 48, (2, 2), generator=g)
+    logits = forward_window(model, state, nxt)
+    for b in range(2):
+        reference = model(torch.tensor([kept[b] + nxt[b].tolist()])).logits[0, -2:]
+        torch.testing.assert_close(logits[b], reference, rtol=0, atol=1e-5)
+
+
+def test_grow_tree_respects_the_budget_and_puts_real_nodes_first():
+    g = torch.Generator().manual_seed(1)
+    V = 6
+    root = torch.softmax(torch.randn(3, V, generator=g), -1)
+    root[2] = torch.tensor([1.0, 0, 0, 0, 0, 0])  # one token of support: one child without replacement
+
+    def expand(nodes, lineage, tokens, valid):
+        return torch.softmax(torch.randn(*nodes.shape, V, generator=g), -1)
+
+    tree = grow_tree(root, expand, TreeShape(nodes=7, branching=2, expand=2, depth=4), torch.Generator())
+    assert tree.tokens.shape[1] <= 7 and tree.n_nodes[0] == 7
+    layout = tree.layout()
+    assert int(layout.depth.max()) <= 4
+    assert (layout.children.shape[-1]) <= 2
+    assert tree.n_nodes[2] < 7  # the one-token root law gave one child
+    for b in range(3):  # parents come first and are real
+        n = int(tree.n_nodes[b])
+        assert all(-1 <= int(tree.parent[b, i]) < i for i in range(n))
+        assert tree.q[b, 0].sum() == pytest.approx(1)
+
+
+def test_opt_tree_rerank_keeps_the_most_probable_subtree():
+    V = 5
+    root = torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]])
+    child = torch.tensor([0.9, 0.05, 0.03, 0.01, 0.01])
+
+    def expand(nodes, lineage, tokens, valid):
+        return child.expand(*nodes.shape, V)
+
+    tree = grow_tree(root, expand, TreeShape(4, 3, 3, 3, "deterministic", rerank=True), None)
+    # path probabilities: 0.5 (0), 0.45 (0 -> 0), 0.405 (0 -> 0 -> 0), 0.3 (1), 0.27 (1 -> 0), ...
+    assert tree.n_nodes.tolist() == [4] and tree.tokens.shape == (1, 4)  # the pool's other nodes are cut off
+    assert sorted(tree.tokens[0].tolist()) == [0, 0, 0, 1]
+    assert tree.q is None
+
+
+def test_tree_shape_refuses_bad_settings():
+    with pytest.raises(ValueError, match="TreeShape.nodes must be an int >= 1"):
+        TreeShape(nodes=0)
+    with pytest.raises(ValueError, match="only deterministic children allow"):
+        TreeShape(rerank=True)
+    with pytest.raises(ValueError, match="TreeShape.scheme must be one of"):
+        TreeShape(scheme="beam")
+
+
+def test_stand_memory_returns_the_stored_laws_of_the_matching_context():
+    drafter = StandDrafter(TreeShape(4, 2, 1, 2), max_ngram=2, top=2, backoff=1e-6)
+    drafter.reset(1, torch.device("cpu"), vocab_size=6)
+    tokens = torch.tensor([[1, 2, 3, 1, 2, 0, 0, 0]])
+    drafter._store_unseen(tokens, torch.tensor([5]))  # the prompt: one-hot entries
+    law = drafter.law(torch.tensor([[[1, 2]]]), 6)[0, 0]  # "1 2" was followed by 3
+    assert law.argmax() == 3 and law[3] > 0.99
+    laws = torch.zeros(1, 1, 6)
+    laws[0, 0, 4], laws[0, 0, 5] = 0.75, 0.25  # the target's law at position 5, after "1 2"
+    tokens[0, 5] = 4
+    drafter.observe(tokens, torch.tensor([5]), laws, torch.tensor([1]))
+    law = drafter.law(torch.tensor([[[1, 2]]]), 6)[0, 0]
+    torch.testing.assert_close(law[[3, 4, 5]], torch.tensor([0.5, 0.375, 0.125]), atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_tree_drafter_q_is_the_law_its_root_children_are_drawn_from():
+    """Drafter contract: many root draws against the returned law (chi-square), first child of the root."""
+    from tests.law import chi_square_p_value
+
+    model = tiny_llama(vocab_size=8, num_layers=1, seed=3)
+    drafter = ModelTreeDrafter(model, TreeShape(3, 1, 1, 3))
+    tokens = torch.tensor([[1, 2, 3]]).expand(20_000, 3).contiguous()
+    drafter.reset(20_000, torch.device("cpu"), 8)
+    tree = drafter.propose_tree(tokens, torch.full((20_000,), 3), SamplingConfig(), torch.Generator().manual_seed(0))
+    root_children = tree.tokens[tree.parent == -1]
+    assert chi_square_p_value(torch.bincount(root_children, minlength=8), tree.q[0, 0].double()) > 1e-4
+    assert (tree.q[:, 0] == tree.q[0, 0]).all()
+
+
+def test_speculative_generate_refuses_chain_settings_with_trees_and_tree_settings_with_chains():
+    model = tiny_llama()
+    ids = torch.tensor([[5, 6, 7]])
+    tree_drafter = ModelTreeDrafter(tiny_llama(num_layers=1, seed=4))
+    with pytest.raises(ValueError, match="draft_length applies to chain drafters"):
+        speculative_generate(model, ids, drafter=tree_drafter, draft_length=4)
+    with pytest.raises(ValueError, match="'typical' is for chains"):
+        speculative_generate(model, ids, drafter=tree_drafter, acceptance="typical")
+    with pytest.raises(ValueError, match="tree_rule must be one of"):
+        speculative_generate(model, ids, drafter=tree_drafter, tree_rule="leviathan")
+    with pytest.raises(ValueError, match="tree_rule and measure_ceiling apply to tree drafters"):
+        speculative_generate(model, ids, drafter=ModelDrafter(tiny_llama(num_layers=1, seed=4)), tree_rule="rsd")
