@@ -2,7 +2,8 @@
 
 probs (logits -> laws), drafts (the Draft record), acceptance (the rule settings `Exact()`, `Lantern(...)`,
 `Typical(...)`), verify / multidraft (the rules and their residuals), component (the base of decoding components),
-rng (caller-owned and keyed randomness), stats (the stats every decoding returns). It imports torch only; the text
+rng (caller-owned and keyed randomness), stats (the stats every decoding returns), trees / tree_verify (the DraftTree
+IR, its exact walk and the alpha* ceiling). It imports torch only; the text
 engine is `mmspec.text`.
 """
 
@@ -10,7 +11,8 @@ from mmspec.core.acceptance import Acceptance, Exact, Lantern, Typical
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import DecodingStats, SpecStats
+from mmspec.core.trees import DraftTree
 from mmspec.core.verify import VerifyResult
 
-__all__ = ["Acceptance", "DecodingStats", "Draft", "Exact", "Lantern", "SamplingConfig", "SpecStats", "Typical",
+__all__ = ["Acceptance", "DecodingStats", "Draft", "DraftTree", "Exact", "Lantern", "SamplingConfig", "SpecStats", "Typical",
            "VerifyResult", "process_logits"]
