@@ -54,7 +54,8 @@ def test_tree_speculation_matches_exact_joint_law(name):
     assert 0 < stats.accepted < stats.drafted  # both branches of the rule were exercised
     assert stats.mean_accepted_length > 1.2
     assert 0 < stats.tree_acceptance < 1
-    assert stats.tree_acceptance <= stats.tree_alpha_star + 1e-9  # no rule beats the ceiling at the nodes it visits
+    # no rule beats the ceiling in expectation over the children's draws (0.01: the noise of those draws' mean)
+    assert stats.tree_acceptance <= stats.tree_alpha_star + 0.01
 
 
 def keep_rejected_branches(state, region, keep):
