@@ -98,6 +98,18 @@ def test_opt_tree_rerank_keeps_the_most_probable_subtree():
     assert tree.q is None
 
 
+def test_batch_aware_budget_shrinks_the_tree_as_the_batch_grows():
+    shape = TreeShape(nodes=30, branching=2, expand=16, depth=4, batch_tokens=56)
+    assert [shape.nodes_for(b) for b in (1, 2, 8, 64)] == [30, 27, 6, 1]
+    root = torch.softmax(torch.randn(8, 6, generator=torch.Generator().manual_seed(0)), -1)
+
+    def expand(nodes, lineage, tokens, valid):
+        return torch.full((*nodes.shape, 6), 1 / 6)
+
+    tree = grow_tree(root, expand, shape, torch.Generator().manual_seed(1))
+    assert tree.tokens.shape[1] == 6 and (tree.n_nodes == 6).all()
+
+
 def test_tree_shape_refuses_bad_settings():
     with pytest.raises(ValueError, match="TreeShape.nodes must be an int >= 1"):
         TreeShape(nodes=0)
@@ -105,6 +117,8 @@ def test_tree_shape_refuses_bad_settings():
         TreeShape(rerank=True)
     with pytest.raises(ValueError, match="TreeShape.scheme must be one of"):
         TreeShape(scheme="beam")
+    with pytest.raises(ValueError, match="TreeShape.batch_tokens must be an int >= 1"):
+        TreeShape(batch_tokens=0)
 
 
 def test_stand_memory_returns_the_stored_laws_of_the_matching_context():
