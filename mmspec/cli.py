@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from mmspec.options import (
+    CHAIN_DRAFTERS,
     COUPLINGS,
     DRAFTER_SETTINGS,
     IMAGE_DECODINGS,
@@ -30,6 +31,7 @@ from mmspec.options import (
     INITS,
     SCHEDULES,
     TEXT_METHODS,
+    TREE_DRAFTERS,
     VIDEO_EXTENSIONS,
     acceptances,
 )
@@ -135,12 +137,17 @@ def check_text(args) -> None:
         raise UsageError(f"--acceptance {args.acceptance} needs a named --method (auto chooses among the exact ones)")
     check_only_with(args, ("--draft-length", "--schedule", "--acceptance"), args.method != "ar",
                     "a drafter's --method (or auto)")
+    check_only_with(args, ("--draft-length", "--schedule"), args.method not in TREE_DRAFTERS,
+                    f"--method {' / '.join(CHAIN_DRAFTERS)} (or auto)")
+    if args.method in TREE_DRAFTERS and args.acceptance not in (None, "exact"):
+        raise UsageError(f"--acceptance {args.acceptance} applies to --method {' / '.join(CHAIN_DRAFTERS)}; "
+                         f"--method {args.method} is verified by exact tree rules")
     for flag, setting in (("--confidence-threshold", "confidence_threshold"), ("--exit-layer", "exit_layer"),
                           ("--max-ngram", "max_ngram")):
         drafters = DRAFTER_SETTINGS[setting]
         check_only_with(args, (flag,), args.method in ("auto", *drafters), f"--method {' / '.join(drafters)} (or auto)")
     check_model(args.target, "--target")
-    if args.method in ("auto", "model"):
+    if args.method in ("auto", "model", "tree"):
         check_model(args.draft, "--draft")
 
 
@@ -232,7 +239,7 @@ def run_text(args) -> int:
     from mmspec.pipelines.text import SpeculativeTextPipeline
 
     pipe = SpeculativeTextPipeline.from_pretrained(args.target,
-                                                   draft=args.draft if args.method in ("auto", "model") else None)
+                                                   draft=args.draft if args.method in ("auto", "model", "tree") else None)
     if args.remeasure:
         pipe.decoding_policy.remeasure()
     call = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -371,10 +378,12 @@ def build_parser() -> Parser:
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")
     text.add_argument("--method", choices=("auto", *TEXT_METHODS), default="auto",
-                      help="'auto': the fastest exact method here (each one timed on first use, cached); a drafter; "
-                           "or 'ar' for the plain target")
+                      help="'auto': the fastest exact method here (each one timed on first use, cached); a chain "
+                           "drafter (model, ngram, layerskip); a tree drafter ('tree': the draft model's binary tree "
+                           "of depth 4, 'stand': an n-gram memory of the target's laws, no draft model); or 'ar' for "
+                           "the plain target")
     text.add_argument("--target", default=TEXT_TARGET, help="zoo name or transformers folder of the target")
-    text.add_argument("--draft", default=TEXT_DRAFT, help="zoo name or transformers folder of the draft (--method model)")
+    text.add_argument("--draft", default=TEXT_DRAFT, help="zoo name or transformers folder of the draft (--method model / tree)")
     text.add_argument("--max-new-tokens", type=int, default=64)
     text.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     text.add_argument("--top-k", type=int, default=0)

@@ -10,12 +10,15 @@ COUPLINGS = ("none", "maximal", "gumbel")  # SJD: how drafts are redrafted betwe
 # "exact" is lossless
 ACCEPTANCE_RULES = {"exact": ("image", "text", "continuous"), "lantern": ("image",), "gsd": ("image",),
                     "typical": ("text",), "paper": ("continuous",)}
-TEXT_DRAFTERS = ("model", "ngram", "layerskip")  # what drafts for TextSpeculation
+CHAIN_DRAFTERS = ("model", "ngram", "layerskip")  # TextSpeculation's drafters of chains
+TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft model's full tree, STAND's n-gram memory
+TEXT_DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)  # what drafts for TextSpeculation
 TEXT_METHODS = (*TEXT_DRAFTERS, "ar")  # what `mmspec text --method` names: a drafter, or "ar" for the plain target
 SCHEDULES = ("constant", "heuristic")  # text draft length schedules
 # TextSpeculation's settings that only some drafters read -> those drafters (the others read all of them)
 DRAFTER_SETTINGS = {"confidence_threshold": ("model", "layerskip"), "exit_layer": ("layerskip",),
-                    "max_ngram": ("ngram",)}
+                    "max_ngram": ("ngram",), "draft_length": CHAIN_DRAFTERS, "schedule": CHAIN_DRAFTERS,
+                    "tree_depth": ("tree",), "tree_branching": ("tree",)}
 
 
 def acceptances(modality: str) -> tuple[str, ...]:

@@ -10,12 +10,15 @@ import gradio as gr
 import torch
 
 from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
+from mmspec.options import TREE_DRAFTERS
 
 METHOD_LABELS = {
     "auto": "auto: the fastest exact method here",
     "model": "draft model",
     "ngram": "n-gram (prompt lookup)",
     "layerskip": "layer skip (self-speculative)",
+    "tree": "draft tree (the draft model's, RSD)",
+    "stand": "STAND (n-gram memory of the target's laws)",
 }
 # one background per forward, cycled, so that neighbouring forwards' accepted drafts are told apart
 FORWARD_COLOURS = ["#fde68a", "#bfdbfe", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa"]
@@ -91,7 +94,8 @@ class TextTab:
         ar, ar_latency = self.timed(prompt, "ar", seed, **sampling)
         rows = [stats_row("AR (target.generate)", ar.stats, ar_latency, ar_latency)]
         yield ar.texts[0], "", rows, f"AR: {int(ar.stats.new_tokens[0])} tokens in {ar_latency:.2f} s."
-        fast, latency = self.timed(prompt, method, seed, draft_length=draft_length, **sampling)
+        chain = {} if method in TREE_DRAFTERS else {"draft_length": draft_length}  # a tree is sized by its shape
+        fast, latency = self.timed(prompt, method, seed, **chain, **sampling)
         rows.append(stats_row(labels[method], fast.stats, latency, ar_latency))
         rate = fast.stats.acceptance_rate
         status = (f"Speculative: {int(fast.stats.new_tokens[0])} tokens in {fast.stats.target_forwards} target "

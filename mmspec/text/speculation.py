@@ -10,10 +10,11 @@ import torch
 
 from mmspec.core.acceptance import Acceptance, Exact
 from mmspec.core.component import DecodingComponent, StepHook
-from mmspec.options import DRAFTER_SETTINGS, SCHEDULES, TEXT_DRAFTERS
+from mmspec.options import DRAFTER_SETTINGS, SCHEDULES, TEXT_DRAFTERS, TREE_DRAFTERS
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
 from mmspec.text.generate import speculative_generate
 from mmspec.text.stats import TextStats
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape
 
 
 @dataclass(frozen=True)
@@ -21,12 +22,14 @@ class TextSpeculation(DecodingComponent):
     """Draft, verify in one target forward, keep the accepted prefix: `speculative_generate` with a drafter by name.
 
     drafter: `"model"` (the pipeline's draft LM, sharing the tokenizer), `"layerskip"` (the target's first
-    `exit_layer` layers; default: the target config's `early_exit_layer`) or `"ngram"` (prompt lookup over the row's
-    own text, n-grams of `max_ngram` tokens down to 1). draft_length: tokens drafted per target forward; schedule:
-    `"constant"`, or `"heuristic"` (transformers' +2 after a fully accepted draft, else -1). confidence_threshold: a
-    model / layer-skip row stops drafting after a token whose draft probability is below it (0 = never).
-    acceptance: `Exact()` (lossless) or `Typical(epsilon, delta)` (lossy), or its name. A setting its drafter does
-    not read is refused, not ignored.
+    `exit_layer` layers; default: the target config's `early_exit_layer`), `"ngram"` (prompt lookup over the row's
+    own text, n-grams of `max_ngram` tokens down to 1), or a tree drafter: `"tree"` (the draft LM's full tree,
+    `tree_branching` children without replacement per node to depth `tree_depth`, verified by RSD) or `"stand"`
+    (STAND's n-gram memory of the target's own laws, no draft model). draft_length: tokens drafted per target
+    forward; schedule: `"constant"`, or `"heuristic"` (transformers' +2 after a fully accepted draft, else -1).
+    confidence_threshold: a model / layer-skip row stops drafting after a token whose draft probability is below it
+    (0 = never). acceptance: `Exact()` (lossless) or, for chains, `Typical(epsilon, delta)` (lossy), or its name. A
+    setting its drafter does not read is refused, not ignored.
     """
 
     name: ClassVar[str] = "speculative"
@@ -37,6 +40,8 @@ class TextSpeculation(DecodingComponent):
     confidence_threshold: float = 0.0
     exit_layer: int | None = None
     max_ngram: int = 3
+    tree_depth: int = 4
+    tree_branching: int = 2
     acceptance: Acceptance = Exact()
 
     def __post_init__(self):
@@ -49,12 +54,18 @@ class TextSpeculation(DecodingComponent):
         if self.exit_layer is not None:
             self.check_count("exit_layer", "target layers the draft runs")
         self.check_count("max_ngram", "tokens of the longest n-gram looked up")
+        self.check_count("tree_depth", "levels of the draft tree")
+        self.check_count("tree_branching", "children per tree node")
+
         for setting, drafters in DRAFTER_SETTINGS.items():
             if getattr(self, setting) != type(self).__dataclass_fields__[setting].default and (
                     self.drafter not in drafters):
                 raise ValueError(f"{setting} applies to drafter {' / '.join(map(repr, drafters))}, not "
                                  f"{self.drafter!r}")
         super().__post_init__()
+        if self.drafter in TREE_DRAFTERS and not self.acceptance.lossless:
+            raise ValueError(f"acceptance={self.acceptance.name!r} is for chain drafters; drafter={self.drafter!r} "
+                             "is verified by exact tree rules")
 
     @staticmethod
     def reads(drafter: str, settings: dict) -> bool:
@@ -67,6 +78,12 @@ class TextSpeculation(DecodingComponent):
             if draft is None:
                 raise ValueError("drafter='model' needs a draft model; this pipeline has none")
             return ModelDrafter(draft, confidence_threshold=self.confidence_threshold)
+        if self.drafter == "tree":
+            if draft is None:
+                raise ValueError("drafter='tree' needs a draft model; this pipeline has none")
+            return ModelTreeDrafter(draft, full_tree(self.tree_depth, self.tree_branching))
+        if self.drafter == "stand":
+            return StandDrafter()
         if self.drafter == "layerskip":
             exit_layer = self.exit_layer or getattr(target.config, "early_exit_layer", None)
             if exit_layer is None:
@@ -79,6 +96,13 @@ class TextSpeculation(DecodingComponent):
         """`speculative_generate(target, input_ids, attention_mask, ...)` with this drafter, draft length schedule and
         acceptance; `options` are its sampling and stopping arguments (max_new_tokens, temperature, top_k, top_p,
         eos_token_id, pad_token_id, generator)."""
+        if self.drafter not in TREE_DRAFTERS:
+            options["draft_length"] = DraftLengthSchedule(self.draft_length, kind=self.schedule)
         return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target, draft),
-                                    acceptance=self.acceptance, on_step=on_step,
-                                    draft_length=DraftLengthSchedule(self.draft_length, kind=self.schedule), **options)
+                                    acceptance=self.acceptance, on_step=on_step, **options)
+
+
+def full_tree(depth: int, branching: int) -> TreeShape:
+    """Every node `branching` children without replacement, to `depth` levels."""
+    return TreeShape(nodes=sum(branching**d for d in range(1, depth + 1)), branching=branching,
+                     expand=branching ** (depth - 1), depth=depth)

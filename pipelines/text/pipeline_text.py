@@ -20,7 +20,7 @@ from mmspec.core.acceptance import Acceptance, acceptance_from
 from mmspec.core.component import DecodingComponent, StepHook, component_from
 from mmspec.core.rng import Generators
 from mmspec.image.decoding import AR
-from mmspec.options import TEXT_DRAFTERS, TEXT_METHODS
+from mmspec.options import CHAIN_DRAFTERS, TEXT_DRAFTERS, TEXT_METHODS
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.speculation import TextSpeculation
@@ -135,9 +135,9 @@ class SpeculativeTextPipeline(MMSpecPipeline):
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The drafters this pipeline can run, and "ar" (`"model"` needs a draft, `"layerskip"` an exit layer in the
-        target's config)."""
-        unavailable = {"model"} if self.draft is None else set()
+        """The drafters this pipeline can run, and "ar" (`"model"` and `"tree"` need a draft, `"layerskip"` an exit
+        layer in the target's config)."""
+        unavailable = {"model", "tree"} if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
         return tuple(m for m in TEXT_METHODS if m not in unavailable)
@@ -163,8 +163,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         return component_from(value, self.decodings, names=("auto", *self.decodings, *TEXT_DRAFTERS), **settings)
 
     def auto_candidates(self, settings: dict) -> dict[str, DecodingComponent]:
-        """What `"auto"` chooses between: `AR()` and every drafter of `methods` that reads all of `settings` (a
-        setting only some drafters read narrows the choice to them)."""
+        """What `"auto"` chooses between: `AR()` and every chain drafter of `methods` that reads all of `settings` (a
+        setting only some drafters read narrows the choice to them). Tree drafters are named, not auto-chosen: a tree
+        forward scores 30 tokens, which only pays where that forward is nearly free (a GPU), and auto's first call
+        would time them everywhere."""
         given = {key: value for key, value in settings.items() if value is not None}
         if "drafter" in given:
             raise ValueError("decoding='auto' chooses the drafter; name decoding='speculative' to give drafter=")
@@ -172,7 +174,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         if not acceptance.lossless:
             raise ValueError(f"decoding='auto' chooses among the exact decodings; name the decoding to use "
                              f"acceptance={acceptance.name!r}")
-        drafters = [m for m in self.methods if m != "ar" and TextSpeculation.reads(m, given)]
+        drafters = [m for m in self.methods if m in CHAIN_DRAFTERS and TextSpeculation.reads(m, given)]
         if not drafters and set(given) - {"acceptance"}:
             raise ValueError(f"decoding='auto': no drafter of this pipeline ({', '.join(self.methods)}) takes "
                              f"{sorted(given)}")
@@ -206,6 +208,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         confidence_threshold: float | None = None,
         exit_layer: int | None = None,
         max_ngram: int | None = None,
+        tree_depth: int | None = None,
+        tree_branching: int | None = None,
         acceptance: Acceptance | str | None = None,
         method: str | None = None,
     ) -> TextPipelineOutput | tuple:
@@ -228,12 +232,14 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
                 unless set or saved otherwise). `TextSpeculation(drafter, draft_length, schedule,
-                confidence_threshold, exit_layer, max_ngram, acceptance)` drafts with `"model"` (the draft LM),
-                `"layerskip"` (the target's first layers) or `"ngram"` (prompt lookup) and verifies in one target
-                forward; `AR()` is the target alone. A name plus settings is the same call (`decoding="ngram",
+                confidence_threshold, exit_layer, max_ngram, tree_depth, tree_branching, acceptance)` drafts chains
+                with `"model"` (the draft LM), `"layerskip"` (the target's first layers) or `"ngram"` (prompt lookup),
+                or trees with `"tree"` (the draft LM's) or `"stand"` (an n-gram memory of the target's laws), and
+                verifies in one target forward; `AR()` is the target alone. A name plus settings is the same call (`decoding="ngram",
                 draft_length=6`); a setting given alone applies to `"auto"`'s candidates that read it (or, for
                 `drafter=`, selects that drafter).
-            drafter, draft_length, schedule, confidence_threshold, exit_layer, max_ngram, acceptance (*optional*):
+            drafter, draft_length, schedule, confidence_threshold, exit_layer, max_ngram, tree_depth, tree_branching,
+            acceptance (*optional*):
                 `TextSpeculation`'s settings in their flat spelling; `acceptance="typical"` is lossy.
             method (`str`, *optional*): the old spelling of `decoding` (`"auto"`, `"ar"` or a drafter's name).
         """
@@ -246,7 +252,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             decoding = method
         settings = dict(drafter=drafter, draft_length=draft_length, schedule=schedule,
                         confidence_threshold=confidence_threshold, exit_layer=exit_layer, max_ngram=max_ngram,
-                        acceptance=acceptance)
+                        tree_depth=tree_depth, tree_branching=tree_branching, acceptance=acceptance)
         decoding = self.decoding_for_call(decoding, settings, implied="auto" if drafter is None else "speculative")
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         chosen_by = None

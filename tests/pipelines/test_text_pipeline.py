@@ -21,10 +21,23 @@ def test_greedy_decodings_complete_like_the_target(pipe):
     ar = pipe(PROMPTS, decoding=AR(), max_new_tokens=40)
     assert isinstance(ar, TextPipelineOutput)
     assert ar.stats.tokens_per_target_forward == 1.0 and ar.stats.target_forwards == 40
-    for drafter in ("model", "ngram", "layerskip"):
+    for drafter in ("model", "ngram", "layerskip", "tree", "stand"):
         out = pipe(PROMPTS, decoding=TextSpeculation(drafter=drafter), max_new_tokens=40)
         assert out.texts == ar.texts and torch.equal(out.sequences, ar.sequences)
         assert out.stats.target_forwards < 40
+
+
+def test_tree_drafters_take_tree_settings_and_refuse_chain_ones(pipe):
+    out = pipe(PROMPTS[0], decoding="tree", tree_depth=3, tree_branching=3, temperature=1.0, max_new_tokens=16,
+               generator=torch.Generator().manual_seed(0))
+    assert out.stats.method == repr(TextSpeculation(drafter="tree", tree_depth=3, tree_branching=3))
+    assert out.stats.tree_acceptance is not None and out.stats.tokens_per_target_forward > 1
+    with pytest.raises(ValueError, match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip', not 'tree'"):
+        TextSpeculation(drafter="tree", draft_length=6)
+    with pytest.raises(ValueError, match="acceptance='typical' is for chain drafters"):
+        TextSpeculation(drafter="stand", acceptance="typical")
+    with pytest.raises(ValueError, match="tree_depth applies to drafter 'tree', not 'stand'"):
+        TextSpeculation(drafter="stand", tree_depth=2)
 
 
 def test_shorthands_and_the_old_method_spelling_name_the_same_component(pipe):

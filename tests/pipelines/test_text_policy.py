@@ -38,6 +38,7 @@ def policy_with_rates(tmp_path, pipe, candidates, rates: dict[str, float]) -> Te
 def test_candidates_are_ar_and_the_drafters_that_read_the_settings(pipe, candidates):
     assert candidates == {"ar": AR(), "model": TextSpeculation(drafter="model"),
                           "ngram": TextSpeculation(drafter="ngram"), "layerskip": TextSpeculation(drafter="layerskip")}
+    assert {"tree", "stand"} <= set(pipe.methods)  # named, not auto-chosen
     assert set(pipe.auto_candidates({"max_ngram": 4})) == {"ar", "ngram"}  # only prompt lookup reads it
     assert pipe.auto_candidates({"draft_length": 6})["model"].draft_length == 6
     with pytest.raises(ValueError, match="name the decoding to use acceptance='typical'"):
@@ -72,7 +73,7 @@ def test_its_own_runs_move_the_choice(tmp_path, pipe, candidates):
 def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(tmp_path, pipe, candidates):
     policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
     rates, measured = policy.rates(pipe, PROMPTS, candidates, SAMPLING)
-    assert measured and set(rates) == set(pipe.methods) and all(r > 0 for r in rates.values())
+    assert measured and set(rates) == set(candidates) and all(r > 0 for r in rates.values())
     again = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
     assert again.rates(pipe, PROMPTS, candidates, SAMPLING) == (rates, False)
     assert again.rates(pipe, PROMPTS * 2, candidates, SAMPLING)[1] is True  # another batch size: timed for it
@@ -83,7 +84,7 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
     elsewhere = {**device_fingerprint(torch.device("cpu")), "name": "another CPU"}
     other = MeasurementCache("text_methods", tmp_path / "other")
     model_print = modules_fingerprint({"target": pipe.target, "draft": pipe.draft})
-    other.put(model_print, elsewhere, again.key(1, 0.0, candidates), {m: 1e9 for m in pipe.methods})
+    other.put(model_print, elsewhere, again.key(1, 0.0, candidates), {m: 1e9 for m in candidates})
     assert TextDecodingPolicy(cache=other, calibration_tokens=8).rates(pipe, PROMPTS, candidates, SAMPLING)[1] is True
 
 
