@@ -154,11 +154,14 @@ class TreeVerifyResult:
 
 
 def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: str | None = None,
-                layout: TreeLayout | None = None, ceiling: bool = False) -> TreeVerifyResult:
+                layout: TreeLayout | None = None, ceiling: bool = False,
+                draws: tuple[int, int] | None = None) -> TreeVerifyResult:
     """Walk `tree` with `rule` (default: the exact rule of its scheme, see TREE_RULES). p: [B, N + 1, V], the target
     law after each slot. A loop over the tree's depth and its children, vectorised over rows; the random stream
-    does not depend on acceptance (K uniforms per depth, then one for the closing token). ceiling: also compute
-    alpha* at every visited inner node (a sort of the vocabulary per node)."""
+    does not depend on acceptance: a [B, depth, children] block of uniforms, then one for the closing token.
+    draws: (depth, children) bounds of every tree the caller draws (a drafter's shape), so that the block, and with
+    per-row generators a row's stream, does not depend on the other rows' trees; None: this batch's deepest and
+    widest. ceiling: also compute alpha* at every visited inner node (a sort of the vocabulary per node)."""
     rule = check_rule(tree.scheme, rule)
     B, S = p.shape[:2]
     if S != tree.tokens.shape[1] + 1:
@@ -168,6 +171,10 @@ def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: s
     plan = node_plans(p, tree, layout, rule)
     K = layout.children.shape[-1]
     D = int(layout.depth.max())  # host sync: the deepest path
+    if draws is not None and (D > draws[0] or K > draws[1]):
+        raise ValueError(f"draws={draws} bounds the tree's (depth, children), but the tree has depth {D} and up to "
+                         f"{K} children per node")
+    u = uniform((B, *(draws or (D, K))), generator, p.device, p.dtype)
     rows = torch.arange(B, device=p.device)
     current = torch.zeros(B, dtype=torch.long, device=p.device)
     walking = torch.ones(B, dtype=torch.bool, device=p.device)
@@ -178,7 +185,7 @@ def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: s
     visited = torch.full((B, D), -1, dtype=torch.long, device=p.device)  # inner nodes the walk visited
     for d in range(D):
         kids = layout.children[rows, current]  # [B, K]
-        hit = (uniform((B, K), generator, p.device, p.dtype) < plan.accept_prob[rows, current]) & (kids >= 0)
+        hit = (u[:, d, :K] < plan.accept_prob[rows, current]) & (kids >= 0)
         here = walking & has_children[rows, current]
         node_acceptance[:, d] = torch.where(here, 1 - reject_all[rows, current], torch.nan)
         visited[:, d] = torch.where(here, current, -1)

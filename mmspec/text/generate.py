@@ -107,7 +107,7 @@ def _tree_step(target, state, drafter, tokens, lengths, sampling, generator, rul
         stats.target_forwards += 1
     with timer("verify"):
         p = process_logits(logits, sampling)  # [B, N + 1, V]
-        walk = verify_tree(p, tree, generator, rule, layout, ceiling)
+        walk = verify_tree(p, tree, generator, rule, layout, ceiling, (drafter.shape.depth, drafter.shape.branching))
         n = walk.n_accepted
         on_path = walk.path >= 0
         emitted = torch.cat([window.gather(1, walk.path.clamp(min=0)), torch.zeros_like(n[:, None])], 1)

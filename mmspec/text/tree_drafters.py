@@ -41,6 +41,7 @@ class TreeDrafter(Protocol):
 
     vocab_size: int | None
     forwards: int
+    shape: TreeShape  # bounds every tree it proposes: depth, children per node
 
     def reset(self, batch_size: int, device: torch.device, vocab_size: int) -> None:
         """Forget the previous batch; the target's vocabulary has `vocab_size` tokens (the width of q)."""

@@ -163,3 +163,23 @@ def test_speculative_generate_refuses_chain_settings_with_trees_and_tree_setting
         speculative_generate(model, ids, drafter=tree_drafter, tree_rule="leviathan")
     with pytest.raises(ValueError, match="tree_rule and measure_ceiling apply to tree drafters"):
         speculative_generate(model, ids, drafter=ModelDrafter(tiny_llama(num_layers=1, seed=4)), tree_rule="rsd")
+
+
+@pytest.mark.parametrize("make", [lambda d: ModelTreeDrafter(d, TreeShape(6, 2, 2, 3)),
+                                  lambda d: StandDrafter(TreeShape(6, 3, 2, 3), max_ngram=2)], ids=["model", "stand"])
+def test_per_row_generators_make_tree_rows_independent_of_the_batch(make):
+    """A row's tokens depend on its own generator only: every step draws a fixed block of uniforms per row (the
+    shape's depth x branching), not one sized by the batch's deepest or widest tree."""
+    from tests.text.table_lm import TableLM, random_table
+
+    target, draft = TableLM(random_table(5, 0)), TableLM(random_table(5, 1))
+    ids = torch.tensor([[0, 3, 1], [0, 0, 2], [1, 1, 1]])
+    mask = torch.tensor([[1, 1, 1], [0, 0, 1], [1, 1, 1]])
+    seeds = [11, 12, 13]
+    kwargs = dict(max_new_tokens=12, temperature=1.0)
+    batch, _ = speculative_generate(target, ids, mask, drafter=make(draft),
+                                    generator=[torch.Generator().manual_seed(s) for s in seeds], **kwargs)
+    for b in range(3):
+        alone, _ = speculative_generate(target, ids[b : b + 1], mask[b : b + 1], drafter=make(draft),
+                                        generator=torch.Generator().manual_seed(seeds[b]), **kwargs)
+        assert torch.equal(alone[0], batch[b])
