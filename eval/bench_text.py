@@ -43,9 +43,8 @@ from mmspec.zoo.text_corpus import held_out_prompts
 DRAFT_LENGTH = 4
 # the draft model's tree: every node gets two children without replacement, to depth 4 (30 nodes); at batch 8 also
 # 14 and 6 nodes (the best tree shrinks as verification stops being free)
-TREE_SHAPE = TreeShape(nodes=30, branching=2, expand=16, depth=4)
-SMALL_TREES = {"ours_tree_n14": TreeShape(nodes=14, branching=2, expand=8, depth=3),
-               "ours_tree_n6": TreeShape(nodes=6, branching=2, expand=4, depth=2)}
+TREE_SHAPE = TreeShape.full(depth=4, branching=2)
+SMALL_TREES = {"ours_tree_n14": TreeShape.full(depth=3, branching=2), "ours_tree_n6": TreeShape.full(depth=2, branching=2)}
 OPT_TREE_SHAPE = TreeShape(nodes=16, branching=4, expand=4, depth=8, scheme="deterministic", rerank=True)
 CHAINS = ("ours_model", "ours_model_len8", "ours_model_len16")  # the draft model's chains at batch 1
 BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)

@@ -43,6 +43,7 @@ from mmspec.core.verify import accept_probability, residual_law
 TREE_RULES = {"iid": ("specinfer", "spectr", "khisti"), "without_replacement": ("rsd",),
               "deterministic": ("deterministic",)}
 DEFAULT_RULES = {scheme: rules[0] for scheme, rules in TREE_RULES.items()}
+RULE_NAMES = tuple(rule for rules in TREE_RULES.values() for rule in rules)
 KHISTI_CHUNK = 1 << 24  # elements of the [rows, V, V] selection-weight tensor built at once
 EXACT_CEILING_VOCABULARY = 12  # alpha_star enumerates every set H up to this many tokens
 

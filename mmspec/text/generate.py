@@ -21,7 +21,7 @@ from mmspec.core.component import StepHook
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import PhaseTimer
-from mmspec.core.tree_verify import TREE_RULES, verify_tree
+from mmspec.core.tree_verify import RULE_NAMES, verify_tree
 from mmspec.core.verify import VerifyResult, verify
 from mmspec.text.cache import RaggedCacheState, forward_tree, forward_window, keep_path, select_rows, truncate
 from mmspec.text.drafters import Drafter, DraftLengthSchedule
@@ -167,9 +167,8 @@ def speculative_generate(
         if not acceptance.lossless:
             raise ValueError(f"acceptance={acceptance.name!r} is for chains; trees are verified by exact rules "
                              f"(tree_rule)")
-        if tree_rule is not None and tree_rule not in {r for rules in TREE_RULES.values() for r in rules}:
-            raise ValueError(f"tree_rule must be one of {sorted({r for v in TREE_RULES.values() for r in v})}, "
-                             f"got {tree_rule!r}")
+        if tree_rule is not None and tree_rule not in RULE_NAMES:
+            raise ValueError(f"tree_rule must be one of {sorted(RULE_NAMES)}, got {tree_rule!r}")
         schedule, lookahead = None, drafter.shape.depth
     else:
         if tree_rule is not None or measure_ceiling:

@@ -81,7 +81,7 @@ class TextSpeculation(DecodingComponent):
         if self.drafter == "tree":
             if draft is None:
                 raise ValueError("drafter='tree' needs a draft model; this pipeline has none")
-            return ModelTreeDrafter(draft, full_tree(self.tree_depth, self.tree_branching))
+            return ModelTreeDrafter(draft, TreeShape.full(self.tree_depth, self.tree_branching))
         if self.drafter == "stand":
             return StandDrafter()
         if self.drafter == "layerskip":
@@ -101,8 +101,3 @@ class TextSpeculation(DecodingComponent):
         return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target, draft),
                                     acceptance=self.acceptance, on_step=on_step, **options)
 
-
-def full_tree(depth: int, branching: int) -> TreeShape:
-    """Every node `branching` children without replacement, to `depth` levels."""
-    return TreeShape(nodes=sum(branching**d for d in range(1, depth + 1)), branching=branching,
-                     expand=branching ** (depth - 1), depth=depth)

@@ -87,6 +87,12 @@ class TreeShape:
             raise ValueError("TreeShape.rerank (OPT-Tree) prunes children by their own probability, which only "
                              "deterministic children allow; use scheme='deterministic'")
 
+    @classmethod
+    def full(cls, depth: int, branching: int, **settings) -> TreeShape:
+        """Every node `branching` children, to `depth` levels (branching + branching^2 + ... nodes)."""
+        return cls(nodes=sum(branching**d for d in range(1, depth + 1)), branching=branching,
+                   expand=branching ** (depth - 1), depth=depth, **settings)
+
     def nodes_for(self, batch_size: int) -> int:
         """Nodes per row at this batch size (at least one)."""
         if self.batch_tokens is None:
@@ -107,10 +113,11 @@ def draw_children(law: torch.Tensor, k: int, scheme: str, generator: Generators)
 
 
 def grow_tree(root_law: torch.Tensor, expand, shape: TreeShape, generator: Generators) -> DraftTree:
-    """Grow a tree depth by depth. root_law: [B, V], the law of the root's children. expand(nodes, lineage, tokens,
-    valid) -> [B, F, V], the laws of the frontier nodes `nodes` [B, F] (indices into the nodes so far, whose
-    `tokens` [B, n] and `lineage` [B, n, depth] (each node's ancestors by depth, itself last, -1 past it) are
-    given); valid [B, F] bool, which of them are real. Nodes come out in topological order, real nodes first."""
+    """Grow a tree depth by depth. root_law: [B, V], the law of the root's children. expand(nodes, paths, tokens,
+    valid) -> [B, F, V], the laws of the frontier nodes `nodes` [B, F] (indices into the nodes so far, whose tokens
+    are `tokens` [B, n]); paths: [B, F, depth], each frontier node's path from the root's child down to itself (node
+    indices, -1 past it); valid [B, F] bool, which of them are real. Nodes come out in topological order, real nodes
+    first."""
     B, V = root_law.shape
     device = root_law.device
     k, m = shape.branching, shape.expand
@@ -133,7 +140,8 @@ def grow_tree(root_law: torch.Tensor, expand, shape: TreeShape, generator: Gener
         F = min(m, n - layer_start)
         top_score, top = layer_score.topk(F, dim=-1)
         nodes, nodes_real = top + layer_start, top_score > -torch.inf
-        law = expand(nodes, lineage, tokens, nodes_real) * nodes_real[..., None]  # [B, F, V]
+        paths = lineage.gather(1, nodes[..., None].expand(B, F, shape.depth))
+        law = expand(nodes, paths, tokens, nodes_real) * nodes_real[..., None]  # [B, F, V]
         laws.append(law)
         expanded = torch.cat([expanded, nodes], 1)
         new, new_real = draw_children(law, k, shape.scheme, generator)  # [B, F, k']
@@ -192,13 +200,11 @@ def shape_for(shape: TreeShape, sampling: SamplingConfig) -> TreeShape:
     return dataclasses.replace(shape, scheme="deterministic") if sampling.greedy else shape
 
 
-def visible_slots(fed: torch.Tensor, lineage: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+def visible_slots(fed: torch.Tensor, paths: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     """[B, F, R + F]: which of the fed nodes `fed` [B, R] and then the frontier `nodes` [B, F] each frontier node
-    attends to (its ancestors and itself), from `lineage` [B, n, depth]."""
-    B, F = nodes.shape
-    own = lineage.gather(1, nodes[..., None].expand(B, F, lineage.shape[-1]))  # [B, F, depth]
+    attends to (its ancestors and itself: the nodes on its path, `paths` [B, F, depth])."""
     columns = torch.cat([fed, nodes], 1)  # [B, R + F]
-    return (own[:, :, None, :] == columns[:, None, :, None]).any(-1)
+    return (paths[:, :, None, :] == columns[:, None, :, None]).any(-1)
 
 
 class ModelTreeDrafter(ModelDrafter):
@@ -223,13 +229,12 @@ class ModelTreeDrafter(ModelDrafter):
         root_law = tree_law(self._catch_up(tokens, lengths), sampling)
         fed = torch.zeros(tokens.shape[0], 0, dtype=torch.long, device=tokens.device)
 
-        def expand(nodes, lineage, node_tokens, valid):
+        def expand(nodes, paths, node_tokens, valid):
             nonlocal fed
-            depth = (lineage.gather(1, nodes[..., None].expand(-1, -1, lineage.shape[-1])) >= 0).sum(-1)
-            positions = lengths[:, None] - 1 + depth
+            positions = lengths[:, None] - 1 + (paths >= 0).sum(-1)  # the committed length - 1 + depth
             self.forwards += 1
             logits = forward_tree(self.model, self.state, node_tokens.gather(1, nodes),
-                                  visible_slots(fed, lineage, nodes), positions, valid)
+                                  visible_slots(fed, paths, nodes), positions, valid)
             fed = torch.cat([fed, nodes], 1)
             return tree_law(logits, sampling)
 
@@ -352,11 +357,10 @@ class StandDrafter:
         V = self.vocabulary
         committed = tail(tokens, lengths[:, None], self.max_ngram)  # [B, 1, n]
 
-        def expand(nodes, lineage, node_tokens, valid):
-            own = lineage.gather(1, nodes[..., None].expand(-1, -1, lineage.shape[-1]))  # [B, F, depth]
-            path = torch.where(own >= 0, node_tokens.gather(1, own.clamp(min=0).flatten(1)).view(own.shape), -1)
+        def expand(nodes, paths, node_tokens, valid):
+            path = torch.where(paths >= 0, node_tokens.gather(1, paths.clamp(min=0).flatten(1)).view(paths.shape), -1)
             sequence = torch.cat([committed.expand(-1, nodes.shape[1], -1), path], -1)
-            end = self.max_ngram + (own >= 0).sum(-1)  # [B, F]
+            end = self.max_ngram + (paths >= 0).sum(-1)  # [B, F]
             index = end[..., None] - self.max_ngram + torch.arange(self.max_ngram, device=tokens.device)
             return self.law(sequence.gather(2, index), V)
 

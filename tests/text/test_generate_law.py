@@ -33,16 +33,13 @@ def chi_square_p_value(samples: torch.Tensor, law: dict) -> float:
     return law_p_value(torch.bincount(encode(samples), minlength=V**N_NEW), probs)
 
 
-def run_and_test(drafter_kind, draft_length, temperature, top_k, seed=0):
-    """Min p-value over the two prompts."""
-    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
-    drafter = {"model": lambda: ModelDrafter(draft), "ngram": lambda: NGramDrafter(max_ngram=2),
-               "adaptive": lambda: ModelDrafter(draft, confidence_threshold=0.3)}[drafter_kind]()
+def law_test(target, drafter, temperature, top_k, seed=0, **options):
+    """Run `speculative_generate` over the two prompts' ROWS rows; min p-value over the prompts, and the stats."""
     ids = PROMPTS.repeat(ROWS // 2, 1)
     mask = PROMPT_MASK.repeat(ROWS // 2, 1)
     out, stats = speculative_generate(
-        target, ids, mask, drafter=drafter, max_new_tokens=N_NEW, draft_length=draft_length, temperature=temperature,
-        top_k=top_k, eos_token_id=EOS, pad_token_id=EOS, generator=torch.Generator().manual_seed(seed),
+        target, ids, mask, drafter=drafter, max_new_tokens=N_NEW, temperature=temperature, top_k=top_k,
+        eos_token_id=EOS, pad_token_id=EOS, generator=torch.Generator().manual_seed(seed), **options,
     )
     new = out[:, PROMPTS.shape[1]:]
     new = torch.cat([new, torch.full((ROWS, N_NEW - new.shape[1]), EOS)], 1)  # all rows may stop before N_NEW
@@ -53,6 +50,13 @@ def run_and_test(drafter_kind, draft_length, temperature, top_k, seed=0):
         p_values.append(chi_square_p_value(new[r::2], law))
     return min(p_values), stats
 
+
+def run_and_test(drafter_kind, draft_length, temperature, top_k, seed=0):
+    """Min p-value over the two prompts."""
+    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
+    drafter = {"model": lambda: ModelDrafter(draft), "ngram": lambda: NGramDrafter(max_ngram=2),
+               "adaptive": lambda: ModelDrafter(draft, confidence_threshold=0.3)}[drafter_kind]()
+    return law_test(target, drafter, temperature, top_k, seed, draft_length=draft_length)
 
 CONFIGS = [
     ("model", 1, 1.0, 0),

@@ -13,8 +13,8 @@ import torch
 from mmspec.core import tree_verify
 from mmspec.text import cache, generate, speculative_generate
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape
-from tests.text.table_lm import TableLM, exact_joint_law, random_table
-from tests.text.test_generate_law import ALPHA, EOS, N_NEW, PROMPT_MASK, PROMPTS, ROWS, V, chi_square_p_value
+from tests.text.table_lm import TableLM, random_table
+from tests.text.test_generate_law import ALPHA, EOS, PROMPT_MASK, PROMPTS, V, law_test
 
 CONFIGS = {  # name: (drafter, tree rule, temperature, top_k)
     "rsd_k2": (lambda d: ModelTreeDrafter(d, TreeShape(6, 2, 2, 3)), None, 1.0, 0),
@@ -32,20 +32,7 @@ def run_and_test(name, seed=0):
     """Min p-value over the two prompts, and the stats."""
     make, rule, temperature, top_k = CONFIGS[name]
     target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
-    ids, mask = PROMPTS.repeat(ROWS // 2, 1), PROMPT_MASK.repeat(ROWS // 2, 1)
-    out, stats = speculative_generate(
-        target, ids, mask, drafter=make(draft), tree_rule=rule, measure_ceiling=True, max_new_tokens=N_NEW, temperature=temperature,
-        top_k=top_k, eos_token_id=EOS, pad_token_id=EOS, generator=torch.Generator().manual_seed(seed),
-    )
-    new = out[:, PROMPTS.shape[1]:]
-    new = torch.cat([new, torch.full((ROWS, N_NEW - new.shape[1]), EOS)], 1)
-    p_values = []
-    for r in range(2):
-        prompt = PROMPTS[r][PROMPT_MASK[r].bool()].tolist()
-        law = exact_joint_law(target.table, prompt, N_NEW, temperature, top_k, EOS)
-        p_values.append(chi_square_p_value(new[r::2], law))
-    return min(p_values), stats
-
+    return law_test(target, make(draft), temperature, top_k, seed, tree_rule=rule, measure_ceiling=True)
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tree_speculation_matches_exact_joint_law(name):

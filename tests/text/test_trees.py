@@ -68,7 +68,7 @@ def test_grow_tree_respects_the_budget_and_puts_real_nodes_first():
     root = torch.softmax(torch.randn(3, V, generator=g), -1)
     root[2] = torch.tensor([1.0, 0, 0, 0, 0, 0])  # one token of support: one child without replacement
 
-    def expand(nodes, lineage, tokens, valid):
+    def expand(nodes, paths, tokens, valid):
         return torch.softmax(torch.randn(*nodes.shape, V, generator=g), -1)
 
     tree = grow_tree(root, expand, TreeShape(nodes=7, branching=2, expand=2, depth=4), torch.Generator())
@@ -88,7 +88,7 @@ def test_opt_tree_rerank_keeps_the_most_probable_subtree():
     root = torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]])
     child = torch.tensor([0.9, 0.05, 0.03, 0.01, 0.01])
 
-    def expand(nodes, lineage, tokens, valid):
+    def expand(nodes, paths, tokens, valid):
         return child.expand(*nodes.shape, V)
 
     tree = grow_tree(root, expand, TreeShape(4, 3, 3, 3, "deterministic", rerank=True), None)
@@ -103,7 +103,7 @@ def test_batch_aware_budget_shrinks_the_tree_as_the_batch_grows():
     assert [shape.nodes_for(b) for b in (1, 2, 8, 64)] == [30, 27, 6, 1]
     root = torch.softmax(torch.randn(8, 6, generator=torch.Generator().manual_seed(0)), -1)
 
-    def expand(nodes, lineage, tokens, valid):
+    def expand(nodes, paths, tokens, valid):
         return torch.full((*nodes.shape, 6), 1 / 6)
 
     tree = grow_tree(root, expand, shape, torch.Generator().manual_seed(1))
