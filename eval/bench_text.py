@@ -33,10 +33,11 @@ import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
+from mmspec.core.tree_growth import TreeShape
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
-from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
 from mmspec.zoo.text_corpus import held_out_prompts
 

@@ -5,11 +5,12 @@ slots of transformers caches that let rows roll back independently and trees kee
 and tree rules are the core's.
 """
 
+from mmspec.core.tree_growth import TreeShape
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.text.generate import speculative_generate
 from mmspec.text.speculation import TextSpeculation
 from mmspec.text.stats import TextStats
-from mmspec.text.tree_drafters import LayerSkipTreeDrafter, ModelTreeDrafter, StandDrafter, TreeShape
+from mmspec.text.tree_drafters import LayerSkipTreeDrafter, ModelTreeDrafter, StandDrafter
 
 __all__ = ["DraftLengthSchedule", "LayerSkipDrafter", "LayerSkipTreeDrafter", "ModelDrafter", "ModelTreeDrafter",
            "NGramDrafter", "StandDrafter", "TextSpeculation", "TextStats", "TreeShape", "early_exit_view",

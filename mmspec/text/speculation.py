@@ -10,11 +10,12 @@ import torch
 
 from mmspec.core.acceptance import Acceptance, Exact
 from mmspec.core.component import DecodingComponent, StepHook
+from mmspec.core.tree_growth import TreeShape
 from mmspec.options import DRAFTER_SETTINGS, SCHEDULES, TEXT_DRAFTERS, TREE_DRAFTERS
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
 from mmspec.text.generate import speculative_generate
 from mmspec.text.stats import TextStats
-from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from mmspec.core import tree_verify
+from mmspec.core.tree_growth import TreeShape
 from mmspec.text import cache, generate, speculative_generate
-from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from tests.text.table_lm import TableLM, random_table
 from tests.text.test_generate_law import ALPHA, EOS, PROMPT_MASK, PROMPTS, V, law_test
 

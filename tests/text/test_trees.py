@@ -5,11 +5,12 @@ import pytest
 import torch
 
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.tree_growth import TreeShape, grow_tree
 from mmspec.core.trees import DraftTree
 from mmspec.text import speculative_generate
 from mmspec.text.cache import RaggedCacheState, forward_tree, forward_window, keep_path
 from mmspec.text.drafters import ModelDrafter
-from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter, TreeShape, grow_tree
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from tests.conftest import tiny_llama
 
 # a tree over slots 0 (root) .. 5: nodes 0, 1 under the root, 2, 3 under node 0, 4 under node 1
