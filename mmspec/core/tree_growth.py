@@ -13,11 +13,13 @@ probability, so it takes deterministic (top-k) children only.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from mmspec.core.multidraft import without_replacement
+from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
 from mmspec.core.trees import SCHEMES, DraftTree
 
@@ -150,3 +152,15 @@ def _pack(tokens, parent, keep, laws, expanded, scheme) -> DraftTree:
     width = int(n_nodes.max())
     q = None if q is None else q[:, : width + 1]
     return DraftTree(tokens.gather(1, order)[:, :width], parent[:, :width], n_nodes, q, scheme)
+
+
+def shape_for(shape: TreeShape, sampling: SamplingConfig) -> TreeShape:
+    """Deterministic children at temperature 0 (the target's law is one-hot: a stochastic child is wasted)."""
+    return dataclasses.replace(shape, scheme="deterministic") if sampling.greedy else shape
+
+
+def visible_slots(fed: torch.Tensor, paths: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """[B, F, R + F]: which of the fed nodes `fed` [B, R] and then the frontier `nodes` [B, F] each frontier node
+    attends to (its ancestors and itself: the nodes on its path, `paths` [B, F, depth])."""
+    columns = torch.cat([fed, nodes], 1)  # [B, R + F]
+    return (paths[:, :, None, :] == columns[:, None, :, None]).any(-1)

@@ -56,8 +56,7 @@ class FrontierTree:
     """The static node layout of a window of W main nodes with a (width, depth) tree at its start.
 
     level: [T] long, node t holds the token of image position c - 1 + level[t].
-    children: [T, width] long node ids, -1 where absent. lineage: [T, W] long, lineage[t, l] = the ancestor of t at
-    level l (t itself at its own level), -1 past level[t]. ancestors: [T, T] bool, t attends to u (itself included).
+    children: [T, width] long node ids, -1 where absent. ancestors: [T, T] bool, t attends to u (itself included).
     groups: per level l = 1 .. depth, [G_l] long, the nodes of level l - 1 whose children are drawn; the main node
     comes first.
     """
@@ -67,7 +66,6 @@ class FrontierTree:
     depth: int
     level: torch.Tensor
     children: torch.Tensor
-    lineage: torch.Tensor
     ancestors: torch.Tensor
     groups: tuple[torch.Tensor, ...]
 
@@ -94,17 +92,15 @@ class FrontierTree:
                 below.extend(children[node])
             frontier = below
         T = len(parent)
-        lineage = torch.full((T, window), -1, dtype=torch.long)
         ancestors = torch.zeros(T, T, dtype=torch.bool)
         for t in range(T):
             node = t
             while node >= 0:
-                lineage[t, level[node]] = node
                 ancestors[t, node] = True
                 node = parent[node]
         padded = torch.tensor([c + [-1] * (width - len(c)) for c in children], dtype=torch.long)
-        return cls(window, width, depth, torch.tensor(level, device=device), padded.to(device), lineage.to(device),
-                   ancestors.to(device), tuple(torch.tensor(g, device=device) for g in groups))
+        return cls(window, width, depth, torch.tensor(level, device=device), padded.to(device), ancestors.to(device),
+                   tuple(torch.tensor(g, device=device) for g in groups))
 
     def draft(self, main_tokens: torch.Tensor, q: torch.Tensor, lengths: torch.Tensor,
               gumbel_uniforms: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

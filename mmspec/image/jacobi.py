@@ -232,7 +232,7 @@ class SJD(DecodingComponent):
                     tree = None if trees is None else trees.drafted(W, inputs, q, lengths, generator)
                 with timer("target"):
                     logits = model.forward(inputs, state) if tree is None else model.forward_tree(
-                        tree.tokens, tree.layout, state)
+                        tree.tokens, tree.layout.level, tree.layout.ancestors, state)
                 stats.target_forwards += 1
                 with timer("verify"):
                     if tree is None:

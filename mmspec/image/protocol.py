@@ -57,11 +57,17 @@ class DiscreteImageModel(Protocol):
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [B, h*w] -> images [B, 3, H, W], roughly in [-1, 1]."""
 
-    # Optional, for SJD's frontier trees (`SJD(tree_width=K)`, `mmspec.image.frontier`); LlamaGen's adapter has them:
-    #   forward_tree(tokens [B, T], tree: FrontierTree, state) -> ImageLogits [B, T, V]: append T tree nodes, node t
-    #       at position (kept tokens) + tree.level[t], attending to the kept tokens and its ancestors (tree.ancestors).
-    #   keep_path(state, path [B, depth]): after forward_tree, move the keys/values of the path's nodes (node of
-    #       levels 1 .. depth, -1 past the path) onto the slots of the main chain's nodes 1 .. depth.
+    # Optional, for tree drafts (SJD's frontier trees, `mmspec.image.frontier`; the draft model's trees,
+    # `DraftModel(tree_width=K)`); LlamaGen's adapter has them:
+    #   forward_tree(tokens [B, T], offset [T] or [B, T], visible [T, P + T] or [B, T, P + T], state) ->
+    #       ImageLogits [B, T, V]: append T tree nodes after the P nodes the tree's earlier forward_tree calls
+    #       appended (P = 0 starts a tree at the kept tokens; a tree may grow over several calls). Node t sits at
+    #       position start + offset[t], start = the tree's first slot (the kept tokens when it began), and attends
+    #       to the kept tokens before the tree and to the tree's nodes where visible[t] is True (its ancestors and
+    #       itself, earlier calls' nodes first).
+    #   keep_path(state, path [B, depth]): after forward_tree, move the keys/values of the path's nodes (the tree
+    #       node of levels 1 .. depth, counted from the tree's first slot, -1 past the path) onto the slots
+    #       start + 1 .. start + depth, so that a rollback keeps exactly the accepted path.
     # Optional, for PJD's row windows (`mmspec.image.parallel`); LlamaGen's adapter has them:
     #   forward_segments(tokens [B, T], positions [B, T], segments [B, T], state) -> ImageLogits [B, T, V]: score
     #       tokens at scattered image positions; token t sees the committed tokens before its position and the
@@ -70,7 +76,7 @@ class DiscreteImageModel(Protocol):
     #       positions, where later segment tokens see them.
 
 
-TREE_METHODS = ("forward_tree", "keep_path")  # what SJD's frontier trees ask of an adapter
+TREE_METHODS = ("forward_tree", "keep_path")  # what tree drafts ask of an adapter
 SEGMENT_METHODS = ("forward_segments", "commit_segments")  # what PJD asks of an adapter
 
 

@@ -15,14 +15,13 @@ At temperature 0 the children are the top `branching` tokens of the temperature-
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Protocol
 
 import torch
 
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
-from mmspec.core.tree_growth import TreeShape, grow_tree
+from mmspec.core.tree_growth import TreeShape, grow_tree, shape_for, visible_slots
 from mmspec.core.trees import DraftTree
 from mmspec.text.cache import forward_tree, truncate
 from mmspec.text.drafters import ModelDrafter, early_exit_view
@@ -58,18 +57,6 @@ def tree_law(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
     law whose top tokens become deterministic children."""
     return process_logits(logits, SamplingConfig(top_k=sampling.top_k, top_p=sampling.top_p) if sampling.greedy
                           else sampling)
-
-
-def shape_for(shape: TreeShape, sampling: SamplingConfig) -> TreeShape:
-    """Deterministic children at temperature 0 (the target's law is one-hot: a stochastic child is wasted)."""
-    return dataclasses.replace(shape, scheme="deterministic") if sampling.greedy else shape
-
-
-def visible_slots(fed: torch.Tensor, paths: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
-    """[B, F, R + F]: which of the fed nodes `fed` [B, R] and then the frontier `nodes` [B, F] each frontier node
-    attends to (its ancestors and itself: the nodes on its path, `paths` [B, F, depth])."""
-    columns = torch.cat([fed, nodes], 1)  # [B, R + F]
-    return (paths[:, :, None, :] == columns[:, None, :, None]).any(-1)
 
 
 class ModelTreeDrafter(ModelDrafter):

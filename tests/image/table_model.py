@@ -20,7 +20,8 @@ class TableState:
     tokens: torch.Tensor  # [B, S] long, the "cached" image tokens
     length: torch.Tensor  # [B] long, tokens kept per row
     cfg: bool
-    tree_start: torch.Tensor | None = None  # [B] lengths before the last forward_tree
+    tree_start: torch.Tensor | None = None  # [B] the first slot of the last forward_tree's tree
+    tree_offsets: torch.Tensor | None = None  # [B, P + T] the offsets of that tree's nodes so far
     cached: torch.Tensor | None = None  # [B, N] bool, positions committed through commit_segments
     segment_inputs: tuple | None = None  # (tokens, positions) [B, T] of the last forward_segments
 
@@ -74,20 +75,26 @@ class TableImageModel:
         state.length = state.length + tokens.shape[1]
         return self.logits(state, positions + 1)
 
-    def forward_tree(self, tokens: torch.Tensor, tree, state: TableState) -> ImageLogits:
-        """Frontier-tree nodes [B, T] stored at slots length + t like a KV cache; node t's law reads the kept prefix
-        and then its own lineage (tree attention)."""
+    def forward_tree(self, tokens: torch.Tensor, offset: torch.Tensor, visible: torch.Tensor,
+                     state: TableState) -> ImageLogits:
+        """Tree nodes [B, T] stored at the next slots like a KV cache, after the tree's P nodes of earlier calls;
+        node t sits at position start + offset[t] (start: the tree's first slot) and its law reads the kept prefix
+        and then the tree nodes it sees, each at its own position (tree attention)."""
         B, T = tokens.shape
-        start = state.length
-        state.tokens.scatter_(1, start[:, None] + torch.arange(T), tokens)
-        state.tree_start, state.length = start.clone(), start + T
-        W = tree.lineage.shape[1]
-        sequences = torch.cat([state.tokens[:, : self.N], torch.zeros(B, W, dtype=torch.long)], 1)
-        sequences = sequences[:, None].expand(B, T, -1).clone()  # [B, T, N + W]
-        at = (start[:, None, None] + torch.arange(W)).expand(B, T, W)
-        lineage_tokens = tokens[:, tree.lineage.clamp(min=0)]  # [B, T, W]
-        sequences.scatter_(2, at, torch.where(tree.lineage >= 0, lineage_tokens, sequences.gather(2, at)))
-        return self.logits_per_query(sequences, start[:, None] + tree.level + 1, state)
+        P = visible.shape[-1] - T
+        offset, visible = offset.expand(B, T), visible.expand(B, T, P + T)
+        state.tokens.scatter_(1, state.length[:, None] + torch.arange(T), tokens)
+        state.tree_offsets = offset if P == 0 else torch.cat([state.tree_offsets, offset], 1)  # [B, P + T]
+        start = state.length - P
+        state.tree_start, state.length = start, state.length + T
+        nodes = state.tokens.gather(1, start[:, None] + torch.arange(P + T))  # [B, P + T]
+        at = start[:, None] + state.tree_offsets  # each node's position
+        # a node writes its token at its position in the sequence of every node that sees it; the others write into
+        # a dropped column (one query's visible nodes sit at distinct positions)
+        column = torch.where(visible & (at < self.N)[:, None], at[:, None], self.N)  # [B, T, P + T]
+        sequences = torch.cat([state.tokens[:, : self.N], torch.zeros(B, 1, dtype=torch.long)], 1)
+        sequences = sequences[:, None].expand(B, T, -1).clone().scatter_(2, column, nodes[:, None].expand(B, T, -1))
+        return self.logits_per_query(sequences[..., : self.N], start[:, None] + offset + 1, state)
 
     def keep_path(self, state: TableState, path: torch.Tensor) -> None:
         target = state.tree_start[:, None] + torch.arange(1, path.shape[1] + 1)

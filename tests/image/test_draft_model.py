@@ -1,17 +1,17 @@
-"""Draft-model speculative decoding: its output law equals AR sampling's (the law harness of test_jacobi_law.py, with
-a table drafter whose laws differ from the target's), mutation companions, greedy equivalence and per-row
-reproducibility on real (tiny) LlamaGen transformers."""
+"""Draft-model speculative decoding, chains and trees: its output law equals AR sampling's (the law harness of
+test_jacobi_law.py, with a table drafter whose laws differ from the target's; trees on 200,001 rows), mutation
+companions, greedy equivalence and per-row reproducibility on real (tiny) LlamaGen transformers."""
 
 import pytest
 import torch
 
-from mmspec.core import verify
+from mmspec.core import tree_verify, verify
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.image import AR, DraftModel, draft_model
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from tests.image.table_model import TableImageModel
-from tests.image.test_jacobi_law import ALPHA, FORCED, GRID, N, V, assert_exact, decode_rows, law_checks
+from tests.image.test_jacobi_law import ALPHA, FORCED, GRID, GROUP, N, V, assert_exact, decode_rows, law_checks
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_transformer, tiny_vq
 
 
@@ -32,6 +32,61 @@ def test_draft_model_decoding_matches_the_exact_law_without_cfg():
     sampling = SamplingConfig(temperature=1.2, top_p=0.9)
     tokens, _, model = decode_rows(DraftModel(3, drafter=drafter(scale=3.0)), sampling)
     assert_exact(tokens, model, sampling)
+
+
+TREE_GROUPS = 66_667  # 200,001 rows
+
+
+@pytest.mark.parametrize("depth,width", [(1, 2), (2, 3), (3, 2)])
+def test_draft_trees_match_the_exact_law(depth, width, monkeypatch):
+    """CFG, top-k 3 < V, a forced position (one child there) and the image's end (no children past the last
+    position a draft may take) make the trees ragged across the batch."""
+    sizes = []
+
+    def recording(p, tree, *args, **kwargs):
+        sizes.append(tree.n_nodes.unique())
+        return tree_verify.verify_tree(p, tree, *args, **kwargs)
+
+    monkeypatch.setattr(draft_model, "verify_tree", recording)
+    decoding = DraftModel(depth, tree_width=width, drafter=drafter())
+    tokens, stats, model = decode_rows(decoding, groups=TREE_GROUPS)
+    assert_exact(tokens, model)
+    assert 0 < stats.accepted < stats.drafted and stats.tokens_per_target_forward > 1.0
+    assert len(torch.cat(sizes).unique()) > 1  # ragged trees at batch > 1
+    assert stats.draft_forwards == 1 + depth * (stats.target_forwards - 1)  # catch-up + one per inner level
+
+
+def test_draft_trees_match_the_exact_law_without_cfg():
+    sampling = SamplingConfig(temperature=1.2, top_p=0.9)
+    tokens, _, model = decode_rows(DraftModel(2, tree_width=2, drafter=drafter(scale=3.0)), sampling,
+                                   groups=TREE_GROUPS)
+    assert_exact(tokens, model, sampling)
+
+
+def keep_no_path(self, state, path):
+    """Mutation: the cache keeps the tree's nodes where they were scored (the first nodes after the root, whatever
+    branch they are on), not the accepted path."""
+
+
+def siblings_not_renormalised(p, q):
+    """Mutation: after a rejected child the target law is max(p - q, 0), not renormalised."""
+    return (p - q).clamp(min=0)
+
+
+TREE_MUTATIONS = {  # name: (owner, attribute, replacement)
+    "keeps_rejected_branch_kv": (TableImageModel, "keep_path", keep_no_path),
+    "residual_not_renormalised_across_siblings": (tree_verify, "residual_law", siblings_not_renormalised),
+    "without_replacement_children_verified_as_iid": (tree_verify, "check_rule", lambda scheme, rule: "specinfer"),
+}
+
+
+@pytest.mark.parametrize("mutation", list(TREE_MUTATIONS))
+def test_tree_mutations_are_rejected(mutation, monkeypatch):
+    owner, attribute, replacement = TREE_MUTATIONS[mutation]
+    monkeypatch.setattr(owner, attribute, replacement)
+    tokens, _, model = decode_rows(DraftModel(2, tree_width=3, drafter=drafter()), groups=TREE_GROUPS)
+    checks = law_checks(tokens, model)
+    assert min(checks.values()) < ALPHA, f"mutation {mutation} was not detected: {checks}"
 
 
 def misaligned_draft_laws(p, chain, generator, acceptance, greedy=False, relaxation=None):
@@ -79,20 +134,34 @@ def decode(decoding, model, B, sampling, generator):
     return last.tokens, stats
 
 
-@pytest.mark.parametrize("draft_length", [1, 3, 20])
-def test_greedy_draft_decoding_equals_greedy_ar(draft_length):
+@pytest.mark.parametrize("draft_length,tree_width", [(1, 1), (3, 1), (20, 1), (1, 3), (3, 2)])
+def test_greedy_draft_decoding_equals_greedy_ar(draft_length, tree_width):
     sampling = SamplingConfig(temperature=0, guidance_scale=2.0)
     target = llamagen(0)
     ar, _ = decode(AR(), target, 3, sampling, None)
-    spec, stats = decode(DraftModel(draft_length, drafter=llamagen(1)), target, 3, sampling, None)
+    spec, stats = decode(DraftModel(draft_length, tree_width, drafter=llamagen(1)), target, 3, sampling, None)
     assert torch.equal(ar, spec)
     assert stats.target_forwards < 1 + target.num_image_tokens or stats.accepted == 0
 
 
-def test_rows_do_not_depend_on_the_rest_of_the_batch():
+@pytest.mark.parametrize("tree_width", [1, 2])
+def test_rows_do_not_depend_on_the_rest_of_the_batch(tree_width):
     sampling = SamplingConfig(temperature=1.0, guidance_scale=2.0)
-    target, decoding = llamagen(0), DraftModel(3, drafter=llamagen(1))
+    target, decoding = llamagen(0), DraftModel(3, tree_width, drafter=llamagen(1))
     seeds = [5, 6, 7]
     together, _ = decode(decoding, target, 3, sampling, [torch.Generator().manual_seed(s) for s in seeds])
     alone, _ = decode(decoding, target, 1, sampling, [torch.Generator().manual_seed(seeds[0])])
     assert torch.equal(together[:1], alone)
+
+
+def test_tree_settings_are_checked():
+    with pytest.raises(ValueError, match="tree_width must be >= 1"):
+        DraftModel(tree_width=0)
+    with pytest.raises(ValueError, match="tree_width > 1 .* acceptance must be Exact"):
+        DraftModel(tree_width=2, acceptance="lantern")
+    assert DraftModel(3, tree_width=2).tree.nodes == 2 + 4 + 8
+    plain = drafter()
+    plain.forward_tree = None
+    decoding = DraftModel(2, tree_width=2, drafter=plain)
+    with pytest.raises(ValueError, match="drafter needs a model adapter with forward_tree and keep_path"):
+        next(decoding(TableImageModel(GRID, V, forced_tokens=FORCED), GROUP, SamplingConfig(), None, SpecStats()))

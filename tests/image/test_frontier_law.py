@@ -4,7 +4,7 @@ The same lookup-table model, batch (100,002 rows of prompts A, B, A), sampler (C
 and checks (per row, per prompt, independence of two rows; alpha = 1e-7 each) as `test_jacobi_law.py`, through the
 real SJD loop with trees of width 2 and 3 and depth 1 to 3, windows from 2 to past the image, every initialisation and
 coupling among the configurations. The table model implements tree attention exactly (each node reads its own
-lineage), so a walk that reads the wrong node's law, or a cache that keeps a rejected branch, shows. Mutation
+ancestors), so a walk that reads the wrong node's law, or a cache that keeps a rejected branch, shows. Mutation
 companions break one step of the argument in the module docstring and must be rejected.
 """
 
@@ -76,7 +76,6 @@ def test_layout_of_a_width_3_depth_2_tree():
     assert tree.children[0].tolist() == [1, 5, 6] and tree.children[1].tolist() == [2, 7, 8]
     assert tree.children[5].tolist() == [9, 10, 11] and tree.children[2].tolist() == [3, -1, -1]
     assert tree.level.tolist() == [0, 1, 2, 3, 4, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2]
-    assert tree.lineage[10].tolist() == [0, 5, 10, -1, -1]
     assert tree.ancestors[10].nonzero().flatten().tolist() == [0, 5, 10]
     assert [g.tolist() for g in tree.groups] == [[0], [1, 5, 6]]
     assert frontier.FrontierTree.build(window=2, width=3, depth=2).depth == 1  # a window's last node has no child

@@ -33,11 +33,11 @@ def encode(tokens: torch.Tensor) -> torch.Tensor:
     return (tokens * V ** torch.arange(N - 1, -1, -1)).sum(-1)
 
 
-def decode_rows(decoding, sampling=SAMPLING, seed=0):
+def decode_rows(decoding, sampling=SAMPLING, seed=0, groups=GROUPS):
     model = TableImageModel(GRID, V, forced_tokens=FORCED)
     stats = SpecStats()
     with torch.no_grad():
-        *_, last = decoding(model, GROUP.repeat(GROUPS), sampling, torch.Generator().manual_seed(seed), stats)
+        *_, last = decoding(model, GROUP.repeat(groups), sampling, torch.Generator().manual_seed(seed), stats)
     assert (last.n_committed == N).all()
     return last.tokens, stats, model
 
@@ -53,7 +53,7 @@ def mass_classes(law: torch.Tensor) -> torch.Tensor:
 
 def law_checks(tokens: torch.Tensor, model: TableImageModel, sampling=SAMPLING) -> dict[str, float]:
     """p-value of every check."""
-    outcomes = encode(tokens).view(GROUPS, len(GROUP))
+    outcomes = encode(tokens).view(-1, len(GROUP))
     laws = {prompt: model.exact_law(prompt, sampling) for prompt in (0, 1)}
     checks = {}
     for r, prompt in enumerate(GROUP.tolist()):

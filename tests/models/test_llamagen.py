@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmspec.core.trees import DraftTree
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.gpt import LlamaGenTransformer, rope_table_2d
 from mmspec.models.llamagen.vq import LlamaGenVQModel
@@ -74,6 +75,45 @@ def test_adapter_cfg_rows_match_separate_conditional_and_unconditional_passes(mo
     assert torch.allclose(torch.cat([first.cond, rest.cond], 1), cond, atol=1e-5, rtol=0)
     assert torch.allclose(torch.cat([first.uncond, rest.uncond], 1), uncond, atol=1e-5, rtol=0)
     assert not torch.allclose(cond, uncond, atol=1e-2)
+
+
+def test_per_row_trees_grown_over_two_calls_attend_along_each_path():
+    """Per-row trees (CFG) appended in two forward_tree calls, the second attending to the first's nodes, give each
+    node the logits of its path fed as a chain; keep_path and a rollback then leave exactly the kept path."""
+    g = torch.Generator().manual_seed(2)
+    model = tiny_transformer("c2i", dtype=torch.float32)
+    adapter = LlamaGenAdapter(model, tiny_vq(dtype=torch.float32))
+    labels = torch.tensor([1, 4])
+    prefix = torch.randint(0, 24, (2, 3), generator=g)
+    parent = torch.tensor([[-1, -1, 0, 0, 2, 1], [-1, 0, 1, 1, 0, 3]])  # node -> parent node, -1 = the root
+    tree = DraftTree(torch.randint(0, 24, (2, 6), generator=g), parent, torch.tensor([6, 6]), None, "deterministic")
+    layout = tree.layout()
+    window = torch.cat([prefix[:, -1:], tree.tokens], 1)  # slot 0, the root, is the prefix's last token
+
+    def chain(row, tokens):  # logits [2 (cond, uncond), V] after prefix[row, :-1] + tokens, fed as one chain
+        state, _ = adapter.prefill(LlamaGenCondition(labels[row : row + 1]), cfg=True, max_window=8)
+        logits = adapter.forward(torch.cat([prefix[row, :-1], tokens])[None], state)
+        return torch.stack([logits.cond[0, -1], logits.uncond[0, -1]])
+
+    with torch.no_grad():
+        state, _ = adapter.prefill(LlamaGenCondition(labels), cfg=True, max_window=8)
+        adapter.forward(prefix[:, :-1], state)
+        first = adapter.forward_tree(window[:, :4], layout.depth[:, :4], layout.ancestors[:, :4, :4], state)
+        second = adapter.forward_tree(window[:, 4:], layout.depth[:, 4:], layout.ancestors[:, 4:], state)
+        cond, uncond = (torch.cat([a, b], 1) for a, b in ((first.cond, second.cond), (first.uncond, second.uncond)))
+        for row in range(2):
+            for slot in range(7):
+                path = layout.ancestors[row, slot].nonzero().flatten()  # slots in topological order = by depth
+                expected = chain(row, window[row, path])
+                assert torch.allclose(torch.stack([cond[row, slot], uncond[row, slot]]), expected, atol=1e-5)
+        path = torch.tensor([[1, 3, 5], [1, 2, -1]])  # the kept path's slots by level, -1 past it
+        adapter.keep_path(state, path)
+        adapter.rollback(state, torch.tensor([6, 5]))  # prefix, root, then the path
+        nxt = torch.randint(0, 24, (2, 1), generator=g)
+        after = adapter.forward(nxt, state)
+        for row, kept in enumerate(([1, 3, 5], [1, 2])):
+            expected = chain(row, torch.cat([window[row, [0, *kept]], nxt[row]]))
+            assert torch.allclose(torch.stack([after.cond[row, -1], after.uncond[row, -1]]), expected, atol=1e-5)
 
 
 # ---- official checkpoints -----------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.image.frontier import FrontierTree
 from mmspec.image.protocol import ImageLogits
 from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer
 from mmspec.models.llamagen.graphs import WindowGraphs
@@ -29,7 +28,7 @@ class LlamaGenState:
     cache: KVCache
     batch_size: int
     cfg: bool
-    tree_start: torch.Tensor | None = None  # [R] fill levels before the last `forward_tree`, for `keep_path`
+    tree_start: torch.Tensor | None = None  # [R] the first slot of the last `forward_tree`'s tree, for `keep_path`
     cached: torch.Tensor | None = None  # [R, S] bool, slots a segment input may read (`forward_segments`)
     segment_slots: torch.Tensor | None = None  # [R, T] the slots of the last `forward_segments`'s inputs
 
@@ -84,13 +83,18 @@ class LlamaGenAdapter:
             logits = self.graphs(rows)
         return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
 
-    def forward_tree(self, tokens: torch.Tensor, tree: FrontierTree, state: LlamaGenState) -> ImageLogits:
-        """Append a frontier tree's nodes [B, T] (tree attention; `mmspec.image.frontier`); logits [B, T, V]."""
-        if tokens.ndim != 2 or tokens.shape != (state.batch_size, tree.size):
-            raise ValueError(f"tokens must have shape [{state.batch_size}, {tree.size}], got {tuple(tokens.shape)}")
-        state.tree_start = state.cache.lengths.clone()
+    def forward_tree(self, tokens: torch.Tensor, offset: torch.Tensor, visible: torch.Tensor,
+                     state: LlamaGenState) -> ImageLogits:
+        """Append tree nodes [B, T] after the tree's P earlier nodes (tree attention; the protocol's `forward_tree`):
+        offset [T] or [B, T], visible [T, P + T] or [B, T, P + T]; logits [B, T, V]."""
+        B, T = state.batch_size, visible.shape[-2]
+        if tokens.shape != (B, T):
+            raise ValueError(f"tokens must have shape [{B}, {T}], got {tuple(tokens.shape)}")
+        offset = state.rows(offset) if offset.ndim == 2 else offset
+        visible = state.rows(visible) if visible.ndim == 3 else visible
+        state.tree_start = state.cache.lengths - (visible.shape[-1] - T)
         logits = self.transformer.forward_window(self.transformer.tok_embeddings(state.rows(tokens)), state.cache,
-                                                 (tree.level, tree.ancestors))
+                                                 (offset, visible))
         return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
 
     def keep_path(self, state: LlamaGenState, path: torch.Tensor) -> None:

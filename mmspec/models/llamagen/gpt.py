@@ -358,8 +358,11 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
 
         x: [R, W, dim] (condition embeddings or `tok_embeddings(tokens)`); cache: R rows. Returns logits [R, W, V]
         float32; row r's window occupies slots lengths[r] .. lengths[r] + W - 1, after which lengths[r] += W.
-        tree: (level [W] long, ancestors [W, W] bool) for a window of tree nodes: node t sits at position
-        lengths[r] + level[t] and sees the cached prefix and its ancestors only (tree attention); None = a chain.
+        tree: (offset, visible) for a window of tree nodes appended after P nodes of the same tree (those of the
+        previous calls since the tree began, P >= 0): offset [W] or [R, W] long, node t sits at position
+        start[r] + offset[t] where start = lengths - P is the tree's first slot; visible [W, P + W] or [R, W, P + W]
+        bool, the tree's nodes (earlier calls' first) that node t sees besides the cached prefix before the tree
+        (its ancestors and itself: tree attention); None = a chain.
         """
         W = x.shape[1]
         check_window_fits(cache, W)
@@ -374,7 +377,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         W = x.shape[1]
         slots = cache.lengths[:, None] + torch.arange(W, device=x.device)  # [R, W]
         mask = self._mask(slots, cache.key_valid, cache.capacity, None if tree is None else tree[1])
-        positions = slots if tree is None else cache.lengths[:, None] + tree[0]
+        positions = slots if tree is None else cache.lengths[:, None] - (tree[1].shape[-1] - W) + tree[0]
         h = self._blocks(x, slots, mask, cache, positions)
         cache.lengths += W
         return self.output(self.norm(h)).float()
@@ -404,17 +407,19 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         return self.output(self.norm(h)).float()
 
     def _mask(self, slots: torch.Tensor, key_valid: torch.Tensor, capacity: int | None = None,
-              ancestors: torch.Tensor | None = None) -> torch.Tensor:
+              visible: torch.Tensor | None = None) -> torch.Tensor:
         """[R, 1, W, S] bool: a query at slot s sees valid keys at slots <= s, and always itself (so that a padded
-        condition slot, which sees nothing else, still has a finite output). With `ancestors` [W, W] the window's
-        own keys are seen only along each query's ancestry."""
+        condition slot, which sees nothing else, still has a finite output). With `visible` ([W, P + W] or
+        [R, W, P + W], `forward_window`'s tree) the keys of the tree's P + W slots that end with the window are seen
+        only where visible says."""
         keys = torch.arange(capacity or slots.shape[1], device=slots.device)
         causal = keys[None, None, :] <= slots[:, :, None]  # [R, W, S]
-        if ancestors is not None:
-            W = slots.shape[1]
-            offset = keys[None, :] - slots[:, :1]  # [R, S], a key's node index in the window
-            in_window = (offset >= 0) & (offset < W)
-            causal = torch.where(in_window[:, None, :], ancestors[:, offset.clamp(0, W - 1)].transpose(0, 1), causal)
+        if visible is not None:
+            (R, W), span = slots.shape, visible.shape[-1]
+            node = keys[None, :] - (slots[:, :1] + W - span)  # [R, S], a key's node index in the tree
+            in_tree = (node >= 0) & (node < span)
+            seen = visible.expand(R, W, span).gather(2, node.clamp(0, span - 1)[:, None, :].expand(R, W, -1))
+            causal = torch.where(in_tree[:, None, :], seen, causal)
         return ((causal & key_valid[:, None, :]) | (keys[None, None, :] == slots[:, :, None]))[:, None]
 
     def _blocks(self, x: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, cache: KVCache | None,
