@@ -162,11 +162,15 @@ def check_generate(args) -> None:
     check_number(args, "--lantern-delta", 0, 1)
     sjd = args.decoding in ("sjd", "auto") and args.draft_length is None
     pjd = args.decoding in ("pjd", "auto") and args.draft_length is None and args.tree_width is None
+    draft = args.decoding == "draft" or (args.decoding == "auto" and args.draft_length is not None)
     check_only_with(args, ("--window", "--init", "--coupling"), sjd or pjd, "--decoding sjd, pjd (or auto)")
-    check_only_with(args, ("--tree-width",), sjd and args.rows is None and args.lag is None, "--decoding sjd (or auto)")
+    check_only_with(args, ("--tree-width",), (sjd or draft) and args.rows is None and args.lag is None,
+                    "--decoding sjd, draft (or auto)")
     check_only_with(args, ("--rows", "--lag"), pjd, "--decoding pjd (or auto)")
     if pjd and args.init == "lookahead" and (args.decoding == "pjd" or args.rows or args.lag):
         raise UsageError("--init lookahead is SJD's only; pjd takes random, horizontal or vertical")
+    if draft and args.tree_depth is not None:
+        raise UsageError("--tree-depth applies to --decoding sjd only; a draft model's tree is --draft-length deep")
     check_only_with(args, ("--tree-depth",), (args.tree_width or 1) > 1, "--tree-width > 1")
     check_only_with(args, ("--tree-width",), args.acceptance in (None, "exact"), "--acceptance exact")
     if args.tree_depth is not None and args.tree_depth >= (args.window or 16):
@@ -430,12 +434,14 @@ def build_parser() -> Parser:
                        help="sjd / pjd: redraft coupling (default: best)")
     image.add_argument("--tree-width", type=int, default=None,
                        help="sjd: candidates per position of a frontier tree (SJD-PAC's proactive drafting, exact; "
-                            "default 1: none)")
+                            "default 1: none); draft: children per node of the draft model's tree, --draft-length "
+                            "deep (exact; default 1: a chain)")
     image.add_argument("--tree-depth", type=int, default=None, help="sjd: draft positions with a tree (default 2)")
     image.add_argument("--rows", type=int, default=None, help="pjd: grid rows decoding at once (default 4)")
     image.add_argument("--lag", type=int, default=None,
                        help="pjd: columns a row stays behind the row above's committed frontier (default 1)")
-    image.add_argument("--draft-length", type=int, default=None, help="draft: tokens drafted per target forward")
+    image.add_argument("--draft-length", type=int, default=None,
+                       help="draft: tokens drafted per target forward (the tree's depth with --tree-width > 1)")
     image.add_argument("--acceptance", choices=acceptances("image"), default=None,
                        help="sjd / draft: 'exact' (default, lossless) or 'lantern' (relaxed over codebook neighbours, "
                             "lossy: prints its realised distortion)")

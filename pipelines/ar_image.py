@@ -242,9 +242,10 @@ class ARImagePipeline(MMSpecPipeline):
                 pipeline's `decoding` (itself `"auto"` unless set or saved otherwise). A component —
                 `mmspec.image.SJD(window=16, init="horizontal", coupling="maximal", acceptance=Exact())` (speculative
                 Jacobi decoding, lossless: the same output law as `AR()` in fewer target forwards),
-                `DraftModel(draft_length=4)` (a draft model drafts, the target verifies; pipelines with a
-                `draft_transformer`), `PJD(window=4, rows=4, lag=1)` (parallel Jacobi decoding over image rows:
-                faster, lossy unless `rows=1`; `stats.law` says which), `AR()` (one token per target forward) — or
+                `DraftModel(draft_length=4, tree_width=1)` (a draft model drafts a chain, or a tree with
+                `tree_width` > 1, the target verifies; pipelines with a `draft_transformer`), `PJD(window=4, rows=4,
+                lag=1)` (parallel Jacobi decoding over image rows: faster, lossy unless `rows=1`; `stats.law` says
+                which), `AR()` (one token per target forward) — or
                 its name with its settings as keyword arguments below (`decoding="sjd", window=32`). `"auto"` is the
                 fastest exact decoding for this model, device and batch size: SJD at the window (or with the frontier
                 tree) a measured cost curve favours, or plain AR when none pays (`mmspec.image.policy`;
@@ -256,13 +257,16 @@ class ARImagePipeline(MMSpecPipeline):
                 `"random"`, `"horizontal"`, `"vertical"` or (SJD only) `"lookahead"`.
             coupling (`str`, *optional*): `"sjd"` / `"pjd"`: how drafts are redrafted between iterations, `"none"`
                 (original SJD), `"maximal"` (MC-SJD, = SJD-PAC's adaptive continuation) or `"gumbel"`.
-            tree_width (`int`, *optional*), tree_depth (`int`, *optional*): `"sjd"` only: a frontier tree (SJD-PAC's
+            tree_width (`int`, *optional*), tree_depth (`int`, *optional*): `"sjd"`: a frontier tree (SJD-PAC's
                 proactive drafting, exact): `tree_width` candidates at each of the window's first `tree_depth` draft
-                positions (default 1: no tree; depth 2).
+                positions (default 1: no tree; depth 2). `"draft"`: `tree_width` children per node of the draft
+                model's tree, `draft_length` levels deep, all scored in one target forward (exact; default 1: a
+                chain).
             rows (`int`, *optional*), lag (`int`, *optional*): `"pjd"` only (parallel Jacobi decoding, lossy unless
                 rows is 1): grid rows decoding at once, each in its own window of `window` positions (default 4),
                 and the columns a row stays behind the committed frontier of the row above (default 1).
-            draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward.
+            draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward (the tree's depth
+                with `tree_width` > 1).
             acceptance (`Acceptance` or `str`, *optional*): `"sjd"` / `"draft"`: `Exact()` (default, lossless) or
                 `Lantern(k=, delta=, lam=)` (LANTERN relaxed acceptance over codebook neighbours: faster, lossy;
                 `stats.excess_acceptance` reports the realised distortion, the per-position TV distance of the output

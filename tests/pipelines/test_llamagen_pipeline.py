@@ -197,6 +197,21 @@ def test_draft_decoding_uses_the_draft_transformer_and_survives_save_load(pipe, 
         pipe(PROMPTS, decoding="draft")
 
 
+def test_draft_trees_through_the_pipeline(pipe, tmp_path):
+    """decoding="draft" with tree_width > 1: greedy output is AR's; a pipeline saved with a tree decoding keeps it."""
+    from mmspec import DraftModel
+
+    drafted = with_draft(pipe)
+    ar = pipe(PROMPTS, temperature=0, output_type="latent", decoding="ar").images
+    tree = drafted(PROMPTS, temperature=0, output_type="latent", decoding="draft", draft_length=2, tree_width=2)
+    assert torch.equal(tree.images, ar) and tree.stats.method == repr(DraftModel(2, tree_width=2))
+    drafted.decoding = DraftModel(3, tree_width=2)
+    drafted.save_pretrained(tmp_path)
+    assert LlamaGenPipeline.from_pretrained(tmp_path, dtype=torch.float64).decoding == DraftModel(3, tree_width=2)
+    with pytest.raises(ValueError, match="acceptance must be Exact"):
+        drafted(PROMPTS, decoding="draft", tree_width=2, acceptance="lantern")
+
+
 @pytest.mark.parametrize("decoding", ["sjd", "draft"])
 def test_lantern_acceptance_reports_its_distortion(pipe, decoding):
     drafted = with_draft(pipe)
