@@ -56,17 +56,17 @@ class DraftModel(DecodingComponent):
     """Speculative decoding with a draft image model, batched, with per-row acceptance.
 
     draft_length: G, tokens drafted per round along a chain, or the depth of a tree (the target scores G + 1
-    positions of a chain per forward). tree_width: K, children per tree node; 1 = chains, K > 1 = the drafter's full
-    tree (K + K^2 + ... + K^G nodes, scored in one target forward; exact acceptance only). acceptance: `Exact()`
-    (lossless) or `Lantern(k, delta, lam)` (relaxed, lossy; chains only), or its name. drafter: the draft model's
+    positions of a chain per forward). acceptance: `Exact()` (lossless) or `Lantern(k, delta, lam)` (relaxed, lossy;
+    chains only), or its name. tree_width: K, children per tree node; 1 = chains, K > 1 = the drafter's full tree
+    (K + K^2 + ... + K^G nodes, scored in one target forward; exact acceptance only). drafter: the draft model's
     adapter (same grid and image vocabulary as the target); pipelines supply their own, so it is not saved.
     """
 
     name: ClassVar[str] = "draft"
     modality: ClassVar[str] = "image"
     draft_length: int = 4
-    tree_width: int = 1
     acceptance: Acceptance = Exact()
+    tree_width: int = 1
     drafter: DiscreteImageModel | None = field(default=None, repr=False, compare=False, metadata=RUNTIME)
 
     def __post_init__(self):
@@ -82,13 +82,17 @@ class DraftModel(DecodingComponent):
         """The drafter's tree shape, or None for chains."""
         return None if self.tree_width == 1 else TreeShape.full(self.draft_length, self.tree_width)
 
+    @property
+    def forward_width(self) -> int:
+        """Tokens one target forward scores per row: the last committed token and the chain's or tree's drafts."""
+        return 1 + (self.draft_length if self.tree is None else self.tree.nodes)
+
     @torch.no_grad()
     def __call__(
         self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
     ):
         drafter = self._check_drafter(model)
-        tree = self.tree
-        W = self.draft_length + 1 if tree is None else tree.nodes + 1  # the target's window: last token + drafts
+        tree, W = self.tree, self.forward_width
         relaxation = relaxation_for(self.acceptance, model, image_span(model)[1], sampling)  # checked before prefill
         opening = open_decoding(model, condition, sampling, generator, stats, max_window=W)
         with opening.timer("draft"):

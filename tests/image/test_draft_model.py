@@ -139,7 +139,7 @@ def test_greedy_draft_decoding_equals_greedy_ar(draft_length, tree_width):
     sampling = SamplingConfig(temperature=0, guidance_scale=2.0)
     target = llamagen(0)
     ar, _ = decode(AR(), target, 3, sampling, None)
-    spec, stats = decode(DraftModel(draft_length, tree_width, drafter=llamagen(1)), target, 3, sampling, None)
+    spec, stats = decode(DraftModel(draft_length, tree_width=tree_width, drafter=llamagen(1)), target, 3, sampling, None)
     assert torch.equal(ar, spec)
     assert stats.target_forwards < 1 + target.num_image_tokens or stats.accepted == 0
 
@@ -147,7 +147,7 @@ def test_greedy_draft_decoding_equals_greedy_ar(draft_length, tree_width):
 @pytest.mark.parametrize("tree_width", [1, 2])
 def test_rows_do_not_depend_on_the_rest_of_the_batch(tree_width):
     sampling = SamplingConfig(temperature=1.0, guidance_scale=2.0)
-    target, decoding = llamagen(0), DraftModel(3, tree_width, drafter=llamagen(1))
+    target, decoding = llamagen(0), DraftModel(3, tree_width=tree_width, drafter=llamagen(1))
     seeds = [5, 6, 7]
     together, _ = decode(decoding, target, 3, sampling, [torch.Generator().manual_seed(s) for s in seeds])
     alone, _ = decode(decoding, target, 1, sampling, [torch.Generator().manual_seed(seeds[0])])
