@@ -1,7 +1,7 @@
 """Image decoding benchmark on the embedded text-to-image model (mmspec/zoo/shapes), in one process.
 
     python -m mmspec.eval.bench_image          # full: 32 held-out prompts, batch 1 and 8, 2 repeats
-    python -m mmspec.eval.bench_image --quick  # about 1 minute: 8 prompts, 1 repeat
+    python -m mmspec.eval.bench_image --quick  # about 3 minutes on 2 CPU cores: 8 prompts, 1 repeat
     python -m mmspec.eval.bench_image --json eval/results/bench_image.json
     python -m mmspec.eval.bench_image --sweep  # windows x inits per coupling at batch 1 (how BEST was chosen)
     python -m mmspec.eval.bench_image --default-policy --json eval/results/bench_default_policy.json
@@ -16,11 +16,11 @@ acceptance prior of the policy (a count of forwards, not a timing: it does not d
 Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
 cache, SJD as published (window 16, random init, independent redrafts), our exact modes with their best settings
-(`BEST`, chosen by `--sweep`) and PJD (lossy, never counted as the best exact method). Columns: target forwards per
-image, step compression (image tokens per target forward a row took part in, the prefill included), median latency
-of a call, speedup of the median latency against AR at
-the same batch size, and the share of decoding time spent outside the target forward (drafting, verification,
-bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU
+(`BEST`, chosen by `--sweep`), the draft GPT's chains and tree (`DRAFT`; exact, counted apart: the summary gives the
+tree's step compression over the best chain's) and PJD (lossy, never counted as the best exact method). Columns:
+target forwards per image, step compression (image tokens per target forward a row took part in, the prefill
+included), median latency of a call, speedup of the median latency against AR at the same batch size, and the share
+of decoding time spent outside the target forward (drafting, verification, bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU
 the window forward is compute-bound, which is what caps wall-clock speedup below step compression.
 """
 
@@ -58,8 +58,13 @@ BEST = {  # the best wall-clock settings of each coupling in `--sweep` on this m
     "sjd_tree_wide": {"decoding": "sjd", "window": 64, "init": "vertical", "coupling": "maximal", "tree_width": 8,
                       "tree_depth": 2},
 }
+DRAFT = {  # the draft GPT: its best wall-clock chain (1 token), a chain of 3, and the binary tree 3 levels deep
+    "draft": {"decoding": "draft", "draft_length": 1},
+    "draft_L3": {"decoding": "draft", "draft_length": 3},
+    "draft_tree": {"decoding": "draft", "draft_length": 3, "tree_width": 2},
+}
 PJD = {"decoding": "pjd"}  # parallel Jacobi decoding over image rows, its defaults: lossy, reported apart
-METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST, "pjd": PJD}
+METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST, **DRAFT, "pjd": PJD}
 SWEEP_WINDOWS = (8, 12, 16, 24, 32)
 POLICY_BATCH_SIZES = (1, 2, 4, 8)
 POLICY_WINDOWS = (2, 4, 8, 16, 32)  # the fixed windows the default is compared with
@@ -104,8 +109,8 @@ def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int,
 
 def tokens_per_forward(options: dict) -> int:
     """The tokens one target forward of a method scores per row (a frontier tree's nodes, PJD's row windows and
-    its slot for a closing token; 1 for AR)."""
-    return get_decoding(**options).forward_width if options["decoding"] in ("sjd", "pjd") else 1
+    its slot for a closing token, the draft path's chain or tree; 1 for AR)."""
+    return getattr(get_decoding(**options), "forward_width", 1)
 
 
 def window_forward_cost(pipe, batch_size: int, windows=COST_WINDOWS, repeats: int = 20) -> dict[int, float]:
@@ -163,6 +168,9 @@ def summary(rows: list[Row], costs: dict[int, dict[int, float]]) -> dict:
         "speedup_bound_bs1": {r.method: round(r.step_compression / costs[1][tokens_per_forward(METHODS[r.method])], 3)
                               for r in ours if r.batch_size == 1},
     }
+    if ("draft_tree", 1) in at:
+        chains = max(at[(name, 1)].step_compression for name in DRAFT if name != "draft_tree")
+        result["draft_tree_over_chain_step_compression_bs1"] = round(at[("draft_tree", 1)].step_compression / chains, 3)
     if ("pjd", 1) in at:  # lossy: never the best exact method
         result["pjd_step_compression_bs1"] = round(at[("pjd", 1)].step_compression, 3)
         result["pjd_speedup_vs_ar_bs1"] = round(at[("pjd", 1)].speedup_vs_ar, 3)
