@@ -1,5 +1,7 @@
 """Multi-draft verification at one position: K candidate tokens, one output token with the target law p.
 
+- SpecInfer (Miao et al. 2024, arXiv 2305.09781): i.i.d. candidates; accept x_i with probability
+  min(1, p_i(x_i)/q(x_i)), else p_{i+1} = norm(max(p_i - q, 0)); if all K are rejected, sample p_{K+1}.
 - RSD (Jeon et al. 2024, arXiv 2402.14160): candidates drawn from q *without replacement* (Gumbel-top-k); recursive
   rejection: accept x_i with probability min(1, p_i(x_i)/q_i(x_i)), else p_{i+1} = norm(max(p_i - q_i, 0)) and
   q_{i+1} = q_i without x_i, renormalised; if all K are rejected, sample p_{K+1}.
@@ -62,26 +64,30 @@ def sample_iid(q: torch.Tensor, k: int, generator: Generators) -> torch.Tensor:
     return torch.stack([sample(q, generator) for _ in range(k)], dim=1)
 
 
-def rsd_plan(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor,
-             valid: torch.Tensor | None = None) -> MultiDraftPlan:
-    """Recursive rejection for candidates drawn without replacement from q. valid: [B, K] bool, a prefix of each row
-    (None = all): an invalid candidate is never accepted and leaves the laws as they are, so a row with K' valid
-    candidates gets the plan of K' candidates."""
+def recursive_plan(p: torch.Tensor, q: torch.Tensor | None, candidates: torch.Tensor, valid: torch.Tensor | None,
+                   without_replacement: bool) -> MultiDraftPlan:
+    """Multi-round rejection over K candidates: SpecInfer's for iid candidates (or deterministic ones: q None, each
+    candidate's law its own one-hot), RSD's for candidates drawn without replacement, where q also loses each
+    rejected candidate. valid: [B, K] bool, a prefix of each row (None = all): an invalid candidate is never
+    accepted and leaves the laws as they are, so a row with K' valid candidates gets the plan of K' candidates."""
     p_i, q_i = p, q
     accept = []
     for i in range(candidates.shape[1]):  # over the K candidates (K is small), vectorised over rows
         x = candidates[:, i : i + 1]
-        accept_i = accept_probability(p_i.gather(1, x), q_i.gather(1, x)).squeeze(1)
-        q_next = q_i.scatter(1, x, 0.0)
-        q_next = q_next / q_next.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
-        p_next = residual_law(p_i, q_i)
-        if valid is not None:
-            accept_i = torch.where(valid[:, i], accept_i, 0)
-            p_next = torch.where(valid[:, i : i + 1], p_next, p_i)
-            q_next = torch.where(valid[:, i : i + 1], q_next, q_i)
-        accept.append(accept_i)
-        p_i, q_i = p_next, q_next
-    return MultiDraftPlan(accept_prob=torch.stack(accept, 1), residual=p_i)
+        live = torch.ones_like(x, dtype=torch.bool) if valid is None else valid[:, i : i + 1]
+        q_now = torch.zeros_like(p).scatter_(1, x, 1.0) if q is None else q_i
+        accept.append(torch.where(live, accept_probability(p_i.gather(1, x), q_now.gather(1, x)), 0).squeeze(1))
+        p_i = torch.where(live, residual_law(p_i, q_now), p_i)
+        if without_replacement:
+            q_next = q_i.scatter(1, x, 0.0)
+            q_i = torch.where(live, q_next / q_next.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny), q_i)
+    return MultiDraftPlan(accept_prob=torch.stack(accept, 1) if accept else p.new_zeros(p.shape[0], 0), residual=p_i)
+
+
+def rsd_plan(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor,
+             valid: torch.Tensor | None = None) -> MultiDraftPlan:
+    """RSD: recursive rejection for candidates drawn without replacement from q (`recursive_plan`)."""
+    return recursive_plan(p, q, candidates, valid, without_replacement=True)
 
 
 def spectr_beta(p: torch.Tensor, q: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:

@@ -151,7 +151,8 @@ def _pack(tokens, parent, keep, laws, expanded, scheme) -> DraftTree:
             q.scatter_(1, slots[..., None].expand(-1, -1, V), torch.cat(laws[1:], 1))
     width = int(n_nodes.max())
     q = None if q is None else q[:, : width + 1]
-    return DraftTree(tokens.gather(1, order)[:, :width], parent[:, :width], n_nodes, q, scheme)
+    real = torch.arange(width, device=tokens.device) < n_nodes[:, None]
+    return DraftTree(tokens.gather(1, order)[:, :width], parent[:, :width], real, q, scheme)
 
 
 def shape_for(shape: TreeShape, sampling: SamplingConfig) -> TreeShape:

@@ -12,11 +12,16 @@ node is a leaf) one token is drawn from the rule's final residual (the target la
 
 - SpecInfer (Miao et al. 2024, arXiv 2305.09781): p' = p; child j accepted with min(1, p'(c_j)/q(c_j)), else
   p' = norm(max(p' - q, 0)); deterministic children are the same rule with q = one-hot(c_j).
-- RSD (Jeon et al. 2024, arXiv 2402.14160): as SpecInfer, but after rejecting c_j also q = q without c_j, renormalised.
+- RSD (Jeon et al. 2024, arXiv 2402.14160): as SpecInfer, but after rejecting c_j also q = q without c_j, renormalised
+  (both: `mmspec.core.multidraft.recursive_plan`).
 - SpecTr K-SEQ (Sun et al. 2023, arXiv 2310.15141), `mmspec.core.multidraft.spectr_plan`.
 - Khisti et al. 2025 (arXiv 2410.18234), two-stage: select one of the K = 2 drafts by importance weights w = p/q
   (c_1 with w(c_1) / (w(c_1) + w(c_2))); its law is r = 2 q (M q), M[y, z] = w(y) / (w(y) + w(z)); then single-draft
   speculative sampling of the selected token against p with r.
+
+`walk_tree` walks with uniforms the caller gives and may stop after a number of levels (SJD's frontier tree hands a
+row still on its main chain back to SJD's chain test); `verify_tree` draws them, walks to the leaves and draws the
+closing token.
 
 Why a walk is exact: each rule emits a token of law p_u at node u whatever the number of children, provided that
 number does not depend on the children's own draws; given the accepted child c, c's children are a fresh draw from
@@ -35,7 +40,7 @@ from itertools import combinations, permutations
 
 import torch
 
-from mmspec.core.multidraft import MultiDraftPlan, spectr_plan
+from mmspec.core.multidraft import MultiDraftPlan, recursive_plan, spectr_plan
 from mmspec.core.rng import Generators, sample, uniform
 from mmspec.core.trees import DraftTree, TreeLayout
 from mmspec.core.verify import accept_probability, residual_law
@@ -57,29 +62,6 @@ def check_rule(scheme: str, rule: str | None) -> str:
         raise ValueError(f"tree rule {rule!r} is not exact for {scheme!r} children; {scheme!r} takes "
                          f"{TREE_RULES[scheme]}" + (f" ({rule!r} is for {exact_for[0]!r})" if exact_for else ""))
     return rule
-
-
-def recursive_plan(p: torch.Tensor, q: torch.Tensor | None, candidates: torch.Tensor, valid: torch.Tensor,
-                   without_replacement: bool) -> MultiDraftPlan:
-    """SpecInfer (iid, or deterministic with q None) and RSD (without_replacement) over K candidates per row.
-
-    p, q: [R, V]; candidates, valid: [R, K] (valid: a prefix of each row). Invalid candidates are never accepted and
-    leave the laws as they are, so a row with K' valid candidates gets the plan of K' candidates."""
-    p_i, q_i = p, q
-    accept = []
-    for i in range(candidates.shape[1]):  # over the K siblings (K is small), vectorised over rows
-        x = candidates[:, i : i + 1]
-        q_now = torch.zeros_like(p).scatter_(1, x, 1.0) if q is None else q_i
-        accept_i = accept_probability(p_i.gather(1, x), q_now.gather(1, x)).squeeze(1)
-        p_next = residual_law(p_i, q_now)
-        live = valid[:, i]
-        accept.append(torch.where(live, accept_i, 0))
-        p_i = torch.where(live[:, None], p_next, p_i)
-        if without_replacement:
-            q_next = q_i.scatter(1, x, 0.0)
-            q_next = q_next / q_next.sum(-1, keepdim=True).clamp(min=torch.finfo(q.dtype).tiny)
-            q_i = torch.where(live[:, None], q_next, q_i)
-    return MultiDraftPlan(accept_prob=torch.stack(accept, 1) if accept else p.new_zeros(p.shape[0], 0), residual=p_i)
 
 
 def khisti_selection_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -120,32 +102,98 @@ def khisti_plan(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, vali
     return MultiDraftPlan(accept_prob=torch.stack([first, second], 1), residual=residual)
 
 
-def node_plans(p: torch.Tensor, tree: DraftTree, layout: TreeLayout, rule: str) -> MultiDraftPlan:
-    """Every slot's plan over its children at once: accept_prob [B, N + 1, K], residual [B, N + 1, V] (a leaf's
-    residual is its target law). p: [B, N + 1, V], the target law after each slot."""
+def node_plans(p: torch.Tensor, tree: DraftTree, layout: TreeLayout, rule: str,
+               slots: torch.Tensor | None = None) -> MultiDraftPlan:
+    """The rule's plans at `slots` [B, F] (None: every slot, F = N + 1) over their children: accept_prob [B, F, K],
+    residual [B, F, V] (a leaf's residual is its target law). p: [B, N + 1, V], the target law after each slot."""
     B, S, V = p.shape
-    K = layout.children.shape[-1]
-    valid = (layout.children >= 0).view(B * S, K)
-    node = (layout.children - 1).clamp(min=0).view(B, S * K)
-    candidates = tree.tokens.gather(1, node).view(B * S, K) if tree.tokens.shape[1] else node.view(B * S, K)
-    p_flat = p.reshape(B * S, V)
-    q_flat = None if tree.q is None else tree.q.to(p.dtype).reshape(B * S, V)
+    if slots is None:
+        slots = torch.arange(S, device=p.device).expand(B, S)
+    F, K = slots.shape[1], layout.children.shape[-1]
+    children = layout.children.gather(1, slots[..., None].expand(B, F, K))  # [B, F, K]
+    valid = (children >= 0).view(B * F, K)
+    node = (children - 1).clamp(min=0).view(B, F * K)
+    candidates = tree.tokens.gather(1, node).view(B * F, K) if tree.tokens.shape[1] else node.view(B * F, K)
+    at = slots[..., None].expand(B, F, V)
+    p_at = p.gather(1, at).view(B * F, V)
+    q_at = None if tree.q is None else tree.q.gather(1, at).to(p.dtype).view(B * F, V)
     if rule == "spectr":
-        plan = spectr_plan(p_flat, q_flat, candidates, valid)
+        plan = spectr_plan(p_at, q_at, candidates, valid)
     elif rule == "khisti":
-        plan = khisti_plan(p_flat, q_flat, candidates, valid)
+        plan = khisti_plan(p_at, q_at, candidates, valid)
     else:
-        plan = recursive_plan(p_flat, q_flat, candidates, valid, without_replacement=rule == "rsd")
-    return MultiDraftPlan(plan.accept_prob.view(B, S, K), plan.residual.view(B, S, V))
+        plan = recursive_plan(p_at, q_at, candidates, valid, without_replacement=rule == "rsd")
+    return MultiDraftPlan(plan.accept_prob.view(B, F, K), plan.residual.view(B, F, V))
+
+
+@dataclass(frozen=True)
+class TreeWalk:
+    """path: [B, D] long, the accepted nodes' slots by depth, -1 past them. node: [B] long, the slot the walk stopped
+    at (the last accepted node, or the root). ended: [B] bool, the walk decided the row's closing token: the rule
+    rejected every child of `node`, or `node` is a leaf; False where the levels ran out at an inner node. law: [B, V],
+    the law of an ended row's closing token: the rule's final residual at `node`, its target law where it has no
+    children. bonus: [B] bool, law is that target law (no child was a candidate). node_acceptance: [B, D] float, at
+    each inner node the walk visited (root first), the rule's probability of accepting one of its children; NaN past
+    the walk and at leaves (the mean over visited nodes is the rule's realised acceptance rate)."""
+
+    path: torch.Tensor
+    node: torch.Tensor
+    ended: torch.Tensor
+    law: torch.Tensor
+    bonus: torch.Tensor
+    node_acceptance: torch.Tensor
+
+    @property
+    def n_accepted(self) -> torch.Tensor:
+        """[B] long, accepted nodes."""
+        return (self.path >= 0).sum(-1)
+
+
+def walk_tree(p: torch.Tensor, tree: DraftTree, u: torch.Tensor, layout: TreeLayout | None = None,
+              rule: str | None = None, levels: int | None = None) -> TreeWalk:
+    """Walk `tree` from the root with `rule` (default: the exact rule of its scheme, see TREE_RULES), testing the
+    children of the level-d node with the uniforms u[:, d] [B, >= levels, >= K]; pure tensor code (a loop over the
+    levels, each vectorised over rows; the plan is computed at the visited nodes only). p: [B, N + 1, V], the target
+    law after each slot. levels: how many levels to walk (None: to the leaves, one host sync for the depth); a walk
+    still accepting after them is not ended, and the caller goes on from `node` (SJD's chain past its frontier
+    tree, `mmspec.image.frontier`)."""
+    rule = check_rule(tree.scheme, rule)
+    layout = layout or tree.layout()
+    B, S = p.shape[:2]
+    K = layout.children.shape[-1]
+    D = int(layout.depth.max()) if levels is None else levels  # host sync (levels None): the deepest path
+    rows = torch.arange(B, device=p.device)
+    current = torch.zeros(B, dtype=torch.long, device=p.device)
+    walking = torch.ones(B, dtype=torch.bool, device=p.device)
+    bonus = torch.zeros_like(walking)
+    law = p[:, 0]
+    path = torch.full((B, D), -1, dtype=torch.long, device=p.device)
+    has_children = layout.children[..., 0] >= 0 if K else torch.zeros(B, S, dtype=torch.bool, device=p.device)
+    node_acceptance = torch.full((B, D), torch.nan, dtype=p.dtype, device=p.device)
+    for d in range(D):
+        plan = node_plans(p, tree, layout, rule, current[:, None])
+        accept, kids = plan.accept_prob[:, 0], layout.children[rows, current]  # [B, K]
+        here = has_children[rows, current]
+        node_acceptance[:, d] = torch.where(walking & here, 1 - (1 - accept).prod(-1), torch.nan)
+        hit = (u[:, d, :K] < accept) & (kids >= 0)
+        stop = walking & ~hit.any(-1)
+        law = torch.where(stop[:, None], plan.residual[:, 0], law)
+        bonus |= stop & ~here
+        walking &= ~stop
+        chosen = kids.gather(1, hit.long().argmax(-1, keepdim=True)).squeeze(1)
+        current = torch.where(walking, chosen, current)
+        path[:, d] = torch.where(walking, current, -1)
+    at_leaf = walking & ~has_children[rows, current]  # reached at the last level walked: its target law closes
+    law = torch.where(at_leaf[:, None], p[rows, current], law)
+    return TreeWalk(path, current, ~walking | at_leaf, law, bonus | at_leaf, node_acceptance)
 
 
 @dataclass(frozen=True)
 class TreeVerifyResult:
     """n_accepted: [B] long, accepted nodes. path: [B, D] long, the accepted nodes' slots by depth, -1 past them.
-    next_token: [B] long, the residual or bonus token after the path. node_acceptance: [B, D] float, at each inner
-    node the walk visited (root first), the rule's probability of accepting one of its children; NaN past the walk
-    and at leaves (the mean over visited nodes is the rule's realised acceptance rate). node_alpha_star: [B, D]
-    float, alpha* at the same nodes (`alpha_star` for the node's children), when asked for; else None."""
+    next_token: [B] long, the residual or bonus token after the path. node_acceptance: [B, D] float, as in
+    `TreeWalk`. node_alpha_star: [B, D] float, alpha* at the same nodes (`alpha_star` for the node's children), when
+    asked for; else None."""
 
     n_accepted: torch.Tensor
     path: torch.Tensor
@@ -157,46 +205,31 @@ class TreeVerifyResult:
 def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: str | None = None,
                 layout: TreeLayout | None = None, ceiling: bool = False,
                 draws: tuple[int, int] | None = None) -> TreeVerifyResult:
-    """Walk `tree` with `rule` (default: the exact rule of its scheme, see TREE_RULES). p: [B, N + 1, V], the target
-    law after each slot. A loop over the tree's depth and its children, vectorised over rows; the random stream
-    does not depend on acceptance: a [B, depth, children] block of uniforms, then one for the closing token.
-    draws: (depth, children) bounds of every tree the caller draws (a drafter's shape), so that the block, and with
-    per-row generators a row's stream, does not depend on the other rows' trees; None: this batch's deepest and
-    widest. ceiling: also compute alpha* at every visited inner node (a sort of the vocabulary per node)."""
+    """Walk `tree` to its leaves (`walk_tree`) and draw the closing token. p: [B, N + 1, V], the target law after
+    each slot. The random stream does not depend on acceptance: a [B, depth, children] block of uniforms, then one
+    for the closing token. draws: (depth, children) bounds of every tree the caller draws (a drafter's shape), so
+    that the block, and with per-row generators a row's stream, does not depend on the other rows' trees; None:
+    this batch's deepest and widest. ceiling: also compute alpha* at every visited inner node (a sort of the
+    vocabulary per node)."""
     rule = check_rule(tree.scheme, rule)
     B, S = p.shape[:2]
     if S != tree.tokens.shape[1] + 1:
         raise ValueError(f"p must be [B, N + 1, V] for a tree of N = {tree.tokens.shape[1]} nodes, got "
                          f"{tuple(p.shape)}")
     layout = layout or tree.layout()
-    plan = node_plans(p, tree, layout, rule)
     K = layout.children.shape[-1]
     D = int(layout.depth.max())  # host sync: the deepest path
     if draws is not None and (D > draws[0] or K > draws[1]):
         raise ValueError(f"draws={draws} bounds the tree's (depth, children), but the tree has depth {D} and up to "
                          f"{K} children per node")
     u = uniform((B, *(draws or (D, K))), generator, p.device, p.dtype)
-    rows = torch.arange(B, device=p.device)
-    current = torch.zeros(B, dtype=torch.long, device=p.device)
-    walking = torch.ones(B, dtype=torch.bool, device=p.device)
-    path = torch.full((B, D), -1, dtype=torch.long, device=p.device)
-    has_children = layout.children[..., 0] >= 0 if K else torch.zeros(B, S, dtype=torch.bool, device=p.device)
-    reject_all = (1 - plan.accept_prob).prod(-1)  # [B, N + 1]
-    node_acceptance = torch.full((B, D), torch.nan, dtype=p.dtype, device=p.device)
-    visited = torch.full((B, D), -1, dtype=torch.long, device=p.device)  # inner nodes the walk visited
-    for d in range(D):
-        kids = layout.children[rows, current]  # [B, K]
-        hit = (u[:, d, :K] < plan.accept_prob[rows, current]) & (kids >= 0)
-        here = walking & has_children[rows, current]
-        node_acceptance[:, d] = torch.where(here, 1 - reject_all[rows, current], torch.nan)
-        visited[:, d] = torch.where(here, current, -1)
-        walking &= hit.any(-1)
-        chosen = kids.gather(1, hit.long().argmax(-1, keepdim=True)).squeeze(1)
-        current = torch.where(walking, chosen, current)
-        path[:, d] = torch.where(walking, current, -1)
-    next_token = sample(plan.residual[rows, current], generator)
-    star = node_ceiling(p, tree, layout, visited) if ceiling else None
-    return TreeVerifyResult((path >= 0).sum(-1), path, next_token, node_acceptance, star)
+    walk = walk_tree(p, tree, u, layout, rule, levels=D)
+    next_token = sample(walk.law, generator)
+    star = None
+    if ceiling:  # the inner nodes visited: the root, then each accepted node the walk tested the children of
+        at = torch.cat([torch.zeros_like(walk.path[:, :1]), walk.path[:, :-1]], 1)
+        star = node_ceiling(p, tree, layout, torch.where(walk.node_acceptance.isnan(), -1, at))
+    return TreeVerifyResult(walk.n_accepted, walk.path, next_token, walk.node_acceptance, star)
 
 
 def node_ceiling(p: torch.Tensor, tree: DraftTree, layout: TreeLayout, slots: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,10 @@ q[:, s] that slot s's children were drawn from.
          slot 3        slot 4        slot 5              3      0      2       first_child = children[..., 0]
                                                           4      1      2       next_sibling: slot 3 -> 4, 4 -> -1
 
+Trees of one batch share their node count N; a row's padding nodes (`real` False) are not drafts: a tree grown to
+a budget pads its end (ragged trees at batch > 1), and a fixed layout shared by every row (SJD's frontier tree,
+`mmspec.image.frontier`) marks the nodes a row could not draw.
+
 How children were drawn decides which verification rule is exact for them (`mmspec.core.tree_verify`):
 "iid" (K independent draws from q), "without_replacement" (an ordered sample without replacement from q,
 Gumbel-top-k) or "deterministic" (chosen as a function of the context, e.g. the draft's top-k; q is None).
@@ -35,14 +39,15 @@ class DraftTree:
     """Draft nodes per row, in topological order (a node's parent comes before it; siblings in the order drawn).
 
     tokens: [B, N] long. parent: [B, N] long, the parent's node index, -1 for a child of the root.
-    n_nodes: [B] long, real nodes per row: nodes >= n_nodes[b] are padding (ragged trees at batch > 1).
-    q: [B, N + 1, V] float, the law slot s's children were drawn from (rows of childless slots are never read), or
-       None for "deterministic" trees. scheme: how children were drawn, one of SCHEMES.
+    real: [B, N] bool, which nodes are drafts; the others are padding, never scored as candidates (a padding node's
+       descendants must be padding too). q: [B, N + 1, V] float, the law slot s's children were drawn from (rows of
+       childless slots are never read), or None for "deterministic" trees. scheme: how children were drawn, one of
+       SCHEMES.
     """
 
     tokens: torch.Tensor
     parent: torch.Tensor
-    n_nodes: torch.Tensor
+    real: torch.Tensor
     q: torch.Tensor | None
     scheme: str
 
@@ -51,8 +56,9 @@ class DraftTree:
             raise ValueError(f"DraftTree.tokens and .parent must both be [B, N], got {tuple(self.tokens.shape)} and "
                              f"{tuple(self.parent.shape)}")
         B, N = self.tokens.shape
-        if self.n_nodes.shape != (B,):
-            raise ValueError(f"DraftTree.n_nodes must have shape [{B}], got {tuple(self.n_nodes.shape)}")
+        if self.real.shape != (B, N) or self.real.dtype != torch.bool:
+            raise ValueError(f"DraftTree.real must be a bool tensor of shape [{B}, {N}], got {self.real.dtype} of "
+                             f"shape {tuple(self.real.shape)}")
         if self.scheme not in SCHEMES:
             raise ValueError(f"DraftTree.scheme must be one of {SCHEMES}, got {self.scheme!r}")
         if (self.q is None) != (self.scheme == "deterministic"):
@@ -65,9 +71,15 @@ class DraftTree:
     def from_chain(cls, draft: Draft) -> DraftTree:
         """A chain draft as a tree: node j's parent is node j - 1; the law of token j becomes slot j's children law."""
         B, L = draft.tokens.shape
-        parent = (torch.arange(L, device=draft.tokens.device) - 1).expand(B, L)
+        position = torch.arange(L, device=draft.tokens.device)
         q = None if draft.q is None else torch.cat([draft.q, torch.zeros_like(draft.q[:, :1])], 1)
-        return cls(draft.tokens, parent, draft.lengths, q, "deterministic" if draft.q is None else "iid")
+        return cls(draft.tokens, (position - 1).expand(B, L), position < draft.lengths[:, None], q,
+                   "deterministic" if draft.q is None else "iid")
+
+    @property
+    def n_nodes(self) -> torch.Tensor:
+        """[B] long, real nodes per row."""
+        return self.real.sum(-1)
 
     def layout(self) -> TreeLayout:
         return TreeLayout.of(self)
@@ -90,7 +102,7 @@ class TreeLayout:
     def of(cls, tree: DraftTree) -> TreeLayout:
         B, N = tree.tokens.shape
         device = tree.tokens.device
-        real = torch.arange(N, device=device) < tree.n_nodes[:, None]  # [B, N]
+        real = tree.real
         parent_slot = torch.where(real, tree.parent + 1, -1)
         ancestors = torch.eye(N + 1, dtype=torch.bool, device=device).repeat(B, 1, 1)
         ancestors[:, 1:].scatter_(2, parent_slot.clamp(min=0)[..., None], real[..., None])
@@ -105,6 +117,19 @@ class TreeLayout:
         column = torch.where(real, parent_slot * K + rank, (N + 1) * K)  # padding goes to a dropped column
         children.scatter_(1, column, torch.arange(1, N + 1, device=device).expand(B, N))
         return cls(depth, ancestors, children[:, :-1].view(B, N + 1, K))
+
+    def masked(self, real: torch.Tensor) -> TreeLayout:
+        """This layout (of a fixed tree, batch 1, every node real) for trees of the same structure whose real nodes
+        are `real` [B, N]: padding children leave the children table (a slot's real children first, in the order
+        drawn); depth and ancestors stay the fixed tree's, which are a real slot's in `of` too. No host sync, so one
+        layout serves every step of a decoding (SJD's frontier tree)."""
+        B = real.shape[0]
+        slots = torch.cat([torch.ones_like(real[:, :1]), real], 1)  # [B, N + 1], the root is real
+        children = self.children.expand(B, -1, -1)
+        kept = (children >= 0) & slots.gather(1, children.clamp(min=0).flatten(1)).view_as(children)
+        order = (~kept).long().argsort(dim=-1, stable=True)
+        return TreeLayout(self.depth.expand(B, -1), self.ancestors.expand(B, -1, -1),
+                          torch.where(kept, children, -1).gather(-1, order))
 
     @property
     def first_child(self) -> torch.Tensor:

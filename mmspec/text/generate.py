@@ -101,8 +101,7 @@ def _tree_step(target, state, drafter, tokens, lengths, sampling, generator, rul
         layout = tree.layout()
         N = tree.tokens.shape[1]
         window = torch.cat([tokens.gather(1, (lengths - 1)[:, None]), tree.tokens], dim=1)  # [B, N + 1]
-        real = torch.cat([torch.ones_like(lengths[:, None], dtype=torch.bool),
-                          torch.arange(N, device=lengths.device) < tree.n_nodes[:, None]], 1)
+        real = torch.cat([torch.ones_like(lengths[:, None], dtype=torch.bool), tree.real], 1)
         logits = forward_tree(target, state, window, layout.ancestors, (lengths - 1)[:, None] + layout.depth, real)
         stats.target_forwards += 1
     with timer("verify"):

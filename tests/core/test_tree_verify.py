@@ -16,7 +16,7 @@ import pytest
 import torch
 from scipy.optimize import linprog
 
-from mmspec.core import tree_verify
+from mmspec.core import multidraft, tree_verify
 from mmspec.core.tree_verify import alpha_star, node_plans, verify_tree
 from mmspec.core.trees import DraftTree, TreeLayout
 
@@ -63,7 +63,7 @@ def one_level_plans(path: tuple, draws: list[tuple], scheme: str, rule: str):
     R = len(draws)
     tokens = torch.tensor([d[0] for d in draws])
     q = None if scheme == "deterministic" else law(path, "q").expand(R, K + 1, V)
-    tree = DraftTree(tokens, torch.full((R, K), -1), torch.full((R,), K), q, scheme)
+    tree = DraftTree(tokens, torch.full((R, K), -1), torch.ones(R, K, dtype=torch.bool), q, scheme)
     p = law(path, "p").expand(R, K + 1, V)
     return node_plans(p.clone(), tree, tree.layout(), rule)
 
@@ -130,7 +130,7 @@ def no_renormalisation_across_siblings(p, q):
 @pytest.mark.parametrize("scheme,rule", [("iid", "specinfer"), ("without_replacement", "rsd"),
                                          ("deterministic", "deterministic")])
 def test_mutant_residual_not_renormalised_across_siblings_is_caught(monkeypatch, scheme, rule):
-    monkeypatch.setattr(tree_verify, "residual_law", no_renormalisation_across_siblings)
+    monkeypatch.setattr(multidraft, "residual_law", no_renormalisation_across_siblings)
     emitted = step_law((2, 2), scheme, rule)
     distance = (extended(emitted, 3) - target_joint(3)).abs().sum()
     assert distance > 1e-3
@@ -143,8 +143,8 @@ def test_mutant_without_replacement_children_verified_as_iid_is_caught():
 
 
 def test_verify_tree_refuses_a_rule_that_is_not_exact_for_the_scheme():
-    tree = DraftTree(torch.tensor([[1, 2]]), torch.tensor([[-1, -1]]), torch.tensor([2]), torch.rand(1, 3, V),
-                     "without_replacement")
+    tree = DraftTree(torch.tensor([[1, 2]]), torch.tensor([[-1, -1]]), torch.ones(1, 2, dtype=torch.bool),
+                     torch.rand(1, 3, V), "without_replacement")
     with pytest.raises(ValueError, match="'specinfer' is not exact for 'without_replacement' children"):
         verify_tree(torch.rand(1, 3, V), tree, None, rule="specinfer")
 
@@ -155,7 +155,8 @@ def test_verify_tree_refuses_a_rule_that_is_not_exact_for_the_scheme():
 def test_layout_of_the_documented_tree():
     # nodes: 0, 1 children of the root; 2, 3 children of node 0; 4 child of node 1; row 1 has 2 real nodes
     parent = torch.tensor([[-1, -1, 0, 0, 1], [-1, 0, 0, 0, 0]])
-    tree = DraftTree(torch.zeros(2, 5, dtype=torch.long), parent, torch.tensor([5, 2]), None, "deterministic")
+    real = torch.arange(5) < torch.tensor([[5], [2]])
+    tree = DraftTree(torch.zeros(2, 5, dtype=torch.long), parent, real, None, "deterministic")
     layout = TreeLayout.of(tree)
     assert layout.depth.tolist() == [[0, 1, 1, 2, 2, 2], [0, 1, 2, 0, 0, 0]]
     assert layout.children[0].tolist() == [[1, 2], [3, 4], [5, -1], [-1, -1], [-1, -1], [-1, -1]]
@@ -165,6 +166,58 @@ def test_layout_of_the_documented_tree():
     ancestors_of_slot_4 = layout.ancestors[0, 4].nonzero().squeeze(1).tolist()
     assert ancestors_of_slot_4 == [0, 1, 4]
     assert layout.ancestors[1, 3].nonzero().squeeze(1).tolist() == [3]  # padding sees only itself
+
+
+def test_layout_of_a_tree_with_padding_between_real_nodes():
+    # the documented tree with node 1 (and so its child, node 4) padding: the root keeps one child
+    parent = torch.tensor([[-1, -1, 0, 0, 1]])
+    real = torch.tensor([[True, False, True, True, False]])
+    layout = TreeLayout.of(DraftTree(torch.zeros(1, 5, dtype=torch.long), parent, real, None, "deterministic"))
+    assert layout.children[0].tolist() == [[1, -1], [3, 4], [-1, -1], [-1, -1], [-1, -1], [-1, -1]]
+    assert layout.depth[0, [0, 1, 3, 4]].tolist() == [0, 1, 2, 2]
+
+
+def test_a_fixed_layout_masked_by_each_rows_real_nodes_is_their_trees_layout():
+    """`TreeLayout.masked` (a fixed tree's layout reused per step) against `TreeLayout.of` of each row's tree: the
+    same children, and the same depth and ancestors at every real slot."""
+    parent = torch.tensor([-1, -1, -1, 0, 0, 1, 1, 2, 3, 3, 5])  # 11 nodes, up to 3 children, depth 3
+    N = parent.shape[0]
+    g = torch.Generator().manual_seed(0)
+    real = torch.rand(64, N, generator=g) < 0.7
+    for node in range(N):  # a padding node's descendants are padding
+        if parent[node] >= 0:
+            real[:, node] &= real[:, parent[node]]
+    every = torch.ones(1, N, dtype=torch.bool)
+    fixed = TreeLayout.of(DraftTree(torch.zeros(1, N, dtype=torch.long), parent[None], every, None, "deterministic"))
+    tree = DraftTree(torch.zeros(64, N, dtype=torch.long), parent.expand(64, N), real, None, "deterministic")
+    masked, exact = fixed.masked(real), TreeLayout.of(tree)
+    K = exact.children.shape[-1]
+    assert torch.equal(masked.children[..., :K], exact.children) and (masked.children[..., K:] == -1).all()
+    slots = torch.cat([torch.ones(64, 1, dtype=torch.bool), real], 1)
+    assert torch.equal(masked.depth[slots], exact.depth[slots])
+    both = slots[:, :, None] & slots[:, None, :]
+    assert torch.equal(masked.ancestors[both], exact.ancestors[both])
+
+
+def test_draft_tree_refuses_a_real_mask_of_the_wrong_shape_or_dtype():
+    for real in (torch.ones(1, 3, dtype=torch.bool), torch.ones(1, 2, dtype=torch.long)):
+        with pytest.raises(ValueError, match="DraftTree.real must be a bool tensor of shape"):
+            DraftTree(torch.tensor([[1, 2]]), torch.tensor([[-1, 0]]), real, None, "deterministic")
+
+
+def test_a_walk_cut_after_some_levels_hands_on_the_rows_still_accepting():
+    """walk_tree(levels=1) on a chain whose drafts are always accepted (q = p): not ended, at node 1; walked to the
+    leaf: ended there with the leaf's own target law (the bonus)."""
+    from mmspec.core.drafts import Draft
+
+    p = torch.softmax(torch.randn(2, 4, V, generator=torch.Generator().manual_seed(0), dtype=torch.float64), -1)
+    tree = DraftTree.from_chain(Draft(torch.tensor([[1, 2, 3], [0, 1, 2]]), torch.tensor([3, 2]), p[:, :3]))
+    u = torch.full((2, 3, 1), 0.5, dtype=torch.float64)
+    cut = tree_verify.walk_tree(p, tree, u, levels=1)
+    assert cut.path.tolist() == [[1], [1]] and not cut.ended.any() and cut.node.tolist() == [1, 1]
+    full = tree_verify.walk_tree(p, tree, u)
+    assert full.n_accepted.tolist() == [3, 2] and full.ended.all() and full.bonus.all()
+    torch.testing.assert_close(full.law, p[[0, 1], [3, 2]])
 
 
 def test_walk_samples_the_plan():
@@ -177,7 +230,7 @@ def test_walk_samples_the_plan():
     g = torch.Generator().manual_seed(0)
     q = torch.softmax(torch.randn(1, 7, V, generator=g, dtype=torch.float64), -1)
     p = torch.softmax(torch.randn(1, 7, V, generator=g, dtype=torch.float64), -1)
-    tree = DraftTree(tokens, parent, torch.tensor([6]), q, "iid")
+    tree = DraftTree(tokens, parent, torch.ones(1, 6, dtype=torch.bool), q, "iid")
     layout = tree.layout()
     plan = node_plans(p, tree, layout, "specinfer")
     exact = {}
@@ -195,7 +248,8 @@ def test_walk_samples_the_plan():
 
     walk(0, (), 1.0)
     N = 200_000
-    big = DraftTree(tokens.expand(N, -1), parent.expand(N, -1), torch.full((N,), 6), q.expand(N, -1, -1), "iid")
+    big = DraftTree(tokens.expand(N, -1), parent.expand(N, -1), torch.ones(N, 6, dtype=torch.bool), q.expand(N, -1, -1),
+                    "iid")
     result = verify_tree(p.expand(N, -1, -1), big, torch.Generator().manual_seed(1))
     outcomes = list(exact)
     index = {o: i for i, o in enumerate(outcomes)}

@@ -5,7 +5,7 @@ companions, greedy equivalence and per-row reproducibility on real (tiny) LlamaG
 import pytest
 import torch
 
-from mmspec.core import tree_verify, verify
+from mmspec.core import multidraft, tree_verify, verify
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.image import AR, DraftModel, draft_model
@@ -75,7 +75,7 @@ def siblings_not_renormalised(p, q):
 
 TREE_MUTATIONS = {  # name: (owner, attribute, replacement)
     "keeps_rejected_branch_kv": (TableImageModel, "keep_path", keep_no_path),
-    "residual_not_renormalised_across_siblings": (tree_verify, "residual_law", siblings_not_renormalised),
+    "residual_not_renormalised_across_siblings": (multidraft, "residual_law", siblings_not_renormalised),
     "without_replacement_children_verified_as_iid": (tree_verify, "check_rule", lambda scheme, rule: "specinfer"),
 }
 

@@ -86,7 +86,8 @@ def test_per_row_trees_grown_over_two_calls_attend_along_each_path():
     labels = torch.tensor([1, 4])
     prefix = torch.randint(0, 24, (2, 3), generator=g)
     parent = torch.tensor([[-1, -1, 0, 0, 2, 1], [-1, 0, 1, 1, 0, 3]])  # node -> parent node, -1 = the root
-    tree = DraftTree(torch.randint(0, 24, (2, 6), generator=g), parent, torch.tensor([6, 6]), None, "deterministic")
+    tree = DraftTree(torch.randint(0, 24, (2, 6), generator=g), parent, torch.ones(2, 6, dtype=torch.bool), None,
+                     "deterministic")
     layout = tree.layout()
     window = torch.cat([prefix[:, -1:], tree.tokens], 1)  # slot 0, the root, is the prefix's last token
 

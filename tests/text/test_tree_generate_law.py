@@ -10,7 +10,7 @@ the same tree attention as the target. Mutation companions must be rejected by t
 import pytest
 import torch
 
-from mmspec.core import tree_verify
+from mmspec.core import multidraft, tree_verify
 from mmspec.core.tree_growth import TreeShape
 from mmspec.text import cache, generate, speculative_generate
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
@@ -58,7 +58,7 @@ def siblings_not_renormalised(p, q):
 
 MUTATIONS = {  # name: (config, module, attribute, replacement)
     "keeps_rejected_branch_kv": ("rsd_k2", generate, "keep_path", keep_rejected_branches),
-    "residual_not_renormalised_across_siblings": ("rsd_k2", tree_verify, "residual_law", siblings_not_renormalised),
+    "residual_not_renormalised_across_siblings": ("rsd_k2", multidraft, "residual_law", siblings_not_renormalised),
     "without_replacement_children_verified_as_iid": (
         "rsd_k3_topk", tree_verify, "check_rule", lambda scheme, rule: "specinfer"),
 }

@@ -15,7 +15,7 @@ from tests.conftest import tiny_llama
 
 # a tree over slots 0 (root) .. 5: nodes 0, 1 under the root, 2, 3 under node 0, 4 under node 1
 PARENT = torch.tensor([[-1, -1, 0, 0, 1], [-1, 0, 1, -1, -1]])
-N_NODES = torch.tensor([5, 3])  # row 1: a chain of 3, then padding
+REAL = torch.arange(5) < torch.tensor([[5], [3]])  # row 1: a chain of 3, then padding
 
 
 def path_tokens(tree_tokens: torch.Tensor, parent: torch.Tensor, node: int) -> list[int]:
@@ -37,14 +37,14 @@ def test_tree_forward_equals_each_paths_own_forward_and_keep_path_leaves_exactly
     forward_window(model, state, prompt, valid)
     root = torch.randint(3, 48, (2, 1), generator=g)
     nodes = torch.randint(3, 48, (2, 5), generator=g)
-    tree = DraftTree(nodes, PARENT, N_NODES, None, "deterministic")
+    tree = DraftTree(nodes, PARENT, REAL, None, "deterministic")
     layout = tree.layout()
-    real = torch.cat([torch.ones(2, 1, dtype=torch.bool), torch.arange(5) < N_NODES[:, None]], 1)
+    real = torch.cat([torch.ones(2, 1, dtype=torch.bool), REAL], 1)
     lengths = state.lengths
     logits = forward_tree(model, state, torch.cat([root, nodes], 1), layout.ancestors, lengths[:, None] + layout.depth,
                           real)
     for b in range(2):
-        for node in range(int(N_NODES[b])):
+        for node in range(int(REAL[b].sum())):
             sequence = committed[b] + [int(root[b])] + path_tokens(nodes[b], PARENT[b], node)
             reference = model(torch.tensor([sequence])).logits[0, -1]
             torch.testing.assert_close(logits[b, 1 + node], reference, rtol=0, atol=1e-5)
