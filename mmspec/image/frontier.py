@@ -4,9 +4,10 @@ About half of SJD's forwards commit a single token: the drafts right after the c
 prefix that has since changed, so the first of them is often rejected. A frontier tree gives each of the first
 `depth` draft positions of the window `width` candidates instead of one, scored in the same target forward.
 
-Layout (`FrontierTree`, one per window width W, shared by rows and iterations). Nodes 0 .. W-1 are SJD's window
-[x_{c-1}, d_c, ..., d_{c+W-2}] (the main chain, in window order, so that a path along it keeps the cache contiguous);
-the alternates follow, level by level. Node t holds a token of image position c - 1 + level[t] and attends to the
+Layout (`FrontierTree`, one per window width W, shared by rows and iterations). Each iteration's window is a
+`DraftTree` (`mmspec.core.trees`) whose slot t is node t: slot 0 is the root x_{c-1}, slots 1 .. W-1 SJD's drafts
+[d_c, ..., d_{c+W-2}] (the main chain, in window order, so that a path along it keeps the cache contiguous); the
+alternates follow, level by level. Node t holds a token of image position c - 1 + level[t] and attends to the
 committed prefix and to its ancestors (tree attention); its output is the target law of the next position given its
 path. Every node of level l < depth has `width` children: a main node's first child is the next main node, the
 other children are alternates; an alternate's children are all alternates. For width 3, depth 2 that is 10
@@ -20,14 +21,19 @@ alternates; past level `depth` only the main chain goes on.
 
 Drafting. The children of one node at image position i are an ordered sample without replacement from q_i, the law
 stored with SJD's draft d_i: under a main node the first child is d_i itself and the others are drawn from q_i with
-d_i removed; under an alternate all `width` are drawn from q_i (Gumbel-top-k, `without_replacement`). Where q_i's
-support runs out (one-hot initial drafts, forced positions) a node simply has fewer children.
+d_i removed; under an alternate all `width` are drawn from q_i (Gumbel-top-k, `without_replacement`). So the tree's
+scheme is "without_replacement" and q_i is the law of every slot whose children sit at position i. Where q_i's
+support runs out (one-hot initial drafts, forced positions) a node has fewer children: the others are padding nodes
+of the row's DraftTree (`real` False), as are the main nodes past the row's real drafts and their subtrees.
 
-Verification walks the tree from the root. At the current node: RSD over its children (`rsd_plan`, Jeon et al.
-2024) with the node's output as the target law; the first accepted child becomes the current node, or, when all
-are rejected, a token is drawn from RSD's final residual and the walk ends. A walk still on the main chain at level
-`depth` goes on as SJD's chain test; a walk at an alternate of level `depth` (a leaf) ends with a token of the
-leaf's output law.
+Verification is the core's tree walk (`mmspec.core.tree_verify.walk_tree`) with RSD (Jeon et al. 2024), the rule
+for children drawn without replacement, for the tree's `depth` levels: at the current node the first accepted child
+becomes the current node, or, when all are rejected, a token is drawn from RSD's final residual and the walk ends. A
+walk still on the main chain after `depth` levels goes on as SJD's chain test; a walk at a leaf (an alternate of
+level `depth`, or a node past the row's real drafts) ends with a token of the leaf's output law. A node's first
+child is tested with SJD's chain-test uniform of its position, so a walk along the main chain decides exactly as
+SJD's chain test; on a walk that left the main chain that uniform is read by nothing else (its position is then
+committed, so SJD's redraft there is discarded).
 
 Why it stays exact (the argument of `mmspec.image.jacobi`, one step more). The children drawn for position i are
 randomness of position i: no test at a position < i reads them, and they are drawn afresh every iteration. Given
@@ -36,8 +42,8 @@ children of every node at position i form an ordered sample without replacement 
 law p(. | path) given F_i whichever node the walk reached. The main chain's redrafts past the committed run are
 SJD's (their laws are fixed by F_i). The cache keeps exactly the accepted path: its nodes' keys/values move onto the
 main chain's slots (`keep_path` of the adapter) before the rollback. `tests/image/test_frontier_law.py` shows the law
-test rejecting a residual that is not renormalised across children, alternates drawn with d_i left in, and a
-rollback that keeps the rejected branch's keys/values.
+test rejecting children verified as iid, a residual that is not renormalised across children, alternates drawn with
+d_i left in, and a rollback that keeps the rejected branch's keys/values.
 """
 
 from __future__ import annotations
@@ -46,76 +52,83 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.core.multidraft import rsd_plan, without_replacement
+from mmspec.core.multidraft import without_replacement
 from mmspec.core.rng import inverse_cdf
+from mmspec.core.tree_verify import TreeWalk, walk_tree
+from mmspec.core.trees import DraftTree, TreeLayout
 from mmspec.core.verify import VerifyResult
 
 
 @dataclass(frozen=True)
 class FrontierTree:
-    """The static node layout of a window of W main nodes with a (width, depth) tree at its start.
+    """The fixed layout of a window of W main nodes with a (width, depth) tree at its start.
 
-    level: [T] long, node t holds the token of image position c - 1 + level[t].
-    children: [T, width] long node ids, -1 where absent. ancestors: [T, T] bool, t attends to u (itself included).
-    groups: per level l = 1 .. depth, [G_l] long, the nodes of level l - 1 whose children are drawn; the main node
-    comes first.
+    parent: [T - 1] long, the DraftTree parent of each node (node t - 1 is slot t; -1 = the root). layout: the
+    `TreeLayout` of the tree with every node real (batch 1). groups: per level l = 1 .. depth, [G_l] long, the slots
+    of level l - 1 whose children are drawn; the main node comes first.
     """
 
     window: int
     width: int
     depth: int
-    level: torch.Tensor
-    children: torch.Tensor
-    ancestors: torch.Tensor
+    parent: torch.Tensor
+    layout: TreeLayout
     groups: tuple[torch.Tensor, ...]
 
     @property
     def size(self) -> int:
-        """T, nodes per row."""
+        """T, slots per row (the root and every node)."""
         return self.level.shape[0]
+
+    @property
+    def level(self) -> torch.Tensor:
+        """[T] long, slot t holds the token of image position c - 1 + level[t]."""
+        return self.layout.depth[0]
+
+    @property
+    def ancestors(self) -> torch.Tensor:
+        """[T, T] bool, slot t attends to slot u (itself included): the tree mask of the window's forward."""
+        return self.layout.ancestors[0]
+
+    @property
+    def children(self) -> torch.Tensor:
+        """[T, width] long, each slot's children in the order drawn (a main node's main child first), -1 absent."""
+        return self.layout.children[0]
 
     @classmethod
     def build(cls, window: int, width: int, depth: int, device: torch.device | str = "cpu") -> FrontierTree:
         depth = min(depth, window - 1)  # a window's last main node has no draft after it
-        parent, level = list(range(-1, window - 1)), list(range(window))
-        children = [[t + 1] if t + 1 < window else [] for t in range(window)]
+        parent = list(range(-1, window - 1))  # each slot's parent slot: the main chain first
         groups, frontier = [], [0]
-        for lv in range(1, depth + 1):
+        for _ in range(depth):
             groups.append(frontier)
             below = []
             for node in frontier:
-                while len(children[node]) < width:
-                    children[node].append(len(parent))
-                    children.append([])
-                    parent.append(node)
-                    level.append(lv)
-                below.extend(children[node])
+                main = [node + 1] if node < window - 1 else []  # a main node's first child is the next main node
+                alternates = list(range(len(parent), len(parent) + width - len(main)))
+                parent.extend([node] * len(alternates))
+                below.extend(main + alternates)
             frontier = below
-        T = len(parent)
-        ancestors = torch.zeros(T, T, dtype=torch.bool)
-        for t in range(T):
-            node = t
-            while node >= 0:
-                ancestors[t, node] = True
-                node = parent[node]
-        padded = torch.tensor([c + [-1] * (width - len(c)) for c in children], dtype=torch.long)
-        return cls(window, width, depth, torch.tensor(level, device=device), padded.to(device), ancestors.to(device),
+        nodes = torch.tensor(parent[1:], dtype=torch.long, device=device) - 1  # slot t is node t - 1
+        template = DraftTree(torch.zeros_like(nodes)[None], nodes[None], torch.ones_like(nodes, dtype=torch.bool)[None],
+                             None, "deterministic")
+        return cls(window, width, depth, nodes, TreeLayout.of(template),
                    tuple(torch.tensor(g, device=device) for g in groups))
 
     def draft(self, main_tokens: torch.Tensor, q: torch.Tensor, lengths: torch.Tensor,
-              gumbel_uniforms: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+              gumbel_uniforms: list[torch.Tensor]) -> DraftTree:
         """Draw the alternates of one iteration; pure tensor code.
 
-        main_tokens: [B, W] the main chain's inputs; q: [B, >= depth, V] the laws stored with the drafts at output
-        positions 0 .. depth-1; lengths: [B] real drafts per row; gumbel_uniforms: per level, [B, >= G_l, V]
-        U[0, 1) draws. Returns tokens [B, T] (alternates past a law's support hold a placeholder) and valid [B, T]
-        bool, which nodes are real candidates (main nodes: real drafts)."""
+        main_tokens: [B, W] the main chain's inputs; q: [B, W - 1, V] the laws stored with the drafts at output
+        positions 0 .. W - 2; lengths: [B] real drafts per row; gumbel_uniforms: per level, [B, >= G_l, V] U[0, 1)
+        draws. Returns the window's DraftTree (its nodes: slots 1 .. T - 1; alternates past a law's support and
+        main nodes past a row's real drafts, with their subtrees, are padding)."""
         B, W = main_tokens.shape
         T, K = self.size, self.width
         rows = torch.arange(B, device=main_tokens.device)[:, None, None]
         level = self.level.expand(B, T)
         tokens = torch.cat([main_tokens, main_tokens.new_zeros(B, T - W)], 1)
-        valid = (level >= 1) & (level <= lengths[:, None])
+        valid = level <= lengths[:, None]  # the root and the real drafts; alternates below real nodes only
         for lv, parents in enumerate(self.groups, start=1):
             G = parents.shape[0]
             law = q[:, lv - 1, None].expand(B, G, -1)
@@ -127,49 +140,18 @@ class FrontierTree:
             node = kids.clamp(min=0).expand(B, G, K)
             take = rank.clamp(min=0).expand(B, G, K)
             tokens[rows, node] = torch.where(alternate, drawn.gather(-1, take), tokens[rows, node])
-            valid[rows, node] = torch.where(alternate, drawn_valid.gather(-1, take) & valid[rows, node],
-                                            valid[rows, node])
-        return tokens, valid
+            real = drawn_valid.gather(-1, take) & valid[rows, node] & valid[:, parents, None]
+            valid[rows, node] = torch.where(alternate, real, valid[rows, node])
+        laws = q[:, self.level.clamp(max=W - 2)]  # [B, T, V]: slot t's children sit at output position level[t]
+        return DraftTree(tokens[:, 1:], self.parent.expand(B, -1), valid[:, 1:], laws, "without_replacement")
 
-    def walk(self, p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor,
-             u_main: torch.Tensor, u_tree: torch.Tensor) -> TreeWalk:
-        """RSD from the root through the tree levels; pure tensor code (a loop over `depth` levels and `width`
-        children, each vectorised over rows).
-
-        p: [B, T, V] the nodes' output laws; q: [B, >= depth, V] as in `draft`; tokens, valid: [B, T] from `draft`;
-        u_main: [B, >= depth] the chain test's uniforms (the main child is tested with them, so a walk along the
-        main chain decides exactly as SJD's chain test); u_tree: [B, depth, width] the other children's."""
-        B = p.shape[0]
-        rows = torch.arange(B, device=p.device)
-        current = torch.zeros(B, dtype=torch.long, device=p.device)
-        walking = torch.ones(B, dtype=torch.bool, device=p.device)
-        ended = torch.zeros_like(walking)
-        bonus = torch.zeros_like(walking)
-        accepted = torch.zeros_like(current)
-        law = p[:, 0]
-        path = torch.full((B, self.depth), -1, dtype=torch.long, device=p.device)
-        for lv in range(1, self.depth + 1):
-            kids = self.children[current]  # [B, K]
-            kid_valid = (kids >= 0) & valid.gather(1, kids.clamp(min=0))
-            kid_tokens = tokens.gather(1, kids.clamp(min=0))
-            p_here = p[rows, current]
-            plan = rsd_plan(p_here, q[:, lv - 1], kid_tokens, kid_valid)
-            u = u_tree[:, lv - 1].clone()
-            u[:, 0] = torch.where(current < self.window, u_main[:, lv - 1], u[:, 0])
-            hit = u < plan.accept_prob
-            first = torch.where(hit.any(-1), hit.long().argmax(-1), self.width)  # [B]
-            stop = walking & (first == self.width)
-            law = torch.where(stop[:, None], plan.residual, law)  # p_here itself where no child was a candidate
-            bonus |= stop & ~kid_valid.any(-1)
-            ended |= stop
-            walking &= ~stop
-            current = torch.where(walking, kids.gather(1, first.clamp(max=self.width - 1)[:, None]).squeeze(1),
-                                  current)
-            accepted += walking.long()
-            path[:, lv - 1] = torch.where(walking, current, -1)
-        at_leaf = walking & (current >= self.window)  # an alternate of the last level: its output closes the run
-        law = torch.where(at_leaf[:, None], p[rows, current], law)
-        return TreeWalk(accepted, path, ended | at_leaf, bonus | at_leaf, law)
+    def walk(self, p: torch.Tensor, tree: DraftTree, u_main: torch.Tensor, u_tree: torch.Tensor) -> TreeWalk:
+        """The core's tree walk (RSD) over the tree's `depth` levels. p: [B, T, V] the slots' output laws; tree:
+        from `draft`; u_main: [B, >= depth] the chain test's uniforms, which test each level's first child (so a
+        walk along the main chain decides exactly as SJD's chain test); u_tree: [B, depth, width - 1] the other
+        children's."""
+        u = torch.cat([u_main[:, : self.depth, None], u_tree[:, : self.depth]], -1)  # [B, depth, width]
+        return walk_tree(p, tree, u, self.layout.masked(tree.real), levels=self.depth)
 
 
 def without_first_child(q: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
@@ -178,35 +160,22 @@ def without_first_child(q: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     return q.scatter(-1, first[:, None], 0.0)[:, None]
 
 
-@dataclass(frozen=True)
-class TreeWalk:
-    """accepted: [B] long, drafts accepted by the walk; path: [B, depth] the node accepted at each level, -1 past the
-    walk; ended: [B] bool, the walk decided the row (it left the main chain, or rejected every child of a main
-    node); the others are on the main chain at level `depth` and SJD's chain test goes on. law: [B, V] the law of the
-    closing token of an ended row (RSD's residual, or an alternate leaf's output). bonus: [B] bool, that law is a
-    node's own output (no child was a candidate: an alternate leaf, or past the row's real drafts); it is drawn like
-    SJD's bonus token, so a row's tokens do not depend on how deep its batch's window lets the tree be."""
-
-    accepted: torch.Tensor
-    path: torch.Tensor
-    ended: torch.Tensor
-    bonus: torch.Tensor
-    law: torch.Tensor
-
-
-def merge(step_verify: VerifyResult, step_tokens: torch.Tensor, walk: TreeWalk, tokens: torch.Tensor,
+def merge(step_verify: VerifyResult, step_tokens: torch.Tensor, walk: TreeWalk, slot_tokens: torch.Tensor,
           u_residual: torch.Tensor, u_fresh: torch.Tensor) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
-    """Combine SJD's chain step with the walk: rows the walk ended take its accepted path and a closing token drawn
-    from its law with the uniform SJD uses at the closing position for a residual (u_residual [B, >= W]) or a bonus
-    token (u_fresh); past the committed run every row keeps SJD's redrafts. Returns the step's VerifyResult, the
-    window's tokens [B, W] and the path [B, depth] whose keys/values the cache keeps (main nodes on chain rows)."""
+    """Combine SJD's chain step with the walk (`FrontierTree.walk`): rows the walk ended take its accepted path and a
+    closing token drawn from its law with the uniform SJD uses at the closing position for a residual (u_residual
+    [B, >= W]) or a bonus token (u_fresh: the walk's law is a node's own output, as SJD's bonus is, so a row's
+    tokens do not depend on how deep its batch's window lets the tree be); past the committed run every row keeps
+    SJD's redrafts. slot_tokens: [B, T], each slot's token. Returns the step's VerifyResult, the window's tokens
+    [B, W] and the path [B, depth] whose keys/values the cache keeps (main nodes on chain rows)."""
     B, W = step_tokens.shape
-    n = torch.where(walk.ended, walk.accepted, step_verify.n_accepted)
-    u_close = torch.where(walk.bonus[:, None], u_fresh, u_residual).gather(1, walk.accepted[:, None]).squeeze(1)
+    accepted = walk.n_accepted
+    n = torch.where(walk.ended, accepted, step_verify.n_accepted)
+    u_close = torch.where(walk.bonus[:, None], u_fresh, u_residual).gather(1, accepted[:, None]).squeeze(1)
     closing = inverse_cdf(walk.law, u_close)
     next_token = torch.where(walk.ended, closing, step_verify.next_token)
     position = torch.arange(W, device=step_tokens.device)
-    on_path = tokens.gather(1, walk.path.clamp(min=0))  # [B, depth]
+    on_path = slot_tokens.gather(1, walk.path.clamp(min=0))  # [B, depth]
     on_path = torch.nn.functional.pad(on_path, (0, W - on_path.shape[1]))
     window = torch.where(position < n[:, None], on_path,
                          torch.where(position == n[:, None], next_token[:, None], step_tokens))

@@ -55,6 +55,7 @@ from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, keyed_uniform, sample_seeds, uniform
 from mmspec.core.stats import SpecStats
+from mmspec.core.trees import DraftTree
 from mmspec.core.verify import (
     Relaxed,
     VerifyResult,
@@ -244,7 +245,7 @@ class SJD(DecodingComponent):
                     result = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g, relaxation)
                     verified, tokens = result.verify, result.tokens
                     if tree is not None:
-                        walk = tree.layout.walk(p_nodes, q, tree.tokens, tree.valid, uniforms[:, 1], tree.uniforms)
+                        walk = tree.layout.walk(p_nodes, tree.tree, uniforms[:, 1], tree.uniforms)
                         verified, tokens, path = merge(verified, tokens, walk, tree.tokens, uniforms[:, 2],
                                                        uniforms[:, 3])
                     write_at(seq, outputs_at, tokens, active[:, None])
@@ -318,12 +319,13 @@ def initialise_drafts(
 
 @dataclass(frozen=True)
 class DraftedTree:
-    """One iteration's frontier tree: layout, tokens / valid [B, T] (`FrontierTree.draft`) and the walk's uniforms
-    [B, depth, width]."""
+    """One iteration's frontier tree: its layout, the window as a DraftTree (`FrontierTree.draft`), each slot's token
+    [B, T] (the root, then the tree's nodes) and the walk's uniforms for the children after the first [B, depth,
+    width - 1]."""
 
     layout: FrontierTree
+    tree: DraftTree
     tokens: torch.Tensor
-    valid: torch.Tensor
     uniforms: torch.Tensor
 
 
@@ -345,14 +347,14 @@ class Trees:
         room for a tree (W < 2)."""
         B, V, device = inputs.shape[0], q.shape[-1], inputs.device
         gumbel_uniforms = [uniform((B, g.shape[0], V), generator, device, q.dtype) for g in self.full.groups]
-        walk_uniforms = uniform((B, self.depth, self.width), generator, device, q.dtype)
+        walk_uniforms = uniform((B, self.depth, self.width - 1), generator, device, q.dtype)
         if W < 2:
             return None
         if W not in self._layouts:
             self._layouts[W] = FrontierTree.build(W, self.width, self.depth, device)
         layout = self._layouts[W]
-        tokens, valid = layout.draft(inputs, q, lengths, gumbel_uniforms)
-        return DraftedTree(layout, tokens, valid, walk_uniforms[:, : layout.depth])
+        tree = layout.draft(inputs, q, lengths, gumbel_uniforms)
+        return DraftedTree(layout, tree, torch.cat([inputs[:, :1], tree.tokens], 1), walk_uniforms[:, : layout.depth])
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ companions break one step of the argument in the module docstring and must be re
 import pytest
 import torch
 
-from mmspec.core import multidraft
+from mmspec.core import multidraft, tree_verify
 from mmspec.core.probs import SamplingConfig
 from mmspec.image import SJD, frontier
 from tests.image.table_model import TableImageModel
@@ -42,20 +42,15 @@ def test_a_frontier_tree_matches_the_exact_law_without_cfg_and_with_top_p():
 
 
 # ---- mutation companions ------------------------------------------------------------------------------------------
-def rsd_without_sibling_renormalisation(p, q, candidates, valid=None):
-    """The residual is taken across children but q keeps the rejected child (SJD-PAC's sibling-q renormalisation
-    forgotten): the later children are tested against the wrong draft law."""
-    p_i, accept = p, []
-    for i in range(candidates.shape[1]):
-        x = candidates[:, i : i + 1]
-        accept_i = multidraft.accept_probability(p_i.gather(1, x), q.gather(1, x)).squeeze(1)
-        accept.append(torch.where(valid[:, i], accept_i, 0))
-        p_i = torch.where(valid[:, i : i + 1], multidraft.residual_law(p_i, q), p_i)
-    return multidraft.MultiDraftPlan(torch.stack(accept, 1), p_i)
+def siblings_not_renormalised(p, q):
+    """After a rejected child the target law is max(p - q, 0), not renormalised."""
+    return (p - q).clamp(min=0)
 
 
 MUTATIONS = {  # (object, attribute, replacement)
-    "residual_not_renormalised_across_children": (frontier, "rsd_plan", rsd_without_sibling_renormalisation),
+    # the rejected child stays in q (SJD-PAC's sibling-q renormalisation forgotten): the iid rule
+    "without_replacement_children_verified_as_iid": (tree_verify, "check_rule", lambda scheme, rule: "specinfer"),
+    "residual_not_renormalised_across_children": (multidraft, "residual_law", siblings_not_renormalised),
     "alternates_drawn_with_the_draft_left_in": (frontier, "without_first_child", lambda q, first: q[:, None]),
     "cache_keeps_the_rejected_branch": (TableImageModel, "keep_path", lambda self, state, path: None),
 }
@@ -79,6 +74,33 @@ def test_layout_of_a_width_3_depth_2_tree():
     assert tree.ancestors[10].nonzero().flatten().tolist() == [0, 5, 10]
     assert [g.tolist() for g in tree.groups] == [[0], [1, 5, 6]]
     assert frontier.FrontierTree.build(window=2, width=3, depth=2).depth == 1  # a window's last node has no child
+
+
+def test_the_window_is_a_draft_tree_whose_fixed_layout_is_its_own():
+    """FrontierTree.draft gives the core's DraftTree: children without replacement from the law of their position,
+    padding where a law's support runs out (a one-hot law: no alternates) or past a row's real drafts, and the
+    fixed layout masked by its real nodes is `TreeLayout.of` the tree."""
+    layout = frontier.FrontierTree.build(window=5, width=3, depth=2)
+    B, V = 3, 6
+    g = torch.Generator().manual_seed(0)
+    q = torch.softmax(torch.randn(B, 4, V, generator=g), -1)
+    q[1, 0] = torch.nn.functional.one_hot(torch.tensor(2), V)  # row 1: d_c is the only candidate at level 1
+    main = torch.cat([torch.zeros(B, 1, dtype=torch.long), q.argmax(-1)], 1)
+    uniforms = [torch.rand(B, group.shape[0], V, generator=g) for group in layout.groups]
+    tree = layout.draft(main, q, torch.tensor([4, 4, 1]), uniforms)
+    assert tree.scheme == "without_replacement" and tree.tokens.shape == (B, layout.size - 1)
+    assert torch.equal(tree.q[:, [0, 1, 5, 6]], q[:, [0, 1, 1, 1]])  # slot t's children sit at position level[t]
+    assert tree.real[0].all()
+    # row 1: no alternates beside a one-hot draft (nodes 4, 5), nor below them (nodes 8 .. 13)
+    assert tree.real[1].tolist() == [True] * 4 + [False] * 2 + [True] * 2 + [False] * 6
+    assert tree.real[2].tolist() == [True] + [False] * 3 + [True, True] + [False] * 8  # one real draft: level 1 only
+    exact = tree.layout()
+    for b in range(B):  # a node's real children are distinct
+        for kids in exact.children[b]:
+            tokens = tree.tokens[b, kids[kids >= 0] - 1]
+            assert tokens.unique().numel() == tokens.numel()
+    masked = layout.layout.masked(tree.real)
+    assert torch.equal(masked.children[..., : exact.children.shape[-1]], exact.children)
 
 
 @pytest.mark.parametrize("settings,match", [
