@@ -134,7 +134,10 @@ class TreeWalk:
     the law of an ended row's closing token: the rule's final residual at `node`, its target law where it has no
     children. bonus: [B] bool, law is that target law (no child was a candidate). node_acceptance: [B, D] float, at
     each inner node the walk visited (root first), the rule's probability of accepting one of its children; NaN past
-    the walk and at leaves (the mean over visited nodes is the rule's realised acceptance rate)."""
+    the walk and at leaves (the mean over visited nodes is the rule's realised acceptance rate). node_children:
+    [B, D] long, how many children those nodes have (0 elsewhere); accepted_rank: [B, D] long, which of them the
+    walk accepted (0 = the first drawn; -1 where none was, and elsewhere): with node_children, the positional
+    acceptance rates a fixed tree is built from (`TreeShape.positional`)."""
 
     path: torch.Tensor
     node: torch.Tensor
@@ -142,6 +145,8 @@ class TreeWalk:
     law: torch.Tensor
     bonus: torch.Tensor
     node_acceptance: torch.Tensor
+    node_children: torch.Tensor
+    accepted_rank: torch.Tensor
 
     @property
     def n_accepted(self) -> torch.Tensor:
@@ -170,12 +175,16 @@ def walk_tree(p: torch.Tensor, tree: DraftTree, u: torch.Tensor, layout: TreeLay
     path = torch.full((B, D), -1, dtype=torch.long, device=p.device)
     has_children = layout.children[..., 0] >= 0 if K else torch.zeros(B, S, dtype=torch.bool, device=p.device)
     node_acceptance = torch.full((B, D), torch.nan, dtype=p.dtype, device=p.device)
+    node_children = torch.zeros(B, D, dtype=torch.long, device=p.device)
+    accepted_rank = torch.full((B, D), -1, dtype=torch.long, device=p.device)
     for d in range(D):
         plan = node_plans(p, tree, layout, rule, current[:, None])
         accept, kids = plan.accept_prob[:, 0], layout.children[rows, current]  # [B, K]
         here = has_children[rows, current]
         node_acceptance[:, d] = torch.where(walking & here, 1 - (1 - accept).prod(-1), torch.nan)
+        node_children[:, d] = torch.where(walking, (kids >= 0).sum(-1), 0)
         hit = (u[:, d, :K] < accept) & (kids >= 0)
+        accepted_rank[:, d] = torch.where(walking & hit.any(-1), hit.long().argmax(-1), -1)
         stop = walking & ~hit.any(-1)
         law = torch.where(stop[:, None], plan.residual[:, 0], law)
         bonus |= stop & ~here
@@ -185,20 +194,23 @@ def walk_tree(p: torch.Tensor, tree: DraftTree, u: torch.Tensor, layout: TreeLay
         path[:, d] = torch.where(walking, current, -1)
     at_leaf = walking & ~has_children[rows, current]  # reached at the last level walked: its target law closes
     law = torch.where(at_leaf[:, None], p[rows, current], law)
-    return TreeWalk(path, current, ~walking | at_leaf, law, bonus | at_leaf, node_acceptance)
+    return TreeWalk(path, current, ~walking | at_leaf, law, bonus | at_leaf, node_acceptance, node_children,
+                    accepted_rank)
 
 
 @dataclass(frozen=True)
 class TreeVerifyResult:
     """n_accepted: [B] long, accepted nodes. path: [B, D] long, the accepted nodes' slots by depth, -1 past them.
-    next_token: [B] long, the residual or bonus token after the path. node_acceptance: [B, D] float, as in
-    `TreeWalk`. node_alpha_star: [B, D] float, alpha* at the same nodes (`alpha_star` for the node's children), when
-    asked for; else None."""
+    next_token: [B] long, the residual or bonus token after the path. node_acceptance, node_children,
+    accepted_rank: [B, D], as in `TreeWalk`. node_alpha_star: [B, D] float, alpha* at the same nodes (`alpha_star`
+    for the node's children), when asked for; else None."""
 
     n_accepted: torch.Tensor
     path: torch.Tensor
     next_token: torch.Tensor
     node_acceptance: torch.Tensor
+    node_children: torch.Tensor
+    accepted_rank: torch.Tensor
     node_alpha_star: torch.Tensor | None = None
 
 
@@ -229,7 +241,8 @@ def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: s
     if ceiling:  # the inner nodes visited: the root, then each accepted node the walk tested the children of
         at = torch.cat([torch.zeros_like(walk.path[:, :1]), walk.path[:, :-1]], 1)
         star = node_ceiling(p, tree, layout, torch.where(walk.node_acceptance.isnan(), -1, at))
-    return TreeVerifyResult(walk.n_accepted, walk.path, next_token, walk.node_acceptance, star)
+    return TreeVerifyResult(walk.n_accepted, walk.path, next_token, walk.node_acceptance, walk.node_children,
+                            walk.accepted_rank, star)
 
 
 def node_ceiling(p: torch.Tensor, tree: DraftTree, layout: TreeLayout, slots: torch.Tensor) -> torch.Tensor:

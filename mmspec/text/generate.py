@@ -114,7 +114,7 @@ def _tree_step(target, state, drafter, tokens, lengths, sampling, generator, rul
         slots = torch.cat([torch.zeros_like(n[:, None]), walk.path.clamp(min=0)], 1)  # root, the path, then roots
         laws = p.gather(1, slots[..., None].expand(-1, -1, p.shape[-1]))
         keep_path(state, N + 1, torch.zeros_like(real).scatter_(1, slots, True))
-        stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star)
+        stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star, walk.node_children, walk.accepted_rank)
     return emitted, VerifyResult(n, walk.next_token, on_path), tree.n_nodes, laws
 
 

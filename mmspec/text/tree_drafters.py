@@ -1,7 +1,8 @@
 """Tree drafters: each proposes a `DraftTree` with the exact law its children were drawn from.
 
 All grow their trees with the core's `grow_tree` (`mmspec.core.tree_growth`: a `TreeShape`, EAGLE-2's dynamic
-tree, OPT-Tree's reranking). What differs is where a node's law comes from:
+tree, OPT-Tree's reranking, or a fixed tree such as `TreeShape.positional`'s, built for the rates at which walks
+accept a node's k-th child). What differs is where a node's law comes from:
 - `ModelTreeDrafter`: a draft LM (any transformers causal LM sharing the tokenizer, or an `early_exit_view`); one
   draft forward per depth over the frontier with tree attention, its tree slots dropped after drafting.
 - `StandDrafter` (STAND, Song et al. 2025, arXiv 2506.04708): no draft model. An n-gram memory of the *target's*

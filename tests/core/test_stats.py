@@ -93,3 +93,16 @@ def test_synchronized_timings_synchronize_every_phase_inside_the_block_only(monk
             pass
     assert synced == [torch.device("cpu")] * 4  # as each phase starts and ends
     assert set(timings) == {"target", "verify"} and stats_module._SYNCHRONIZED == []
+
+
+def test_child_acceptance_is_each_ranks_rate_among_the_visited_nodes_that_have_it():
+    """Visited inner nodes: 2 children (the 1st accepted), 2 (none), 3 (the 3rd), 1 (the 1st); the third level is
+    past every walk. Rates: rank 1: 2 of 4 nodes, rank 2: 0 of 3, rank 3: 1 of 1."""
+    stats = TextStats()
+    nan = float("nan")
+    stats.record_tree_walk(torch.tensor([[0.5, 0.6, nan], [0.4, 0.9, nan]]), None,
+                           torch.tensor([[2, 2, 0], [3, 1, 0]]), torch.tensor([[0, -1, -1], [2, 0, -1]]))
+    stats.finalize()
+    assert stats.child_acceptance == (0.5, 0.0, 1.0)
+    assert stats.tree_acceptance == pytest.approx(0.6) and stats.tree_alpha_star is None
+    assert "child_acceptance" in stats.as_dict() and "child_acceptance" in stats.table()

@@ -259,6 +259,10 @@ def test_walk_samples_the_plan():
     assert chi_square_p_value(observed, torch.tensor([exact[o] for o in outcomes])) > 1e-5
     root_acceptance = 1 - (1 - plan.accept_prob[0, 0]).prod()
     torch.testing.assert_close(result.node_acceptance[:, 0], root_acceptance.expand(N))
+    # at the root (2 children, slots 1 and 2) the walk reports which one it accepted
+    assert (result.node_children[:, 0] == 2).all()
+    expected_rank = torch.where(result.path[:, 0] >= 0, result.path[:, 0] - 1, -1)
+    assert torch.equal(result.accepted_rank[:, 0], expected_rank)
 
 
 def test_chain_as_tree_is_speculative_sampling():
