@@ -18,7 +18,8 @@ SCHEDULES = ("constant", "heuristic")  # text draft length schedules
 # TextSpeculation's settings that only some drafters read -> those drafters (the others read all of them)
 DRAFTER_SETTINGS = {"confidence_threshold": ("model", "layerskip"), "exit_layer": ("layerskip",),
                     "max_ngram": ("ngram",), "draft_length": CHAIN_DRAFTERS, "schedule": CHAIN_DRAFTERS,
-                    "tree_depth": ("tree",), "tree_branching": ("tree",)}
+                    "tree_depth": ("tree",), "tree_branching": ("tree",), "tree_rates": ("tree",),
+                    "tree_nodes": ("tree",)}
 
 
 def acceptances(modality: str) -> tuple[str, ...]:

@@ -24,9 +24,11 @@ class TextSpeculation(DecodingComponent):
 
     drafter: `"model"` (the pipeline's draft LM, sharing the tokenizer), `"layerskip"` (the target's first
     `exit_layer` layers; default: the target config's `early_exit_layer`), `"ngram"` (prompt lookup over the row's
-    own text, n-grams of `max_ngram` tokens down to 1), or a tree drafter: `"tree"` (the draft LM's full tree,
-    `tree_branching` children without replacement per node to depth `tree_depth`, verified by RSD) or `"stand"`
-    (STAND's n-gram memory of the target's own laws, no draft model). draft_length: tokens drafted per target
+    own text, n-grams of `max_ngram` tokens down to 1), or a tree drafter: `"tree"` (the draft LM's tree, verified
+    by RSD: the full tree, `tree_branching` children without replacement per node to depth `tree_depth`; or, given
+    `tree_rates`, the rates at which walks accept a node's k-th child (`stats.child_acceptance` of a run with a wide
+    tree), the fixed tree of `tree_nodes` nodes built for them, `TreeShape.positional`) or `"stand"` (STAND's
+    n-gram memory of the target's own laws, no draft model). draft_length: tokens drafted per target
     forward; schedule: `"constant"`, or `"heuristic"` (transformers' +2 after a fully accepted draft, else -1).
     confidence_threshold: a model / layer-skip row stops drafting after a token whose draft probability is below it
     (0 = never). acceptance: `Exact()` (lossless) or, for chains, `Typical(epsilon, delta)` (lossy), or its name. A
@@ -43,6 +45,8 @@ class TextSpeculation(DecodingComponent):
     max_ngram: int = 3
     tree_depth: int = 4
     tree_branching: int = 2
+    tree_rates: tuple[float, ...] | None = None
+    tree_nodes: int = 30
     acceptance: Acceptance = Exact()
 
     def __post_init__(self):
@@ -57,6 +61,8 @@ class TextSpeculation(DecodingComponent):
         self.check_count("max_ngram", "tokens of the longest n-gram looked up")
         self.check_count("tree_depth", "levels of the draft tree")
         self.check_count("tree_branching", "children per tree node")
+        self.check_count("tree_nodes", "nodes of the positional tree")
+        self._check_tree_rates()
 
         for setting, drafters in DRAFTER_SETTINGS.items():
             if getattr(self, setting) != type(self).__dataclass_fields__[setting].default and (
@@ -67,6 +73,33 @@ class TextSpeculation(DecodingComponent):
         if self.drafter in TREE_DRAFTERS and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chain drafters; drafter={self.drafter!r} "
                              "is verified by exact tree rules")
+
+    def _check_tree_rates(self) -> None:
+        """tree_rates (a list once loaded from JSON) as a tuple, checked by building the tree; the full tree's
+        settings refused with it, tree_nodes refused without it."""
+        defaults = type(self).__dataclass_fields__
+        if self.tree_rates is None:
+            if self.tree_nodes != defaults["tree_nodes"].default:
+                raise ValueError("tree_nodes applies with tree_rates (a positional tree); the full tree is "
+                                 "tree_depth x tree_branching")
+            return
+        if isinstance(self.tree_rates, (str, bytes)) or not hasattr(self.tree_rates, "__iter__"):
+            raise TypeError(f"tree_rates must be a sequence of probabilities, got {self.tree_rates!r}")
+        object.__setattr__(self, "tree_rates", tuple(self.tree_rates))
+        for setting in ("tree_depth", "tree_branching"):
+            if getattr(self, setting) != defaults[setting].default:
+                raise ValueError(f"{setting} sets the full tree; with tree_rates the tree is the positional one of "
+                                 f"tree_nodes nodes")
+        try:
+            self.tree_shape()
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"tree_rates: {error}") from None
+
+    def tree_shape(self) -> TreeShape:
+        """The draft LM's tree (drafter "tree")."""
+        if self.tree_rates is None:
+            return TreeShape.full(self.tree_depth, self.tree_branching)
+        return TreeShape.positional(self.tree_nodes, self.tree_rates)
 
     @staticmethod
     def reads(drafter: str, settings: dict) -> bool:
@@ -82,7 +115,7 @@ class TextSpeculation(DecodingComponent):
         if self.drafter == "tree":
             if draft is None:
                 raise ValueError("drafter='tree' needs a draft model; this pipeline has none")
-            return ModelTreeDrafter(draft, TreeShape.full(self.tree_depth, self.tree_branching))
+            return ModelTreeDrafter(draft, self.tree_shape())
         if self.drafter == "stand":
             return StandDrafter()
         if self.drafter == "layerskip":

@@ -210,6 +210,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         max_ngram: int | None = None,
         tree_depth: int | None = None,
         tree_branching: int | None = None,
+        tree_rates: tuple[float, ...] | None = None,
+        tree_nodes: int | None = None,
         acceptance: Acceptance | str | None = None,
         method: str | None = None,
     ) -> TextPipelineOutput | tuple:
@@ -232,15 +234,17 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
                 unless set or saved otherwise). `TextSpeculation(drafter, draft_length, schedule,
-                confidence_threshold, exit_layer, max_ngram, tree_depth, tree_branching, acceptance)` drafts chains
+                confidence_threshold, exit_layer, max_ngram, tree_depth, tree_branching, tree_rates, tree_nodes,
+                acceptance)` drafts chains
                 with `"model"` (the draft LM), `"layerskip"` (the target's first layers) or `"ngram"` (prompt lookup),
                 or trees with `"tree"` (the draft LM's) or `"stand"` (an n-gram memory of the target's laws), and
                 verifies in one target forward; `AR()` is the target alone. A name plus settings is the same call (`decoding="ngram",
                 draft_length=6`); a setting given alone applies to `"auto"`'s candidates that read it (or, for
                 `drafter=`, selects that drafter).
             drafter, draft_length, schedule, confidence_threshold, exit_layer, max_ngram, tree_depth, tree_branching,
-            acceptance (*optional*):
-                `TextSpeculation`'s settings in their flat spelling; `acceptance="typical"` is lossy.
+            tree_rates, tree_nodes, acceptance (*optional*):
+                `TextSpeculation`'s settings in their flat spelling; `acceptance="typical"` is lossy; `tree_rates`
+                (a run's `stats.child_acceptance`) with `tree_nodes` asks for the positional tree built for them.
             method (`str`, *optional*): the old spelling of `decoding` (`"auto"`, `"ar"` or a drafter's name).
         """
         # 1. Check inputs and resolve the decoding
@@ -252,7 +256,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             decoding = method
         settings = dict(drafter=drafter, draft_length=draft_length, schedule=schedule,
                         confidence_threshold=confidence_threshold, exit_layer=exit_layer, max_ngram=max_ngram,
-                        tree_depth=tree_depth, tree_branching=tree_branching, acceptance=acceptance)
+                        tree_depth=tree_depth, tree_branching=tree_branching, tree_rates=tree_rates,
+                        tree_nodes=tree_nodes, acceptance=acceptance)
         decoding = self.decoding_for_call(decoding, settings, implied="auto" if drafter is None else "speculative")
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         chosen_by = None

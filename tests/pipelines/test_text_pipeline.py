@@ -40,6 +40,43 @@ def test_tree_drafters_take_tree_settings_and_refuse_chain_ones(pipe):
         TextSpeculation(drafter="stand", tree_depth=2)
 
 
+def test_a_positional_tree_from_a_runs_child_acceptance(pipe, tmp_path):
+    """A wide tree's run measures the rate at which walks accept each child rank; the pipeline takes them back as
+    tree_rates (the positional tree), which round-trips through a saved pipeline and is greedy-equal to AR."""
+    wide = pipe(PROMPTS, decoding="tree", tree_depth=2, tree_branching=4, temperature=1.0, max_new_tokens=24,
+                generator=torch.Generator().manual_seed(0))
+    rates = wide.stats.child_acceptance
+    assert len(rates) == 4 and rates[0] > 0
+    out = pipe(PROMPTS, decoding="tree", tree_rates=rates, tree_nodes=12, temperature=1.0, max_new_tokens=24,
+               generator=torch.Generator().manual_seed(0))
+    decoding = TextSpeculation(drafter="tree", tree_rates=rates, tree_nodes=12)
+    assert out.stats.method == repr(decoding) and out.stats.tokens_per_target_forward > 1
+    assert decoding.tree_shape().nodes == 12 and decoding.tree_shape().template is not None
+    before = pipe.decoding
+    pipe.decoding = decoding
+    try:
+        pipe.save_pretrained(tmp_path)
+    finally:
+        pipe.decoding = before
+    loaded = SpeculativeTextPipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.decoding == decoding and isinstance(loaded.decoding.tree_rates, tuple)
+    ar = pipe(PROMPTS[0], decoding=AR(), max_new_tokens=24)
+    assert torch.equal(loaded(PROMPTS[0], max_new_tokens=24).sequences, ar.sequences)  # greedy: the target's tokens
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(tree_nodes=10), "tree_nodes applies with tree_rates"),
+    (dict(tree_rates=(0.5, 0.2), tree_depth=3), "tree_depth sets the full tree"),
+    (dict(tree_rates=(0.0, 0.2)), "tree_rates: rates must be probabilities"),
+    (dict(tree_rates=0.5), "tree_rates must be a sequence of probabilities"),
+    (dict(drafter="stand", tree_rates=(0.5,)), "tree_rates applies to drafter 'tree', not 'stand'"),
+])
+def test_positional_tree_settings_are_checked(settings, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        TextSpeculation(**{"drafter": "tree", **settings})
+
+
 def test_shorthands_and_the_old_method_spelling_name_the_same_component(pipe):
     """`decoding="ngram", draft_length=6`, `decoding="speculative", drafter="ngram", ...`, a setting alone with
     `drafter=`, a config dict, and the old `method=` all run TextSpeculation(drafter="ngram", draft_length=6)."""
