@@ -7,18 +7,24 @@
 Prompts come from the held-out split of the corpus. Every method runs on the same target, prompts and seeds, after a
 warm-up, at temperature 0 and 1 (no top-k/top-p): the AR baseline (`target.generate` with its KV cache), transformers
 assisted generation with the same draft (its defaults, and with our draft length), transformers prompt lookup, and
-ours (model drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees: the draft
-model's dynamic tree of TREE_SHAPE, OPT-Tree (T = 0 only: deterministic children), STAND's model-free n-gram memory) at batch 1; AR and ours (chains of
-4, 2 and 1, trees of TREE_SHAPE and two smaller budgets) at batch 8. The summary ratios take the best of ours
-against the best transformers assisted run (batch 1) and against AR (batch 8), the tree's tokens per forward
-against the best chain's, and STAND's tokens per forward against transformers' prompt lookup.
+ours (model drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees of the draft
+model: the fixed trees of TREE_NODES and 30 nodes built for its measured positional acceptance, the full binary tree
+of 30 nodes, OPT-Tree (T = 0 only: deterministic children); STAND's model-free n-gram memory) at batch 1; AR and ours
+(chains of 4, 2 and 1, the positional tree, which keeps BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and its best
+14 and 6) at batch 8. The summary ratios take the best of ours against the best transformers assisted run (batch 1)
+and against AR (batch 8), the best tree's tokens per forward against the best chain's, and STAND's tokens per
+forward against transformers' prompt lookup.
 
-For tree methods an extra untimed pass measures, at every inner node the walks visit, the rule's acceptance
-probability and alpha*, the best any verifier could reach with the same drafts (`mmspec.core.tree_verify`).
+Positional trees (`TreeShape.positional`, Sequoia's) need the rate at which walks accept a node's k-th child: an
+untimed calibration pass per temperature measures it (`TextStats.child_acceptance`) with the wide CALIBRATION_SHAPE
+on held-out prompts that no method decodes. For tree methods an extra untimed pass measures, at every inner node
+the walks visit, the rule's acceptance probability and alpha*, the best any verifier could reach with the same
+drafts (`mmspec.core.tree_verify`).
 
 Target forwards are counted by a forward hook on the target for every method (transformers' included). Columns:
-target forwards per token, tokens per target forward (tau-like, bonus included), tokens/s, speedup vs AR at the same
-batch size and temperature. Wall clock is the median over repeats of the whole prompt set.
+target forwards per token, tokens per target forward (tau-like, bonus included; both over every repeat, each repeat
+with seeds of its own), tokens/s, speedup vs AR at the same batch size and temperature. Wall clock is the median over
+repeats of the whole prompt set.
 """
 
 from __future__ import annotations
@@ -30,35 +36,46 @@ import time
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.tree_growth import TreeShape
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.text import speculative_generate
+from mmspec.text.cache import cache_keyword
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
 from mmspec.zoo.text_corpus import held_out_prompts
 
 DRAFT_LENGTH = 4
-# the draft model's tree: every node gets two children without replacement, to depth 4 (30 nodes); at batch 8 also
-# 14 and 6 nodes (the best tree shrinks as verification stops being free)
-TREE_SHAPE = TreeShape.full(depth=4, branching=2)
-SMALL_TREES = {"ours_tree_n14": TreeShape.full(depth=3, branching=2), "ours_tree_n6": TreeShape.full(depth=2, branching=2)}
+# The draft model's trees: fixed trees for its positional acceptance (children without replacement), 200 nodes at
+# batch 1 (where the gain in tokens per forward levels off on the embedded pair: 60 / 120 / 200 / 300 nodes 3.65 /
+# 3.80 / 4.13 / 4.18 at T = 1); with BATCH_TOKENS a batch of B keeps the best BATCH_TOKENS // B - 1 (the best tree
+# shrinks as verification stops being free); at batch 8 also its best 14 and 6. The full binary tree of 30 nodes
+# compares shapes at one budget with the positional tree of 30.
+TREE_NODES = 200
+BATCH_TOKENS = 128
+SMALL_TREES = {"ours_tree_n14": 14, "ours_tree_n6": 6}
+FULL_TREE = TreeShape.full(depth=4, branching=2)
+CALIBRATION_SHAPE = TreeShape.full(depth=3, branching=4)  # 84 nodes: every node 4 children, where rates are measured
 OPT_TREE_SHAPE = TreeShape(nodes=16, branching=4, expand=4, depth=8, scheme="deterministic", rerank=True)
 CHAINS = ("ours_model", "ours_model_len8", "ours_model_len16")  # the draft model's chains at batch 1
+TREES = ("ours_tree", "ours_tree_n30", "ours_tree_full30")  # the draft model's trees at batch 1
 BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
 BATCH8 = ("ar", "ours_model", "ours_tree", *BATCH8_ONLY)
 
 
 @dataclass
 class Row:
+    """new_tokens, target_forwards: the means over the repeats (each repeat its own seeds); seconds: the median."""
+
     method: str
     batch_size: int
     temperature: float
-    new_tokens: int
-    target_forwards: int
+    new_tokens: float
+    target_forwards: float
     seconds: float
     mean_accepted_length: float | None = None
     tree_acceptance: float | None = None
@@ -84,8 +101,10 @@ def forward_latency(model, context: int = 64, repeats: int = 50) -> float:
     """Median seconds of one cached 1-token forward at batch 1 after `context` tokens."""
     ids = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
     ids = ids.to(model.device)
-    cache = model(ids, use_cache=True).past_key_values
-    return median_seconds(lambda: model(ids[:, -1:], past_key_values=cache, use_cache=True), model.device, repeats,
+    cache = DynamicCache(config=model.config)
+    keyword = cache_keyword(model)
+    model(ids, use_cache=True, **{keyword: cache})
+    return median_seconds(lambda: model(ids[:, -1:], use_cache=True, **{keyword: cache}), model.device, repeats,
                           after=lambda: cache.crop(-1))
 
 
@@ -99,9 +118,9 @@ def sampling_kwargs(temperature: float) -> dict:
     return dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
 
 
-def make_methods(target, draft, tokenizer, max_new_tokens: int):
+def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[float, tuple[float, ...]]):
     """name -> fn(encoded batch, temperature, seed) -> (sequences, stats or None); tree methods also take
-    ceiling=True (alpha* at the visited nodes)."""
+    ceiling=True (alpha* at the visited nodes). rates: the draft's positional acceptance at each temperature."""
     common = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
 
     def hf(**extra):
@@ -122,12 +141,15 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int):
     def tree(make_drafter):
         def run(enc, temperature, seed, ceiling=False):
             sequences, stats = speculative_generate(
-                target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(), temperature=temperature,
-                measure_ceiling=ceiling, generator=seeded(target.device, [seed])[0], **common,
+                target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(temperature),
+                temperature=temperature, measure_ceiling=ceiling, generator=seeded(target.device, [seed])[0], **common,
             )
             return sequences, stats
         run.tree = True
         return run
+
+    def positional(nodes, **settings):
+        return tree(lambda t: ModelTreeDrafter(draft, TreeShape.positional(nodes, rates[t], **settings)))
 
     exit_layer = target.config.early_exit_layer
     return {
@@ -146,18 +168,32 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int):
         "ours_model_len2": ours(lambda: ModelDrafter(draft), lambda: DraftLengthSchedule(2)),
         "ours_model_len8": ours(lambda: ModelDrafter(draft), lambda: DraftLengthSchedule(8)),
         "ours_model_len16": ours(lambda: ModelDrafter(draft), lambda: DraftLengthSchedule(16)),
-        "ours_tree": tree(lambda: ModelTreeDrafter(draft, TREE_SHAPE)),
-        "ours_opt_tree": tree(lambda: ModelTreeDrafter(draft, OPT_TREE_SHAPE)),
-        "ours_stand": tree(lambda: StandDrafter()),
-        **{name: tree(lambda shape=shape: ModelTreeDrafter(draft, shape)) for name, shape in SMALL_TREES.items()},
+        "ours_tree": positional(TREE_NODES, batch_tokens=BATCH_TOKENS),
+        "ours_tree_n30": positional(30),
+        "ours_tree_full30": tree(lambda t: ModelTreeDrafter(draft, FULL_TREE)),
+        "ours_opt_tree": tree(lambda t: ModelTreeDrafter(draft, OPT_TREE_SHAPE)),
+        "ours_stand": tree(lambda t: StandDrafter()),
+        **{name: positional(nodes) for name, nodes in SMALL_TREES.items()},
     }
+
+
+def calibrate(target, draft, tokenizer, prompts: list[str], temperature: float, max_new_tokens: int,
+              seed: int = 777) -> tuple[float, ...]:
+    """The draft's positional acceptance at `temperature`: the rate at which walks accept a node's k-th child, k =
+    1 .. 4, over `prompts` decoded with CALIBRATION_SHAPE (untimed)."""
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True).to(target.device)
+    _, stats = speculative_generate(target, encoded["input_ids"], encoded["attention_mask"],
+                                    drafter=ModelTreeDrafter(draft, CALIBRATION_SHAPE), temperature=temperature,
+                                    max_new_tokens=max_new_tokens, generator=seeded(target.device, [seed])[0],
+                                    pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    return stats.child_acceptance
 
 
 def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repeats) -> Row:
     device = counter.device
     encoded = [tokenizer(b, return_tensors="pt", padding=True).to(device) for b in batches(prompts, batch_size)]
     fn(encoded[0], temperature, seed=12345)  # warm-up
-    times, tokens, forwards, taus = [], 0, 0, []
+    times, tokens, forwards, taus = [], 0, 0, []  # tokens, forwards: summed over the repeats
     for repeat in range(repeats):
         counter.count = 0
         new, start = 0, time.perf_counter()
@@ -169,8 +205,8 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
                 taus.append(stats.mean_accepted_length)
         synchronize(device)
         times.append(time.perf_counter() - start)
-        tokens, forwards = new, counter.count
-    row = Row(name, batch_size, temperature, tokens, forwards, statistics.median(times),
+        tokens, forwards = tokens + new, forwards + counter.count
+    row = Row(name, batch_size, temperature, tokens / repeats, forwards / repeats, statistics.median(times),
               statistics.mean(taus) if taus else None)
     if getattr(fn, "tree", False):  # untimed: the rule's acceptance against alpha* at the nodes the walks visit
         ceilings = [fn(enc, temperature, seed=i, ceiling=True)[1] for i, enc in enumerate(encoded)]
@@ -208,15 +244,20 @@ def summary(rows: list[Row]) -> dict:
         return next(r.new_tokens / r.target_forwards for r in rows if (r.method, r.batch_size, r.temperature) ==
                     (method, bs, t))
 
+    def best(methods, t):
+        return max(per_forward(method, 1, t) for method in methods)
+
     best_hf_assisted_t1 = max(tps("hf_assisted", 1, 1.0), tps("hf_assisted_len4", 1, 1.0))
-    best_chain_t1 = max(per_forward(chain, 1, 1.0) for chain in CHAINS)
-    tree_t1 = next(r for r in rows if (r.method, r.batch_size, r.temperature) == ("ours_tree", 1, 1.0))
+    # the rule against its ceiling on the binary tree: alpha* of 3 or more children drawn without replacement is not
+    # computed on this vocabulary (`tree_verify.alpha_star`)
+    binary_t1 = next(r for r in rows if (r.method, r.batch_size, r.temperature) == ("ours_tree_full30", 1, 1.0))
     return {
-        "tree_over_chain_tokens_per_forward_t1_bs1": per_forward("ours_tree", 1, 1.0) / best_chain_t1,
-        "tree_over_chain_tokens_per_forward_t0_bs1": per_forward("ours_tree", 1, 0.0) / max(
-            per_forward(chain, 1, 0.0) for chain in CHAINS),
-        "tree_rule_acceptance_t1_bs1": tree_t1.tree_acceptance,
-        "tree_alpha_star_t1_bs1": tree_t1.tree_alpha_star,
+        "tree_over_chain_tokens_per_forward_t1_bs1": best(TREES, 1.0) / best(CHAINS, 1.0),
+        "tree_over_chain_tokens_per_forward_t0_bs1": best(TREES, 0.0) / best(CHAINS, 0.0),
+        "positional_over_full_tree_tokens_per_forward_t1_bs1": (per_forward("ours_tree_n30", 1, 1.0) /
+                                                                per_forward("ours_tree_full30", 1, 1.0)),
+        "tree_rule_acceptance_t1_bs1": binary_t1.tree_acceptance,
+        "tree_alpha_star_t1_bs1": binary_t1.tree_alpha_star,
         "stand_tokens_per_forward_t1_bs1": per_forward("ours_stand", 1, 1.0),
         "hf_prompt_lookup_tokens_per_forward_t1_bs1": per_forward("hf_prompt_lookup", 1, 1.0),
         "ours_vs_hf_assisted_bs1": best_ours(1, 1.0) / best_hf_assisted_t1,
@@ -248,8 +289,13 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = target.to(device), draft.to(device)
     tokenizer.padding_side = "left"
     counter = ForwardCounter(target)
-    prompts = held_out_prompts(max(n_prompts, 8))
-    methods = make_methods(target, draft, tokenizer, max_new_tokens)
+    calibration_prompts = 2 if args.quick else 8
+    prompts = held_out_prompts(max(n_prompts, 8) + calibration_prompts)
+    prompts, calibration = prompts[:-calibration_prompts], prompts[-calibration_prompts:]
+    with torch.no_grad():
+        rates = {t: calibrate(target, draft, tokenizer, calibration, t, max_new_tokens) for t in (0.0, 1.0)}
+    print("positional acceptance (k-th child):", {t: [round(r, 3) for r in rate] for t, rate in rates.items()})
+    methods = make_methods(target, draft, tokenizer, max_new_tokens, rates)
     rows = []
     with torch.no_grad():
         for temperature in (0.0, 1.0):
@@ -271,7 +317,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(ratios, indent=2))
     if args.json:
         payload = {"config": {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats,
-                              "draft_length": DRAFT_LENGTH, "threads": torch.get_num_threads()},
+                              "draft_length": DRAFT_LENGTH, "tree_nodes": TREE_NODES, "batch_tokens": BATCH_TOKENS,
+                              "child_acceptance": {f"{t:g}": rate for t, rate in rates.items()},
+                              "threads": torch.get_num_threads()},
                    **machine(device),
                    "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows], **ratios}
         write_json(args.json, payload)
