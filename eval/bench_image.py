@@ -20,8 +20,9 @@ cache, SJD as published (window 16, random init, independent redrafts), our exac
 tree's step compression over the best chain's) and PJD (lossy, never counted as the best exact method). Columns:
 target forwards per image, step compression (image tokens per target forward a row took part in, the prefill
 included), median latency of a call, speedup of the median latency against AR at the same batch size, and the share
-of decoding time spent outside the target forward (drafting, verification, bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU
-the window forward is compute-bound, which is what caps wall-clock speedup below step compression.
+of decoding time spent outside the target forward (drafting, verification, bookkeeping). A second table gives the
+cost of one target forward of a W-token window relative to W = 1: on a CPU the window forward is compute-bound,
+which is what caps wall-clock speedup below step compression.
 """
 
 from __future__ import annotations

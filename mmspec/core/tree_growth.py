@@ -58,7 +58,8 @@ class TreeShape:
     template: tuple[int, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        for name in ("nodes", "branching", "expand", "depth") + (() if self.batch_tokens is None else ("batch_tokens",)):
+        counts = ("nodes", "branching", "expand", "depth") + (() if self.batch_tokens is None else ("batch_tokens",))
+        for name in counts:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TreeShape.{name} must be an int >= 1, got {value!r}")
@@ -74,16 +75,12 @@ class TreeShape:
         if self.rerank:
             raise ValueError("TreeShape.template is a fixed tree; rerank (OPT-Tree) grows a dynamic one")
         if self.nodes > len(self.template):
-            raise ValueError(f"TreeShape.nodes ({self.nodes}) must not exceed the template's {len(self.template)} nodes")
-        depth, children = [], [0] * (len(self.template) + 1)
-        for node, parent in enumerate(self.template):
-            if not isinstance(parent, int) or not -1 <= parent < node:
-                raise ValueError(f"TreeShape.template[{node}] must be -1 (the root) or an earlier node, got {parent!r}")
-            depth.append(1 if parent < 0 else depth[parent] + 1)
-            children[parent + 1] += 1
-        if max(depth) > self.depth or max(children) > self.branching:
-            raise ValueError(f"TreeShape.depth and .branching must bound the template (depth {max(depth)}, up to "
-                             f"{max(children)} children per node), got depth={self.depth}, branching={self.branching}")
+            raise ValueError(f"TreeShape.nodes ({self.nodes}) must not exceed the template's {len(self.template)} "
+                             "nodes")
+        depth, branching = template_extent(self.template)
+        if depth > self.depth or branching > self.branching:
+            raise ValueError(f"TreeShape.depth and .branching must bound the template (depth {depth}, up to "
+                             f"{branching} children per node), got depth={self.depth}, branching={self.branching}")
 
     @classmethod
     def full(cls, depth: int, branching: int, **settings) -> TreeShape:
@@ -109,12 +106,11 @@ class TreeShape:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         # best-first: a node's children enter the frontier when it is taken; ties go to the earlier sibling
         frontier = [(-rates[0], 0, -1, 1, 0)]  # (-value, order, parent, depth, rank)
-        template, depth, parents, order = [], [], [set() for _ in range(max_depth + 1)], 1
+        template, parents, order = [], [set() for _ in range(max_depth + 1)], 1
         while frontier and len(template) < nodes:
             value, _, parent, level, rank = heapq.heappop(frontier)
             node = len(template)
             template.append(parent)
-            depth.append(level)
             parents[level].add(parent)
             if rank + 1 < len(rates) and rates[rank + 1] > 0:  # the next sibling
                 heapq.heappush(frontier, (value / rates[rank] * rates[rank + 1], order, parent, level, rank + 1))
@@ -122,8 +118,8 @@ class TreeShape:
             if level < max_depth:  # the first child
                 heapq.heappush(frontier, (value * rates[0], order, node, level + 1, 0))
                 order += 1
-        branching = max(template.count(parent) for parent in set(template))
-        return cls(nodes=len(template), branching=branching, expand=max(map(len, parents)), depth=max(depth),
+        depth, branching = template_extent(template)
+        return cls(nodes=len(template), branching=branching, expand=max(map(len, parents)), depth=depth,
                    template=tuple(template), **settings)
 
     def nodes_for(self, batch_size: int) -> int:
@@ -131,6 +127,18 @@ class TreeShape:
         if self.batch_tokens is None:
             return self.nodes
         return max(1, min(self.nodes, self.batch_tokens // batch_size - 1))
+
+
+def template_extent(template: Sequence[int]) -> tuple[int, int]:
+    """A fixed tree's depth and most children of one node (the root included); each node's parent must be -1 (the
+    root) or an earlier node."""
+    depth, children = [], [0] * (len(template) + 1)
+    for node, parent in enumerate(template):
+        if not isinstance(parent, int) or not -1 <= parent < node:
+            raise ValueError(f"TreeShape.template[{node}] must be -1 (the root) or an earlier node, got {parent!r}")
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+        children[parent + 1] += 1
+    return max(depth, default=0), max(children)
 
 
 def draw_children(law: torch.Tensor, k: int, scheme: str, generator: Generators) -> tuple[torch.Tensor, torch.Tensor]:
