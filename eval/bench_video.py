@@ -46,7 +46,7 @@ from mmspec.zoo import VIDEO_WORLD
 from mmspec.zoo.video_world import episode, persistent_actions, rollout
 
 METHODS = {
-    "sequential": FrameSpeculation.sequential(),
+    "sequential": FrameSpeculation(frames=1),
     "strict": FrameSpeculation.strict(),
     "spec4": FrameSpeculation(frames=4),
     "spec4_pipe": FrameSpeculation(frames=4, context="pipelined"),

@@ -23,7 +23,7 @@ import torch
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.image import COUPLINGS, SJD
-from mmspec.image.protocol import ImageLogits
+from mmspec.core.model import Logits
 
 ARGUMENTS = {"self", "model", "condition", "sampling", "generator"}  # the caller's, not the decoding's
 
@@ -31,6 +31,8 @@ ARGUMENTS = {"self", "model", "condition", "sampling", "generator"}  # the calle
 class BigramImageModel:
     """A random image AR model whose next-token logits are a low-rank function of the last token: [V, r] @ [r, V].
     Satisfies `mmspec.image.DiscreteImageModel`; its state is nothing (there is no cache to keep or roll back)."""
+
+    capabilities = frozenset()
 
     def __init__(self, grid: tuple[int, int], vocab_size: int, rank: int = 8, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
@@ -42,10 +44,10 @@ class BigramImageModel:
     def prefill(self, condition: torch.Tensor, cfg: bool, max_window: int = 1):
         """condition: [B] long, one seed token per sample (its embedding starts the chain)."""
         logits = (self.embed[condition] + self.start)[:, None] @ self.head
-        return None, ImageLogits(logits, logits if cfg else None)
+        return None, Logits(logits, logits if cfg else None)
 
-    def forward(self, tokens: torch.Tensor, state) -> ImageLogits:
-        return ImageLogits(self.embed[tokens] @ self.head)
+    def forward(self, tokens: torch.Tensor, state) -> Logits:
+        return Logits(self.embed[tokens] @ self.head)
 
     def rollback(self, state, keep: torch.Tensor) -> None:
         pass
@@ -92,7 +94,7 @@ def measure(coupling: str, grid: tuple[int, int], vocab_size: int, window: int, 
     model = BigramImageModel(grid, vocab_size)
     model_storages = {t.untyped_storage().data_ptr() for t in (model.embed, model.head, model.start)}
     decoding = SJD(window=window, coupling=coupling)
-    steps = decoding(model, torch.arange(batch_size), SamplingConfig(top_k=0, guidance_scale=1.0),
+    steps = decoding.run(model, torch.arange(batch_size), SamplingConfig(top_k=0, guidance_scale=1.0),
                      torch.Generator().manual_seed(0), SpecStats())
     largest = 0
     with torch.no_grad(), closing(steps):

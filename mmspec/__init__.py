@@ -17,18 +17,26 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "speculative_generate": "mmspec.text.generate",
-    # decoding components and acceptance rules: pipe(prompt, decoding=SJD(window=16, acceptance=Exact()))
-    "AR": "mmspec.image.decoding",
-    "SJD": "mmspec.image.jacobi",
-    "DraftModel": "mmspec.image.draft_model",
-    "ContinuousSpeculation": "mmspec.continuous.speculation",
-    "FrameSpeculation": "mmspec.video.speculation",
-    "TextSpeculation": "mmspec.text.speculation",
-    "Exact": "mmspec.core.acceptance",
-    "Lantern": "mmspec.core.acceptance",
-    "GSD": "mmspec.core.acceptance",
-    "Typical": "mmspec.core.acceptance",
-    "Paper": "mmspec.core.acceptance",
+    # decoding components: pipe(prompt, decoding=SJD(window=16, acceptance=Exact())); AR() is every pipeline's AR
+    "AR": "mmspec.image.methods.ar",
+    "SJD": "mmspec.image.methods.sjd",
+    "DraftModel": "mmspec.image.methods.draft",
+    "PJD": "mmspec.image.methods.pjd",
+    "ContinuousSpeculation": "mmspec.continuous.methods",
+    "FrameSpeculation": "mmspec.video.methods",
+    "TextSpeculation": "mmspec.text.methods",
+    # acceptance rules: acceptance=Lantern(k=100, delta=0.1)
+    "Exact": "mmspec.core.rules.exact",
+    "Lantern": "mmspec.core.rules.lantern",
+    "GSD": "mmspec.core.rules.gsd",
+    "Typical": "mmspec.core.rules.typical",
+    "Paper": "mmspec.continuous.paper",
+    # your own methods and rules: a component or rule class, its settings, registered by name
+    "DecodingComponent": "mmspec.core.component",
+    "AcceptanceRule": "mmspec.core.rules.base",
+    "setting": "mmspec.core.settings",
+    "register_decoding": "mmspec.core.registry",
+    "register_rule": "mmspec.core.registry",
     "AutoARImagePipeline": "mmspec.pipelines.auto",
     "LlamaGenPipeline": "mmspec.pipelines.llamagen",
     "JanusPipeline": "mmspec.pipelines.janus",

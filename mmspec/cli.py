@@ -8,8 +8,10 @@
 
 A thin front end: argument parsing and checking, then calls into the library (`mmspec.pipelines`, `mmspec.apps`). It
 answers `--help` and refuses bad arguments before anything heavy is imported: torch, the models and Gradio load only
-once every argument has passed (one line on stderr, exit status 2, nothing written otherwise). It sits at the top of
-the package graph (tests/test_layering.py): nothing imports it.
+once every argument has passed (one line on stderr, exit status 2, nothing written otherwise). The decoding flags are
+not written here: they are generated from the registered decodings' and rules' settings (`mmspec.core.registry`, whose
+components load without torch), so a method or rule you register gets its flags, checks and help too. It sits at the
+top of the package graph (tests/test_layering.py): nothing imports it.
 """
 
 from __future__ import annotations
@@ -22,32 +24,24 @@ import sys
 import time
 from pathlib import Path
 
-from mmspec.options import (
-    CHAIN_DRAFTERS,
-    COUPLINGS,
-    DRAFTER_SETTINGS,
-    IMAGE_DECODINGS,
-    IMAGE_EXTENSIONS,
-    INITS,
-    SCHEDULES,
-    TEXT_METHODS,
-    TREE_DRAFTERS,
-    VIDEO_EXTENSIONS,
-    acceptances,
-)
+from mmspec.core.component import DecodingComponent, component_from, rule_settings
+from mmspec.core.registry import decodings, rules
+from mmspec.core.settings import Spec, defaults, specs
+from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
+from mmspec.text.methods import TextSpeculation
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
 
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")  # what `mmspec generate --out` writes
+VIDEO_EXTENSIONS = (".gif", ".mp4")  # what `mmspec video --out` writes; mp4 needs the [video] extra
 DEMO_TABS = ("image", "text", "world")  # mmspec.apps.tabs.TABS, which imports Gradio (a test keeps them equal)
 VIDEO_EXTRA = 'pip install "mmspec[video]" (from a clone: pip install -e ".[video]")'
 APP_EXTRA = 'pip install "mmspec[app]" (from a clone: pip install -e ".[app]")'
 MAX_QUOTE = 60  # characters of a user's input quoted in an error
 # pipeline arguments whose names reach an error message, as the flags users typed
 FLAGS = {"num_images_per_prompt": "--n", "guidance_scale": "--guidance-scale", "negative_prompt": "--negative-prompt",
-         "max_new_tokens": "--max-new-tokens", "draft_length": "--draft-length", "top_k": "--top-k",
-         "top_p": "--top-p", "lantern_k": "--lantern-k", "lantern_delta": "--lantern-delta",
-         "lantern_lam": "--lantern-lam", "exit_layer": "--exit-layer", "max_ngram": "--max-ngram",
-         "confidence_threshold": "--confidence-threshold", "num_inference_steps": "--steps"}
+         "max_new_tokens": "--max-new-tokens", "top_k": "--top-k", "top_p": "--top-p", "temperature": "--temperature",
+         "num_inference_steps": "--steps", "drafter": "--method"}
 
 
 class UsageError(ValueError):
@@ -66,11 +60,18 @@ def quoted(text: str, limit: int = MAX_QUOTE) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
-def in_flag_terms(message: str) -> str:
-    """A library error as the CLI user sees it: pipeline argument names as flags, and at most one line of 400
-    characters (an error that echoes a long input never floods the terminal)."""
-    for name, flag in FLAGS.items():
-        message = re.sub(rf"\b{name}\b", flag, message)
+def flag(name: str) -> str:
+    """The flag of a setting or argument: `tree_depth` -> `--tree-depth`."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def in_flag_terms(message: str, names: tuple[str, ...] = ()) -> str:
+    """A library error as the CLI user sees it: pipeline argument and decoding setting names (`names`) as flags,
+    `name='value'` as `--flag value`, and at most one line of 400 characters (an error that echoes a long input never
+    floods the terminal)."""
+    for name in sorted({*FLAGS, *names}, key=len, reverse=True):
+        message = re.sub(rf"\b{name}=(['\"]?)([^'\", ;)]+)\1", rf"{flag(name)} \2", message)
+        message = re.sub(rf"(?<![-\w]){name}\b", flag(name), message)
     line = " ".join(message.split())
     return line if len(line) <= 400 else line[:400] + "..."
 
@@ -119,33 +120,126 @@ def check_model(name: str, flag: str) -> None:
         raise UsageError(str(error).replace(repr(name), quoted(name))) from None
 
 
-def check_only_with(args, flags: tuple[str, ...], allowed: bool, what: str) -> None:
-    """Refuse any of `flags` that was given unless `allowed` (`what` says when they apply)."""
-    for flag in flags:
-        if getattr(args, flag.lstrip("-").replace("-", "_")) is not None and not allowed:
-            raise UsageError(f"{flag} applies to {what} only")
+# --- decoding flags: generated from the registered decodings' and rules' settings ----------------------------------
+def decoding_fields(modality: str, skip: tuple[str, ...] = ()) -> dict[str, dict[str, tuple[Spec, object]]]:
+    """setting -> {decoding name: (its spec, its default)} over the registered decodings of `modality`."""
+    fields: dict[str, dict[str, tuple[Spec, object]]] = {}
+    for name, cls in decodings(modality).items():
+        for field, spec in specs(cls).items():
+            if field not in skip:
+                fields.setdefault(field, {})[name] = (spec, defaults(cls)[field])
+    return fields
+
+
+def rule_fields(modality: str) -> dict[str, tuple[str, Spec, object]]:
+    """The rules' flat spellings (`lantern_delta`) -> (rule name, spec, default)."""
+    found = {}
+    for flat, (rule, field) in rule_settings(modality).items():
+        cls = rules(modality)[rule]
+        found[flat] = (rule, specs(cls)[field], defaults(cls)[field])
+    return found
+
+
+def add_setting(parser, name: str, owners: dict[str, tuple[Spec, object]], owner_word: str) -> None:
+    """A flag for setting `name`, typed from its spec; the help says what it does for each owner."""
+    spec = next(iter(owners.values()))[0]
+    helps = [f"{owner_word}{owner}: {own.help}" + (f" (default {default})" if default is not None else "")
+             for owner, (own, default) in owners.items()]
+    kwargs = {"default": None, "help": "; ".join(helps).replace("%", "%%")}
+    if spec.kind is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["type"] = float if spec.kind is tuple else spec.kind
+        if spec.kind is tuple:
+            kwargs["nargs"] = "+"
+        choices = [c for own, _ in owners.values() for c in own.choices or ()]
+        if choices:
+            kwargs["choices"] = tuple(dict.fromkeys(choices))
+    parser.add_argument(flag(name), **kwargs)
+
+
+def add_decoding_arguments(parser, modality: str, owner_word: str, skip: tuple[str, ...] = ()) -> None:
+    """Every registered `modality` decoding's settings as flags (`--window`), `--acceptance` and the rules' settings
+    (`--lantern-delta`)."""
+    for name, owners in decoding_fields(modality, skip).items():
+        add_setting(parser, name, owners, owner_word)
+    lossless = [name for name, rule in rules(modality).items() if rule.lossless]
+    parser.add_argument("--acceptance", choices=tuple(rules(modality)), default=None,
+                        help=f"the acceptance rule ({', '.join(lossless)}: lossless, the others lossy and report "
+                             "their realised distortion)")
+    for flat, (rule, spec, default) in rule_fields(modality).items():
+        add_setting(parser, flat, {rule: (spec, default)}, "--acceptance ")
+
+
+def given_settings(args, modality: str, skip: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """(the decoding settings the user gave, the rules' flat settings the user gave), range-checked as flags."""
+    settings = {name: getattr(args, name) for name in decoding_fields(modality, skip) if getattr(args, name) is not None}
+    flats = {name: getattr(args, name) for name in rule_fields(modality) if getattr(args, name) is not None}
+    for name, value in settings.items():
+        next(iter(decoding_fields(modality, skip)[name].values()))[0].check(flag(name), value)
+    for name, value in flats.items():
+        rule_fields(modality)[name][1].check(flag(name), value)
+    for name in flats:
+        rule = rule_fields(modality)[name][0]
+        if args.acceptance != rule:
+            raise UsageError(f"{flag(name)} applies to --acceptance {rule} only")
+    return settings, flats
+
+
+def built(modality: str, name: str, settings: dict, temperature: float, names: tuple[str, ...]) -> DecodingComponent:
+    """The decoding the flags describe, built and checked as the pipeline will (what it can check alone, before
+    any model loads); its errors in flag terms."""
+    try:
+        decoding = component_from(name, modality, **settings)
+        decoding.check_sampling(temperature)
+    except (TypeError, ValueError) as error:
+        raise UsageError(in_flag_terms(str(error), names)) from None
+    return decoding
+
+
+def check_image_decoding(args) -> DecodingComponent | None:
+    """The image decoding of `mmspec generate`'s flags; None for `--decoding auto`, which takes no setting."""
+    fields = decoding_fields("image")
+    settings, flats = given_settings(args, "image")
+    for name in settings:
+        if args.decoding not in fields[name]:
+            raise UsageError(f"{flag(name)} applies to --decoding {' / '.join(fields[name])} only")
+    takers = [name for name, cls in decodings("image").items() if "acceptance" in cls.settings()]
+    if args.acceptance is not None and args.decoding not in takers:
+        raise UsageError(f"--acceptance applies to --decoding {' / '.join(takers)} only")
+    if args.decoding == "auto":
+        return None
+    return built("image", args.decoding, {**settings, "acceptance": args.acceptance, **flats}, args.temperature,
+                 (*fields, *rule_fields("image")))
+
+
+def check_text_decoding(args) -> dict:
+    """The settings of `mmspec text`'s flags, for its `--method`: a drafter (TextSpeculation), "ar", or "auto" (the
+    settings narrow its candidates to the drafters that read them)."""
+    settings, flats = given_settings(args, "text", skip=("drafter",))
+    drafters = specs(TextSpeculation)["drafter"].choices
+    for name in settings:
+        only = specs(TextSpeculation)[name].only
+        readers = drafters if only is None else only["drafter"]
+        if args.method not in (*readers, "auto"):
+            raise UsageError(f"{flag(name)} applies to --method {' / '.join(readers)} (or auto) only")
+    if args.acceptance is not None and args.method == "ar":
+        raise UsageError("--acceptance applies to a drafter's --method (or auto) only")
+    if args.method == "auto" and args.acceptance not in (None, "exact"):
+        raise UsageError(f"--acceptance {args.acceptance} needs a named --method (auto chooses among the exact ones)")
+    settings = {**settings, "acceptance": args.acceptance, **flats}
+    if args.method in drafters:
+        built("text", "speculative", {**settings, "drafter": args.method}, args.temperature,
+              (*decoding_fields("text"), *rule_fields("text")))
+    return settings
 
 
 def check_text(args) -> None:
     check_prompts(args.prompt)
-    for flag, low in (("--max-new-tokens", 1), ("--top-k", 0), ("--draft-length", 1), ("--exit-layer", 1),
-                      ("--max-ngram", 1), ("--seed", 0), ("--temperature", 0)):
-        check_number(args, flag, low)
+    for flag_name, low in (("--max-new-tokens", 1), ("--top-k", 0), ("--seed", 0), ("--temperature", 0)):
+        check_number(args, flag_name, low)
     check_number(args, "--top-p", 0, 1, low_open=True)
-    check_number(args, "--confidence-threshold", 0, 1)
-    if args.method == "auto" and args.acceptance not in (None, "exact"):
-        raise UsageError(f"--acceptance {args.acceptance} needs a named --method (auto chooses among the exact ones)")
-    check_only_with(args, ("--draft-length", "--schedule", "--acceptance"), args.method != "ar",
-                    "a drafter's --method (or auto)")
-    check_only_with(args, ("--draft-length", "--schedule"), args.method not in TREE_DRAFTERS,
-                    f"--method {' / '.join(CHAIN_DRAFTERS)} (or auto)")
-    if args.method in TREE_DRAFTERS and args.acceptance not in (None, "exact"):
-        raise UsageError(f"--acceptance {args.acceptance} applies to --method {' / '.join(CHAIN_DRAFTERS)}; "
-                         f"--method {args.method} is verified by exact tree rules")
-    for flag, setting in (("--confidence-threshold", "confidence_threshold"), ("--exit-layer", "exit_layer"),
-                          ("--max-ngram", "max_ngram")):
-        drafters = DRAFTER_SETTINGS[setting]
-        check_only_with(args, (flag,), args.method in ("auto", *drafters), f"--method {' / '.join(drafters)} (or auto)")
+    args.settings = check_text_decoding(args)
     check_model(args.target, "--target")
     if args.method in ("auto", "model", "tree"):
         check_model(args.draft, "--draft")
@@ -153,33 +247,11 @@ def check_text(args) -> None:
 
 def check_generate(args) -> None:
     check_prompts(args.prompt)
-    for flag, low in (("--n", 1), ("--seed", 0), ("--guidance-scale", 0), ("--temperature", 0), ("--top-k", 0),
-                      ("--height", 1), ("--width", 1), ("--window", 1), ("--tree-width", 1), ("--tree-depth", 1),
-                      ("--rows", 1), ("--lag", 1), ("--draft-length", 1), ("--lantern-k", 1), ("--lantern-lam", 1),
-                      ("--upscale", 1)):
-        check_number(args, flag, low)
+    for flag_name, low in (("--n", 1), ("--seed", 0), ("--guidance-scale", 0), ("--temperature", 0), ("--top-k", 0),
+                           ("--height", 1), ("--width", 1), ("--upscale", 1)):
+        check_number(args, flag_name, low)
     check_number(args, "--top-p", 0, 1, low_open=True)
-    check_number(args, "--lantern-delta", 0, 1)
-    sjd = args.decoding in ("sjd", "auto") and args.draft_length is None
-    pjd = args.decoding in ("pjd", "auto") and args.draft_length is None and args.tree_width is None
-    draft = args.decoding == "draft" or (args.decoding == "auto" and args.draft_length is not None)
-    check_only_with(args, ("--window", "--init", "--coupling"), sjd or pjd, "--decoding sjd, pjd (or auto)")
-    check_only_with(args, ("--tree-width",), (sjd or draft) and args.rows is None and args.lag is None,
-                    "--decoding sjd, draft (or auto)")
-    check_only_with(args, ("--rows", "--lag"), pjd, "--decoding pjd (or auto)")
-    if pjd and args.init == "lookahead" and (args.decoding == "pjd" or args.rows or args.lag):
-        raise UsageError("--init lookahead is SJD's only; pjd takes random, horizontal or vertical")
-    if draft and args.tree_depth is not None:
-        raise UsageError("--tree-depth applies to --decoding sjd only; a draft model's tree is --draft-length deep")
-    check_only_with(args, ("--tree-depth",), (args.tree_width or 1) > 1, "--tree-width > 1")
-    check_only_with(args, ("--tree-width",), args.acceptance in (None, "exact"), "--acceptance exact")
-    if args.tree_depth is not None and args.tree_depth >= (args.window or 16):
-        raise UsageError(f"--tree-depth must be < the window ({args.window or 16}), got {args.tree_depth}")
-    check_only_with(args, ("--draft-length",), args.decoding in ("draft", "auto"), "--decoding draft (or auto)")
-    parallel = args.decoding == "pjd" or args.rows is not None or args.lag is not None
-    check_only_with(args, ("--acceptance",), args.decoding != "ar" and not parallel, "--decoding sjd, draft or auto")
-    check_only_with(args, ("--lantern-k", "--lantern-delta", "--lantern-lam"), args.acceptance == "lantern",
-                    "--acceptance lantern")
+    args.component = check_image_decoding(args)
     check_output(args.out, IMAGE_EXTENSIONS)
     check_model(args.model, "--model")
     if args.vqgan is not None and not Path(args.vqgan).is_file():
@@ -247,14 +319,11 @@ def run_text(args) -> int:
     if args.remeasure:
         pipe.decoding_policy.remeasure()
     call = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    settings = dict(acceptance=args.acceptance, draft_length=args.draft_length, schedule=args.schedule,
-                    confidence_threshold=args.confidence_threshold, exit_layer=args.exit_layer,
-                    max_ngram=args.max_ngram)
 
     def timed(method: str):
         start = time.perf_counter()
         out = pipe(args.prompt, decoding=method, generator=torch.Generator().manual_seed(args.seed), **call,
-                   **(settings if method != "ar" else {}))
+                   **(args.settings if method != "ar" else {}))
         return out, time.perf_counter() - start
 
     out, elapsed = timed(args.method)
@@ -281,21 +350,17 @@ def run_generate(args) -> int:
     call = {"num_images_per_prompt": args.n, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
             "negative_prompt": args.negative_prompt}
-    method = {"decoding": args.decoding, "window": args.window, "init": args.init, "coupling": args.coupling,
-              "tree_width": args.tree_width, "tree_depth": args.tree_depth, "rows": args.rows, "lag": args.lag,
-              "draft_length": args.draft_length,
-              "acceptance": args.acceptance, "lantern_k": args.lantern_k,
-              "lantern_delta": args.lantern_delta, "lantern_lam": args.lantern_lam}
+    decoding = args.component or args.decoding  # the component the flags built, or "auto"
     if args.remeasure:
         pipe.decoding_policy.remeasure()
 
-    def timed(**options):
+    def timed(decoding, **options):
         generator = [torch.Generator().manual_seed(args.seed + i) for i in range(len(args.prompt) * args.n)]
         start = time.perf_counter()
-        out = pipe(args.prompt, generator=generator, **call, **options)
+        out = pipe(args.prompt, generator=generator, decoding=decoding, **call, **options)
         return out, time.perf_counter() - start
 
-    out, elapsed = timed(**method)
+    out, elapsed = timed(decoding)
     images = out.images
     if args.upscale > 1:
         images = [im.resize((im.width * args.upscale, im.height * args.upscale), 0) for im in images]  # 0 = nearest
@@ -304,8 +369,8 @@ def run_generate(args) -> int:
     print(f"decoding  {args.decoding}\n{out.stats.table()}")
     runs = [(args.decoding, out.stats, elapsed)]
     if args.decoding != "ar" and args.compare:  # the same call decoded by plain AR, both timed warm
-        ar_out, ar_elapsed = timed(decoding="ar", output_type="latent")
-        out, elapsed = timed(**method, output_type="latent")
+        ar_out, ar_elapsed = timed("ar", output_type="latent")
+        out, elapsed = timed(decoding, output_type="latent")
         runs = [("ar", ar_out.stats, ar_elapsed), (args.decoding, out.stats, elapsed)]
     print_comparison(runs, "seconds/image", len(out.images))
     return 0
@@ -381,27 +446,18 @@ def build_parser() -> Parser:
     commands = parser.add_subparsers(dest="command", required=True)
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")
-    text.add_argument("--method", choices=("auto", *TEXT_METHODS), default="auto",
-                      help="'auto': the fastest exact method here (each one timed on first use, cached); a chain "
-                           "drafter (model, ngram, layerskip); a tree drafter ('tree': the draft model's binary tree "
-                           "of depth 4, 'stand': an n-gram memory of the target's laws, no draft model); or 'ar' for "
-                           "the plain target")
+    drafters = specs(TextSpeculation)["drafter"].choices
+    text.add_argument("--method", choices=("auto", *drafters, "ar"), default="auto",
+                      help="'auto': the fastest exact method here (each one timed on first use, cached); a drafter: "
+                           f"{specs(TextSpeculation)['drafter'].help}; or 'ar' for the plain target")
     text.add_argument("--target", default=TEXT_TARGET, help="zoo name or transformers folder of the target")
-    text.add_argument("--draft", default=TEXT_DRAFT, help="zoo name or transformers folder of the draft (--method model / tree)")
+    text.add_argument("--draft", default=TEXT_DRAFT,
+                      help="zoo name or transformers folder of the draft (--method model / tree)")
     text.add_argument("--max-new-tokens", type=int, default=64)
     text.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     text.add_argument("--top-k", type=int, default=0)
     text.add_argument("--top-p", type=float, default=1.0)
-    text.add_argument("--acceptance", choices=acceptances("text"), default=None,
-                      help="'exact' (default, lossless) or 'typical' (lossy)")
-    text.add_argument("--draft-length", type=int, default=None, help="tokens drafted per target forward (default 4)")
-    text.add_argument("--schedule", choices=SCHEDULES, default=None,
-                      help="draft length per step: 'constant' (default) or transformers' 'heuristic'")
-    text.add_argument("--confidence-threshold", type=float, default=None,
-                      help="model / layerskip: a row stops drafting below this draft probability (default 0: never)")
-    text.add_argument("--exit-layer", type=int, default=None,
-                      help="layerskip: draft with the first N target layers (default: the config's early_exit_layer)")
-    text.add_argument("--max-ngram", type=int, default=None, help="ngram: longest n-gram looked up (default 3)")
+    add_decoding_arguments(text, "text", "--method ", skip=("drafter",))
     text.add_argument("--seed", type=int, default=0)
     text.add_argument("--remeasure", action="store_true",
                       help="auto: time the methods again instead of reading the cached figures")
@@ -422,32 +478,11 @@ def build_parser() -> Parser:
     image.add_argument("--width", type=int, default=None, help="pixels (default: the model's native size)")
     image.add_argument("--negative-prompt", default=None, help="Emu3: the CFG rows' text")
     image.add_argument("--top-p", type=float, default=1.0)
-    image.add_argument("--decoding", choices=IMAGE_DECODINGS, default="auto",
+    image.add_argument("--decoding", choices=("auto", *decodings("image")), default="auto",
                        help="'auto': the fastest exact decoding for this device and batch (SJD at the window a "
-                            "measured cost curve favours, or AR when none pays); 'sjd': speculative Jacobi decoding; "
-                            "'draft': the pipeline's draft model drafts; 'pjd': parallel Jacobi decoding over image "
-                            "rows (lossy unless --rows 1); 'ar': a token per forward")
-    image.add_argument("--window", type=int, default=None,
-                       help="sjd: tokens per target forward (default: auto's); pjd: per row window")
-    image.add_argument("--init", choices=INITS, default=None, help="sjd / pjd: draft initialisation (default: best)")
-    image.add_argument("--coupling", choices=COUPLINGS, default=None,
-                       help="sjd / pjd: redraft coupling (default: best)")
-    image.add_argument("--tree-width", type=int, default=None,
-                       help="sjd: candidates per position of a frontier tree (SJD-PAC's proactive drafting, exact; "
-                            "default 1: none); draft: children per node of the draft model's tree, --draft-length "
-                            "deep (exact; default 1: a chain)")
-    image.add_argument("--tree-depth", type=int, default=None, help="sjd: draft positions with a tree (default 2)")
-    image.add_argument("--rows", type=int, default=None, help="pjd: grid rows decoding at once (default 4)")
-    image.add_argument("--lag", type=int, default=None,
-                       help="pjd: columns a row stays behind the row above's committed frontier (default 1)")
-    image.add_argument("--draft-length", type=int, default=None,
-                       help="draft: tokens drafted per target forward (the tree's depth with --tree-width > 1)")
-    image.add_argument("--acceptance", choices=acceptances("image"), default=None,
-                       help="sjd / draft: 'exact' (default, lossless) or 'lantern' (relaxed over codebook neighbours, "
-                            "lossy: prints its realised distortion)")
-    image.add_argument("--lantern-k", type=int, default=None, help="lantern: neighbours per code (default 1000 or V-1)")
-    image.add_argument("--lantern-delta", type=float, default=None, help="lantern: TV budget per candidate, in [0, 1]")
-    image.add_argument("--lantern-lam", type=float, default=None, help="lantern++: neighbourhood mass <= lam * p(x)")
+                            "measured cost curve favours, or AR when none pays); or a registered decoding, with its "
+                            "settings below")
+    add_decoding_arguments(image, "image", "--decoding ")
     image.add_argument("--remeasure", action="store_true",
                        help="auto: measure the window cost curve again instead of reading the cached one")
     image.add_argument("--no-compare", dest="compare", action="store_false",

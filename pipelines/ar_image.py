@@ -20,15 +20,13 @@ from pathlib import Path
 import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 
-from mmspec.core.acceptance import Acceptance
 from mmspec.core.component import DecodingComponent
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.stats import SpecStats
-from mmspec.image.decoding import PAD_ID
-from mmspec.image.draft_model import DraftModel
-from mmspec.image.policy import DecodingPolicy, explicit_method
-from mmspec.image.registry import get_decoding
+from mmspec.image import methods  # noqa: F401  registers the image decodings
+from mmspec.image.loop import PAD_ID
+from mmspec.image.policy import DecodingPolicy
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.pipeline_output import ARImagePipelineOutput
 from mmspec.zoo import resolve_model
@@ -39,6 +37,7 @@ OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 class ARImagePipeline(MMSpecPipeline):
     """Base of the discrete-token text-to-image pipelines (see the module docstring)."""
 
+    modality = "image"
     _callback_tensor_inputs = ["tokens", "n_committed"]
     default_guidance_scale: float = 3.0
     default_top_k: int = 0
@@ -59,12 +58,22 @@ class ARImagePipeline(MMSpecPipeline):
         """The adapter of the pipeline's draft model for `decoding="draft"`, or None."""
         return None
 
+    def with_drafter(self, decoding: DecodingComponent) -> DecodingComponent:
+        """`decoding` with the pipeline's draft adapter in its runtime `drafter` field where it has one unset."""
+        if "drafter" in {f.name for f in dataclasses.fields(decoding)} and decoding.drafter is None:
+            return dataclasses.replace(decoding, drafter=self.draft_adapter())
+        return decoding
+
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
-        """`pipe.decoding` is `"auto"` (the default; see `decoding_policy`) or a component
-        (`mmspec.image.SJD(window=16)`, `AR()`, `DraftModel(...)`); settings include LANTERN's flat spellings."""
-        if isinstance(value, str) and value == "auto" and not settings:
+        """`pipe.decoding` is `"auto"` (the default; see `decoding_policy`) or a component (`SJD(window=16)`,
+        `AR()`, `DraftModel(...)`, ... : `mmspec.core.registry.decodings("image")`); settings include the rules'
+        flat spellings (`lantern_k`)."""
+        if isinstance(value, str) and value == "auto":
+            if settings:
+                raise ValueError(f'decoding="auto" chooses the decoding and its settings; name one to give '
+                                 f"{sorted(settings)}")
             return value
-        return get_decoding(value, **settings)
+        return super().resolve_decoding(value, **settings)
 
     @property
     def decoding_policy(self) -> DecodingPolicy:
@@ -193,18 +202,7 @@ class ARImagePipeline(MMSpecPipeline):
         callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
         decoding: DecodingComponent | str | dict | None = None,
-        window: int | None = None,
-        init: str | None = None,
-        coupling: str | None = None,
-        tree_width: int | None = None,
-        tree_depth: int | None = None,
-        rows: int | None = None,
-        lag: int | None = None,
-        draft_length: int | None = None,
-        acceptance: Acceptance | str | None = None,
-        lantern_k: int | None = None,
-        lantern_delta: float | None = None,
-        lantern_lam: float | None = None,
+        **decoding_settings,
     ) -> ARImagePipelineOutput | tuple:
         r"""Generate images from text.
 
@@ -239,42 +237,21 @@ class ARImagePipeline(MMSpecPipeline):
                 `pipe._interrupt = True` to stop early; unfinished cells are then shown grey (or -1 in latents).
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["tokens"]`.
             decoding (component, name or config dict, *optional*): how tokens are generated; defaults to the
-                pipeline's `decoding` (itself `"auto"` unless set or saved otherwise). A component —
-                `mmspec.image.SJD(window=16, init="horizontal", coupling="maximal", acceptance=Exact())` (speculative
-                Jacobi decoding, lossless: the same output law as `AR()` in fewer target forwards),
-                `DraftModel(draft_length=4, tree_width=1)` (a draft model drafts a chain, or a tree with
-                `tree_width` > 1, the target verifies; pipelines with a `draft_transformer`), `PJD(window=4, rows=4,
-                lag=1)` (parallel Jacobi decoding over image rows: faster, lossy unless `rows=1`; `stats.law` says
-                which), `AR()` (one token per target forward) — or
-                its name with its settings as keyword arguments below (`decoding="sjd", window=32`). `"auto"` is the
-                fastest exact decoding for this model, device and batch size: SJD at the window (or with the frontier
-                tree) a measured cost curve favours, or plain AR when none pays (`mmspec.image.policy`;
-                `stats.chosen_by` says what it chose and why); a setting below given without a decoding selects the
-                component it belongs to.
-            window (`int`, *optional*): `"sjd"`: tokens scored per target forward (default 16); `"pjd"`: per row
-                window (default 4).
-            init (`str`, *optional*): `"sjd"` / `"pjd"`: how positions no window has reached are drafted,
-                `"random"`, `"horizontal"`, `"vertical"` or (SJD only) `"lookahead"`.
-            coupling (`str`, *optional*): `"sjd"` / `"pjd"`: how drafts are redrafted between iterations, `"none"`
-                (original SJD), `"maximal"` (MC-SJD, = SJD-PAC's adaptive continuation) or `"gumbel"`.
-            tree_width (`int`, *optional*), tree_depth (`int`, *optional*): `"sjd"`: a frontier tree (SJD-PAC's
-                proactive drafting, exact): `tree_width` candidates at each of the window's first `tree_depth` draft
-                positions (default 1: no tree; depth 2). `"draft"`: `tree_width` children per node of the draft
-                model's tree, `draft_length` levels deep, all scored in one target forward (exact; default 1: a
-                chain).
-            rows (`int`, *optional*), lag (`int`, *optional*): `"pjd"` only (parallel Jacobi decoding, lossy unless
-                rows is 1): grid rows decoding at once, each in its own window of `window` positions (default 4),
-                and the columns a row stays behind the committed frontier of the row above (default 1).
-            draft_length (`int`, *optional*): `"draft"` only: tokens drafted per target forward (the tree's depth
-                with `tree_width` > 1).
-            acceptance (`Acceptance` or `str`, *optional*): `"sjd"` / `"draft"`: `Exact()` (default, lossless) or
-                `Lantern(k=, delta=, lam=)` (LANTERN relaxed acceptance over codebook neighbours: faster, lossy;
-                `stats.excess_acceptance` reports the realised distortion, the per-position TV distance of the output
-                law from the model's), or the rule's name.
-            lantern_k (`int`, *optional*), lantern_delta (`float`, *optional*), lantern_lam (`float`, *optional*):
-                the flat spelling of `Lantern(k=, delta=, lam=)` with `acceptance="lantern"`: nearest codes that may
-                join a draft's neighbourhood (default min(1000, V - 1)); LANTERN's TV budget per candidate in [0, 1]
-                (default 0.1 when lam is not given); LANTERN++'s budget, neighbourhood mass <= lam * p(x), lam >= 1.
+                pipeline's `decoding` (itself `"auto"` unless set or saved otherwise). A registered image decoding
+                (`mmspec.core.registry.decodings("image")`): `SJD(window=16, init="horizontal", coupling="maximal",
+                acceptance=Exact())` (speculative Jacobi decoding, lossless: the same output law as `AR()` in fewer
+                target forwards; `tree_width` > 1 adds SJD-PAC's frontier tree), `DraftModel(draft_length=4,
+                tree_width=1)` (a draft model drafts a chain or a tree, the target verifies; pipelines with a
+                `draft_transformer`), `PJD(window=4, rows=4, lag=1)` (parallel Jacobi decoding over image rows:
+                faster, lossy unless `rows=1`; `stats.law` says which), `AR()` (one token per target forward) — or its
+                name (`decoding="sjd"`). `"auto"` is the fastest exact decoding for this model, device and batch
+                size: SJD at the window (or with the frontier tree) a measured cost curve favours, or plain AR when
+                none pays (`mmspec.image.policy`; `stats.chosen_by` says what it chose and why).
+            **decoding_settings: the settings of the named decoding as keyword arguments (`decoding="sjd",
+                window=8`), or, without a name, of the pipeline's own component; the acceptance rule
+                (`acceptance=Lantern(k=100, delta=0.1)`, or `acceptance="lantern"` with its settings spelled flat:
+                `lantern_k=`, `lantern_delta=`, `lantern_lam=`; `acceptance="gsd"`, `gsd_group_size=`, ...). Each
+                component's class documents its settings; a setting it does not take is refused.
         """
         # 1. Check inputs
         prompts, negatives = self.check_inputs(prompt, num_images_per_prompt, negative_prompt, generator,
@@ -283,19 +260,10 @@ class ARImagePipeline(MMSpecPipeline):
         guidance_scale = self.default_guidance_scale if guidance_scale is None else guidance_scale
         top_k = self.default_top_k if top_k is None else top_k
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        decoding = self.decoding_for_call(decoding, decoding_settings)
+        if not isinstance(decoding, str):
+            decoding.check_sampling(temperature)
         adapter = self.image_adapter(height, width)
-        options = {"window": window, "init": init, "coupling": coupling, "tree_width": tree_width,
-                   "tree_depth": tree_depth, "rows": rows, "lag": lag, "draft_length": draft_length,
-                   "acceptance": acceptance, "lantern_k": lantern_k, "lantern_delta": lantern_delta,
-                   "lantern_lam": lantern_lam}
-        decoding = self.decoding_for_call(decoding, options, implied="auto")
-        if isinstance(decoding, str) and decoding == "auto":
-            decoding = explicit_method(options)  # None: the policy chooses once the condition is encoded
-        decoder = None
-        if decoding is not None:
-            decoder = self.resolve_decoding(decoding, **options)
-            if isinstance(decoder, DraftModel) and decoder.drafter is None:
-                decoder = dataclasses.replace(decoder, drafter=self.draft_adapter())
         self._guidance_scale, self._interrupt = guidance_scale, False
 
         # 2. Encode the prompts, one condition row per image
@@ -305,15 +273,16 @@ class ARImagePipeline(MMSpecPipeline):
                                        adapter)
         batch_size = len(prompts) * repeat
         choice = None
-        if decoder is None:
+        if isinstance(decoding, str):  # "auto": the policy chooses now that the condition is encoded
             choice = self.decoding_policy.choose(adapter, condition, batch_size, sampling)
-            decoder = choice.decoding
+            decoding = choice.decoding
+        decoder = self.with_drafter(decoding)
 
         # 3. Decode image tokens
         stats, tokens = SpecStats(chosen_by=choice and choice.reason), None
         stats.describe(decoder)
         N = adapter.grid[0] * adapter.grid[1]
-        steps = decoder(adapter, condition, sampling, generator, stats)
+        steps = decoder.run(adapter, condition, sampling, generator, stats)
         with self.progress_bar(total=N) as progress, closing(steps):
             done = 0
             for step in steps:

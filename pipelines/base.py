@@ -13,7 +13,8 @@ from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import is_accelerate_available
 
-from mmspec.core.component import DecodingComponent, StepHook, component_from
+from mmspec.core.component import DecodingComponent, StepHook, component_from, rule_settings
+from mmspec.core.registry import decodings
 from mmspec.zoo import resolve_model
 
 PUBLIC_LIBRARY = "mmspec"  # every component class of mmspec.models is exported from the mmspec facade
@@ -32,11 +33,11 @@ def public_component(entry):
 class MMSpecPipeline(DiffusionPipeline):
     """`DiffusionPipeline` that loads zoo names and saves its components under public import paths.
 
-    A pipeline that decodes with components names them in `decodings` (registered name -> component class) and sets
-    `self.decoding` in its `__init__`; the component is then saved in `model_index.json` and restored by
-    `from_pretrained` (its `__init__` takes `decoding=`)."""
+    A pipeline that decodes with components names their `modality` (its decodings are the registry's,
+    `mmspec.core.registry.decodings(modality)`) and sets `self.decoding` in its `__init__`; the component is then
+    saved in `model_index.json` and restored by `from_pretrained` (its `__init__` takes `decoding=`)."""
 
-    decodings: dict[str, type[DecodingComponent]] = {}
+    modality: str | None = None
     _callback_tensor_inputs: list[str] = []  # what a step callback may ask for, first the default
     _interrupt = False  # a step callback sets it to stop the call early
 
@@ -56,12 +57,37 @@ class MMSpecPipeline(DiffusionPipeline):
         config = self._decoding if isinstance(self._decoding, str) else self._decoding.to_config()
         self.register_to_config(decoding=config)
 
-    def decoding_for_call(self, decoding, settings: dict, implied: str):
-        """A call's decoding before it is resolved: the one it names; else, when it gives settings of a component,
-        the `implied` name (they select it); else the pipeline's own."""
+    def shorthand_keywords(self) -> set[str]:
+        """The keyword arguments a call takes as decoding settings: every field of the modality's registered
+        decodings and the flat spellings of its rules' settings (`lantern_k`)."""
+        fields = {name for cls in decodings(self.modality).values() for name in cls.settings()}
+        return fields | set(rule_settings(self.modality))
+
+    def check_keywords(self, settings: dict) -> None:
+        """Refuse, by name, call keywords that are no registered decoding's setting (a TypeError, as Python's own)."""
+        unknown = sorted(set(settings) - self.shorthand_keywords())
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) {unknown}")
+
+    def decoding_for_call(self, decoding, settings: dict) -> DecodingComponent | str:
+        """A call's decoding: the one it names, with its settings (`decoding="sjd", window=8`); without a name, the
+        pipeline's own component with the settings given (they are that component's); settings that no registered
+        decoding takes are refused by name."""
+        self.check_keywords(settings)
+        given = {key: value for key, value in settings.items() if value is not None}
         if decoding is not None:
-            return decoding
-        return implied if any(value is not None for value in settings.values()) else self.decoding
+            return self.resolve_decoding(decoding, **given)
+        if not given:
+            return self.decoding
+        if isinstance(self.decoding, str):
+            takes = [name for name, cls in decodings(self.modality).items()
+                     if set(given) & (set(cls.settings()) | set(rule_settings(self.modality)))]
+            raise ValueError(f"{sorted(given)} set a named decoding; name it (decoding={' / '.join(map(repr, takes))}) "
+                             f"or set the pipeline's own (pipe.decoding = ...), which is {self.decoding!r}")
+        config = self.decoding.to_config()
+        if "acceptance" in given or given.keys() & set(rule_settings(self.modality)):
+            config.pop("acceptance", None)
+        return self.resolve_decoding(config.pop("name"), **{**config, **given})
 
     def callback_tensor_inputs(self, callback, names: list[str] | None) -> list[str]:
         """The tensors a step callback gets: a `PipelineCallback`'s own, else `names`, else the first of
@@ -105,8 +131,8 @@ class MMSpecPipeline(DiffusionPipeline):
         return on_step
 
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
-        """A component of `decodings` from an object, a name plus settings, or a config dict."""
-        return component_from(value, self.decodings, **settings)
+        """A component of this pipeline's modality from an object, a name plus settings, or a config dict."""
+        return component_from(value, self.modality, **settings)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):

@@ -10,7 +10,7 @@ import gradio as gr
 import torch
 
 from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
-from mmspec.options import TREE_DRAFTERS
+from mmspec.text.methods import TREE_DRAFTERS
 
 METHOD_LABELS = {
     "auto": "auto: the fastest exact method here",

@@ -7,10 +7,8 @@ trajectory (x_T .. x_1), whose density under either head is a product of the Gau
 token is the *target's* noiseless last step mu_p(x_1). The accepted token is then distributed exactly as the target
 head's own sampler output; nothing is approximated. Everything is in log space, float32.
 
-`verify_paper` reproduces the released CSpD criterion (MarkXCloud/CSpD `judge_accept` / `sample_distribution`):
-final-step Gaussians flattened by an inner temperature (42), the product of the step stds with the target's on top,
-and a final-step residual. It is **not distribution-preserving**; it is here to compare with, and its log ratio is
-returned term by term. Unlike the release, a residual that never passes keeps a target sample, never a zero vector.
+The released CSpD criterion, which is not distribution-preserving, is the `Paper` rule (`mmspec.continuous.paper`);
+it draws its residual with `residual_sample` too.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -35,6 +34,34 @@ from mmspec.continuous.diffusion import (
 Proposal = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 # uniform(attempts [m] long, rows [m] long) -> [m] in (0, 1); attempt 0 is the draft's own test
 Uniforms = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrajectoryBlock:
+    """What a continuous rule verifies: n drafted tokens of a block. draft: the draft head's trajectories (x [S + 1,
+    n, C] with the Gaussians they were drawn from); draft_head / target_head: both heads on the tokens' conditions
+    (the target's from its one pass over the block); noise(attempts [m], rows [m]) -> (x_T [m, C], noise [S, m, C]):
+    keyed noise of a target trajectory (attempt 0: the draft's own noise); final_noise(attempts, rows) -> [m, C]:
+    keyed standard normals of a final-step proposal; uniform: keyed uniforms (attempt 0 tests the draft); the
+    residual's budget (max_tries, proposals_per_round)."""
+
+    draft: Trajectory
+    draft_head: DiffusionHead
+    target_head: DiffusionHead
+    schedule: DiffusionSchedule
+    temperature: float
+    noise: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    final_noise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    uniform: Uniforms
+    max_tries: int = 100
+    proposals_per_round: int = 8
+
+
+@runtime_checkable
+class TrajectoryTest(Protocol):
+    """A continuous rule's own test of a block (a lossy rule brings one; the exact rule is `verify_block`)."""
+
+    def verify_block(self, block: TrajectoryBlock) -> ContinuousVerifyResult: ...
 
 
 @dataclass(frozen=True)
@@ -138,51 +165,7 @@ def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_hea
     return ContinuousVerifyResult(tokens, accepted, tries, fallback, log_p - log_q)
 
 
-def _normal_log_pdf(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dim of log N(x; mean, exp(log_std)^2), float32."""
-    z = (x.float() - mean.float()) * torch.exp(-log_std.float())
-    return (-0.5 * z.square() - log_std.float() - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def verify_paper(draft: Trajectory, target: Trajectory, temperature: float, uniform: Uniforms,
-                 residual_noise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inner_temperature: float = 42.0,
-                 max_tries: int = 100, proposals_per_round: int = 8) -> ContinuousVerifyResult:
-    """The released CSpD acceptance (approximate). draft / target: both heads' trajectories from the same noise
-    (aligned); residual_noise(attempts [m], rows [m]) -> [m, C] standard normals for the final-step residual proposals.
-
-    log r = -1/2 |(x - mu_p0) / (t_in s_p0)|^2 + 1/2 |(x - mu_q0) / (t_in s_q0)|^2   ("exponent"; x = mu_q0)
-            + sum_{k >= 1, d} (log sigma_p,k - log sigma_q,k)                       ("sigma_product")
-            + sum_d (log s_q0 - log s_p0)                                           ("normalisation")
-    with s_0 = temperature * sigma_0; the residual proposes y ~ N(mu_p0, s_p0^2) and keeps it with probability
-    max(0, N_p(y) - N_q(y) / exp(sigma_product)) / N_p(y).
-    """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 for speculative acceptance, got {temperature}")
-    x = draft.token
-    n, C = x.shape
-    log_s_q, log_s_p = draft.log_std[0] + math.log(temperature), target.log_std[0] + math.log(temperature)
-    log_t_in = math.log(inner_temperature)
-    exponent = _normal_log_pdf(x, target.mean[0], log_s_p + log_t_in) - _normal_log_pdf(x, draft.mean[0],
-                                                                                          log_s_q + log_t_in)
-    exponent += (log_s_p - log_s_q).sum(-1)  # the pdfs' own normalisations cancel against the next term's twin
-    sigma_product = (target.log_std[1:] - draft.log_std[1:]).sum(dim=(0, 2))
-    normalisation = (log_s_q - log_s_p).sum(-1)
-    log_ratio = exponent + sigma_product + normalisation
-    rows = torch.arange(n, device=x.device)
-    accepted = accept_draft(log_ratio, torch.zeros_like(log_ratio), uniform(torch.zeros_like(rows), rows))
-
-    def propose(attempts: torch.Tensor, pending: torch.Tensor):
-        y = target.mean[0][pending] + torch.exp(log_s_p[pending]) * residual_noise(attempts, pending)
-        log_p = _normal_log_pdf(y, target.mean[0][pending], log_s_p[pending])
-        log_q = _normal_log_pdf(y, draft.mean[0][pending], log_s_q[pending]) - sigma_product[pending]
-        return y, log_p, log_q
-
-    tokens = x.clone()
-    tries = torch.zeros(n, dtype=torch.long, device=x.device)
-    fallback = torch.zeros(n, dtype=torch.bool, device=x.device)
-    rejected = (~accepted).nonzero().squeeze(1)
-    if rejected.numel():
-        tokens[rejected], tries[rejected], fallback[rejected] = residual_sample(propose, uniform, rejected, C,
-                                                                                max_tries, proposals_per_round)
-    terms = {"exponent": exponent, "sigma_product": sigma_product, "normalisation": normalisation}
-    return ContinuousVerifyResult(tokens, accepted, tries, fallback, log_ratio, terms)
+def verify_block(block: TrajectoryBlock) -> ContinuousVerifyResult:
+    """The exact rule on a block (`verify_trajectories`)."""
+    return verify_trajectories(block.draft, block.draft_head, block.target_head, block.schedule, block.temperature,
+                               block.noise, block.uniform, block.max_tries, block.proposals_per_round)

@@ -7,23 +7,25 @@ step predicts the rest). The tokens of one step are conditionally independent gi
 the diffusion head from noise keyed by (sample seed, position, diffusion step, attempt), so draft and target
 trajectories of a token start from the same noise and discarded work never shifts another token's randomness.
 
-Speculative decoding (`generate_speculative`): the target runs the first `n_prefill` steps itself; then the draft
-runs `gamma` steps, after which one target pass conditioned on the context from before those steps scores all their
-tokens and each is kept or resampled independently (exact trajectory-level rule or the released CSpD rule). With the
-exact rule the output follows **the target on the coarsened schedule** (`coarsen(plan, n_prefill, gamma)`: the
-drafted steps of a block merged into one step), which is what the tests compare against, not the target on `plan`.
+One loop (`decode`) runs every continuous decoding; a step strategy does each step's work. `TargetSteps` (AR): the
+target draws every step. `SpeculativeSteps` (`ContinuousSpeculation`): the target runs the first `n_prefill` steps
+itself; then the draft runs `gamma` steps, after which one target pass conditioned on the context from before those
+steps scores all their tokens and each is kept or resampled independently (the exact trajectory-level rule, or a
+continuous rule's own test: CSpD's released rule, `mmspec.continuous.paper`). With the exact rule the output follows
+**the target on the coarsened schedule** (`coarsen(plan, n_prefill, gamma)`: the drafted steps of a block merged into
+one step), which is what the tests compare against, not the target on `plan`.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
-from mmspec.continuous.acceptance import verify_paper, verify_trajectories
+from mmspec.continuous.acceptance import TrajectoryBlock, TrajectoryTest, verify_block
 from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
-from mmspec.continuous.speculation import ContinuousSpeculation
 from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.component import StepHook
 from mmspec.core.rng import keyed_normal, keyed_uniform
@@ -116,31 +118,162 @@ def _check(model, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
         raise ValueError(f"labels must have shape {tuple(seeds.shape)}, got {tuple(labels.shape)}")
 
 
+
+
+def _check_draft(target, draft, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
+    if draft is None:
+        raise ValueError("decoding='speculative' needs a draft MAR; this pipeline has none")
+    _check(draft, seeds, labels)
+    dims = {name: (m.config.seq_len, m.config.token_dim) for name, m in (("target", target), ("draft", draft))}
+    if dims["target"] != dims["draft"]:
+        raise ValueError(f"draft tokens (seq_len, token_dim) = {dims['draft']} do not match the target's "
+                         f"{dims['target']}")
+
+
+@dataclass
+class MARState:
+    """A continuous decoding in progress: tokens [B, L, C] (zeros where unknown), unknown [B, L] bool, the stats,
+    and the keyed draws' seeds [B]; a step strategy fills it."""
+
+    tokens: torch.Tensor
+    unknown: torch.Tensor
+    seeds: torch.Tensor
+    stats: ContinuousStats
+
+
+class TargetSteps:
+    """Every step drawn by the target (plain MAR sampling)."""
+
+    def __init__(self, target, labels, guidance_scale: float, schedule: DiffusionSchedule, temperature: float):
+        self.conditioner, self.schedule, self.temperature = _Conditioner(target, labels, guidance_scale), schedule, \
+            temperature
+
+    def __call__(self, state: MARState, step: int, positions: torch.Tensor, cfg: float, last: bool) -> bool:
+        """Draw the step's tokens; whether a target pass happened (the caller then shows the step)."""
+        _draw_step(self.conditioner, state.tokens, state.unknown, positions, state.seeds, self.schedule, cfg,
+                   self.temperature)
+        state.stats.target_forwards += 1
+        return True
+
+
+class SpeculativeSteps:
+    """The target's first `n_prefill` steps, then blocks of `gamma` draft steps verified in one target pass."""
+
+    def __init__(self, target, draft, labels, guidance_scale: float, schedule: DiffusionSchedule, temperature: float,
+                 speculation, num_iter: int, state: MARState):
+        _check_draft(target, draft, state.seeds, labels)
+        state.stats = ContinuousStats(log_ratio_terms={}, residual_tries=[])
+        n_prefill = math.floor(num_iter * speculation.prefill_ratio)
+        unknown = state.unknown
+        self.target_steps = TargetSteps(target, labels, guidance_scale, schedule, temperature)
+        self.draft = _Conditioner(draft, labels, guidance_scale)
+        self.target, self.schedule, self.temperature = target, schedule, temperature
+        self.speculation, self.n_prefill = speculation, n_prefill
+        self.test = speculation.acceptance if isinstance(speculation.acceptance, TrajectoryTest) else None
+        self.block: list[dict] = []  # the draft steps since the last verification
+        self.context = unknown.clone()  # what the target conditions on: the tokens known before the block
+
+    def __call__(self, state: MARState, step: int, positions: torch.Tensor, cfg: float, last: bool) -> bool:
+        if step < self.n_prefill:
+            self.target_steps(state, step, positions, cfg, last)
+        else:
+            z, z_uncond, trajectory = _draw_step(self.draft, state.tokens, state.unknown, positions, state.seeds,
+                                                 self.schedule, cfg, self.temperature)
+            state.stats.draft_forwards += 1
+            self.block.append(dict(positions=positions, z=z, z_uncond=z_uncond, cfg=cfg, trajectory=trajectory))
+            if len(self.block) < self.speculation.gamma and not last:
+                return False
+            self.verify(state)
+            self.block = []
+        self.context = state.unknown.clone()
+        return True
+
+    def verify(self, state: MARState) -> None:
+        """One target pass over the block's positions (conditioned on the tokens known before the block), then
+        per-token accept / resample; writes the kept tokens into the state."""
+        block, tokens, stats = self.block, state.tokens, state.stats
+        B, C = tokens.shape[0], tokens.shape[2]
+        positions = torch.cat([b["positions"] for b in block], dim=1)  # [B, n_blk]
+        n_blk = positions.shape[1]
+        z, z_uncond = self.target_steps.conditioner.z(tokens, self.context, positions)
+        stats.target_forwards += 1
+
+        def per_token(key):  # [B * n_blk, ...] in the order of `positions`' rows, from the per-step pieces
+            return torch.cat([b[key].view(B, b["positions"].shape[1], *b[key].shape[1:]) for b in block],
+                             1).flatten(0, 1)
+
+        cfg = torch.cat([torch.full(b["positions"].shape, b["cfg"]) for b in block], dim=1).reshape(-1)
+        draft_trajectory = type(block[0]["trajectory"])(
+            *(torch.cat([getattr(b["trajectory"], f).view(-1, B, b["positions"].shape[1], C) for b in block], 2)
+              .flatten(1, 2) for f in ("x", "mean", "log_std")))
+        draft_head = self.draft.model.diffusion_head(per_token("z"), None if block[0]["z_uncond"] is None else
+                                                     per_token("z_uncond"), cfg)
+        target_head = self.target.diffusion_head(z, z_uncond, cfg)
+        row_seeds, flat = state.seeds.repeat_interleave(n_blk), positions.reshape(-1)
+        trajectories = TrajectoryBlock(
+            draft_trajectory, draft_head, target_head, self.schedule, self.temperature,
+            noise=lambda attempts, rows: _noise(row_seeds[rows], flat[rows], self.schedule, C, attempts),
+            final_noise=lambda attempts, rows: keyed_normal(row_seeds[rows], NOISE, flat[rows], -1, attempts, dim=C),
+            uniform=lambda attempts, rows: keyed_uniform(row_seeds[rows], UNIFORM, flat[rows], attempts),
+            max_tries=self.speculation.max_tries, proposals_per_round=self.speculation.proposals_per_round)
+        result = verify_block(trajectories) if self.test is None else self.test.verify_block(trajectories)
+        tokens.scatter_(1, positions[..., None].expand(-1, -1, C), result.tokens.view(B, n_blk, C).to(tokens.dtype))
+        stats.drafted += result.accepted.numel()
+        stats.accepted += int(result.accepted.sum())
+        stats.residual_tries.append(result.tries[~result.accepted].cpu())
+        stats.fallbacks += int(result.fallback.sum())
+        for name, value in (result.terms or {"log_ratio": result.log_ratio}).items():
+            stats.log_ratio_terms.setdefault(name, []).append(value.cpu())
+
+
 @torch.no_grad()
-def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSchedule,
-             labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
-             on_step: StepHook | None = None) -> tuple[torch.Tensor, ContinuousStats]:
-    """Plain MAR sampling on `plan` (tokens per step): returns tokens [B, L, C] and its stats (target_forwards =
-    encoder-decoder passes). on_step: called after every pass as `on_step(step, tokens known per row, {"latents":
-    tokens [B, L, C] (zeros where unknown), "known": [B, L] bool})`; a true return stops there."""
-    _check(model, seeds, labels)
-    B, L, C = seeds.numel(), model.config.seq_len, model.config.token_dim
+def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
+           labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
+           on_step: StepHook | None = None, plan: list[int] | None = None) -> tuple[torch.Tensor, ContinuousStats]:
+    """The loop of every continuous decoding (`ContinuousDecoding.run`): tokens [B, L, C] and the stats. AR runs
+    the target on `plan` (default MAR's cosine schedule of `num_iter` steps); `ContinuousSpeculation` drafts with
+    `draft`. on_step: called after every target pass as `on_step(step, tokens known per row, {"latents": tokens [B, L,
+    C] (zeros where unknown), "known": [B, L] bool})` (a speculative run's draft steps are never shown); a true return
+    stops there."""
+    _check(target, seeds, labels)
+    B, L, C = seeds.numel(), target.config.seq_len, target.config.token_dim
+    given_plan, plan = plan, cosine_plan(L, num_iter) if plan is None else plan
     if sum(plan) != L or min(plan) < 1:
         raise ValueError(f"plan must be positive token counts summing to seq_len={L}, got {plan}")
-    orders = sample_orders(seeds, L)
-    tokens = torch.zeros(B, L, C, device=model.device, dtype=model.dtype)
-    unknown = torch.ones(B, L, dtype=torch.bool, device=model.device)
-    stats, conditioner, done = ContinuousStats(speculative=False), _Conditioner(model, labels, guidance_scale), 0
-    start = time.perf_counter()
+    state = MARState(torch.zeros(B, L, C, device=target.device, dtype=target.dtype),
+                     torch.ones(B, L, dtype=torch.bool, device=target.device), seeds,
+                     ContinuousStats(speculative=False))
+    steps = decoding.steps(target, draft, labels, guidance_scale, schedule, temperature, num_iter, given_plan, state)
+    orders, done, start = sample_orders(seeds, L), 0, time.perf_counter()
     for step, count in enumerate(plan):
         positions = orders[:, done : done + count]  # [B, n]
         done += count
-        _draw_step(conditioner, tokens, unknown, positions, seeds, schedule, _cfg_at(guidance_scale, L, L - done),
-                   temperature)
-        stats.target_forwards += 1
-        if on_step is not None and on_step(step, done, {"latents": tokens, "known": ~unknown}):
+        shown = steps(state, step, positions, _cfg_at(guidance_scale, L, L - done), step == len(plan) - 1)
+        if shown and on_step is not None and on_step(step, done, {"latents": state.tokens, "known": ~state.unknown}):
             break
-    return tokens, _finish(stats, B, done, start)
+    return state.tokens, _finish(state.stats, B, done, start)
+
+
+def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSchedule,
+             labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
+             on_step: StepHook | None = None) -> tuple[torch.Tensor, ContinuousStats]:
+    """Plain MAR sampling on `plan` (tokens per step): `decode` with `AR()` (`mmspec.continuous.methods`)."""
+    from mmspec.continuous.methods import AR
+
+    return decode(AR(), model, None, seeds, len(plan), schedule, labels, guidance_scale, temperature, on_step, plan)
+
+
+def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
+                         labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
+                         speculation=None, on_step: StepHook | None = None) -> tuple[torch.Tensor, ContinuousStats]:
+    """Speculative MAR sampling (see the module docstring): `decode` with `speculation` (a `ContinuousSpeculation`,
+    default its defaults)."""
+    from mmspec.continuous.methods import ContinuousSpeculation
+
+    speculation = ContinuousSpeculation() if speculation is None else speculation
+    if not isinstance(speculation, ContinuousSpeculation):
+        raise TypeError(f"speculation must be a ContinuousSpeculation, got {type(speculation).__name__}")
+    return decode(speculation, target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step)
 
 
 def _finish(stats: ContinuousStats, batch_size: int, done: int, start: float) -> ContinuousStats:
@@ -151,105 +284,6 @@ def _finish(stats: ContinuousStats, batch_size: int, done: int, start: float) ->
     if isinstance(stats.residual_tries, list):  # speculative runs collect one piece per verification
         tries = stats.residual_tries
         stats.residual_tries = torch.cat(tries) if tries else torch.zeros(0, dtype=torch.long)
-    return stats
-
-
-@torch.no_grad()
-def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
-                         labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
-                         speculation: ContinuousSpeculation = ContinuousSpeculation(),
-                         on_step: StepHook | None = None) -> tuple[torch.Tensor, ContinuousStats]:
-    """Speculative MAR sampling (see the module docstring): tokens [B, L, C] and counters. `speculation.gamma` draft
-    steps per target pass; the first `floor(num_iter * speculation.prefill_ratio)` steps are the target's own; a
-    rejected token's residual draws `proposals_per_round` target proposals per batched round, at most `max_tries`.
-    on_step: as `generate`'s, after every target pass (a prefill step or a verification: drafts are never shown)."""
-    _check(target, seeds, labels)
-    _check(draft, seeds, labels)
-    if not isinstance(speculation, ContinuousSpeculation):
-        raise TypeError(f"speculation must be a ContinuousSpeculation, got {type(speculation).__name__}")
-    gamma, acceptance = speculation.gamma, speculation.acceptance.name
-    dims = {name: (m.config.seq_len, m.config.token_dim) for name, m in (("target", target), ("draft", draft))}
-    if dims["target"] != dims["draft"]:
-        raise ValueError(f"draft tokens (seq_len, token_dim) = {dims['draft']} do not match the target's "
-                         f"{dims['target']}")
-    B, (L, C) = seeds.numel(), dims["target"]
-    plan = cosine_plan(L, num_iter)
-    n_prefill = math.floor(num_iter * speculation.prefill_ratio)
-    orders = sample_orders(seeds, L)
-    tokens = torch.zeros(B, L, C, device=target.device, dtype=target.dtype)
-    unknown = torch.ones(B, L, dtype=torch.bool, device=target.device)
-    stats = ContinuousStats(log_ratio_terms={}, residual_tries=[])
-    start = time.perf_counter()
-    conditioners = {"target": _Conditioner(target, labels, guidance_scale),
-                    "draft": _Conditioner(draft, labels, guidance_scale)}
-    block: list[dict] = []  # the draft steps since the last verification
-    context = unknown.clone()  # what the target conditions on: the tokens known before the block
-    done = 0
-    for step, count in enumerate(plan):
-        positions = orders[:, done : done + count]
-        done += count
-        cfg = _cfg_at(guidance_scale, L, L - done)
-        role = "target" if step < n_prefill else "draft"
-        z, z_uncond, trajectory = _draw_step(conditioners[role], tokens, unknown, positions, seeds, schedule, cfg,
-                                             temperature)
-        setattr(stats, f"{role}_forwards", getattr(stats, f"{role}_forwards") + 1)
-        if role == "draft":
-            block.append(dict(positions=positions, z=z, z_uncond=z_uncond, cfg=cfg, trajectory=trajectory))
-            if len(block) < gamma and step < len(plan) - 1:
-                continue
-            _verify_block(target, conditioners["target"], draft, block, tokens, context, seeds, schedule, temperature,
-                          acceptance, (speculation.max_tries, speculation.proposals_per_round), stats)
-            block = []
-        context = unknown.clone()
-        if on_step is not None and on_step(step, done, {"latents": tokens, "known": ~unknown}):
-            break
-    for name, parts in stats.log_ratio_terms.items():
+    for name, parts in (stats.log_ratio_terms or {}).items():
         stats.log_ratio_terms[name] = torch.cat(parts)
-    return tokens, _finish(stats, B, done, start)
-
-
-def _verify_block(target, conditioner, draft, block, tokens, context, seeds, schedule, temperature, acceptance,
-                  residual_budget, stats) -> None:
-    """One target pass over the block's positions (conditioned on `context`, the tokens known before the block),
-    then per-token accept / resample; writes the kept tokens into `tokens`."""
-    B, C = tokens.shape[0], tokens.shape[2]
-    positions = torch.cat([b["positions"] for b in block], dim=1)  # [B, n_blk]
-    n_blk = positions.shape[1]
-    z, z_uncond = conditioner.z(tokens, context, positions)
-    stats.target_forwards += 1
-
-    def per_token(key):  # [B * n_blk, ...] in the order of `positions`' rows, from the per-step [B * n_s, ...] pieces
-        return torch.cat([b[key].view(B, b["positions"].shape[1], *b[key].shape[1:]) for b in block], 1).flatten(0, 1)
-
-    cfg = torch.cat([torch.full(b["positions"].shape, b["cfg"]) for b in block], dim=1).reshape(-1)
-    draft_trajectory = type(block[0]["trajectory"])(
-        *(torch.cat([getattr(b["trajectory"], f).view(-1, B, b["positions"].shape[1], C) for b in block], 2)
-          .flatten(1, 2) for f in ("x", "mean", "log_std")))
-    draft_head = draft.diffusion_head(per_token("z"), None if block[0]["z_uncond"] is None else per_token("z_uncond"),
-                                      cfg)
-    target_head = target.diffusion_head(z, z_uncond, cfg)
-    row_seeds, flat = seeds.repeat_interleave(n_blk), positions.reshape(-1)
-
-    def uniform(attempts, rows):
-        return keyed_uniform(row_seeds[rows], UNIFORM, flat[rows], attempts)
-
-    max_tries, proposals_per_round = residual_budget
-    if acceptance == "exact":
-        result = verify_trajectories(
-            draft_trajectory, draft_head, target_head, schedule, temperature,
-            target_noise=lambda attempts, rows: _noise(row_seeds[rows], flat[rows], schedule, C, attempts),
-            uniform=uniform, max_tries=max_tries, proposals_per_round=proposals_per_round)
-    else:
-        x_T, noise = _noise(row_seeds, flat, schedule, C)
-        aligned = sample_trajectory(target_head, schedule, x_T, noise, temperature)
-        result = verify_paper(draft_trajectory, aligned, temperature, uniform,
-                              residual_noise=lambda attempts, rows: keyed_normal(row_seeds[rows], NOISE, flat[rows],
-                                                                                 -1, attempts, dim=C),
-                              max_tries=max_tries, proposals_per_round=proposals_per_round)
-    tokens.scatter_(1, positions[..., None].expand(-1, -1, C), result.tokens.view(B, n_blk, C).to(tokens.dtype))
-    stats.drafted += result.accepted.numel()
-    stats.accepted += int(result.accepted.sum())
-    stats.residual_tries.append(result.tries[~result.accepted].cpu())
-    stats.fallbacks += int(result.fallback.sum())
-    for name, value in (result.terms or {"log_ratio": result.log_ratio}).items():
-        stats.log_ratio_terms.setdefault(name, []).append(value.cpu())
+    return stats

@@ -1,19 +1,39 @@
-"""The shared speculative core: model-agnostic tensor code used by every decoder (text, image, continuous, video).
+"""The shared speculative core: model-agnostic code used by every decoder (text, image, continuous, video).
 
-probs (logits -> laws), drafts (the Draft record), acceptance (the rule settings `Exact()`, `Lantern(...)`,
-`Typical(...)`), verify / multidraft (the rules and their residuals), component (the base of decoding components),
-rng (caller-owned and keyed randomness), stats (the stats every decoding returns), trees / tree_growth /
-tree_verify (the DraftTree IR, growing trees from a drafter's laws, their exact walk and the alpha* ceiling). It
-imports torch only; the text engine is `mmspec.text`.
+settings / registry / component (settings spelled once, methods and rules by name, the base of decoding components;
+these import no torch), rules (the acceptance rules, one file each), model (the causal-model protocol every decoder
+drives), probs (logits -> laws), drafts (the Draft record), verify / multidraft (the chain test and multi-draft
+rules), drafting (a draft model's chains and trees), rng (caller-owned and keyed randomness), stats (the stats every
+decoding returns), trees / tree_shape / tree_growth / tree_verify (the DraftTree IR, tree shapes, growing trees from a
+drafter's laws, their exact walk and the alpha* ceiling), codebook (a VQ codebook's geometry for relaxed rules). It
+imports torch and the standard library only; names are exported lazily, so importing a torch-free module of it loads
+no torch.
 """
 
-from mmspec.core.acceptance import Acceptance, Exact, Lantern, Typical
-from mmspec.core.drafts import Draft
-from mmspec.core.probs import SamplingConfig, process_logits
-from mmspec.core.stats import DecodingStats, SpecStats
-from mmspec.core.tree_growth import TreeShape
-from mmspec.core.trees import DraftTree
-from mmspec.core.verify import VerifyResult
+import importlib
 
-__all__ = ["Acceptance", "DecodingStats", "Draft", "DraftTree", "Exact", "Lantern", "SamplingConfig", "SpecStats",
-           "TreeShape", "Typical", "VerifyResult", "process_logits"]
+_EXPORTS = {
+    "AcceptanceRule": "mmspec.core.rules.base",
+    "DecodingComponent": "mmspec.core.component",
+    "DecodingStats": "mmspec.core.stats",
+    "Draft": "mmspec.core.drafts",
+    "DraftTree": "mmspec.core.trees",
+    "Exact": "mmspec.core.rules.exact",
+    "GSD": "mmspec.core.rules.gsd",
+    "Lantern": "mmspec.core.rules.lantern",
+    "SamplingConfig": "mmspec.core.probs",
+    "SpecStats": "mmspec.core.stats",
+    "TreeShape": "mmspec.core.tree_shape",
+    "Typical": "mmspec.core.rules.typical",
+    "VerifyResult": "mmspec.core.verify",
+    "process_logits": "mmspec.core.probs",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mmspec.core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -53,8 +53,9 @@ class DecodingStats:
     law: str | None = None
 
     def describe(self, decoding) -> None:
-        """Name the decoding component that ran: `method` (its repr, unless the run named itself) and its `law`."""
-        self.method = self.method or repr(decoding)
+        """Name the decoding component that ran: `method` (the settings it read, `describe()`, unless the run named
+        itself) and its `law`."""
+        self.method = self.method or decoding.describe()
         self.law = decoding.law
 
     @property

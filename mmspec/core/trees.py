@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.core.drafts import Draft
-
-SCHEMES = ("iid", "without_replacement", "deterministic")
+from mmspec.core.tree_shape import SCHEMES
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,28 @@
-"""Discrete-token image AR decoding: the model adapter protocol and the decoding components (`AR()`, speculative
-Jacobi decoding `SJD(...)` with its coupled successors, draft-model speculative decoding `DraftModel(...)`), exact or
-with LANTERN relaxed acceptance (`mmspec.core.acceptance.Lantern`), and parallel Jacobi decoding over image rows
-`PJD(...)` (lossy)."""
+"""Discrete-token image AR decoding: the decodings (`mmspec.image.methods`: `AR()`, speculative Jacobi decoding
+`SJD(...)` with its coupled successors and frontier trees, draft-model speculative decoding `DraftModel(...)`, parallel
+Jacobi decoding over image rows), exact or with LANTERN / GSD relaxed acceptance (`mmspec.core.rules`), the loop they
+share (`mmspec.image.loop`) and the model adapter protocol (`mmspec.image.protocol`). Names are exported lazily, so
+the decodings' settings load without torch."""
 
-from mmspec.image.decoding import AR, DecodeStep, ImageDecoding
-from mmspec.image.draft_model import DraftModel
-from mmspec.image.jacobi import COUPLINGS, INITS, SJD
-from mmspec.image.lantern import NeighbourTable
-from mmspec.image.parallel import PJD
-from mmspec.image.protocol import DiscreteImageModel, ImageLogits
-from mmspec.image.registry import DECODINGS, get_decoding
+import importlib
 
-__all__ = [
-    "AR", "COUPLINGS", "DECODINGS", "INITS", "PJD", "SJD", "DecodeStep", "DiscreteImageModel", "DraftModel",
-    "ImageDecoding", "ImageLogits", "NeighbourTable", "get_decoding",
-]
+_EXPORTS = {
+    "AR": "mmspec.image.methods.ar",
+    "SJD": "mmspec.image.methods.sjd",
+    "COUPLINGS": "mmspec.image.methods.sjd",
+    "INITS": "mmspec.image.methods.sjd",
+    "DraftModel": "mmspec.image.methods.draft",
+    "ImageDecoding": "mmspec.image.methods.base",
+    "get_decoding": "mmspec.image.methods",
+    "DecodeStep": "mmspec.image.loop",
+    "DiscreteImageModel": "mmspec.image.protocol",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mmspec.image' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -1,4 +1,5 @@
-"""Draft-model speculative decoding for discrete image AR models.
+"""Draft-model speculative decoding for discrete image AR models: the step of `DraftModel(...)`, on the draft-model
+algorithm every modality shares (`mmspec.core.drafting`).
 
 A small AR model over the same image tokens (the drafter, another `DiscreteImageModel` adapter) drafts a chain of
 `draft_length` tokens per row, sampling from its own processed law q (the same CFG / temperature / top-k / top-p as
@@ -31,201 +32,66 @@ walk a fixed block per round, so a row's random stream does not depend on the re
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import ClassVar
-
 import torch
 
-from mmspec.core.acceptance import Acceptance, Exact
-from mmspec.core.component import RUNTIME, DecodingComponent
-from mmspec.core.drafts import Draft
+from mmspec.core.drafting import ChainSpeculation, ModelProposer, TreeSpeculation
+from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.rng import Generators, inverse_cdf, uniform
+from mmspec.core.rng import Generators
 from mmspec.core.stats import SpecStats
-from mmspec.core.tree_growth import TreeShape, grow_tree, shape_for, visible_slots
-from mmspec.core.tree_verify import verify_tree
-from mmspec.core.verify import VerifyResult, verify
-from mmspec.image.decoding import Commits, Opening, image_span, open_decoding, probs_of
-from mmspec.image.lantern import relaxation_for
-from mmspec.image.protocol import TREE_METHODS, DiscreteImageModel, ImageLogits, require_methods
+from mmspec.core.tree_shape import TreeShape
+from mmspec.image.loop import Commits, DecodeStep, Opening
+from mmspec.image.protocol import DiscreteImageModel
 
 
-@dataclass(frozen=True)
-class DraftModel(DecodingComponent):
-    """Speculative decoding with a draft image model, batched, with per-row acceptance.
+class DraftStep:
+    """One round of draft-model speculation for every row: the drafter proposes a chain (or its full tree), the
+    target verifies it in one forward (`mmspec.core.drafting.ChainSpeculation` / `TreeSpeculation`), the rows commit,
+    and the target rolls back to each row's new last token."""
 
-    draft_length: G, tokens drafted per round along a chain, or the depth of a tree (the target scores G + 1
-    positions of a chain per forward). acceptance: `Exact()` (lossless) or `Lantern(k, delta, lam)` (relaxed, lossy;
-    chains only), or its name. tree_width: K, children per tree node; 1 = chains, K > 1 = the drafter's full tree
-    (K + K^2 + ... + K^G nodes, scored in one target forward; exact acceptance only). drafter: the draft model's
-    adapter (same grid and image vocabulary as the target); pipelines supply their own, so it is not saved.
-    """
-
-    name: ClassVar[str] = "draft"
-    modality: ClassVar[str] = "image"
-    draft_length: int = 4
-    acceptance: Acceptance = Exact()
-    tree_width: int = 1
-    drafter: DiscreteImageModel | None = field(default=None, repr=False, compare=False, metadata=RUNTIME)
-
-    def __post_init__(self):
-        self.check_count("draft_length", "tokens drafted per target forward")
-        self.check_count("tree_width", "children per tree node; 1 = a chain")
-        super().__post_init__()
-        if self.tree and not isinstance(self.acceptance, Exact):
-            raise ValueError(f"tree_width > 1 (draft trees) is verified by exact tree rules; acceptance must be "
-                             f"Exact(), got {self.acceptance!r}")
-
-    @property
-    def tree(self) -> TreeShape | None:
-        """The drafter's tree shape, or None for chains."""
-        return None if self.tree_width == 1 else TreeShape.full(self.draft_length, self.tree_width)
-
-    @property
-    def forward_width(self) -> int:
-        """Tokens one target forward scores per row: the last committed token and the chain's or tree's drafts."""
-        return 1 + (self.draft_length if self.tree is None else self.tree.nodes)
-
-    @torch.no_grad()
-    def __call__(
-        self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
-    ):
-        drafter = self._check_drafter(model)
-        tree, W = self.tree, self.forward_width
-        relaxation = relaxation_for(self.acceptance, model, image_span(model)[1], sampling)  # checked before prefill
-        opening = open_decoding(model, condition, sampling, generator, stats, max_window=W)
+    def __init__(self, decoding, model: DiscreteImageModel, opening: Opening, sampling: SamplingConfig,
+                 generator: Generators, stats: SpecStats):
+        drafter = decoding.drafter
+        self.model, self.opening, self.sampling, self.generator, self.stats = model, opening, sampling, generator, stats
+        if decoding.tree:
+            self.speculation = TreeSpeculation(TreeShape.full(decoding.draft_length, decoding.tree_width))
+        else:
+            self.speculation = ChainSpeculation(decoding.draft_length, opening.test)
         with opening.timer("draft"):
-            draft_state, _ = drafter.prefill(condition, cfg=sampling.guidance_scale != 1.0,
-                                             max_window=W + self.draft_length + 1)
+            state, _ = drafter.prefill(opening.condition, cfg=sampling.guidance_scale != 1.0,
+                                       max_window=decoding.forward_width + decoding.draft_length + 1)
         stats.draft_forwards += 1
-        rows = Commits(opening.first_token, opening.N, W, stats)
-        draft_kept = torch.zeros_like(rows.committed)  # committed tokens in the drafter's cache (trees)
-        try:
-            yield rows.progress()
-            while rows.minimum < opening.N:
-                if tree is None:
-                    self._chain_round(model, drafter, opening, draft_state, rows, sampling, generator, relaxation)
-                else:
-                    draft_kept = self._tree_round(model, drafter, opening, draft_state, draft_kept, rows, sampling,
-                                                  generator)
-                yield rows.progress()
-        finally:  # also when the caller stops early: count what was committed
-            rows.finish(opening.started)
+        self.proposer = ModelProposer(drafter, state, opening.first_token.shape[0], opening.first_token.device)
+        self.rows = Commits(opening, decoding.forward_width, stats)
 
-    def _chain_round(self, model, drafter, opening: Opening, draft_state, rows: Commits, sampling, generator,
-                     relaxation) -> None:
-        """Draft G tokens per row, score them in one target forward, verify the chain, commit, roll back."""
-        G, forced, state, timer, stats = self.draft_length, opening.forced, opening.state, opening.timer, rows.stats
-        W = G + 1
-        committed = rows.committed
-        B, device = committed.shape[0], committed.device
-        window = torch.arange(W, device=device)
-        positions = committed[:, None] + window  # [B, W] absolute positions the target predicts
+    def progress(self) -> DecodeStep:
+        return self.rows.progress()
+
+    def finish(self) -> None:
+        self.rows.finish()
+
+    def target_law(self, logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """The law [B, F, V] of the tokens at `depth` [B, F] after each row's last committed token (they hold
+        position committed + depth)."""
+        return self.opening.law(logits, self.rows.committed[:, None] + depth, sampling)
+
+    def draft_law(self, logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """`target_law`, zero where a draft would leave no position for the closing token: a tree near the image's
+        end is ragged, a chain's drafts there are padding (they lie past its real drafts)."""
+        inside = self.rows.committed[:, None] + depth <= self.opening.N - 2
+        return self.target_law(logits, depth, sampling) * inside[..., None]
+
+    def __call__(self) -> None:
+        rows, timer, speculation, forwards = self.rows, self.opening.timer, self.speculation, self.proposer.forwards
+        last = rows.seq.gather(1, rows.committed[:, None] - 1).squeeze(1)  # x_{c-1}
         with timer("draft"):
-            draws = uniform((B, G), generator, device, opening.dtype)
-            context = 1 if rows.step == 0 else 2
-            tokens = rows.seq.gather(1, committed[:, None] - context + torch.arange(context, device=device))
-            drafts, laws = [], []
-            for i in range(G):  # one batched forward per draft position (the drafter is autoregressive)
-                q = probs_of(drafter.forward(tokens, draft_state).at(slice(-1, None)), sampling,
-                             positions[:, i : i + 1], forced)  # [B, 1, V]
-                tokens = inverse_cdf(q, draws[:, i : i + 1])  # [B, 1]
-                drafts.append(tokens)
-                laws.append(q)
-            drafts, laws = torch.cat(drafts, 1), torch.cat(laws, 1)  # [B, G], [B, G, V]
-        stats.draft_forwards += G
-        with timer("target"):
-            last = rows.seq.gather(1, committed[:, None] - 1)
-            logits = model.forward(torch.cat([last, drafts], 1), state)
-        stats.target_forwards += 1
+            draft = speculation.propose(self.proposer, rows.seq, rows.committed, self.draft_law, self.sampling,
+                                        self.generator)
+        self.stats.draft_forwards += self.proposer.forwards - forwards
+        round = speculation.verify(self.model, self.opening.state, last, draft, self.target_law, self.sampling,
+                                   self.generator, timer, limit=rows.draft_lengths(speculation.width))
+        self.stats.target_forwards += 1
         with timer("verify"):
-            p = probs_of(logits, sampling, positions, forced)  # [B, W, V]
-            lengths = rows.draft_lengths(W)
-            result = verify(p, Draft(drafts, lengths, laws), generator, self.acceptance, relaxation=relaxation)
-            self._commit(rows, drafts, result, lengths)
+            rows.write(round.emitted[:, :-1], round.result, round.drafted)
         with timer("target"):
-            model.rollback(state, rows.committed - 1)  # x_{c-1} opens the target's next window
-        with timer("draft"):
-            drafter.rollback(draft_state, rows.committed - 2)  # the drafter re-reads [x_{c-2}, x_{c-1}]
-
-    def _tree_round(self, model, drafter, opening: Opening, draft_state, draft_kept: torch.Tensor, rows: Commits,
-                    sampling, generator) -> torch.Tensor:
-        """Draft a tree per row, score [x_{c-1}, nodes] in one target forward, walk it, commit, keep the path.
-        Returns the committed tokens now in the drafter's cache."""
-        G, N, forced, state, timer, stats = (self.draft_length, opening.N, opening.forced, opening.state,
-                                             opening.timer, rows.stats)
-        shape = shape_for(self.tree, sampling)
-        law_sampling = dataclasses.replace(sampling, temperature=1.0) if sampling.greedy else sampling
-        committed = rows.committed
-        device = committed.device
-
-        def law(logits: ImageLogits, depth: torch.Tensor) -> torch.Tensor:
-            """The law [B, F, V] of the children of nodes at `depth` [B, F] (they hold position c + depth), zero
-            where a child would leave no position for the closing token."""
-            q = probs_of(logits, law_sampling, committed[:, None] + depth, forced)
-            return q * (committed[:, None] + depth <= N - 2)[..., None]
-
-        with timer("draft"):
-            catch_up = draft_kept[:, None] + torch.arange(G + 1, device=device)  # the tokens it has not read, and more
-            logits = drafter.forward(rows.seq.gather(1, catch_up), draft_state)
-            at = (committed - draft_kept - 1).clamp(min=0)[:, None, None]  # where x_{c-1} sits in that window
-            root = ImageLogits(*(None if x is None else x.gather(1, at.expand(-1, -1, x.shape[-1]))
-                                 for x in (logits.cond, logits.uncond)))  # [B, 1, V]
-            drafter.rollback(draft_state, committed)
-            fed = torch.zeros(committed.shape[0], 0, dtype=torch.long, device=device)
-
-            def expand(nodes, paths, node_tokens, valid):
-                nonlocal fed
-                depth = (paths >= 0).sum(-1)  # [B, F]; a node of depth d sits at position c - 1 + d
-                stats.draft_forwards += 1
-                logits = drafter.forward_tree(node_tokens.gather(1, nodes), depth - 1,
-                                              visible_slots(fed, paths, nodes), draft_state)
-                fed = torch.cat([fed, nodes], 1)
-                return law(logits, depth)
-
-            tree = grow_tree(law(root, torch.zeros_like(committed[:, None]))[:, 0], expand, shape, generator)
-            drafter.rollback(draft_state, committed)  # the tree's slots leave the drafter's cache
-        stats.draft_forwards += 1
-        with timer("target"):
-            layout = tree.layout()
-            window = torch.cat([rows.seq.gather(1, committed[:, None] - 1), tree.tokens], 1)  # [B, 1 + nodes]
-            logits = model.forward_tree(window, layout.depth, layout.ancestors, state)
-        stats.target_forwards += 1
-        with timer("verify"):
-            p = probs_of(logits, sampling, committed[:, None] + layout.depth, forced)  # slot s predicts c + depth
-            walk = verify_tree(p, tree, generator, layout=layout, draws=(G, self.tree_width))
-            drafts = window.gather(1, walk.path.clamp(min=0))  # [B, D] the accepted path's tokens
-            self._commit(rows, drafts, VerifyResult(walk.n_accepted, walk.next_token, walk.path >= 0), tree.n_nodes)
-        with timer("target"):
-            model.keep_path(state, walk.path)  # the accepted path's keys/values onto the slots after x_{c-1}
-            model.rollback(state, rows.committed - 1)
-        return committed
-
-    @staticmethod
-    def _commit(rows: Commits, drafts: torch.Tensor, result: VerifyResult, drafted: torch.Tensor) -> None:
-        """Write each active row's n accepted drafts [B, >= n] and its closing token after its committed tokens."""
-        n = result.n_accepted[:, None]
-        window = torch.arange(drafts.shape[1] + 1, device=n.device)
-        run = torch.cat([drafts, result.next_token[:, None]], 1)
-        run = torch.where(window == n, result.next_token[:, None], run)  # j < n: a draft, j = n: the closing token
-        positions = rows.committed[:, None] + window
-        write = rows.active[:, None] & (window <= n)
-        rows.seq.scatter_(1, positions, torch.where(write, run, rows.seq.gather(1, positions)))
-        rows.advance(result, drafted)
-
-    def _check_drafter(self, model: DiscreteImageModel) -> DiscreteImageModel:
-        if self.drafter is None:
-            raise ValueError(
-                "decoding='draft' needs a draft model: load a pipeline that has a draft_transformer, or pass "
-                "drafter=<adapter> to DraftModel"
-            )
-        if (self.drafter.grid, self.drafter.vocab_size) != (model.grid, model.vocab_size):
-            raise ValueError(
-                f"the drafter must share the target's image tokens: drafter grid {self.drafter.grid}, vocab_size "
-                f"{self.drafter.vocab_size}; target grid {model.grid}, vocab_size {model.vocab_size}"
-            )
-        if self.tree:
-            require_methods(model, TREE_METHODS, "DraftModel(tree_width > 1)")
-            require_methods(self.drafter, TREE_METHODS, "DraftModel(tree_width > 1)'s drafter")
-        return self.drafter
+            self.model.rollback(self.opening.state, rows.committed - 1)  # x_{c-1} opens the target's next window

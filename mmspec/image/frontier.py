@@ -49,14 +49,19 @@ d_i left in, and a rollback that keeps the rejected branch's keys/values.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mmspec.core.model import Logits
 from mmspec.core.multidraft import without_replacement
-from mmspec.core.rng import inverse_cdf
+from mmspec.core.rng import Generators, inverse_cdf, uniform
 from mmspec.core.tree_verify import TreeWalk, walk_tree
 from mmspec.core.trees import DraftTree, TreeLayout
 from mmspec.core.verify import VerifyResult
+
+if TYPE_CHECKING:
+    from mmspec.image.jacobi import JacobiOutcome
 
 
 @dataclass(frozen=True)
@@ -185,3 +190,60 @@ def merge(step_verify: VerifyResult, step_tokens: torch.Tensor, walk: TreeWalk, 
     main_path = torch.arange(1, walk.path.shape[1] + 1, device=step_tokens.device).expand_as(walk.path)
     path = torch.where(walk.ended[:, None], walk.path, main_path)
     return VerifyResult(n_accepted=n, next_token=next_token, accept_mask=accept_mask), window, path
+
+
+class ChainWindow:
+    """How SJD scores its window without a tree: the main chain alone, in a window forward. The other half of the
+    frontier strategy that `FrontierTrees` is (the Jacobi step calls both the same way)."""
+
+    def __init__(self, window: int, device: torch.device | str = "cpu"):
+        self.level = torch.arange(window, device=device)  # [W] slot t holds the token of position c - 1 + t
+
+    def draft(self, inputs: torch.Tensor, q: torch.Tensor, lengths: torch.Tensor, generator: Generators) -> None:
+        """Nothing to draw beyond the window's drafts."""
+
+    def forward(self, model: Any, inputs: torch.Tensor, state: Any) -> Logits:
+        return model.forward(inputs, state)
+
+    def verify(self, step: JacobiOutcome, p: torch.Tensor, uniforms: torch.Tensor) -> tuple[VerifyResult,
+                                                                                           torch.Tensor]:
+        """SJD's own chain test decides: (its VerifyResult, the window's tokens [B, W])."""
+        return step.verify, step.tokens
+
+    def keep(self, model: Any, state: Any) -> None:
+        """The window's keys/values are already where the rollback keeps them."""
+
+
+class FrontierTrees:
+    """SJD-PAC's frontier tree around SJD's window (see the module docstring): each iteration draws the alternates
+    of every row (a fixed number of draws per row, so a row's random stream does not depend on its batch), scores
+    the window's main chain and alternates in one `forward_tree`, walks the tree with RSD for its depth (rows still
+    on the main chain then go on as SJD's chain test) and keeps the accepted path's keys/values."""
+
+    def __init__(self, window: int, width: int, depth: int, device: torch.device | str = "cpu"):
+        self.width, self.depth = width, depth
+        self.layout = FrontierTree.build(window, width, depth, device)
+        self.level = self.layout.level  # [T]
+
+    def draft(self, inputs: torch.Tensor, q: torch.Tensor, lengths: torch.Tensor, generator: Generators) -> None:
+        """Draw the alternates of the window (inputs [B, W], q [B, W - 1, V], lengths [B])."""
+        B, V, device = inputs.shape[0], q.shape[-1], inputs.device
+        gumbel_uniforms = [uniform((B, g.shape[0], V), generator, device, q.dtype) for g in self.layout.groups]
+        self.walk_uniforms = uniform((B, self.depth, self.width - 1), generator, device, q.dtype)
+        self.tree = self.layout.draft(inputs, q, lengths, gumbel_uniforms)
+        self.tokens = torch.cat([inputs[:, :1], self.tree.tokens], 1)  # [B, T] the root, then the tree's nodes
+
+    def forward(self, model: Any, inputs: torch.Tensor, state: Any) -> Logits:
+        return model.forward_tree(self.tokens, self.layout.level, self.layout.ancestors, state)
+
+    def verify(self, step: JacobiOutcome, p: torch.Tensor, uniforms: torch.Tensor) -> tuple[VerifyResult,
+                                                                                           torch.Tensor]:
+        """The tree walk over the slots' laws p [B, T, V], merged with SJD's chain step (`merge`), with the chain
+        test's uniforms [B, 3, >= W] (accept, residual, fresh)."""
+        walk = self.layout.walk(p, self.tree, uniforms[:, 1], self.walk_uniforms[:, : self.layout.depth])
+        verified, tokens, self.path = merge(step.verify, step.tokens, walk, self.tokens, uniforms[:, 2],
+                                            uniforms[:, 3])
+        return verified, tokens
+
+    def keep(self, model: Any, state: Any) -> None:
+        model.keep_path(state, self.path)  # the accepted path's keys/values onto the main chain's slots

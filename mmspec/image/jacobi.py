@@ -45,34 +45,23 @@ against the law of i - 1, or forcing an acceptance each break one step of this a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from mmspec.core.acceptance import Acceptance, Exact
-from mmspec.core.component import DecodingComponent
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, keyed_uniform, sample_seeds, uniform
+from mmspec.core.rules.base import TokenTest
+from mmspec.core.rules.exact import Exact, accept_probability, residual_law
 from mmspec.core.stats import SpecStats
-from mmspec.core.trees import DraftTree
-from mmspec.core.verify import (
-    Relaxed,
-    VerifyResult,
-    accept_probability,
-    chain_outcome,
-    first_rejection,
-    residual_law,
-)
-from mmspec.image.decoding import Commits, forced_at, image_span, open_decoding, probs_of
-from mmspec.image.frontier import FrontierTree, merge
-from mmspec.image.lantern import relaxation_for
-from mmspec.image.protocol import TREE_METHODS, DiscreteImageModel, require_methods
-from mmspec.options import COUPLINGS, INITS
+from mmspec.core.verify import VerifyResult, chain_outcome, first_rejection
+from mmspec.image.frontier import ChainWindow, FrontierTrees
+from mmspec.image.loop import Commits, DecodeStep, Opening, forced_at
+from mmspec.image.protocol import DiscreteImageModel
 
 
 @dataclass(frozen=True)
-class JacobiStep:
+class JacobiOutcome:
     """One window's verification and redraft.
 
     verify: n_accepted [B], next_token [B] (the residual or bonus token that closes the committed run) and
@@ -93,18 +82,18 @@ def jacobi_step(
     uniforms: torch.Tensor,
     coupling: str,
     gumbel: torch.Tensor | None = None,
-    relaxation: Relaxed | None = None,
-) -> JacobiStep:
+    test: TokenTest | None = None,
+) -> JacobiOutcome:
     """Verify a window of drafts and draw the next drafts; pure tensor code, no host sync.
 
     p: [B, W, V] target laws at the window's output positions; drafts: [B, W - 1] the drafts at the first W - 1 of
     them, drawn from q: [B, W - 1, V]; lengths: [B] long, how many drafts of each row are real (the rest lie past
     the image); uniforms: [B, 3, >= W] U[0, 1) draws for the acceptance tests, the residual samples and the fresh
     samples of p (the caller draws a fixed number per row, so a row's random stream depends on nothing else);
-    gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel". relaxation: LANTERN or GSD
-    relaxed acceptance (lossy): drafts are accepted on their neighbourhood (group) mass and the first rejection draws
-    from the rule's residual; the redrafts past it stay the exact maximal coupling, so every stored draft law is still
-    exact.
+    gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel". test: another rule than the
+    exact one, bound to the model (LANTERN, GSD: relaxed and lossy, drafts accepted on their neighbourhood / group
+    mass, the first rejection drawn from the rule's residual); the redrafts past the first rejection stay the exact
+    maximal coupling, so every stored draft law is still exact. None: the exact rule.
     """
     B, W, V = p.shape
     has_draft = torch.arange(W - 1, device=p.device) < lengths[:, None]  # [B, W - 1]
@@ -118,12 +107,12 @@ def jacobi_step(
     # without a draft (the last one, or past a row's real drafts) draws p. Exact acceptance commits it at j = n.
     at_drafts = torch.where(has_draft, torch.where(keep, drafts, residual), fresh[:, :-1])
     coupled = torch.cat([at_drafts, fresh[:, -1:]], 1)
-    if relaxation is None:
+    if test is None:
         accept, excess = keep, None
         n = first_rejection(accept)  # [B]
         next_token = coupled.gather(1, n[:, None]).squeeze(1)
     else:  # the core's chain test with the same uniforms; the closing token is drawn with the uniform of its kind
-        outcome = chain_outcome(p, Draft(drafts, lengths, q), uniforms[:, 0, : W - 1], relaxation)
+        outcome = chain_outcome(p, Draft(drafts, lengths, q), uniforms[:, 0, : W - 1], test)
         accept, excess, n = outcome.accept_mask, outcome.excess_acceptance, outcome.n_accepted
         u_residual = uniforms[:, 1].gather(1, n.clamp(max=max(W - 2, 0))[:, None]).squeeze(1)
         u_fresh = uniforms[:, 2].gather(1, n[:, None]).squeeze(1)
@@ -139,128 +128,77 @@ def jacobi_step(
     tokens = torch.where(position < n[:, None], accepted,
                          torch.where(position == n[:, None], next_token[:, None], redraft))
     verified = VerifyResult(n_accepted=n, next_token=next_token, accept_mask=accept, excess_acceptance=excess)
-    return JacobiStep(verified, tokens, p)
+    return JacobiOutcome(verified, tokens, p)
 
 
-@dataclass(frozen=True)
-class SJD(DecodingComponent):
-    """Speculative Jacobi decoding, batched, with per-row acceptance.
+class JacobiStep:
+    """One SJD iteration on a window of L = `window` target positions for every row (windows past the image's end
+    score scratch), the rows' randomness drawn in a fixed amount whatever happens: draft the positions no window has
+    reached, score the window (`ChainWindow`, or with a frontier tree `FrontierTrees`), verify and redraft
+    (`jacobi_step`), commit, roll the cache back to the new last token."""
 
-    window: L, tokens scored per target forward (1 = plain AR). init: how positions no window has reached are
-    drafted, one of `INITS`. coupling: how the drafts past the committed run are redrafted, one of `COUPLINGS`.
-    acceptance: `Exact()` (lossless for every setting above) or `Lantern(k, delta, lam)` (relaxed, lossy), or its
-    name. tree_width: candidates per position at the window's first `tree_depth` draft positions (SJD-PAC's frontier
-    tree, `mmspec.image.frontier`; exact; 1 = SJD's single chain, and then `tree_depth` is not read). It needs an
-    adapter with `forward_tree` / `keep_path` (LlamaGen's and the embedded models').
-    """
-
-    name: ClassVar[str] = "sjd"
-    modality: ClassVar[str] = "image"
-    window: int = 16
-    init: str = "horizontal"
-    coupling: str = "maximal"
-    acceptance: Acceptance = Exact()
-    tree_width: int = 1
-    tree_depth: int = 2
-
-    def __post_init__(self):
-        self.check_count("window", "tokens scored per target forward")
-        self.check_choice("init", INITS)
-        self.check_choice("coupling", COUPLINGS)
-        self.check_count("tree_width", "candidates per tree position")
-        self.check_count("tree_depth", "draft positions with a tree")
-        super().__post_init__()
-        if self.tree_width > 1:
-            if not isinstance(self.acceptance, Exact):
-                raise ValueError(f"tree_width > 1 verifies with RSD, which is exact: acceptance must be 'exact', got "
-                                 f"{self.acceptance.name!r}")
-            if self.tree_depth >= self.window:
-                raise ValueError(f"tree_depth must be < window ({self.window}), got {self.tree_depth}")
-        elif self.tree_depth != SJD.tree_depth:
-            raise ValueError(f"tree_depth is read only with tree_width > 1, got tree_depth={self.tree_depth} and "
-                             f"tree_width=1")
-
-    @property
-    def tree(self) -> bool:
-        return self.tree_width > 1
-
-    @property
-    def forward_width(self) -> int:
-        """Tokens one target forward scores per row: the window, or the frontier tree's nodes."""
-        return FrontierTree.build(self.window, self.tree_width, self.tree_depth).size if self.tree else self.window
-
-    @torch.no_grad()
-    def __call__(
-        self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
-    ):
-        L = self.window
-        relaxation = relaxation_for(self.acceptance, model, image_span(model)[1], sampling)  # checked before prefill
-        trees = Trees(self.window, self.tree_width, self.tree_depth, model) if self.tree else None
-        opening = open_decoding(model, condition, sampling, generator, stats,
-                                max_window=L if trees is None else trees.widest)
-        N, V, forced, state, timer = opening.N, opening.V, opening.forced, opening.state, opening.timer
+    def __init__(self, sjd, model: DiscreteImageModel, opening: Opening, sampling: SamplingConfig,
+                 generator: Generators, stats: SpecStats):
+        self.model, self.opening, self.sampling, self.generator, self.stats = model, opening, sampling, generator, stats
+        self.init, self.coupling, L, V = sjd.init, sjd.coupling, sjd.window, opening.V
+        self.test = None if isinstance(sjd.acceptance, Exact) else opening.test
         B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
-
+        frontier = FrontierTrees(L, sjd.tree_width, sjd.tree_depth, device) if sjd.tree else ChainWindow(L, device)
+        self.frontier = frontier
         # seq holds each row's committed tokens, then its current drafts, over absolute positions 0 .. N + L - 1
         # (past N: scratch for windows that overhang the image). The law each draft was drawn from is kept for the
         # live positions only: drafts lie in [committed, committed + L), so a ring of L laws indexed by position
         # mod L never overwrites a live one. Gumbel vectors are keyed by (row seed, position, id), not stored.
+        with opening.timer("draft"):
+            self.rows = Commits(opening, L, stats)
+            self.laws = Ring(torch.zeros(B, L, V, dtype=dtype, device=device))
+            self.seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
+            self.span = DraftSpan.of(opening.forced, opening.N, L, V, device)
+            self.ahead = opening.first_law  # [B, V] the law just past each row's last window, for init="lookahead"
+            self.everywhere = torch.arange(self.rows.seq.shape[1], device=device)
+            self.window = torch.arange(L, device=device)
+        self.drafted_end = self.rows.committed.clone()  # positions < drafted_end hold a committed token or a draft
+
+    def progress(self) -> DecodeStep:
+        return self.rows.progress()
+
+    def finish(self) -> None:
+        self.rows.finish()
+
+    def __call__(self) -> None:
+        rows, opening, timer, seq, frontier = self.rows, self.opening, self.opening.timer, self.rows.seq, self.frontier
+        B, L, V = seq.shape[0], self.window.shape[0], opening.V
+        committed, active = rows.committed, rows.active
+        inputs_at = committed[:, None] - 1 + self.window  # [B, L] absolute positions
+        outputs_at = inputs_at + 1
         with timer("draft"):
-            rows = Commits(opening.first_token, N, L, stats)
-            seq = rows.seq
-            laws = Ring(torch.zeros(B, L, V, dtype=dtype, device=device))
-            seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
-            span = DraftSpan.of(forced, N, L, V, device)
-            ahead = opening.first_law  # [B, V] the law just past each row's last window, for init="lookahead"
-            everywhere = torch.arange(seq.shape[1], device=device)
-        drafted_end = rows.committed.clone()  # positions < drafted_end hold a committed token or a draft
-        try:
-            yield rows.progress()
-            while rows.minimum < N:
-                W = min(L, N - rows.minimum)
-                committed, active = rows.committed, rows.active
-                inputs_at = committed[:, None] - 1 + torch.arange(W, device=device)  # [B, W] absolute positions
-                outputs_at = inputs_at + 1
-                with timer("draft"):
-                    # A fixed number of draws per row and iteration (init, accept, residual, fresh), whatever W is.
-                    uniforms = uniform((B, 4, L), generator, device, dtype)
-                    drafted = everywhere < drafted_end[:, None]
-                    initialise_drafts(self.init, seq, laws, inputs_at[:, 1:], True, drafted, uniforms[:, 0],
-                                      model.grid[1], forced, span, ahead)
-                    inputs = seq.gather(1, inputs_at)
-                    q = laws.read(inputs_at[:, 1:])  # [B, W - 1, V]
-                    lengths = rows.draft_lengths(W)
-                    tree = None if trees is None else trees.drafted(W, inputs, q, lengths, generator)
-                with timer("target"):
-                    logits = model.forward(inputs, state) if tree is None else model.forward_tree(
-                        tree.tokens, tree.layout.level, tree.layout.ancestors, state)
-                stats.target_forwards += 1
-                with timer("verify"):
-                    if tree is None:
-                        p = probs_of(logits, sampling, outputs_at, forced)  # [B, W, V]
-                    else:  # node t predicts the image position after its own, c + level[t]
-                        p_nodes = probs_of(logits, sampling, committed[:, None] + tree.layout.level, forced)
-                        p = p_nodes[:, :W]
-                    g = None if seeds is None else gumbel(seeds, outputs_at, V, p.dtype)
-                    result = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g, relaxation)
-                    verified, tokens = result.verify, result.tokens
-                    if tree is not None:
-                        walk = tree.layout.walk(p_nodes, tree.tree, uniforms[:, 1], tree.uniforms)
-                        verified, tokens, path = merge(verified, tokens, walk, tree.tokens, uniforms[:, 2],
-                                                       uniforms[:, 3])
-                    write_at(seq, outputs_at, tokens, active[:, None])
-                    laws.write(outputs_at, result.laws, active[:, None])
-                    last = result.laws.gather(1, _rows(lengths[:, None], V)).squeeze(1)  # a row's last real output
-                    ahead = torch.where(active[:, None], last, ahead)
-                    drafted_end = torch.where(active, committed + W, drafted_end)
-                    rows.advance(verified, lengths)
-                with timer("target"):
-                    if tree is not None:
-                        model.keep_path(state, path)  # the accepted path's keys/values onto the main chain's slots
-                    model.rollback(state, rows.committed - 1)  # the last committed token opens the next window
-                yield rows.progress()
-        finally:  # also when the caller stops early: count what was committed
-            rows.finish(opening.started)
+            # A fixed number of draws per row and iteration (init, accept, residual, fresh).
+            uniforms = uniform((B, 4, L), self.generator, seq.device, opening.dtype)
+            drafted = self.everywhere < self.drafted_end[:, None]
+            initialise_drafts(self.init, seq, self.laws, inputs_at[:, 1:], True, drafted, uniforms[:, 0],
+                              self.model.grid[1], opening.forced, self.span, self.ahead)
+            inputs = seq.gather(1, inputs_at)
+            q = self.laws.read(inputs_at[:, 1:])  # [B, L - 1, V]
+            lengths = rows.draft_lengths(L)
+            frontier.draft(inputs, q, lengths, self.generator)
+        with timer("target"):
+            logits = frontier.forward(self.model, inputs, opening.state)
+        self.stats.target_forwards += 1
+        with timer("verify"):
+            p_slots = opening.law(logits, committed[:, None] + frontier.level, self.sampling)  # slot t: c + level[t]
+            p = p_slots[:, :L]  # [B, L, V] the main chain's
+            g = None if self.seeds is None else gumbel(self.seeds, outputs_at, V, p.dtype)
+            step = jacobi_step(p, inputs[:, 1:], q, lengths, uniforms[:, 1:], self.coupling, g, self.test)
+            verified, tokens = frontier.verify(step, p_slots, uniforms)
+            write_at(seq, outputs_at, tokens, active[:, None])
+            self.laws.write(outputs_at, step.laws, active[:, None])
+            last = step.laws.gather(1, _rows(lengths[:, None], V)).squeeze(1)  # a row's last real output
+            self.ahead = torch.where(active[:, None], last, self.ahead)
+            self.drafted_end = torch.where(active, committed + L, self.drafted_end)
+            rows.advance(verified, lengths)
+        with timer("target"):
+            frontier.keep(self.model, opening.state)  # a tree's accepted path onto the main chain's slots
+            self.model.rollback(opening.state, rows.committed - 1)  # the last committed token opens the next window
 
 
 def initialise_drafts(
@@ -315,46 +253,6 @@ def initialise_drafts(
     write_at(seq, positions, tokens, new)
     laws.write(positions, law, new)
     return new
-
-
-@dataclass(frozen=True)
-class DraftedTree:
-    """One iteration's frontier tree: its layout, the window as a DraftTree (`FrontierTree.draft`), each slot's token
-    [B, T] (the root, then the tree's nodes) and the walk's uniforms for the children after the first [B, depth,
-    width - 1]."""
-
-    layout: FrontierTree
-    tree: DraftTree
-    tokens: torch.Tensor
-    uniforms: torch.Tensor
-
-
-class Trees:
-    """The frontier-tree layouts of one decoding (one per window width: the last windows of an image are narrower),
-    and the draws of each iteration: a fixed number per row whatever the width, so a row's random stream does not
-    depend on its batch."""
-
-    def __init__(self, window: int, width: int, depth: int, model: DiscreteImageModel):
-        require_methods(model, TREE_METHODS, "tree_width > 1")
-        self.width, self.depth = width, depth
-        self.full = FrontierTree.build(window, width, depth)
-        self.widest = self.full.size
-        self._layouts: dict[int, FrontierTree] = {}
-
-    def drafted(self, W: int, inputs: torch.Tensor, q: torch.Tensor, lengths: torch.Tensor,
-                generator: Generators) -> DraftedTree | None:
-        """Draw the alternates of a window of W main nodes (inputs [B, W], q [B, W - 1, V]); None when W leaves no
-        room for a tree (W < 2)."""
-        B, V, device = inputs.shape[0], q.shape[-1], inputs.device
-        gumbel_uniforms = [uniform((B, g.shape[0], V), generator, device, q.dtype) for g in self.full.groups]
-        walk_uniforms = uniform((B, self.depth, self.width - 1), generator, device, q.dtype)
-        if W < 2:
-            return None
-        if W not in self._layouts:
-            self._layouts[W] = FrontierTree.build(W, self.width, self.depth, device)
-        layout = self._layouts[W]
-        tree = layout.draft(inputs, q, lengths, gumbel_uniforms)
-        return DraftedTree(layout, tree, torch.cat([inputs[:, :1], tree.tokens], 1), walk_uniforms[:, : layout.depth])
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Parallel Jacobi decoding (PJD; Liao et al., CVPR 2026, arXiv 2606.05703): several image rows decode at once, each
-with its own Jacobi window, under a row-causal mask. Lossy; `rows=1` is SJD exactly.
+"""Parallel Jacobi decoding over image rows (Liao et al., CVPR 2026, arXiv 2606.05703): several image rows decode at
+once, each with its own Jacobi window, under a row-causal mask. Lossy; `rows=1` is SJD exactly.
 
 The image's grid rows are the unit. The lowest row not yet complete decodes as in SJD (`mmspec.image.jacobi`): a window
 of W target positions after its committed tokens, exact acceptance with min(1, p/q), coupled redrafts. Up to `rows - 1`
@@ -18,146 +18,110 @@ part of its raster prefix; its keys/values are cached as computed then, so later
 shrinks as `lag` grows (at lag >= width no two rows overlap and the law is SJD's, exact; tested) and is measured,
 not bounded:
 `tests/image/test_parallel.py` measures the total-variation distance of its output law from AR's on a lookup-table
-model and `python -m mmspec.eval.quality --methods ar pjd` the distribution shift on the embedded model.
+model, and the evaluation's quality run the distribution shift on the embedded model (docs/evaluation.md).
 
-`rows=1` runs the same loop with one window and gives the tokens SJD gives for the same seeds (tested), the knob at
+`rows=1` runs the same step with one window and gives the tokens SJD gives for the same seeds (tested), the knob at
 zero of this lossy mode.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
-from mmspec.core.component import DecodingComponent
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, sample_seeds, uniform
 from mmspec.core.stats import SpecStats
 from mmspec.core.verify import VerifyResult
-from mmspec.image.decoding import PAD_ID, Commits, DecodeStep, open_decoding, probs_of
 from mmspec.image.jacobi import DraftSpan, Ring, gumbel, initialise_drafts, jacobi_step, write_at
-from mmspec.image.protocol import SEGMENT_METHODS, DiscreteImageModel, require_methods
-from mmspec.options import COUPLINGS, INITS
-
-PJD_INITS = tuple(init for init in INITS if init != "lookahead")
+from mmspec.image.loop import PAD_ID, Commits, DecodeStep, Opening
+from mmspec.image.protocol import DiscreteImageModel
 
 
-@dataclass(frozen=True)
-class PJD(DecodingComponent):
-    """Parallel Jacobi decoding over image rows (lossy unless rows == 1).
+class RowWindowStep:
+    """One iteration of parallel Jacobi decoding: a window on each of the `rows` lowest unfinished grid rows, all
+    scored in one `forward_segments` call, each verified with SJD's step, the committed inputs cached with
+    `commit_segments`."""
 
-    window: W, target positions per row window. rows: grid rows decoding at once (1 = SJD with the same settings,
-    token for token). lag: how many columns a row stays behind the committed frontier of the row above. The defaults
-    (4, 4, 1) are the fastest of a sweep on the embedded model (docs/benchmarks.md). init /
-    coupling: as SJD's (`"lookahead"` is SJD's only). Needs an adapter with `forward_segments` / `commit_segments`
-    (LlamaGen's and the embedded models').
-    """
-
-    name: ClassVar[str] = "pjd"
-    modality: ClassVar[str] = "image"
-    window: int = 4
-    rows: int = 4
-    lag: int = 1
-    init: str = "horizontal"
-    coupling: str = "maximal"
-
-    def __post_init__(self):
-        self.check_count("window", "target positions per row window")
-        self.check_count("rows", "grid rows decoding at once")
-        self.check_count("lag", "columns a row stays behind the row above")
-        self.check_choice("init", PJD_INITS)
-        self.check_choice("coupling", COUPLINGS)
-        super().__post_init__()
-
-    @property
-    def lossless(self) -> bool:
-        return self.rows == 1
-
-    @property
-    def forward_width(self) -> int:
-        """Tokens one target forward scores per sample: the row windows, and with several rows one slot for a
-        closing token no window starts from."""
-        return self.rows * self.window + (self.rows > 1)
-
-    @torch.no_grad()
-    def __call__(
-        self, model: DiscreteImageModel, condition, sampling: SamplingConfig, generator: Generators, stats: SpecStats
-    ):
-        require_methods(model, SEGMENT_METHODS, "decoding='pjd'")
-        W, R = self.window, self.rows
+    def __init__(self, decoding, model: DiscreteImageModel, opening: Opening, sampling: SamplingConfig,
+                 generator: Generators, stats: SpecStats):
+        self.model, self.opening, self.sampling, self.generator, self.stats = model, opening, sampling, generator, stats
+        self.W, self.R, self.lag = decoding.window, decoding.rows, decoding.lag
+        self.init, self.coupling = decoding.init, decoding.coupling
         height, width = model.grid
-        opening = open_decoding(model, condition, sampling, generator, stats, max_window=self.forward_width + 1)
-        N, V, forced, state, timer = opening.N, opening.V, opening.forced, opening.state, opening.timer
+        N, V, W, R = opening.N, opening.V, self.W, self.R
         B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
+        with opening.timer("draft"):
+            self.rows = RowCommits(opening, W, stats, height, width)
+            self.laws = Ring(torch.zeros(B, R * width + 2 * W, V, dtype=dtype, device=device))  # all live drafts
+            self.seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
+            self.span = DraftSpan.of(opening.forced, N, W, V, device)
+            self.drafted = torch.zeros(B, N + W, dtype=torch.bool, device=device)
+            self.drafted[:, 0] = True
+            self.cached = torch.zeros(B, N, dtype=torch.bool, device=device)  # keys/values in the model's state
+            self.j = torch.arange(W, device=device)
 
+    def progress(self) -> DecodeStep:
+        return self.rows.progress()
+
+    def finish(self) -> None:
+        self.rows.finish()
+
+    def __call__(self) -> None:
+        rows, opening, timer, seq, j = self.rows, self.opening, self.opening.timer, self.rows.seq, self.j
+        W, R, V, N = self.W, self.R, opening.V, opening.N
+        B, width = seq.shape[0], rows.width
         with timer("draft"):
-            rows = RowCommits(opening.first_token, N, W, stats, height, width)
-            seq = rows.seq
-            laws = Ring(torch.zeros(B, R * width + 2 * W, V, dtype=dtype, device=device))  # all live drafts
-            seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
-            span = DraftSpan.of(forced, N, W, V, device)
-            drafted = torch.zeros(B, N + W, dtype=torch.bool, device=device)
-            drafted[:, 0] = True
-            cached = torch.zeros(B, N, dtype=torch.bool, device=device)  # keys/values in the model's state
-            j = torch.arange(W, device=device)
-        try:
-            yield rows.progress()
-            while rows.minimum < N:
-                with timer("draft"):
-                    # A fixed number of draws per sample and iteration, so a sample's stream does not depend on its
-                    # batch; the windows on rows past the image (for every sample) are left out of the forward.
-                    draws = uniform((B, R, 4, W), generator, device, dtype)
-                    live = min(R, height - rows.minimum // width)
-                    windows = rows.windows(live, W, self.lag)
-                    starts, lengths, active = windows.starts, windows.lengths, windows.active  # [B, live]
-                    inputs_at = starts[..., None] - 1 + j  # [B, live, W] absolute positions
-                    draws = draws[:, :live]
-                    # Window by window (their padding positions may repeat another window's): the first input of
-                    # a window that opens under an unfinished row is a draft of that row, then the new drafts.
-                    for k in range(live):
-                        real = active[:, k, None] & (j[:-1] < lengths[:, k, None])  # [B, W - 1]
-                        for at, where, u in ((inputs_at[:, k, :1], active[:, k, None], draws[:, k, 0, W - 1 :]),
-                                             (inputs_at[:, k, 1:], real, draws[:, k, 0, : W - 1])):
-                            new = initialise_drafts(self.init, seq, laws, at, where, drafted, u, width, forced, span)
-                            drafted |= _mask_at(drafted, at, new)
-                    tokens = seq.gather(1, inputs_at.flatten(1)).view(B, live, W)
-                    q = laws.read(inputs_at[..., 1:].flatten(1)).view(B, live, W - 1, V)
-                    orphan = rows.orphan(cached, windows) if R > 1 else None  # [B], -1 where none
-                    layout = Segments.of(inputs_at, orphan, seq)
-                with timer("target"):
-                    logits = model.forward_segments(layout.tokens, layout.positions, layout.segments, state)
-                stats.target_forwards += 1
-                with timer("verify"):
-                    outputs_at = inputs_at + 1
-                    p = probs_of(logits.at(slice(0, live * W)), sampling, outputs_at.flatten(1), forced)
-                    p = p.view(B * live, W, V)
-                    g = None if seeds is None else gumbel(seeds.repeat_interleave(live), outputs_at.flatten(0, 1), V,
-                                                          p.dtype)
-                    result = jacobi_step(p, tokens[..., 1:].flatten(0, 1), q.flatten(0, 1), lengths.flatten(),
-                                         draws[:, :, 1:].flatten(0, 1), self.coupling, g)
-                    n = result.verify.n_accepted.view(B, live)
-                    written = active[..., None] & (j <= lengths[..., None])  # [B, live, W] the real outputs
-                    step_tokens, step_laws = result.tokens.view(B, live, W), result.laws.view(B, live, W, V)
-                    for k in range(live):
-                        write_at(seq, outputs_at[:, k], step_tokens[:, k], written[:, k])
-                        laws.write(outputs_at[:, k], step_laws[:, k], written[:, k])
-                    drafted |= _mask_at(drafted, outputs_at.flatten(1), written.flatten(1))
-                    # Cache the window inputs that are now committed: the accepted drafts and the first input when
-                    # it is committed (a draft of the row above stays out); the orphaned closing token always.
-                    first_committed = rows.committed_at(inputs_at[..., 0])
-                    keep = active[..., None] & (j <= n[..., None]) & ((j > 0) | first_committed[..., None])
-                    keep = keep.flatten(1)
-                    if orphan is not None:
-                        keep = torch.cat([keep, (orphan >= 0)[:, None]], 1)
-                    cached |= _mask_at(cached, layout.positions.clamp(max=N - 1), keep)
-                    rows.advance(starts, n, active, result.verify, lengths)
-                with timer("target"):
-                    model.commit_segments(state, keep)
-                yield rows.progress()
-        finally:  # also when the caller stops early: count what was committed
-            rows.finish(opening.started)
+            # A fixed number of draws per sample and iteration, so a sample's stream does not depend on its batch;
+            # the windows on rows past the image (for every sample) are left out of the forward.
+            draws = uniform((B, R, 4, W), self.generator, seq.device, opening.dtype)
+            live = min(R, rows.height - rows.minimum // width)
+            windows = rows.windows(live, W, self.lag)
+            starts, lengths, active = windows.starts, windows.lengths, windows.active  # [B, live]
+            inputs_at = starts[..., None] - 1 + j  # [B, live, W] absolute positions
+            draws = draws[:, :live]
+            # Window by window (their padding positions may repeat another window's): the first input of a window
+            # that opens under an unfinished row is a draft of that row, then the new drafts.
+            for k in range(live):
+                real = active[:, k, None] & (j[:-1] < lengths[:, k, None])  # [B, W - 1]
+                for at, where, u in ((inputs_at[:, k, :1], active[:, k, None], draws[:, k, 0, W - 1 :]),
+                                     (inputs_at[:, k, 1:], real, draws[:, k, 0, : W - 1])):
+                    new = initialise_drafts(self.init, seq, self.laws, at, where, self.drafted, u, width,
+                                            opening.forced, self.span)
+                    self.drafted |= _mask_at(self.drafted, at, new)
+            tokens = seq.gather(1, inputs_at.flatten(1)).view(B, live, W)
+            q = self.laws.read(inputs_at[..., 1:].flatten(1)).view(B, live, W - 1, V)
+            orphan = rows.orphan(self.cached, windows) if R > 1 else None  # [B], -1 where none
+            layout = Segments.of(inputs_at, orphan, seq)
+        with timer("target"):
+            logits = self.model.forward_segments(layout.tokens, layout.positions, layout.segments, opening.state)
+        self.stats.target_forwards += 1
+        with timer("verify"):
+            outputs_at = inputs_at + 1
+            p = opening.law(logits.at(slice(0, live * W)), outputs_at.flatten(1), self.sampling).view(B * live, W, V)
+            g = None if self.seeds is None else gumbel(self.seeds.repeat_interleave(live), outputs_at.flatten(0, 1),
+                                                       V, p.dtype)
+            result = jacobi_step(p, tokens[..., 1:].flatten(0, 1), q.flatten(0, 1), lengths.flatten(),
+                                 draws[:, :, 1:].flatten(0, 1), self.coupling, g)
+            n = result.verify.n_accepted.view(B, live)
+            written = active[..., None] & (j <= lengths[..., None])  # [B, live, W] the real outputs
+            step_tokens, step_laws = result.tokens.view(B, live, W), result.laws.view(B, live, W, V)
+            for k in range(live):
+                write_at(seq, outputs_at[:, k], step_tokens[:, k], written[:, k])
+                self.laws.write(outputs_at[:, k], step_laws[:, k], written[:, k])
+            self.drafted |= _mask_at(self.drafted, outputs_at.flatten(1), written.flatten(1))
+            # Cache the window inputs that are now committed: the accepted drafts and the first input when it is
+            # committed (a draft of the row above stays out); the orphaned closing token always.
+            first_committed = rows.committed_at(inputs_at[..., 0])
+            keep = active[..., None] & (j <= n[..., None]) & ((j > 0) | first_committed[..., None])
+            keep = keep.flatten(1)
+            if orphan is not None:
+                keep = torch.cat([keep, (orphan >= 0)[:, None]], 1)
+            self.cached |= _mask_at(self.cached, layout.positions.clamp(max=N - 1), keep)
+            rows.advance(starts, n, active, result.verify, lengths)
+        with timer("target"):
+            self.model.commit_segments(opening.state, keep)
 
 
 @dataclass(frozen=True)
@@ -173,7 +137,7 @@ class RowWindows:
 @dataclass(frozen=True)
 class Segments:
     """The tokens of one `forward_segments` call, [B, T] each: the row windows back to back (segment k = window k),
-    then, when PJD runs several rows, one slot for an orphaned closing token (the last segment; position 0 when
+    then, when the step runs several rows, one slot for an orphaned closing token (the last segment; position 0 when
     unused)."""
 
     tokens: torch.Tensor
@@ -198,10 +162,11 @@ class RowCommits(Commits):
     done: [B, N] bool, the committed positions; `committed` stays the length of the committed raster prefix (what
     `DecodeStep.n_committed` reports and the loop waits on)."""
 
-    def __init__(self, first_tokens: torch.Tensor, N: int, extra: int, stats: SpecStats, height: int, width: int):
-        super().__init__(first_tokens, N, extra, stats)
+    def __init__(self, opening: Opening, extra: int, stats: SpecStats, height: int, width: int):
+        super().__init__(opening, extra, stats)
         self.height, self.width = height, width
-        self.done = torch.zeros(first_tokens.shape[0], N, dtype=torch.bool, device=first_tokens.device)
+        self.done = torch.zeros(opening.first_token.shape[0], opening.N, dtype=torch.bool,
+                                device=opening.first_token.device)
         self.done[:, 0] = True
 
     def committed_at(self, positions: torch.Tensor) -> torch.Tensor:

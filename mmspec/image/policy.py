@@ -39,9 +39,10 @@ import torch
 
 from mmspec.core.measured import MeasurementCache, device_fingerprint, median_seconds, modules_fingerprint
 from mmspec.core.probs import SamplingConfig, process_logits
-from mmspec.image.decoding import AR, ImageDecoding
-from mmspec.image.jacobi import SJD
-from mmspec.image.protocol import TREE_METHODS, DiscreteImageModel, missing_methods
+from mmspec.image.methods.ar import AR
+from mmspec.image.methods.base import ImageDecoding
+from mmspec.image.methods.sjd import SJD
+from mmspec.image.protocol import DiscreteImageModel
 
 WINDOWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows the policy considers (AR is W = 1)
 TREES = ((8, 2, 2), (16, 2, 2), (32, 2, 2))  # the frontier trees it considers: (window, tree_width, tree_depth)
@@ -61,18 +62,6 @@ class Choice:
     window: int
     predicted_speedup: float
     reason: str
-
-
-def explicit_method(options: dict) -> str | None:
-    """The method that options given with `decoding="auto"` configure — an explicit setting wins over the policy:
-    `draft_length` -> "draft", `rows` or `lag` -> "pjd", any other (window, init, coupling, acceptance, lantern_*,
-    tree_*) -> "sjd"; None if none is given (then the policy chooses)."""
-    given = {name for name, value in options.items() if value is not None}
-    if "draft_length" in given:
-        return "draft"
-    if given & {"rows", "lag"}:
-        return "pjd"
-    return "sjd" if given else None
 
 
 def model_fingerprint(model: DiscreteImageModel) -> dict:
@@ -240,7 +229,7 @@ class DecodingPolicy:
         curve, measured = self.cost_curve(model, condition, batch_size, sampling)
         N = model.grid[0] * model.grid[1]
         ar_seconds = N * curve[1]
-        trees = [] if missing_methods(model, TREE_METHODS) else self.trees(batch_size)
+        trees = self.trees(batch_size) if "tree" in getattr(model, "capabilities", ()) else []
         candidates = {c: candidate_sjd(c) for c in (*self.windows, *trees)}
         seconds = {c: N / self.compression(c, batch_size) * cost_at(curve, sjd.forward_width)
                    for c, sjd in candidates.items()}

@@ -1,11 +1,12 @@
 """`CausalLMImageAdapter`: the `mmspec.image.DiscreteImageModel` protocol over a transformers decoder that writes images
 as tokens after a text prompt (Janus, Emu3, Lumina-mGPT / Chameleon), on public modules only.
 
-What the families share lives here: the conditional prompt rows and their unconditional (CFG) rows run as one batch on
-the core's ragged cache (`mmspec.text.cache`), each left-padded to a common length with the padding invisible; windows
-of several image tokens per forward; per-row rollback to prompt + kept tokens. What differs is a family's subclass: how
-image tokens enter the model (`embed_image`), which logits are the image vocabulary (`image_logits`), and what the
-unconditional prompt is (`unconditional`). CFG rows are returned unmixed; `mmspec.core.process_logits` combines them.
+What the families share lives here, on the transformers implementation of the core's protocol
+(`mmspec.adapters.CausalLMAdapter`): the conditional prompt rows and their unconditional (CFG) rows run as one batch on
+its ragged cache, each left-padded to a common length with the padding invisible; windows of several image tokens per
+forward; per-row rollback to prompt + kept tokens. What differs is a family's subclass: how image tokens enter the
+model (`embed_image`), which logits are the image vocabulary (`image_logits`), and what the unconditional prompt is
+(`unconditional`). CFG rows are returned unmixed; `mmspec.core.process_logits` combines them.
 
 The adapter's token ids are local: 0..C-1 are the VQ codes (code index = token id), and a family whose image span holds
 structure tokens (Emu3's end-of-line, Lumina-mGPT's new-line) puts them at ids >= C and exposes `forced_tokens`.
@@ -19,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.image.protocol import ImageLogits
-from mmspec.text.cache import RaggedCacheState, forward_ragged, truncate
+from mmspec.adapters.causal_lm import CausalLMAdapter, CausalLMState
+from mmspec.core.model import Logits
 
 
 @dataclass(frozen=True)
@@ -44,17 +45,6 @@ class PromptCondition:
                              f"{self.negative_ids.shape[0]}")
 
 
-@dataclass
-class PromptState:
-    """Rows [0, B) conditional, [B, 2B) their unconditional rows when cfg; prompt_lengths: [B or 2B] real prompt
-    tokens of each cache row."""
-
-    cache: RaggedCacheState
-    batch_size: int
-    cfg: bool
-    prompt_lengths: torch.Tensor
-
-
 def mask_of(ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.to(ids.device).bool()
 
@@ -65,11 +55,12 @@ def left_pad(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.
     return torch.nn.functional.pad(ids, (pad, 0)), torch.nn.functional.pad(mask, (pad, 0))
 
 
-class CausalLMImageAdapter:
+class CausalLMImageAdapter(CausalLMAdapter):
     """Base of the transformers-family adapters. A subclass sets `model`, `language_model` (the decoder returning
     `last_hidden_state`), `grid`, `vocab_size` and implements `embed_image`, `image_logits`, `unconditional`,
-    `decode`, `codebook`."""
+    `decode`, `codebook`. Trees over image tokens are not offered yet (no family test covers them)."""
 
+    capabilities = frozenset()
     model: torch.nn.Module
     language_model: torch.nn.Module
     grid: tuple[int, int]
@@ -88,7 +79,25 @@ class CausalLMImageAdapter:
         negative_ids)."""
         raise NotImplementedError
 
-    def prefill(self, condition: PromptCondition, cfg: bool, max_window: int = 1) -> tuple[PromptState, ImageLogits]:
+    @property
+    def backbone(self) -> torch.nn.Module:
+        return self.language_model
+
+    def prompt_inputs(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"inputs_embeds": self.model.get_input_embeddings()(input_ids)}
+
+    def token_inputs(self, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"inputs_embeds": self.embed_image(tokens)}
+
+    def head(self, output) -> torch.Tensor:
+        return self.image_logits(output.last_hidden_state)
+
+    def head_at(self, output, index: torch.Tensor) -> torch.Tensor:
+        hidden = output.last_hidden_state
+        return self.image_logits(hidden.gather(1, index[:, None, None].expand(-1, 1, hidden.shape[-1])))
+
+    def prefill(self, condition: PromptCondition, cfg: bool,
+                max_window: int = 1) -> tuple[CausalLMState, Logits]:
         ids = condition.input_ids
         mask = mask_of(ids, condition.attention_mask)
         if cfg:
@@ -101,21 +110,7 @@ class CausalLMImageAdapter:
             (ids, mask), (negative, negative_mask) = left_pad(ids, mask, length), left_pad(negative, negative_mask,
                                                                                            length)
             ids, mask = torch.cat([ids, negative]), torch.cat([mask, negative_mask])
-        state = PromptState(RaggedCacheState.empty(ids.shape[0], ids.device), condition.input_ids.shape[0], cfg,
-                            mask.sum(-1))
-        embeds = self.model.get_input_embeddings()(ids)
-        hidden = forward_ragged(self.language_model, state.cache, mask, inputs_embeds=embeds)
-        return state, ImageLogits.from_rows(self.image_logits(hidden.last_hidden_state[:, -1:]), state.batch_size, cfg)
-
-    def forward(self, tokens: torch.Tensor, state: PromptState) -> ImageLogits:
-        if tokens.ndim != 2 or tokens.shape[0] != state.batch_size:
-            raise ValueError(f"tokens must have shape [{state.batch_size}, W], got {tuple(tokens.shape)}")
-        rows = torch.cat([tokens, tokens]) if state.cfg else tokens  # both halves see the same image tokens
-        hidden = forward_ragged(self.language_model, state.cache, inputs_embeds=self.embed_image(rows))
-        return ImageLogits.from_rows(self.image_logits(hidden.last_hidden_state), state.batch_size, state.cfg)
-
-    def rollback(self, state: PromptState, keep: torch.Tensor) -> None:
-        truncate(state.cache, state.prompt_lengths + (torch.cat([keep, keep]) if state.cfg else keep))
+        return self.prefill_rows(ids, mask, condition.input_ids.shape[0], cfg)
 
 
 def structured_span(height: int, width: int, line_token: int) -> torch.Tensor:

@@ -1,17 +1,38 @@
 """The text engine: `speculative_generate` for any transformers causal LM (batch > 1, per-row acceptance), its chain
 drafters (a small model, the target's early exit, n-gram prompt lookup) and draft-length schedules, its tree drafters
-(dynamic and OPT-Tree trees of a draft model or the early exit, STAND's n-gram memory), and the per-row KV-cache
-slots of transformers caches that let rows roll back independently and trees keep their accepted path. The acceptance
-and tree rules are the core's.
+(dynamic, OPT-Tree and positional trees of a draft model or the early exit, STAND's n-gram memory), and the text
+decodings (`AR`, `TextSpeculation`, `mmspec.text.methods`). Models run through the core's protocol
+(`mmspec.adapters.CausalLMAdapter`); the acceptance and tree rules are the core's. Names are exported lazily, so the
+decodings' settings load without torch.
 """
 
-from mmspec.core.tree_growth import TreeShape
-from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
-from mmspec.text.generate import speculative_generate
-from mmspec.text.speculation import TextSpeculation
-from mmspec.text.stats import TextStats
-from mmspec.text.tree_drafters import LayerSkipTreeDrafter, ModelTreeDrafter, StandDrafter
+import importlib
 
-__all__ = ["DraftLengthSchedule", "LayerSkipDrafter", "LayerSkipTreeDrafter", "ModelDrafter", "ModelTreeDrafter",
-           "NGramDrafter", "StandDrafter", "TextSpeculation", "TextStats", "TreeShape", "early_exit_view",
-           "speculative_generate"]
+_EXPORTS = {
+    "AR": "mmspec.text.methods",
+    "TextSpeculation": "mmspec.text.methods",
+    "TextDecoding": "mmspec.text.methods",
+    "ChainDrafter": "mmspec.text.drafters",
+    "DraftLengthSchedule": "mmspec.text.drafters",
+    "Drafter": "mmspec.text.drafters",
+    "LayerSkipDrafter": "mmspec.text.drafters",
+    "ModelDrafter": "mmspec.text.drafters",
+    "NGramDrafter": "mmspec.text.drafters",
+    "early_exit_view": "mmspec.text.drafters",
+    "LayerSkipTreeDrafter": "mmspec.text.tree_drafters",
+    "ModelTreeDrafter": "mmspec.text.tree_drafters",
+    "StandDrafter": "mmspec.text.tree_drafters",
+    "TreeDrafter": "mmspec.text.tree_drafters",
+    "TextStats": "mmspec.text.stats",
+    "TreeShape": "mmspec.core.tree_shape",
+    "speculative_generate": "mmspec.text.generate",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mmspec.text' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

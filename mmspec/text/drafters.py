@@ -1,102 +1,136 @@
-"""Text drafters. Each returns a `mmspec.core.drafts.Draft`, which carries the exact law each of its tokens was
-sampled from (DESIGN.md §2.2).
+"""Text drafters of chains and the step that verifies them. Each returns a `mmspec.core.drafts.Draft`, which carries
+the exact law each of its tokens was sampled from.
 
 Drafters (any transformers causal LM as a small model, self-speculative early exit, n-gram prompt lookup) all return a
 `Draft`; draft-length schedules (constant, HF's +2/-1 heuristic) and the confidence stop (HF's
 `assistant_confidence_threshold`, DISCO arXiv 2405.04304, without the online re-fit) decide how many tokens each row
-drafts. Sequence buffers passed to drafters are left-aligned: row b is `tokens[b, :lengths[b]]`.
+drafts. A drafter reads the batch's rows (`mmspec.text.rows.TextRows`): the left-aligned sequences for prompt lookup,
+the models' view after the prefill for a draft model, which drafts with the draft-model proposer every modality
+shares (`mmspec.core.drafting.ModelProposer`).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Protocol
 
 import torch
 
+from mmspec.adapters.causal_lm import as_causal_model
+from mmspec.core.drafting import ModelProposer, Round, chain_round
 from mmspec.core.drafts import Draft
+from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig, process_logits
-from mmspec.core.rng import Generators, sample
-from mmspec.options import SCHEDULES
-from mmspec.text.cache import RaggedCacheState, forward_window, select_rows, truncate
+from mmspec.core.rng import Generators
+from mmspec.core.rules.base import AcceptanceRule, rule_from
+from mmspec.core.stats import PhaseTimer
+from mmspec.text.methods import SCHEDULES
+from mmspec.text.rows import TextRows
+from mmspec.text.stats import TextStats
 
 
-class Drafter(Protocol):
-    """What `speculative_generate` asks of a drafter."""
+def text_law(logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The processed law of a text token (`mmspec.core.drafting.DraftLaw`): the logits' law, wherever it is."""
+    return process_logits(logits.cond, sampling)
 
-    vocab_size: int | None  # None: works with any vocabulary (n-gram)
-    forwards: int  # model calls so far (SpecStats.draft_forwards)
 
-    def reset(self, batch_size: int, device: torch.device) -> None:
-        """Forget the previous batch."""
+class Drafter:
+    """Base of the text drafters: `start(rows, vocab_size)` for a new batch, `select(index)` when finished rows
+    leave it, `forwards` (model calls so far), `vocab_size` (None: any vocabulary), and `step(...)`: the step that
+    `speculative_generate` repeats with it."""
 
-    def propose(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, budget: torch.Tensor, sampling: SamplingConfig, generator: Generators
-    ) -> Draft:
-        """Draft up to `budget[b]` tokens after `tokens[b, :lengths[b]]` (tokens: [B, T], lengths, budget: [B])."""
+    vocab_size: int | None = None
+    forwards: int = 0
 
-    def rollback(self, keep: torch.Tensor) -> None:
-        """Only the first `keep[b]` tokens of row b are still part of its sequence."""
+    def start(self, rows: TextRows, vocab_size: int) -> None:
+        """A new batch: `rows` after the target's prefill; the target has `vocab_size` tokens."""
 
     def select(self, index: torch.Tensor) -> None:
         """Keep only batch rows `index` ([B'] long), in that order: finished rows left the batch."""
 
+    def step(self, acceptance: AcceptanceRule | str, draft_length: int | DraftLengthSchedule | None,
+             tree_rule: str | None, measure_ceiling: bool):
+        """The step this drafter runs with those `speculative_generate` settings; ValueError for one it does not
+        read."""
+        raise NotImplementedError
 
-class ModelDrafter:
+
+class ChainDrafter(Drafter):
+    """Base of the drafters of chains: `propose(rows, budget [B], sampling, generator) -> Draft`, up to budget[b]
+    tokens after row b's tokens."""
+
+    def propose(self, rows: TextRows, budget: torch.Tensor, sampling: SamplingConfig,
+                generator: Generators) -> Draft:
+        raise NotImplementedError
+
+    def step(self, acceptance, draft_length, tree_rule, measure_ceiling) -> ChainStep:
+        if tree_rule is not None or measure_ceiling:
+            raise ValueError("tree_rule and measure_ceiling apply to tree drafters (ModelTreeDrafter, StandDrafter, "
+                             "...)")
+        draft_length = 4 if draft_length is None else draft_length
+        if isinstance(draft_length, bool) or not isinstance(draft_length, (int, DraftLengthSchedule)):
+            raise TypeError(f"draft_length must be an int or a DraftLengthSchedule, got {type(draft_length).__name__}")
+        schedule = DraftLengthSchedule(draft_length) if isinstance(draft_length, int) else draft_length
+        return ChainStep(self, schedule, rule_from(acceptance, "text"))
+
+
+class ChainStep:
+    """One step of chain speculation: the drafter proposes up to its budget per row (the schedule's), the target
+    scores [x_{c-1}, drafts] in one forward and the rule decides (`mmspec.core.drafting.chain_round`)."""
+
+    def __init__(self, drafter: ChainDrafter, schedule: DraftLengthSchedule, acceptance: AcceptanceRule):
+        self.drafter, self.schedule, self.acceptance = drafter, schedule, acceptance
+        self.lookahead = schedule.max_length  # the most draft tokens a step writes past a row's end
+
+    def start(self, rows: TextRows, vocab_size: int) -> None:
+        self.drafter.start(rows, vocab_size)
+        self.schedule.reset(rows.batch_size, rows.tokens.device)
+        self.test = self.acceptance.bind(None, vocab_size)
+
+    def __call__(self, target, state, rows: TextRows, sampling: SamplingConfig, generator: Generators,
+                 timer: PhaseTimer) -> Round:
+        with timer("draft"):
+            draft = self.drafter.propose(rows, self.schedule.budget, sampling, generator)
+        return chain_round(target, state, rows.last, draft, text_law, sampling, self.test, generator, timer)
+
+    def observe(self, round: Round, rows: TextRows, stats: TextStats) -> None:
+        self.schedule.update(round.result.n_accepted, round.drafted)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.drafter.select(index)
+        self.schedule.select(index)
+
+
+class ModelDrafter(ChainDrafter):
     """Drafts autoregressively with a causal LM that shares the target's tokenizer, sampling from processed q.
 
-    model: any transformers causal LM (or an `early_exit_view` of the target).
+    model: any transformers causal LM (or an `early_exit_view` of the target), or a `CausalModel` adapter.
     confidence_threshold: a row stops drafting after a token whose draft probability is below it (0 = never).
     """
 
     def __init__(self, model, confidence_threshold: float = 0.0):
         if not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
-        self.model = model
-        self.vocab_size = model.config.vocab_size
+        self.model = as_causal_model(model)
+        self.vocab_size = self.model.vocab_size
         self.confidence_threshold = confidence_threshold
-        self.state: RaggedCacheState | None = None
-        self.forwards = 0
+        self.proposer: ModelProposer | None = None
 
-    def reset(self, batch_size: int, device: torch.device) -> None:
-        self.state = RaggedCacheState.empty(batch_size, device)
+    @property
+    def forwards(self) -> int:
+        return 0 if self.proposer is None else self.proposer.forwards
 
-    def _catch_up(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """Feed every row the tokens its cache lacks (right-aligned in one window). Returns last logits [B, V]."""
-        missing = lengths - self.state.lengths
-        W = int(missing.max())  # host sync: the window width; 1 or 2 in steady state, the prompt on the first call
-        index = lengths[:, None] - W + torch.arange(W, device=tokens.device)  # [B, W]
-        valid = index >= self.state.lengths[:, None]
-        window = tokens.gather(1, index.clamp(min=0))
-        self.forwards += 1
-        return forward_window(self.model, self.state, window, valid)[:, -1]
+    def start(self, rows: TextRows, vocab_size: int) -> None:
+        state, _ = self.model.prefill(rows.prompt)
+        self.proposer = ModelProposer(self.model, state, rows.batch_size, rows.tokens.device)
 
     @torch.no_grad()
-    def propose(self, tokens, lengths, budget, sampling, generator) -> Draft:
-        L = int(budget.max())  # host sync: number of draft steps
-        logits = self._catch_up(tokens, lengths)
-        drafted, laws = [], []
-        stop_at = budget.clone()  # per-row draft length
-        for j in range(L):
-            if j > 0:
-                self.forwards += 1
-                logits = forward_window(self.model, self.state, drafted[-1][:, None])[:, 0]
-            q = process_logits(logits, sampling)  # [B, V]
-            token = sample(q, generator)
-            drafted.append(token)
-            laws.append(q)
-            if self.confidence_threshold > 0:
-                unsure = q.gather(1, token[:, None]).squeeze(1) < self.confidence_threshold
-                stop_at = torch.where(unsure & (stop_at > j + 1), torch.full_like(stop_at, j + 1), stop_at)
-                if bool((stop_at <= j + 1).all()):  # host sync, adaptive mode only: every row has stopped
-                    break
-        return Draft(tokens=torch.stack(drafted, 1), lengths=stop_at.clamp(max=len(drafted)), q=torch.stack(laws, 1))
-
-    def rollback(self, keep: torch.Tensor) -> None:
-        truncate(self.state, keep)
+    def propose(self, rows, budget, sampling, generator) -> Draft:
+        G = int(budget.max())  # host read: the widest budget sets the round's draft width
+        return self.proposer.chain(rows.seq, rows.committed, G, text_law, sampling, generator, budget,
+                                   self.confidence_threshold)
 
     def select(self, index: torch.Tensor) -> None:
-        select_rows(self.state, index)
+        self.proposer.select(index)
 
 
 def early_exit_view(model, exit_layer: int):
@@ -107,7 +141,8 @@ def early_exit_view(model, exit_layer: int):
     """
     n_layers = model.config.num_hidden_layers
     if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer < n_layers:
-        raise ValueError(f"exit_layer must be an int in [1, {n_layers - 1}] for a {n_layers}-layer model, got {exit_layer!r}")
+        raise ValueError(f"exit_layer must be an int in [1, {n_layers - 1}] for a {n_layers}-layer model, got "
+                         f"{exit_layer!r}")
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = exit_layer
     backbone = copy.copy(model.model)
@@ -130,32 +165,21 @@ class LayerSkipDrafter(ModelDrafter):
         super().__init__(early_exit_view(target, exit_layer), confidence_threshold)
 
 
-class NGramDrafter:
+class NGramDrafter(ChainDrafter):
     """Prompt lookup (Saxena 2023; HF `prompt_lookup_num_tokens`): copy what followed the latest earlier occurrence of
     the row's last n tokens, trying n = max_ngram down to min_ngram. Deterministic: `Draft.q` is None.
     """
-
-    vocab_size = None
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.forwards = 0
-
-    def reset(self, batch_size: int, device: torch.device) -> None:
-        pass
-
-    def rollback(self, keep: torch.Tensor) -> None:
-        pass
-
-    def select(self, index: torch.Tensor) -> None:
-        pass
 
     @torch.no_grad()
-    def propose(self, tokens, lengths, budget, sampling, generator) -> Draft:
+    def propose(self, rows, budget, sampling, generator) -> Draft:
+        tokens, lengths = rows.tokens, rows.lengths
         B, T = tokens.shape
-        L = int(budget.max())  # host sync: draft width
+        L = int(budget.max())  # host read: draft width
         arange_T = torch.arange(T, device=tokens.device)
         start = torch.full((B,), -1, dtype=torch.long, device=tokens.device)  # where the copied continuation starts
         for n in range(self.max_ngram, self.min_ngram - 1, -1):

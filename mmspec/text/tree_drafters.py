@@ -16,84 +16,109 @@ At temperature 0 the children are the top `branching` tokens of the temperature-
 
 from __future__ import annotations
 
-from typing import Protocol
-
 import torch
 
+from mmspec.adapters.causal_lm import as_causal_model
+from mmspec.core.drafting import ModelProposer, Round, tree_round
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
-from mmspec.core.tree_growth import TreeShape, grow_tree, shape_for, visible_slots
+from mmspec.core.rules.base import AcceptanceRule, rule_from
+from mmspec.core.stats import PhaseTimer
+from mmspec.core.tree_growth import grow_tree, shape_for
+from mmspec.core.tree_shape import TreeShape
+from mmspec.core.tree_verify import RULE_NAMES
 from mmspec.core.trees import DraftTree
-from mmspec.text.cache import forward_tree, truncate
-from mmspec.text.drafters import ModelDrafter, early_exit_view
+from mmspec.text.drafters import Drafter, early_exit_view, text_law
+from mmspec.text.rows import TextRows
+from mmspec.text.stats import TextStats
 
 DYNAMIC_TREE = TreeShape()  # the draft models' default: 16 nodes, 2 children each for the 4 most probable paths
 STAND_TREE = TreeShape(nodes=16, branching=3, expand=4, depth=6)  # STAND's default
 
 
-class TreeDrafter(Protocol):
-    """What `speculative_generate` asks of a tree drafter (reset / rollback / select as for `Drafter`)."""
+class TreeDrafter(Drafter):
+    """Base of the drafters of trees: `propose(rows, sampling, generator) -> DraftTree` after each row's tokens (its
+    root is the row's last token), bounded by `shape`; `observe(tokens, start, laws, count)`: the step committed
+    count[b] tokens at positions start[b]... of `tokens`, drawn from laws[b, j] (for drafters that learn from the
+    target)."""
 
-    vocab_size: int | None
-    forwards: int
-    shape: TreeShape  # bounds every tree it proposes: depth, children per node
+    shape: TreeShape
 
-    def reset(self, batch_size: int, device: torch.device, vocab_size: int) -> None:
-        """Forget the previous batch; the target's vocabulary has `vocab_size` tokens (the width of q)."""
-
-    def propose_tree(self, tokens: torch.Tensor, lengths: torch.Tensor, sampling: SamplingConfig,
-                     generator: Generators) -> DraftTree:
-        """A tree after `tokens[b, :lengths[b]]` (its root is the row's last token)."""
+    def propose(self, rows: TextRows, sampling: SamplingConfig, generator: Generators) -> DraftTree:
+        raise NotImplementedError
 
     def observe(self, tokens: torch.Tensor, start: torch.Tensor, laws: torch.Tensor, count: torch.Tensor) -> None:
-        """The step committed `count[b]` tokens at positions `start[b]...` of `tokens`, drawn from `laws[b, j]`."""
+        pass
 
-    def rollback(self, keep: torch.Tensor) -> None: ...
+    def step(self, acceptance, draft_length, tree_rule, measure_ceiling) -> TreeStep:
+        if draft_length is not None:
+            raise ValueError("draft_length applies to chain drafters; a tree drafter is sized by its TreeShape")
+        acceptance = rule_from(acceptance, "text")
+        if not acceptance.lossless:
+            raise ValueError(f"acceptance={acceptance.name!r} is for chains; trees are verified by exact rules "
+                             f"(tree_rule)")
+        if tree_rule is not None and tree_rule not in RULE_NAMES:
+            raise ValueError(f"tree_rule must be one of {sorted(RULE_NAMES)}, got {tree_rule!r}")
+        return TreeStep(self, tree_rule, measure_ceiling)
 
-    def select(self, index: torch.Tensor) -> None: ...
+
+class TreeStep:
+    """One step of tree speculation: the drafter grows a tree per row, the target scores every node in one forward
+    with the tree mask, an exact tree rule walks it and the target's cache keeps exactly the accepted path
+    (`mmspec.core.drafting.tree_round`)."""
+
+    def __init__(self, drafter: TreeDrafter, rule: str | None, ceiling: bool):
+        self.drafter, self.rule, self.ceiling = drafter, rule, ceiling
+        self.lookahead = drafter.shape.depth  # the most draft tokens a step writes past a row's end
+
+    def start(self, rows: TextRows, vocab_size: int) -> None:
+        self.drafter.start(rows, vocab_size)
+
+    def __call__(self, target, state, rows: TextRows, sampling: SamplingConfig, generator: Generators,
+                 timer: PhaseTimer) -> Round:
+        with timer("draft"):
+            tree = self.drafter.propose(rows, sampling, generator)
+        shape = self.drafter.shape
+        return tree_round(target, state, rows.last, tree, text_law, sampling, generator, timer, self.rule,
+                          self.ceiling, (shape.depth, shape.branching))
+
+    def observe(self, round: Round, rows: TextRows, stats: TextStats) -> None:
+        self.drafter.observe(rows.tokens, rows.lengths - rows.count, round.laws, rows.count)
+        walk = round.walk
+        stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star, walk.node_children, walk.accepted_rank)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.drafter.select(index)
 
 
-def tree_law(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """The law a node's children are drawn from: the processed draft law, or at temperature 0 the temperature-1
-    law whose top tokens become deterministic children."""
-    return process_logits(logits, SamplingConfig(top_k=sampling.top_k, top_p=sampling.top_p) if sampling.greedy
-                          else sampling)
-
-
-class ModelTreeDrafter(ModelDrafter):
+class ModelTreeDrafter(TreeDrafter):
     """Dynamic trees from a draft LM (EAGLE-2's expansion of the most probable paths; OPT-Tree with
-    `TreeShape(rerank=True, scheme="deterministic")`): one draft forward for the new committed tokens (which gives
-    the root's law), then one per depth over the expanded frontier with tree attention on the draft's cache."""
+    `TreeShape(rerank=True, scheme="deterministic")`; a fixed tree with `TreeShape.positional`): one draft forward
+    for the new committed tokens (which gives the root's law), then one per depth over the expanded frontier with tree
+    attention on the draft's cache (`mmspec.core.drafting.ModelProposer.tree`)."""
 
     def __init__(self, model, shape: TreeShape = DYNAMIC_TREE):
         if not isinstance(shape, TreeShape):
             raise TypeError(f"shape must be a TreeShape, got {type(shape).__name__}")
-        super().__init__(model)
+        self.model = as_causal_model(model)
+        self.vocab_size = self.model.vocab_size
         self.shape = shape
+        self.proposer: ModelProposer | None = None
 
-    def reset(self, batch_size: int, device: torch.device, vocab_size: int) -> None:
-        super().reset(batch_size, device)
+    @property
+    def forwards(self) -> int:
+        return 0 if self.proposer is None else self.proposer.forwards
 
-    def observe(self, tokens, start, laws, count) -> None:
-        pass
+    def start(self, rows: TextRows, vocab_size: int) -> None:
+        state, _ = self.model.prefill(rows.prompt)
+        self.proposer = ModelProposer(self.model, state, rows.batch_size, rows.tokens.device)
 
     @torch.no_grad()
-    def propose_tree(self, tokens, lengths, sampling, generator) -> DraftTree:
-        root_law = tree_law(self._catch_up(tokens, lengths), sampling)
-        fed = torch.zeros(tokens.shape[0], 0, dtype=torch.long, device=tokens.device)
+    def propose(self, rows, sampling, generator) -> DraftTree:
+        return self.proposer.tree(rows.seq, rows.committed, self.shape, text_law, sampling, generator)
 
-        def expand(nodes, paths, node_tokens, valid):
-            nonlocal fed
-            positions = lengths[:, None] - 1 + (paths >= 0).sum(-1)  # the committed length - 1 + depth
-            self.forwards += 1
-            logits = forward_tree(self.model, self.state, node_tokens.gather(1, nodes),
-                                  visible_slots(fed, paths, nodes), positions, valid)
-            fed = torch.cat([fed, nodes], 1)
-            return tree_law(logits, sampling)
-
-        tree = grow_tree(root_law, expand, shape_for(self.shape, sampling), generator)
-        truncate(self.state, lengths)  # the tree's slots leave the draft cache; accepted tokens are fed next step
-        return tree
+    def select(self, index: torch.Tensor) -> None:
+        self.proposer.select(index)
 
 
 class LayerSkipTreeDrafter(ModelTreeDrafter):
@@ -123,14 +148,12 @@ def tail(tokens: torch.Tensor, end: torch.Tensor, n: int) -> torch.Tensor:
     return torch.where(index >= 0, flat, -1)
 
 
-class StandDrafter:
+class StandDrafter(TreeDrafter):
     """STAND-style model-free trees: an n-gram memory of the target's own laws (see the module docstring).
 
     shape: the tree (stochastic children without replacement by default); max_ngram: longest context looked up
     (1..3); top: entries kept per stored law; backoff: weight of each shorter context's law relative to the next
     longer one in the mixture, in (0, 1]."""
-
-    vocab_size = None
 
     def __init__(self, shape: TreeShape = STAND_TREE, max_ngram: int = 3,
                  top: int = 8, backoff: float = 0.25):
@@ -143,17 +166,14 @@ class StandDrafter:
         if not 0 < backoff <= 1:
             raise ValueError(f"backoff must be in (0, 1] (weight of each shorter context), got {backoff!r}")
         self.shape, self.max_ngram, self.top, self.backoff = shape, max_ngram, top, backoff
-        self.forwards = 0
 
-    def reset(self, batch_size: int, device: torch.device, vocab_size: int) -> None:
+    def start(self, rows: TextRows, vocab_size: int) -> None:
+        batch_size, device = rows.batch_size, rows.tokens.device
         self.vocabulary = vocab_size
         self.keys = torch.zeros(batch_size, 0, self.max_ngram, dtype=torch.long, device=device)
         self.entry_tokens = torch.zeros(batch_size, 0, self.top, dtype=torch.long, device=device)
         self.entry_probs = torch.zeros(batch_size, 0, self.top, device=device)
         self.seen = torch.zeros(batch_size, dtype=torch.long, device=device)  # positions stored so far
-
-    def rollback(self, keep: torch.Tensor) -> None:
-        pass  # the memory holds committed tokens only
 
     def select(self, index: torch.Tensor) -> None:
         self.keys, self.seen = self.keys[index], self.seen[index]
@@ -205,7 +225,8 @@ class StandDrafter:
         return law / law.sum(-1, keepdim=True).clamp(min=torch.finfo(law.dtype).tiny)
 
     @torch.no_grad()
-    def propose_tree(self, tokens, lengths, sampling, generator) -> DraftTree:
+    def propose(self, rows, sampling, generator) -> DraftTree:
+        tokens, lengths = rows.tokens, rows.lengths
         self._store_unseen(tokens, lengths)
         V = self.vocabulary
         committed = tail(tokens, lengths[:, None], self.max_ngram)  # [B, 1, n]

@@ -27,68 +27,12 @@ from typing import ClassVar
 
 import torch
 
-from mmspec.core.component import DecodingComponent
 from mmspec.core.rng import keyed_normal
 from mmspec.core.stats import DecodingStats
+from mmspec.video.methods import AR
 from mmspec.video.protocol import NextFrameModel
 
 INITIAL_NOISE, CONTEXT_NOISE = 0, 1  # keys of the two draws of a frame
-CONTEXT_MODES = ("eager", "pipelined")
-
-
-@dataclass(frozen=True)
-class FrameSpeculation(DecodingComponent):
-    """How many frames a step speculates under the current action: the decoding component of next-frame video.
-
-    frames: N >= 1, the frames denoised jointly per block (the most, when adaptive).
-    adaptive: choose N per block from the observed action persistence: with q the estimated probability that the
-        action is kept for another frame (Beta(1, 1) posterior over the ticks seen), N maximises the expected frames
-        emitted, sum_{j < N} q^j, per unit of cost, 1 + frame_cost * (N - 1).
-    frame_cost: the cost of one more frame in a pass relative to a one-frame pass (measure it with
-        `python -m mmspec.eval.bench_video`; the default is this CPU's, where a pass is mostly fixed overhead).
-    context: "eager" writes the block's keys / values into the cache right after it is denoised (NFD's design: the
-        speculative frames sit in the cache and are rolled back on a mismatch); "pipelined" defers the context pass
-        of the emitted frames into the next block's first forward (no extra forward; discarded frames never get one).
-    """
-
-    name: ClassVar[str] = "speculative"
-    modality: ClassVar[str] = "video"
-    frames: int = 4
-    adaptive: bool = False
-    frame_cost: float = 0.2
-    context: str = "eager"
-
-    def __post_init__(self):
-        self.check_count("frames", "frames denoised jointly per block")
-        if not isinstance(self.adaptive, bool):
-            raise TypeError(f"adaptive must be a bool, got {type(self.adaptive).__name__}")
-        if isinstance(self.frame_cost, bool) or not isinstance(self.frame_cost, (int, float)) or self.frame_cost < 0:
-            raise ValueError(f"frame_cost must be a number >= 0, got {self.frame_cost!r}")
-        self.check_choice("context", CONTEXT_MODES)
-        super().__post_init__()
-
-    @property
-    def lossless(self) -> bool:
-        """One frame per block samples the sequential law; frames 2..N of a block sample the model's joint law."""
-        return self.frames == 1
-
-    @classmethod
-    def sequential(cls) -> FrameSpeculation:
-        """The non-speculative baseline: one frame per step, its context pass after it."""
-        return cls(frames=1)
-
-    @classmethod
-    def strict(cls) -> FrameSpeculation:
-        """One frame per step with the context pass pipelined into the next step: the sequential law, exactly."""
-        return cls(frames=1, context="pipelined")
-
-    def block_size(self, kept: int, changed: int) -> int:
-        """N for the next block, given how many ticks so far kept / changed the action."""
-        if not self.adaptive:
-            return self.frames
-        q = (kept + 1) / (kept + changed + 2)
-        value = [sum(q**j for j in range(n)) / (1 + self.frame_cost * (n - 1)) for n in range(1, self.frames + 1)]
-        return 1 + max(range(self.frames), key=value.__getitem__)
 
 
 @dataclass
@@ -141,13 +85,14 @@ class FrameSession:
     action that led to each context frame (None: "stay", 0). seeds: [B] long, one per row (keys every draw).
     num_inference_steps: Euler steps of the flow ODE per frame.
     context_noise: the flow time at which emitted frames enter the cache (NFD's context noise against drift).
+    speculation: the video decoding (`mmspec.video.methods`): `AR()` (None) or `FrameSpeculation(...)`.
 
     Rows of a batch share the cache, so a block is kept only while every row's action matches its assumed one.
     """
 
     def __init__(self, model: NextFrameModel, context: torch.Tensor, seeds: torch.Tensor,
                  context_actions: torch.Tensor | None = None, num_inference_steps: int = 4, context_noise: float = 0.1,
-                 speculation: FrameSpeculation | None = None):
+                 speculation=None):
         config = model.config
         if context.ndim != 4 or context.shape[2:] != (model.tokens_per_frame, config.latent_channels):
             raise ValueError(f"context must be latents [B, k, {model.tokens_per_frame}, {config.latent_channels}], "
@@ -165,7 +110,7 @@ class FrameSession:
             raise ValueError(f"seeds holds {len(seeds)} values for a batch of {B}")
         self.model, self.seeds, self.context_noise = model, seeds, context_noise
         self.num_inference_steps = num_inference_steps
-        self.speculation = speculation or FrameSpeculation.sequential()
+        self.speculation = speculation or AR()
         self.stats = FrameStats()
         self.actions_used: list[torch.Tensor] = []  # [B] per emitted frame: the action it was generated under
         self.cache = model.new_cache(B, max_speculative=max(k, self.speculation.frames))

@@ -16,14 +16,11 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.utils import BaseOutput
 
+from mmspec.continuous import methods  # noqa: F401  registers the continuous decodings
 from mmspec.continuous.diffusion import DiffusionSchedule
-from mmspec.continuous.mar_decoding import cosine_plan, generate, generate_speculative
-from mmspec.continuous.speculation import ContinuousSpeculation
 from mmspec.continuous.stats import ContinuousStats
-from mmspec.core.acceptance import Acceptance
 from mmspec.core.component import DecodingComponent
 from mmspec.core.rng import Generators, check_generators, sample_seeds
-from mmspec.image.decoding import AR
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.pipelines.base import MMSpecPipeline
 
@@ -54,7 +51,7 @@ class MARPipeline(MMSpecPipeline):
 
     model_cpu_offload_seq = "transformer->vae"
     _optional_components = ["draft_transformer"]
-    decodings = {"ar": AR, "speculative": ContinuousSpeculation}
+    modality = "continuous"
     _callback_tensor_inputs = ["latents", "known"]
 
     def __init__(self, transformer: MARModel, vae: KLAutoencoder, draft_transformer: MARModel | None = None,
@@ -64,7 +61,7 @@ class MARPipeline(MMSpecPipeline):
         self.decoding = decoding
         self.image_processor = VaeImageProcessor(vae_scale_factor=vae.downsample_factor, do_normalize=True)
 
-    def check_inputs(self, class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps, plan):
+    def check_inputs(self, class_labels, generator, output_type, num_iter, num_diffusion_steps):
         if isinstance(class_labels, int):
             class_labels = [class_labels]
         if not isinstance(class_labels, list) or not class_labels or not all(
@@ -76,10 +73,6 @@ class MARPipeline(MMSpecPipeline):
         check_generators(generator, len(class_labels))
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
-        if isinstance(decoding, ContinuousSpeculation) and self.draft_transformer is None:
-            raise ValueError("decoding='speculative' needs a draft_transformer; this pipeline has none")
-        if plan is not None and not isinstance(decoding, AR):
-            raise ValueError("plan applies to decoding=AR() only (speculative decoding runs the cosine schedule)")
         seq_len = self.transformer.config.seq_len
         if isinstance(num_iter, bool) or not isinstance(num_iter, int) or not 1 <= num_iter <= seq_len:
             raise ValueError(f"num_iter must be an int in [1, {seq_len}], got {num_iter!r}")
@@ -92,11 +85,9 @@ class MARPipeline(MMSpecPipeline):
     def __call__(self, class_labels: int | list[int], num_iter: int = 64, num_diffusion_steps: int = 100,
                  guidance_scale: float = 3.0, temperature: float = 1.0, generator: Generators = None,
                  output_type: str = "pil", return_dict: bool = True,
-                 decoding: DecodingComponent | str | dict | None = None, gamma: int | None = None,
-                 prefill_ratio: float | None = None, acceptance: Acceptance | str | None = None,
-                 max_tries: int | None = None, proposals_per_round: int | None = None, plan: list[int] | None = None,
+                 decoding: DecodingComponent | str | dict | None = None, plan: list[int] | None = None,
                  callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
-                 callback_on_step_end_tensor_inputs: list[str] | None = None):
+                 callback_on_step_end_tensor_inputs: list[str] | None = None, **decoding_settings):
         r"""Generate one image per class label.
 
         Args:
@@ -117,10 +108,9 @@ class MARPipeline(MMSpecPipeline):
                 target on the coarsened schedule, `Paper()` is the released CSpD rule, not distribution-preserving; a
                 rejected token's residual draws target proposals in batched rounds of `proposals_per_round`, after
                 `max_tries` it keeps the last one (counted in `stats.fallbacks`). A name plus the settings as keyword
-                arguments is the same call (`decoding="speculative", gamma=4`); a setting given alone selects
-                speculation.
-            gamma, prefill_ratio, acceptance, max_tries, proposals_per_round (*optional*): `ContinuousSpeculation`'s
-                settings in their flat spelling.
+                arguments is the same call (`decoding="speculative", gamma=4`).
+            **decoding_settings: the named decoding's settings (`ContinuousSpeculation`'s: gamma, prefill_ratio,
+                acceptance, max_tries, proposals_per_round), or without a name the pipeline's own component's.
             callback_on_step_end (`Callable`, *optional*): called after every target pass (an AR step, a
                 speculative prefill step or verification) as `callback_on_step_end(pipe, step, n_known,
                 callback_kwargs)`; `callback_kwargs` holds the tensors named in `callback_on_step_end_tensor_inputs`
@@ -128,10 +118,9 @@ class MARPipeline(MMSpecPipeline):
                 Set `pipe._interrupt = True` to stop there: unknown tokens stay zero (the latent mean).
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["latents"]`.
         """
-        settings = dict(gamma=gamma, prefill_ratio=prefill_ratio, acceptance=acceptance, max_tries=max_tries,
-                        proposals_per_round=proposals_per_round)
-        decoding = self.resolve_decoding(self.decoding_for_call(decoding, settings, implied="speculative"), **settings)
-        labels = self.check_inputs(class_labels, generator, output_type, decoding, num_iter, num_diffusion_steps, plan)
+        decoding = self.decoding_for_call(decoding, decoding_settings)
+        decoding.check_sampling(temperature)
+        labels = self.check_inputs(class_labels, generator, output_type, num_iter, num_diffusion_steps)
         names = self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)
         device = self._execution_device
         seeds = sample_seeds(generator, len(labels)).to(device)
@@ -140,14 +129,8 @@ class MARPipeline(MMSpecPipeline):
         self._interrupt = False
         with self.progress_bar(total=self.transformer.config.seq_len) as progress:
             on_step = self.step_hook(callback_on_step_end, names, progress)
-            if isinstance(decoding, AR):
-                plan = cosine_plan(self.transformer.config.seq_len, num_iter) if plan is None else plan
-                tokens, stats = generate(self.transformer, seeds, plan, schedule, label_tensor, guidance_scale,
-                                         temperature, on_step)
-            else:
-                tokens, stats = generate_speculative(self.transformer, self.draft_transformer, seeds, num_iter,
-                                                     schedule, label_tensor, guidance_scale, temperature, decoding,
-                                                     on_step)
+            tokens, stats = decoding.run(self.transformer, self.draft_transformer, seeds, num_iter, schedule,
+                                         label_tensor, guidance_scale, temperature, on_step, plan)
         stats.describe(decoding)
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         self.maybe_free_model_hooks()

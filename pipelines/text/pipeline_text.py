@@ -14,18 +14,18 @@ from pathlib import Path
 import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import BaseOutput
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, StoppingCriteria, StoppingCriteriaList
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mmspec.core.acceptance import Acceptance, acceptance_from
-from mmspec.core.component import DecodingComponent, StepHook, component_from
+from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.rng import Generators
-from mmspec.image.decoding import AR
-from mmspec.options import CHAIN_DRAFTERS, TEXT_DRAFTERS, TEXT_METHODS
+from mmspec.core.rules.base import rule_from
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
-from mmspec.text.speculation import TextSpeculation
+from mmspec.text.methods import CHAIN_DRAFTERS, TREE_DRAFTERS, TextSpeculation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
+
+TEXT_DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
 
 
 @dataclass(frozen=True)
@@ -47,33 +47,6 @@ class TextPipelineOutput(BaseOutput):
     sequences: torch.Tensor
     pieces: list[list[TokenPiece]]
     stats: TextStats
-
-
-def new_token_counts(new: torch.Tensor, eos_token_id: int | None) -> torch.Tensor:
-    """[B]: each row's new tokens up to and including its first EOS (all of `new` [B, N] when it has none)."""
-    if eos_token_id is None:
-        return torch.full(new.shape[:1], new.shape[1], dtype=torch.long, device=new.device)
-    is_eos = new == eos_token_id
-    return torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, new.shape[1])
-
-
-class StepCriterion(StoppingCriteria):
-    """transformers' `generate` calls its stopping criteria after every token: this one hands the tokens so far to a
-    step hook and stops every row when the hook says so."""
-
-    def __init__(self, on_step: StepHook, prompt_width: int, max_new_tokens: int, eos_token_id: int | None,
-                 pad_token_id: int):
-        self.on_step, self.prompt_width, self.max_new_tokens = on_step, prompt_width, max_new_tokens
-        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
-        new = input_ids[:, self.prompt_width :]
-        counts = new_token_counts(new, self.eos_token_id)
-        ids = torch.full((new.shape[0], self.max_new_tokens), self.pad_token_id, dtype=torch.long, device=new.device)
-        ids[:, : new.shape[1]] = torch.where(torch.arange(new.shape[1], device=new.device) < counts[:, None], new,
-                                             self.pad_token_id)
-        stop = self.on_step(new.shape[1] - 1, int(counts.min()), {"generated_ids": ids, "new_tokens": counts})
-        return torch.full((new.shape[0],), bool(stop), dtype=torch.bool, device=new.device)
 
 
 class SpeculativeTextPipeline(MMSpecPipeline):
@@ -105,7 +78,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     """
 
     _optional_components = ["draft"]
-    decodings = {"ar": AR, "speculative": TextSpeculation}
+    modality = "text"
     _callback_tensor_inputs = ["generated_ids", "new_tokens"]
 
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
@@ -140,7 +113,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         unavailable = {"model", "tree"} if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
-        return tuple(m for m in TEXT_METHODS if m not in unavailable)
+        return tuple(m for m in (*TEXT_DRAFTERS, "ar") if m not in unavailable)
 
     @property
     def decoding_policy(self) -> TextDecodingPolicy:
@@ -160,7 +133,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                 raise ValueError(f"decoding={value!r} names drafter {value!r}; drafter={settings['drafter']!r} "
                                  "contradicts it")
             value, settings = "speculative", {**settings, "drafter": value}
-        return component_from(value, self.decodings, names=("auto", *self.decodings, *TEXT_DRAFTERS), **settings)
+        return component_from(value, self.modality, names=("auto", "ar", "speculative", *TEXT_DRAFTERS), **settings)
 
     def auto_candidates(self, settings: dict) -> dict[str, DecodingComponent]:
         """What `"auto"` chooses between: `AR()` and every chain drafter of `methods` that reads all of `settings` (a
@@ -170,15 +143,16 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         given = {key: value for key, value in settings.items() if value is not None}
         if "drafter" in given:
             raise ValueError("decoding='auto' chooses the drafter; name decoding='speculative' to give drafter=")
-        acceptance = acceptance_from(given.get("acceptance", "exact"), "text")
+        acceptance = rule_from(given.get("acceptance", "exact"), "text")
         if not acceptance.lossless:
             raise ValueError(f"decoding='auto' chooses among the exact decodings; name the decoding to use "
                              f"acceptance={acceptance.name!r}")
-        drafters = [m for m in self.methods if m in CHAIN_DRAFTERS and TextSpeculation.reads(m, given)]
+        drafters = [m for m in self.methods if m in CHAIN_DRAFTERS and TextSpeculation.accepts(m, given)]
         if not drafters and set(given) - {"acceptance"}:
             raise ValueError(f"decoding='auto': no drafter of this pipeline ({', '.join(self.methods)}) takes "
                              f"{sorted(given)}")
-        return {"ar": AR(), **{m: TextSpeculation(drafter=m, **given) for m in drafters}}
+        return {"ar": component_from("ar", self.modality),
+                **{m: TextSpeculation(drafter=m, **given) for m in drafters}}
 
     def check_inputs(self, prompt) -> list[str]:
         prompts = [prompt] if isinstance(prompt, str) else prompt
@@ -202,18 +176,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
         callback_on_step_end_tensor_inputs: list[str] | None = None,
         decoding: DecodingComponent | str | dict | None = None,
-        drafter: str | None = None,
-        draft_length: int | None = None,
-        schedule: str | None = None,
-        confidence_threshold: float | None = None,
-        exit_layer: int | None = None,
-        max_ngram: int | None = None,
-        tree_depth: int | None = None,
-        tree_branching: int | None = None,
-        tree_rates: tuple[float, ...] | None = None,
-        tree_nodes: int | None = None,
-        acceptance: Acceptance | str | None = None,
         method: str | None = None,
+        **decoding_settings,
     ) -> TextPipelineOutput | tuple:
         r"""Complete `prompt` (one or a batch, decoded together with per-row acceptance).
 
@@ -222,9 +186,9 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             max_new_tokens (`int`, defaults to 64): new tokens per row at most (a row also ends at EOS).
             temperature (`float`, defaults to 0): 0 is greedy (token for token the target's greedy output).
             top_k (`int`, defaults to 0), top_p (`float`, defaults to 1.0): the target's sampling filters; 0 / 1 = off.
-            generator (`torch.Generator` or list, *optional*): one, or one per prompt. `AR()` samples with
-                transformers' `generate`, seeded from the generator's initial seed (a stream of its own: its samples
-                differ from the speculative ones, its law does not).
+            generator (`torch.Generator` or list, *optional*): one, or one per prompt; successive calls with one
+                generator draw on from where the last left it. `AR()` samples with transformers' `generate` on the
+                global RNG, forked for the call and seeded with a draw of this generator (one generator only).
             return_dict (`bool`, defaults to `True`): return a [`TextPipelineOutput`] instead of `(texts, stats)`.
             callback_on_step_end (`Callable`, *optional*): called after every target forward as
                 `callback_on_step_end(pipe, step, n_generated, callback_kwargs)` (n_generated: the fewest new tokens of
@@ -233,18 +197,16 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                 [B]). Read-only (they sit in the KV cache). Set `pipe._interrupt = True` to end every row there.
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
-                unless set or saved otherwise). `TextSpeculation(drafter, draft_length, schedule,
-                confidence_threshold, exit_layer, max_ngram, tree_depth, tree_branching, tree_rates, tree_nodes,
-                acceptance)` drafts chains
-                with `"model"` (the draft LM), `"layerskip"` (the target's first layers) or `"ngram"` (prompt lookup),
-                or trees with `"tree"` (the draft LM's) or `"stand"` (an n-gram memory of the target's laws), and
-                verifies in one target forward; `AR()` is the target alone. A name plus settings is the same call (`decoding="ngram",
-                draft_length=6`); a setting given alone applies to `"auto"`'s candidates that read it (or, for
-                `drafter=`, selects that drafter).
-            drafter, draft_length, schedule, confidence_threshold, exit_layer, max_ngram, tree_depth, tree_branching,
-            tree_rates, tree_nodes, acceptance (*optional*):
-                `TextSpeculation`'s settings in their flat spelling; `acceptance="typical"` is lossy; `tree_rates`
-                (a run's `stats.child_acceptance`) with `tree_nodes` asks for the positional tree built for them.
+                unless set or saved otherwise). `TextSpeculation(drafter, ...)` drafts chains with `"model"` (the
+                draft LM), `"layerskip"` (the target's first layers) or `"ngram"` (prompt lookup), or trees with
+                `"tree"` (the draft LM's) or `"stand"` (an n-gram memory of the target's laws), and verifies in one
+                target forward; `AR()` is the target alone. A name plus settings is the same call
+                (`decoding="ngram", draft_length=6`).
+            **decoding_settings: `TextSpeculation`'s settings (`drafter`, `draft_length`, `schedule`,
+                `confidence_threshold`, `exit_layer`, `max_ngram`, `tree_depth`, `tree_branching`, `tree_rates`,
+                `tree_nodes`, `acceptance`, and the rules' flat spellings: `typical_epsilon`, ...) for the named
+                decoding or the pipeline's own component; with `"auto"` they narrow its candidates to the drafters
+                that read them (`acceptance="typical"` is lossy: name the decoding).
             method (`str`, *optional*): the old spelling of `decoding` (`"auto"`, `"ar"` or a drafter's name).
         """
         # 1. Check inputs and resolve the decoding
@@ -254,20 +216,18 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             if decoding is not None:
                 raise ValueError("give decoding= or its old spelling method=, not both")
             decoding = method
-        settings = dict(drafter=drafter, draft_length=draft_length, schedule=schedule,
-                        confidence_threshold=confidence_threshold, exit_layer=exit_layer, max_ngram=max_ngram,
-                        tree_depth=tree_depth, tree_branching=tree_branching, tree_rates=tree_rates,
-                        tree_nodes=tree_nodes, acceptance=acceptance)
-        decoding = self.decoding_for_call(decoding, settings, implied="auto" if drafter is None else "speculative")
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         chosen_by = None
-        if isinstance(decoding, str) and decoding == "auto":
-            candidates = self.auto_candidates(settings)
+        auto = decoding == "auto" or decoding is None and self.decoding == "auto"
+        if auto:  # settings narrow auto's candidates to the drafters that read them
+            self.check_keywords(decoding_settings)
+            candidates = self.auto_candidates(decoding_settings)
             key = self.decoding_policy.key(len(prompts), temperature, candidates)
             name, chosen_by = self.decoding_policy.choose(self, prompts, candidates, sampling)
             decoding = candidates[name]
         else:
-            decoding = self.resolve_decoding(decoding, **settings)
+            decoding = self.decoding_for_call(decoding, decoding_settings)
+        decoding.check_sampling(temperature)
         self._interrupt = False
 
         # 2. Decode
@@ -277,10 +237,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         with self.progress_bar(total=max_new_tokens) as progress:
             on_step = self.step_hook(callback_on_step_end, names, progress)
-            if isinstance(decoding, AR):
-                sequences, stats = self._generate_ar(ids, mask, sampling, generator, on_step)
-            else:
-                sequences, stats = decoding(self.target, self.draft, ids, mask, on_step=on_step, eos_token_id=eos,
+            sequences, stats = decoding.run(self.target, self.draft, ids, mask, on_step=on_step, eos_token_id=eos,
                                             pad_token_id=pad, generator=generator, **sampling)
         if chosen_by is not None:
             stats.chosen_by = chosen_by
@@ -295,33 +252,6 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             return texts, stats
         pieces = [self._pieces(new[b, : int(stats.new_tokens[b])], stats, b) for b in range(len(prompts))]
         return TextPipelineOutput(texts=texts, sequences=sequences, pieces=pieces, stats=stats)
-
-    def _generate_ar(self, ids, mask, sampling: dict, generator, on_step: StepHook | None):
-        """The baseline: transformers' `generate` (KV cache, one token per forward) and its counters."""
-        if isinstance(generator, (list, tuple)):
-            raise ValueError("decoding=AR() takes one generator: transformers' generate samples from the global RNG")
-        sample = sampling["temperature"] > 0
-        kwargs = {key: sampling[key] for key in ("temperature", "top_k", "top_p")} if sample else {}
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        if on_step is not None:
-            criterion = StepCriterion(on_step, ids.shape[1], sampling["max_new_tokens"], eos, pad)
-            kwargs["stopping_criteria"] = StoppingCriteriaList([criterion])
-        start = time.perf_counter()
-        with torch.random.fork_rng(devices=[]):
-            if generator is not None:
-                torch.manual_seed(generator.initial_seed())
-            sequences = self.target.generate(input_ids=ids, attention_mask=mask, do_sample=sample,
-                                             max_new_tokens=sampling["max_new_tokens"], pad_token_id=pad, **kwargs)
-        new = sequences[:, ids.shape[1] :]
-        new_tokens = new_token_counts(new, eos)
-        N = new.shape[1]
-        real = torch.arange(N, device=new.device) < new_tokens[:, None]
-        stats = TextStats(target_forwards=N, prefill_forwards=1, steps=new_tokens - 1, new_tokens=new_tokens,
-                          speculative=False, method="AR(): transformers' generate",
-                          acceptance_map=torch.where(real, torch.arange(N, device=new.device), -1).cpu(),
-                          from_draft=torch.zeros_like(real).cpu())
-        stats.timings["total"] = time.perf_counter() - start
-        return sequences, stats
 
     def _pieces(self, new_ids: torch.Tensor, stats: TextStats, row: int) -> list[TokenPiece]:
         """Row `row`'s new tokens as text pieces: each token's text is what it adds to the decoded prefix (so

@@ -20,11 +20,11 @@ from diffusers.utils import BaseOutput
 
 from mmspec.core.component import DecodingComponent
 from mmspec.core.rng import Generators, check_generators, sample_seeds
-from mmspec.image.decoding import AR
 from mmspec.models.mar import KLAutoencoder
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.pipelines.base import MMSpecPipeline
-from mmspec.video import FrameSession, FrameSpeculation, FrameStats
+from mmspec.video import methods  # noqa: F401  registers the video decodings
+from mmspec.video.speculation import FrameSession, FrameStats
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
@@ -81,7 +81,7 @@ class NextFramePipeline(MMSpecPipeline):
     """
 
     model_cpu_offload_seq = "transformer->vae"
-    decodings = {"ar": AR, "speculative": FrameSpeculation}
+    modality = "video"
     _callback_tensor_inputs = ["latents"]
 
     def __init__(self, transformer: NextFrameTransformer, vae: KLAutoencoder,
@@ -149,26 +149,22 @@ class NextFramePipeline(MMSpecPipeline):
         check_generators(generator, batch_size)
 
     def _session(self, image, decoding, num_inference_steps, context_noise, generator, context_actions,
-                 output_type, settings: dict):
-        decoding = self.resolve_decoding(self.decoding_for_call(decoding, settings, implied="speculative"), **settings)
+                 output_type, settings: dict) -> FrameSession:
+        decoding = self.decoding_for_call(decoding, settings)
         pixels = self._context_pixels(image)
         self._check_call(output_type, generator, len(pixels))
         seeds = sample_seeds(generator, len(pixels))
-        speculation = FrameSpeculation.sequential() if isinstance(decoding, AR) else decoding
-        session = FrameSession(self.transformer, self.encode_frames(pixels), seeds, context_actions,
-                               num_inference_steps, context_noise, speculation)
+        session = decoding.run(self.transformer, self.encode_frames(pixels), seeds, context_actions,
+                               num_inference_steps, context_noise)
         session.stats.describe(decoding)
         return session
 
     def start_session(self, image, decoding: DecodingComponent | str | dict | None = None,
                       num_inference_steps: int = 4, context_noise: float = 0.1, generator: Generators = None,
-                      context_actions=None, output_type: str = "pil", frames: int | None = None,
-                      adaptive: bool | None = None, frame_cost: float | None = None,
-                      context: str | None = None) -> NextFrameSession:
+                      context_actions=None, output_type: str = "pil", **decoding_settings) -> NextFrameSession:
         """An interactive session from start frame(s) `image` (see `__call__`); `session.step(action)` -> frame."""
-        settings = dict(frames=frames, adaptive=adaptive, frame_cost=frame_cost, context=context)
         return NextFrameSession(self, self._session(image, decoding, num_inference_steps, context_noise, generator,
-                                                    context_actions, output_type, settings), output_type)
+                                                    context_actions, output_type, decoding_settings), output_type)
 
     @torch.no_grad()
     def __call__(self, image, actions, decoding: DecodingComponent | str | dict | None = None,
@@ -176,8 +172,7 @@ class NextFramePipeline(MMSpecPipeline):
                  context_noise: float = 0.1, generator: Generators = None, context_actions=None,
                  output_type: str = "pil", return_dict: bool = True,
                  callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
-                 callback_on_step_end_tensor_inputs: list[str] | None = None, frames: int | None = None,
-                 adaptive: bool | None = None, frame_cost: float | None = None, context: str | None = None):
+                 callback_on_step_end_tensor_inputs: list[str] | None = None, **decoding_settings):
         r"""Roll the model out from start frame(s) under a sequence of actions, one frame per action.
 
         Args:
@@ -188,9 +183,9 @@ class NextFramePipeline(MMSpecPipeline):
                 frame by frame, unless set or saved otherwise); `FrameSpeculation(frames=N)` speculates N frames per
                 pass while the action holds (`adaptive=True` picks N from the observed action persistence);
                 `FrameSpeculation.strict()` is sequential generation exactly. A name plus the settings as keyword
-                arguments is the same call (`decoding="speculative", frames=2`); a setting given alone selects
-                speculation.
-            frames, adaptive, frame_cost, context (*optional*): `FrameSpeculation`'s settings in their flat spelling.
+                arguments is the same call (`decoding="speculative", frames=2`).
+            **decoding_settings: the named decoding's settings (`FrameSpeculation`'s: frames, adaptive, frame_cost,
+                context), or without a name the pipeline's own component's.
             num_inference_steps (`int`, defaults to 4): Euler steps of the flow ODE per frame.
             context_noise (`float`, defaults to 0.1): flow time at which emitted frames enter the cache (against drift).
             generator (`torch.Generator` or list): one per video makes each video depend on its own seed only.
@@ -206,9 +201,8 @@ class NextFramePipeline(MMSpecPipeline):
         """
         self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)  # only "latents"
         actions = torch.as_tensor(actions)
-        settings = dict(frames=frames, adaptive=adaptive, frame_cost=frame_cost, context=context)
         session = self._session(image, decoding, num_inference_steps, context_noise, generator, context_actions,
-                                output_type, settings)
+                                output_type, decoding_settings)
         B = len(session.seeds)
         if actions.ndim == 1:
             actions = actions[None].expand(B, -1)

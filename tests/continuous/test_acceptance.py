@@ -207,7 +207,7 @@ def test_capped_residual_falls_back_to_a_target_sample_never_zero():
 def test_paper_mode_is_biased_and_the_test_says_so(report):
     """The released CSpD criterion (inner temperature 42, sigma-product term, final-step residual) on the same toy:
     its output law is *not* the target's. This test measures the bias and fails if it ever disappears unnoticed."""
-    from mmspec.continuous.acceptance import verify_paper
+    from mmspec.continuous.paper import verify_paper
 
     schedule = DiffusionSchedule.cosine(100)
     target, draft_head = GaussianDataHead(**TARGET), GaussianDataHead(**DRAFTS["reshaped"])

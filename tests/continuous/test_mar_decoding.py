@@ -9,7 +9,7 @@ from scipy import stats
 
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan, generate, generate_speculative
-from mmspec.continuous.speculation import ContinuousSpeculation
+from mmspec.continuous.methods import ContinuousSpeculation
 from mmspec.models.mar import MARModel
 from tests.continuous.toy import AnalyticHeadMAR
 from tests.models.test_mar import TINY, tiny_mar

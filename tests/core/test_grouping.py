@@ -1,12 +1,11 @@
-"""GSD's groups (mmspec.core.grouping): ranks around the draft under p, the probability and codebook filters, the draft
-always in, non-code tokens alone, group size 1 = the exact rule; and the verifier's refusal without the geometry."""
+"""GSD's groups (mmspec.core.rules.gsd): ranks around the draft under p, the probability and codebook filters, the
+draft always in, non-code tokens alone, group size 1 = the exact rule; and the rule bound to a model's codebook."""
 
 import pytest
 import torch
 
-from mmspec.core.acceptance import GSD
 from mmspec.core.drafts import Draft
-from mmspec.core.grouping import Grouping
+from mmspec.core.rules.gsd import GSD, Grouping
 from mmspec.core.verify import verify
 
 P = torch.tensor([[[0.30, 0.25, 0.20, 0.15, 0.06, 0.04]]], dtype=torch.float64)  # [1, 1, 6]: rank = token id
@@ -43,17 +42,28 @@ def test_masses_and_the_exact_limit():
     assert p_x.item() == 0.20 and q_x.item() == 0.50
 
 
-def test_verify_needs_the_grouping():
+class Codebook:
+    """A model adapter with a VQ codebook of the five codes above (token 5 is no code)."""
+
+    codebook_token_ids = torch.arange(5)
+
+    def codebook(self):
+        return EMBEDDINGS[:5] * 3  # the rule normalises the code vectors
+
+
+def test_the_rule_binds_to_the_model_s_codebook_and_verifies_with_it():
     p = torch.cat([P, P], 1)
     draft = Draft(tokens=torch.tensor([[2]]), lengths=torch.tensor([1]), q=Q)
-    with pytest.raises(ValueError, match="GSD acceptance needs relaxation=mmspec.core.grouping.Grouping"):
-        verify(p, draft, None, GSD())
-    result = verify(p, draft, torch.Generator().manual_seed(0), GSD(), relaxation=Grouping(EMBEDDINGS, GSD()))
+    bound = GSD().bind(Codebook(), vocab_size=6)
+    assert isinstance(bound, Grouping) and torch.allclose(bound.embeddings.double(), EMBEDDINGS)
+    result = verify(p, draft, torch.Generator().manual_seed(0), bound)
     assert result.excess_acceptance is not None
+    with pytest.raises(TypeError, match="needs a model with a VQ codebook"):
+        GSD().bind(object(), vocab_size=6)
 
 
 def test_settings_are_checked():
-    with pytest.raises(ValueError, match="group_size must be an int >= 1"):
+    with pytest.raises(ValueError, match="group_size must be >= 1"):
         GSD(group_size=0)
     with pytest.raises(ValueError, match="p_threshold"):
         GSD(p_threshold=1.5)

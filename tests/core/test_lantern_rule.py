@@ -7,19 +7,17 @@ import itertools
 import pytest
 import torch
 
-from mmspec.core import verify
-from mmspec.core.acceptance import Lantern
 from mmspec.core.drafts import Draft
-from mmspec.core.verify import (
+from mmspec.core.rules import lantern
+from mmspec.core.rules.exact import accept_probability, residual_law
+from mmspec.core.rules.lantern import (
     Relaxation,
-    accept_probability,
     relaxed_mass,
     relaxed_residual,
-    residual_law,
-    verify_exact,
     verify_lantern,
     verify_lantern_greedy,
 )
+from mmspec.core.verify import verify_exact
 from tests.law import chi_square_p_value
 
 V = 24
@@ -72,7 +70,8 @@ def output_law(p, q, rule: Relaxation | None):
     tokens = torch.arange(V)
     p_A = p[tokens] if rule is None else relaxed_mass(p, tokens, rule)[0]
     f = accept_probability(p_A, q)
-    residual = residual_law(p[None], q[None])[0] if rule is None else verify.relaxed_residual(p[None], q[None], rule)[0]
+    residual = residual_law(p[None], q[None])[0] if rule is None else lantern.relaxed_residual(p[None], q[None],
+                                                                                               rule)[0]
     alpha = (q * f).sum()
     return q * f + (1 - alpha) * residual, alpha
 
@@ -174,7 +173,7 @@ def test_official_residual_breaks_the_identity(monkeypatch):
     cases = point_mass_cases()
     assert all(check_output_tv(p, q, rule)[0] == pytest.approx(check_output_tv(p, q, rule)[1], abs=1e-12)
                for p, q in cases)
-    monkeypatch.setattr(verify, "relaxed_residual", official_over_zeroing_residual)
+    monkeypatch.setattr(lantern, "relaxed_residual", official_over_zeroing_residual)
     violations = sum(abs(check_output_tv(p, q, rule)[0] - check_output_tv(p, q, rule)[1]) > 1e-6 for p, q in cases)
     assert violations > 0
 
@@ -235,7 +234,7 @@ def test_sampler_with_official_residual_is_caught(monkeypatch):
     p, q = point_mass_cases()[0]
     rule = relaxation(4, delta=0.2)
     pi, _ = output_law(p, q, rule)
-    monkeypatch.setattr(verify, "relaxed_residual", official_over_zeroing_residual)
+    monkeypatch.setattr(lantern, "relaxed_residual", official_over_zeroing_residual)
     tokens, _ = sampled_first_tokens(p, q, rule, 200_000, seed=11)
     assert chi_square_p_value(torch.bincount(tokens, minlength=V), pi) < 1e-6
 
@@ -259,9 +258,9 @@ def test_k_beyond_the_table_and_bad_tables_raise():
         Relaxation(NEIGHBOURS[:, :5], k=6, delta=0.1)
     with pytest.raises(TypeError, match="integer tensor"):
         Relaxation(NEIGHBOURS.double(), k=2, delta=0.1)
-    with pytest.raises(ValueError, match="needs relaxation"):
+    with pytest.raises(TypeError, match="relaxation must be a Relaxation"):
         draft = Draft(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long))
-        verify.verify(torch.full((1, 2, V), 1 / V), draft, None, Lantern(k=2))
+        verify_lantern(torch.full((1, 2, V), 1 / V), draft, None, None)
 
 
 def test_non_image_tokens_are_never_relaxed():

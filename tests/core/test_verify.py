@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from mmspec.core import multidraft, verify
-from mmspec.core.acceptance import Exact, Typical
+from mmspec.core.rules import Exact, Typical
 from mmspec.core.drafts import Draft
 from mmspec.core.multidraft import rsd_plan, spectr_beta, spectr_plan, spectr_rho
-from mmspec.core.verify import accept_probability, residual_law, verify_exact, verify_greedy, verify_typical
+from mmspec.core.verify import accept_probability, residual_law, verify_chain, verify_exact, verify_greedy
 
 V = 6
 
@@ -243,8 +243,6 @@ def test_exact_rule_respects_per_row_draft_lengths():
 def test_typical_acceptance_is_lossy_and_opt_in():
     p = torch.tensor([[0.5, 0.2, 0.1, 0.1, 0.05, 0.05]] * 2, dtype=torch.float64)[:, None].expand(1 * 2, 2, V)
     draft = Draft(tokens=torch.tensor([[1], [5]]), lengths=torch.tensor([1, 1]), q=None)
-    result = verify_typical(p, draft, torch.Generator().manual_seed(0))
+    result = verify_chain(p, draft, torch.Generator().manual_seed(0), Typical())
     assert result.n_accepted.tolist() == [1, 0]  # p=0.2 passes the threshold; p=0.05 does not
-    assert not Typical.lossless and Exact.lossless
-    with pytest.raises(TypeError, match="acceptance must be an Acceptance"):
-        verify.verify(p, draft, None, "lantern-typo")
+    assert not Typical.lossless and Exact.lossless and result.excess_acceptance is not None

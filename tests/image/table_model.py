@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.core.probs import SamplingConfig, process_logits
-from mmspec.image.protocol import ImageLogits
+from mmspec.core.model import Logits
 
 
 @dataclass
@@ -27,6 +27,8 @@ class TableState:
 
 
 class TableImageModel:
+    capabilities = frozenset({"tree", "segments"})
+
     def __init__(self, grid=(2, 3), vocab_size=4, prompts=2, forced_tokens=None, seed=0, scale=1.5):
         self.grid, self.vocab_size = grid, vocab_size
         self.N = grid[0] * grid[1]
@@ -47,20 +49,20 @@ class TableImageModel:
             value[:, k] = value[:, k - 1] * V + tokens[:, k - 1]
         return self.offsets[lengths] + value.gather(1, lengths)
 
-    def logits(self, state: TableState, lengths: torch.Tensor) -> ImageLogits:
+    def logits(self, state: TableState, lengths: torch.Tensor) -> Logits:
         return self.logits_of(state.tokens, state.prompts, lengths, state.cfg)
 
-    def logits_of(self, tokens: torch.Tensor, prompts: torch.Tensor, lengths: torch.Tensor, cfg: bool) -> ImageLogits:
+    def logits_of(self, tokens: torch.Tensor, prompts: torch.Tensor, lengths: torch.Tensor, cfg: bool) -> Logits:
         code = self.codes(tokens, lengths)
-        return ImageLogits(self.table[prompts[:, None], code], self.table[-1][code] if cfg else None)
+        return Logits(self.table[prompts[:, None], code], self.table[-1][code] if cfg else None)
 
-    def logits_per_query(self, sequences: torch.Tensor, lengths: torch.Tensor, state: TableState) -> ImageLogits:
+    def logits_per_query(self, sequences: torch.Tensor, lengths: torch.Tensor, state: TableState) -> Logits:
         """Logits [B, T, V] of T queries per row, query t reading the first lengths[b, t] tokens of its own sequence
         sequences[b, t] (tree nodes and PJD's segment tokens each see a prefix of their own)."""
         B, T = lengths.shape
         logits = self.logits_of(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T),
                                 lengths.reshape(B * T, 1), state.cfg)
-        return ImageLogits(logits.cond.view(B, T, -1), None if logits.uncond is None else logits.uncond.view(B, T, -1))
+        return Logits(logits.cond.view(B, T, -1), None if logits.uncond is None else logits.uncond.view(B, T, -1))
 
     def prefill(self, condition: torch.Tensor, cfg: bool, max_window: int = 1):
         B = condition.shape[0]
@@ -69,14 +71,14 @@ class TableImageModel:
                            torch.zeros(B, dtype=torch.long), cfg)
         return state, self.logits(state, torch.zeros(B, 1, dtype=torch.long))
 
-    def forward(self, tokens: torch.Tensor, state: TableState) -> ImageLogits:
+    def forward(self, tokens: torch.Tensor, state: TableState) -> Logits:
         positions = state.length[:, None] + torch.arange(tokens.shape[1])
         state.tokens.scatter_(1, positions, tokens)
         state.length = state.length + tokens.shape[1]
         return self.logits(state, positions + 1)
 
     def forward_tree(self, tokens: torch.Tensor, offset: torch.Tensor, visible: torch.Tensor,
-                     state: TableState) -> ImageLogits:
+                     state: TableState) -> Logits:
         """Tree nodes [B, T] stored at the next slots like a KV cache, after the tree's P nodes of earlier calls;
         node t sits at position start + offset[t] (start: the tree's first slot) and its law reads the kept prefix
         and then the tree nodes it sees, each at its own position (tree attention)."""
@@ -102,7 +104,7 @@ class TableImageModel:
         state.tokens.scatter_(1, target, state.tokens.gather(1, source))
 
     def forward_segments(self, tokens: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor,
-                         state: TableState) -> ImageLogits:
+                         state: TableState) -> Logits:
         """PJD's row windows: token t's law reads, at every position before its own, the token of its segment there
         (itself included) if any, else the committed token if `commit_segments` cached it, else 0 (a hole)."""
         B, T = tokens.shape

@@ -6,10 +6,10 @@ import torch
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import sample
 from mmspec.core.stats import SpecStats
-from mmspec.image import AR, DECODINGS, get_decoding
-from mmspec.image.decoding import PAD_ID
+from mmspec.core.registry import decodings
+from mmspec.image import AR, get_decoding
+from mmspec.image.loop import PAD_ID
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
-from mmspec.options import IMAGE_DECODINGS
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_transformer, tiny_vq
 
 
@@ -31,7 +31,7 @@ def recompute_sampling(model, states, mask, sampling: SamplingConfig, generators
 def run_ar(model, states, mask, sampling, generators):
     adapter = LlamaGenAdapter(model, tiny_vq())
     stats = SpecStats()
-    steps = list(AR()(adapter, LlamaGenCondition(states, mask), sampling, generators, stats))
+    steps = list(AR().run(adapter, LlamaGenCondition(states, mask), sampling, generators, stats))
     return steps, stats
 
 
@@ -67,11 +67,10 @@ def test_cfg_off_runs_no_unconditional_rows():
 
 def test_get_decoding_names_the_choices():
     assert isinstance(get_decoding("ar"), AR)
-    with pytest.raises(ValueError, match=r"\('auto', 'sjd', 'draft', 'pjd', 'ar'\)"):
-        get_decoding("jacobi")
-    with pytest.raises(ValueError, match="pipelines resolve it"):
-        get_decoding("auto")
-    assert set(DECODINGS) | {"auto"} == set(IMAGE_DECODINGS)  # the CLI's names are the registry's
+    assert set(decodings("image")) == {"ar", "sjd", "draft", "pjd"}
+    for name in ("jacobi", "auto"):  # "auto" is a pipeline's choice, not a component
+        with pytest.raises(ValueError, match=r"decoding must be one of \('ar', 'sjd', 'draft', 'pjd'\)"):
+            get_decoding(name)
     with pytest.raises(ValueError, match=r"'ar'.*does not take \['window'\]"):
         get_decoding("ar", window=4)
     assert get_decoding("ar", window=None).name == "ar"  # None = the method's default

@@ -5,10 +5,12 @@ companions, greedy equivalence and per-row reproducibility on real (tiny) LlamaG
 import pytest
 import torch
 
-from mmspec.core import multidraft, tree_verify, verify
+from mmspec.core import drafting, multidraft, tree_verify
+from mmspec.core.drafts import Draft
+from mmspec.core.rules import exact
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.image import AR, DraftModel, draft_model
+from mmspec.image import AR, DraftModel
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from tests.image.table_model import TableImageModel
 from tests.image.test_jacobi_law import ALPHA, FORCED, GRID, GROUP, N, V, assert_exact, decode_rows, law_checks
@@ -47,7 +49,7 @@ def test_draft_trees_match_the_exact_law(depth, width, monkeypatch):
         sizes.append(tree.n_nodes.unique())
         return tree_verify.verify_tree(p, tree, *args, **kwargs)
 
-    monkeypatch.setattr(draft_model, "verify_tree", recording)
+    monkeypatch.setattr(drafting, "verify_tree", recording)
     decoding = DraftModel(depth, tree_width=width, drafter=drafter())
     tokens, stats, model = decode_rows(decoding, groups=TREE_GROUPS)
     assert_exact(tokens, model)
@@ -89,12 +91,15 @@ def test_tree_mutations_are_rejected(mutation, monkeypatch):
     assert min(checks.values()) < ALPHA, f"mutation {mutation} was not detected: {checks}"
 
 
-def misaligned_draft_laws(p, chain, generator, acceptance, greedy=False, relaxation=None):
+VERIFY = drafting.verify
+
+
+def misaligned_draft_laws(p, chain, generator, test, greedy=False):
     """Mutation: each draft is verified against the draft law of the position before it (an off-by-one in the
     bookkeeping of q). (Treating the drafts as deterministic would not be a mutation: accept-with-p(x)-else-p-minus-x
     is exact for any draft distribution, just with lower acceptance.)"""
-    rolled = verify.Draft(chain.tokens, chain.lengths, chain.q.roll(1, dims=1))
-    return verify.verify(p, rolled, generator, acceptance, greedy, relaxation)
+    rolled = Draft(chain.tokens, chain.lengths, chain.q.roll(1, dims=1))
+    return VERIFY(p, rolled, generator, test, greedy)
 
 
 def residual_is_p(p, q):
@@ -103,8 +108,8 @@ def residual_is_p(p, q):
 
 
 MUTATIONS = {
-    "misaligned_draft_laws": (draft_model, "verify", misaligned_draft_laws),
-    "residual_is_p": (verify, "residual_law", residual_is_p),
+    "misaligned_draft_laws": (drafting, "verify", misaligned_draft_laws),
+    "residual_is_p": (exact, "residual_law", residual_is_p),
     "no_target_rollback": (TableImageModel, "rollback", lambda self, state, keep: None),
 }
 
@@ -130,7 +135,7 @@ def condition(B, seed=0):
 def decode(decoding, model, B, sampling, generator):
     stats = SpecStats()
     with torch.no_grad():
-        *_, last = decoding(model, condition(B), sampling, generator, stats)
+        *_, last = decoding.run(model, condition(B), sampling, generator, stats)
     return last.tokens, stats
 
 
@@ -159,9 +164,10 @@ def test_tree_settings_are_checked():
         DraftModel(tree_width=0)
     with pytest.raises(ValueError, match="tree_width > 1 .* acceptance must be Exact"):
         DraftModel(tree_width=2, acceptance="lantern")
-    assert DraftModel(3, tree_width=2).tree.nodes == 2 + 4 + 8
+    assert DraftModel(3, tree_width=2).forward_width == 1 + 2 + 4 + 8
     plain = drafter()
     plain.forward_tree = None
     decoding = DraftModel(2, tree_width=2, drafter=plain)
-    with pytest.raises(ValueError, match="drafter needs a model adapter with forward_tree and keep_path"):
-        next(decoding(TableImageModel(GRID, V, forced_tokens=FORCED), GROUP, SamplingConfig(), None, SpecStats()))
+    with pytest.raises(ValueError, match=r"drafter needs a model adapter with forward_tree and keep_path \(capability "
+                                         r"'tree'\); TableImageModel has no forward_tree"):
+        next(decoding.run(TableImageModel(GRID, V, forced_tokens=FORCED), GROUP, SamplingConfig(), None, SpecStats()))

@@ -105,7 +105,7 @@ def test_the_window_is_a_draft_tree_whose_fixed_layout_is_its_own():
 
 @pytest.mark.parametrize("settings,match", [
     (dict(tree_width=0), "tree_width must be >= 1"),
-    (dict(tree_width=3, tree_depth=16), r"tree_depth must be < window \(16\)"),
+    (dict(tree_width=3, tree_depth=16), r"tree_depth must be < the window \(16\)"),
     (dict(tree_depth=3), "tree_depth is read only with tree_width > 1"),
     (dict(tree_width=2, acceptance="lantern"), "acceptance must be 'exact'"),
 ])
@@ -117,5 +117,10 @@ def test_clear_errors(settings, match):
 def test_an_adapter_without_tree_attention_is_refused_before_the_prefill():
     model = TableImageModel()
     model.forward_tree = None
-    with pytest.raises(ValueError, match="needs a model adapter with forward_tree and keep_path; TableImageModel"):
-        next(SJD(4, tree_width=2)(model, torch.tensor([0]), SamplingConfig(), None, None))
+    with pytest.raises(ValueError, match=r"decoding='sjd' needs a model adapter with forward_tree and keep_path "
+                                         r"\(capability 'tree'\); TableImageModel has no forward_tree"):
+        next(SJD(4, tree_width=2).run(model, torch.tensor([0]), SamplingConfig(), None, None))
+    model = TableImageModel()
+    model.capabilities = frozenset()  # the methods are there, the adapter does not declare them
+    with pytest.raises(ValueError, match="capability 'tree'"):
+        next(SJD(4, tree_width=2).run(model, torch.tensor([0]), SamplingConfig(), None, None))

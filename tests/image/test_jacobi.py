@@ -24,7 +24,7 @@ def text_states(rows, seed=0):
 def run(decoding, adapter, condition, sampling, generator):
     stats = SpecStats()
     with torch.no_grad():
-        steps = list(decoding(adapter, condition, sampling, generator, stats))
+        steps = list(decoding.run(adapter, condition, sampling, generator, stats))
     return steps, stats
 
 
@@ -64,7 +64,7 @@ def test_cache_equals_a_fresh_prefill_of_the_committed_prefix_after_every_iterat
     sampling = SamplingConfig(temperature=1.0, top_k=6, guidance_scale=3.0)
     iterations = 0
     with torch.no_grad():
-        for step in decoding(adapter, condition, sampling, torch.Generator().manual_seed(0), SpecStats()):
+        for step in decoding.run(adapter, condition, sampling, torch.Generator().manual_seed(0), SpecStats()):
             cache = captured["state"].cache
             for b, c in enumerate(step.n_committed.tolist()):
                 fresh, _ = prefill(LlamaGenCondition(condition.states[b : b + 1], mask[b : b + 1]), cfg=True)
@@ -172,10 +172,10 @@ def test_a_model_without_an_image_span_and_wrong_generator_lists_are_rejected():
         vocab_size = 5
 
     with pytest.raises(TypeError, match="image span"):
-        next(SJD()(TextOnly(), None, SamplingConfig(), None, SpecStats()))
+        next(SJD().run(TextOnly(), None, SamplingConfig(), None, SpecStats()))
     adapter, condition = make_adapter(), LlamaGenCondition(text_states(3))
     with pytest.raises(ValueError, match="list of 2 generators but the batch size is 3"):
-        next(SJD()(adapter, condition, SamplingConfig(), [torch.Generator()] * 2, SpecStats()))
+        next(SJD().run(adapter, condition, SamplingConfig(), [torch.Generator()] * 2, SpecStats()))
 
 
 @pytest.mark.parametrize("init", INITS)

@@ -16,7 +16,7 @@ import torch
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.image import AR, COUPLINGS, INITS, SJD, jacobi
-from mmspec.image.jacobi import JacobiStep
+from mmspec.image.jacobi import JacobiOutcome
 from tests.image.table_model import TableImageModel
 from tests.law import chi_square_p_value
 
@@ -37,7 +37,7 @@ def decode_rows(decoding, sampling=SAMPLING, seed=0, groups=GROUPS):
     model = TableImageModel(GRID, V, forced_tokens=FORCED)
     stats = SpecStats()
     with torch.no_grad():
-        *_, last = decoding(model, GROUP.repeat(groups), sampling, torch.Generator().manual_seed(seed), stats)
+        *_, last = decoding.run(model, GROUP.repeat(groups), sampling, torch.Generator().manual_seed(seed), stats)
     assert (last.n_committed == N).all()
     return last.tokens, stats, model
 
@@ -106,7 +106,7 @@ def stale_law_for_kept_drafts(p, drafts, q, lengths, uniforms, coupling, gumbel=
     kept = past_commit & (step.tokens[:, :-1] == drafts)
     laws = step.laws.clone()
     laws[:, :-1] = torch.where(kept[..., None], q, laws[:, :-1])
-    return JacobiStep(step.verify, step.tokens, laws)
+    return JacobiOutcome(step.verify, step.tokens, laws)
 
 
 def misaligned_targets(p, drafts, q, lengths, uniforms, coupling, gumbel=None, relaxation=None):

@@ -6,11 +6,11 @@ sequence-level distortion against the reported extra acceptance, and clear error
 import pytest
 import torch
 
-from mmspec.core.acceptance import GSD, Exact, Lantern, Typical
+from mmspec.core.codebook import NeighbourTable, codebook_hash, nearest_codes, token_embeddings
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.rules import GSD, Exact, Lantern, Typical
 from mmspec.core.stats import SpecStats
-from mmspec.image import SJD, DraftModel, NeighbourTable, get_decoding
-from mmspec.image.lantern import codebook_hash, nearest_codes, token_embeddings
+from mmspec.image import SJD, DraftModel, get_decoding
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from tests.image.table_model import TableImageModel
@@ -104,7 +104,7 @@ def run(decoding, rows=3000, seed=0, sampling=SAMPLING):
     model = CodebookTableModel(GRID, V, forced_tokens=FORCED)
     stats = SpecStats()
     with torch.no_grad():
-        *_, last = decoding(model, GROUP.repeat(rows // 3), sampling, torch.Generator().manual_seed(seed), stats)
+        *_, last = decoding.run(model, GROUP.repeat(rows // 3), sampling, torch.Generator().manual_seed(seed), stats)
     return last.tokens, stats, model
 
 
@@ -170,7 +170,7 @@ def test_acceptance_setting_errors():
         SJD(acceptance=Lantern(delta=2.0))
     with pytest.raises(ValueError, match="lam must be >= 1"):
         get_decoding("sjd", acceptance="lantern", lantern_lam=0.5)
-    with pytest.raises(ValueError, match="k must be in"):
+    with pytest.raises(ValueError, match="k must be >= 0"):
         Lantern(k=-1)
     assert Lantern().budget == (0.1, None)
 
@@ -179,14 +179,14 @@ def test_decoding_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"k must be in \[0, V - 1\] = \[0, 3\]"):
         run(SJD(3, acceptance=Lantern(k=4)), rows=3)
     with pytest.raises(TypeError, match="needs a model with a VQ codebook"):
-        DraftModel(drafter=drafter(), acceptance="lantern")(
+        DraftModel(drafter=drafter(), acceptance="lantern").run(
             TableImageModel(GRID, V), GROUP, SAMPLING, None, SpecStats()).__next__()
     with pytest.raises(ValueError, match="temperature=0"):
         run(SJD(3, acceptance="lantern"), rows=3, sampling=SamplingConfig(temperature=0))
     for decoding in (SJD(3, acceptance=Lantern(k=4)), DraftModel(drafter=drafter(), acceptance=Lantern(k=4))):
         stats = SpecStats()  # a bad setting costs no forward: it is refused before the prefill
         with pytest.raises(ValueError, match="k must be in"):
-            next(decoding(CodebookTableModel(GRID, V), GROUP, SAMPLING, None, stats))
+            next(decoding.run(CodebookTableModel(GRID, V), GROUP, SAMPLING, None, stats))
         assert stats.target_forwards == stats.draft_forwards == 0
     with pytest.raises(ValueError, match="needs a draft model"):
         run(DraftModel(), rows=3)

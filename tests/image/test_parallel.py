@@ -8,8 +8,9 @@ import torch
 
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.image import COUPLINGS, PJD, SJD, get_decoding
-from mmspec.image.parallel import PJD_INITS
+from mmspec import PJD
+from mmspec.core.settings import specs
+from mmspec.image import COUPLINGS, SJD, get_decoding
 from mmspec.models.llamagen.adapter import LlamaGenCondition
 from tests.image.table_model import TableImageModel
 from tests.image.test_jacobi import make_adapter, text_states
@@ -32,7 +33,7 @@ def decode(decoding, model, prompts, sampling=SAMPLING, seeds=None):
     stats = SpecStats()
     generators = [torch.Generator().manual_seed(s) for s in (seeds or range(len(prompts)))]
     with torch.no_grad():
-        steps = list(decoding(model, prompts, sampling, generators, stats))
+        steps = list(decoding.run(model, prompts, sampling, generators, stats))
     return steps, stats
 
 
@@ -41,7 +42,7 @@ def decode(decoding, model, prompts, sampling=SAMPLING, seeds=None):
 def test_one_row_is_sjd_token_for_token(window, coupling):
     prompts = torch.tensor([0, 1, 0, 1, 0, 1])
     model = TableImageModel(GRID, V, forced_tokens=FORCED)
-    for init in PJD_INITS:
+    for init in specs(PJD)["init"].choices:
         (*_, sjd), sjd_stats = decode(SJD(window, init, coupling), model, prompts)
         (*_, pjd), pjd_stats = decode(PJD(window, rows=1, init=init, coupling=coupling), model, prompts)
         assert torch.equal(pjd.tokens, sjd.tokens), init
@@ -60,7 +61,7 @@ def test_one_row_is_sjd_through_the_real_transformer(options):
     generators = [torch.Generator().manual_seed(s) for s in (3, 4, 5)]
     stats = SpecStats()
     with torch.no_grad():
-        *_, sjd = SJD(**options)(adapter, condition, sampling, generators, stats)
+        *_, sjd = SJD(**options).run(adapter, condition, sampling, generators, stats)
     captured, prefill = {}, adapter.prefill
 
     def spy(*args, **kwargs):
@@ -71,7 +72,7 @@ def test_one_row_is_sjd_through_the_real_transformer(options):
     cls = adapter.transformer.config.cls_token_num
     generators = [torch.Generator().manual_seed(s) for s in (3, 4, 5)]
     with torch.no_grad():
-        for step in PJD(rows=1, **options)(adapter, condition, sampling, generators, SpecStats()):
+        for step in PJD(rows=1, **options).run(adapter, condition, sampling, generators, SpecStats()):
             cache = captured["state"].cache
             for b, c in enumerate(step.n_committed.tolist()):
                 if c < 2:
@@ -96,7 +97,7 @@ def test_several_rows_commit_every_position_behind_the_row_above(rows, lag, wind
     H, w = GRID
     stats, generators = SpecStats(), [torch.Generator().manual_seed(s) for s in range(4)]
     with torch.no_grad():
-        for step in PJD(window, rows=rows, lag=lag)(model, prompts, SAMPLING, generators, stats):
+        for step in PJD(window, rows=rows, lag=lag).run(model, prompts, SAMPLING, generators, stats):
             if step.step == 0:
                 continue
             committed, cached = step.tokens >= 0, model.state.cached
@@ -150,7 +151,7 @@ def test_deviation_from_the_ar_law_is_measured(report):
     for rows, lag in ((1, 1), (2, law.GRID[1]), (2, 1)):
         stats = SpecStats()
         with torch.no_grad():
-            *_, last = PJD(2, rows=rows, lag=lag)(model, prompts, law.SAMPLING, torch.Generator().manual_seed(0),
+            *_, last = PJD(2, rows=rows, lag=lag).run(model, prompts, law.SAMPLING, torch.Generator().manual_seed(0),
                                                   stats)
         checks = law_checks(last.tokens, model)
         outcomes = law.encode(last.tokens)[prompts == 0]

@@ -1,5 +1,6 @@
-"""`decoding="auto"` (mmspec.image.policy): the choice follows the cost curve and the acceptance, an explicit setting
-wins, and a cost curve is reused only for the model and device it was measured on."""
+"""`decoding="auto"` (mmspec.image.policy): the choice follows the cost curve and the acceptance, a named decoding
+wins (settings without one are refused, not read as a choice), and a cost curve is reused only for the model and device
+it was measured on."""
 
 import json
 
@@ -8,7 +9,7 @@ import torch
 
 from mmspec.core.measured import MeasurementCache, device_fingerprint
 from mmspec.core.probs import SamplingConfig
-from mmspec.image.policy import WINDOWS, DecodingPolicy, explicit_method, load_prior, model_fingerprint
+from mmspec.image.policy import WINDOWS, DecodingPolicy, load_prior, model_fingerprint
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 
 CFG = SamplingConfig(guidance_scale=3.0)
@@ -116,18 +117,18 @@ def test_a_seed_gives_the_same_image_on_every_auto_call(pipe):
     assert again.stats.chosen_by == first.stats.chosen_by and torch.equal(again.images, first.images)
 
 
-def test_an_explicit_setting_wins_over_the_automatic_choice(pipe):
+def test_a_named_decoding_wins_and_settings_without_a_name_are_refused(pipe):
     generator = torch.Generator().manual_seed(0)
-    out = pipe("a red circle", generator=generator, output_type="latent", window=4)
+    out = pipe("a red circle", generator=generator, output_type="latent", decoding="sjd", window=4)
     assert out.stats.chosen_by is None and "window=4" in out.stats.method
     out = pipe("a red circle", generator=generator, output_type="latent", decoding="ar")
     assert out.stats.chosen_by is None and out.stats.method == "AR()" and out.stats.target_forwards == 256
-    out = pipe("a red circle", generator=generator, output_type="latent", decoding="auto", acceptance="lantern")
-    assert out.stats.chosen_by is None and out.stats.method.startswith("SJD(") and "Lantern(" in out.stats.method
+    with pytest.raises(ValueError, match=r"\['window'\] set a named decoding; name it \(decoding='sjd' / 'pjd'\)"):
+        pipe("a red circle", output_type="latent", window=4)
+    with pytest.raises(ValueError, match=r'decoding="auto" chooses the decoding and its settings'):
+        pipe("a red circle", output_type="latent", decoding="auto", acceptance="lantern")
     out = pipe("a red circle", generator=generator, output_type="latent")
     assert out.stats.chosen_by.startswith("auto: ")
-    assert explicit_method({"window": None, "draft_length": 3}) == "draft"
-    assert explicit_method({"window": None, "init": None}) is None
 
 
 def test_the_cost_curve_is_measured_once_then_read_from_disk(tmp_path, adapter, pipe):

@@ -17,7 +17,7 @@ from tests.law import chi_square_p_value
 def run(decoding, adapter, condition, sampling, generator=None):
     stats = SpecStats()
     with torch.no_grad():
-        *_, last = decoding(adapter, condition, sampling, generator, stats)
+        *_, last = decoding.run(adapter, condition, sampling, generator, stats)
     return last.tokens, stats
 
 
@@ -56,7 +56,7 @@ def check_cache_after_every_iteration(adapter, condition: PromptCondition, guida
     iterations = 0
     try:
         with torch.no_grad():
-            for step in SJD(4, "vertical", "maximal")(adapter, condition,
+            for step in SJD(4, "vertical", "maximal").run(adapter, condition,
                                                               SamplingConfig(1.0, guidance_scale=guidance),
                                                               torch.Generator().manual_seed(0), SpecStats()):
                 state = captured["state"]

@@ -4,7 +4,14 @@ from scipy.stats import chi2
 
 from mmspec.core.probs import SamplingConfig
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
+from mmspec.text.rows import TextRows
 from tests.conftest import tiny_llama
+
+
+def rows_of(tokens: torch.Tensor, lengths: torch.Tensor, lookahead: int = 8) -> TextRows:
+    """The rows of a batch whose row b is tokens[b, :lengths[b]] (all prompt), as a step sees them."""
+    mask = torch.arange(tokens.shape[1]) < lengths[:, None]
+    return TextRows(tokens, mask.long(), max_new_tokens=1, lookahead=lookahead, eos=None, pad_token_id=0)
 
 
 @pytest.mark.parametrize("drafter_kind", ["model", "layerskip"])
@@ -16,8 +23,9 @@ def test_drafter_tokens_follow_the_q_it_returns(drafter_kind, sampling):
     drafter = ModelDrafter(tiny_llama(vocab_size=16, num_layers=1, seed=3)) if drafter_kind == "model" else LayerSkipDrafter(target, 1)
     N = 20_000
     tokens = torch.tensor([[3, 4, 5, 6]]).repeat(N, 1)
-    drafter.reset(N, torch.device("cpu"))
-    draft = drafter.propose(tokens, torch.full((N,), 4), torch.full((N,), 2), sampling, torch.Generator().manual_seed(0))
+    rows = rows_of(tokens, torch.full((N,), 4))
+    drafter.start(rows, 16)
+    draft = drafter.propose(rows, torch.full((N,), 2), sampling, torch.Generator().manual_seed(0))
     assert draft.q.shape == (N, 2, 16)
     q1 = draft.q[0, 0].double()
     torch.testing.assert_close(draft.q[:, 0].double(), q1.expand(N, 16))  # same context, same law
@@ -38,14 +46,15 @@ def test_ngram_drafter_is_deterministic_and_copies_latest_match():
     drafter = NGramDrafter(max_ngram=2)
     tokens = torch.tensor([[1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 0, 0], [7, 8, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
     lengths = torch.tensor([10, 3])
-    draft = drafter.propose(tokens, lengths, torch.tensor([3, 3]), SamplingConfig(), None)
+    draft = drafter.propose(rows_of(tokens, lengths), torch.tensor([3, 3]), SamplingConfig(), None)
     assert draft.q is None
     assert draft.tokens[0].tolist() == [5, 6, 1] and draft.lengths.tolist() == [3, 0]  # latest "1 2" is followed by 5 6 1
 
 
 def test_ngram_draft_is_cut_at_the_sequence_end():
     tokens = torch.tensor([[4, 5, 6, 4, 5, 0]])
-    draft = NGramDrafter(max_ngram=2).propose(tokens, torch.tensor([5]), torch.tensor([4]), SamplingConfig(), None)
+    draft = NGramDrafter(max_ngram=2).propose(rows_of(tokens, torch.tensor([5])), torch.tensor([4]), SamplingConfig(),
+                                              None)
     assert draft.lengths.tolist() == [3] and draft.tokens[0, :3].tolist() == [6, 4, 5]  # 3 known tokens, budget 4
 
 
@@ -72,8 +81,9 @@ def test_confidence_stop_shortens_drafts():
     draft_model = tiny_llama(num_layers=1, seed=5)
     tokens = torch.tensor([[3, 4, 5]]).repeat(8, 1)
     drafter = ModelDrafter(draft_model, confidence_threshold=0.99)
-    drafter.reset(8, torch.device("cpu"))
-    draft = drafter.propose(tokens, torch.full((8,), 3), torch.full((8,), 5), SamplingConfig(), torch.Generator().manual_seed(0))
+    rows = rows_of(tokens, torch.full((8,), 3))
+    drafter.start(rows, 48)
+    draft = drafter.propose(rows, torch.full((8,), 5), SamplingConfig(), torch.Generator().manual_seed(0))
     assert draft.lengths.tolist() == [1] * 8  # a random tiny model is never 99% sure
     with pytest.raises(ValueError, match="confidence_threshold"):
         ModelDrafter(draft_model, confidence_threshold=1.5)

@@ -10,8 +10,10 @@ break one piece of the algorithm and must be rejected by the same test.
 import pytest
 import torch
 
-from mmspec.core import verify
-from mmspec.text import generate, speculative_generate
+from mmspec.adapters import causal_lm
+from mmspec.core import drafting
+from mmspec.core.rules import exact
+from mmspec.text import speculative_generate
 from mmspec.text.drafters import DraftLengthSchedule, ModelDrafter, NGramDrafter
 from tests.law import chi_square_p_value as law_p_value
 from tests.text.table_lm import TableLM, exact_joint_law, random_table
@@ -78,18 +80,22 @@ def test_speculative_generate_matches_exact_joint_law(drafter_kind, draft_length
         assert stats.accepted > 0 and stats.accepted < stats.drafted  # both branches of the rule were exercised
 
 
-def off_by_one_bonus(p, draft, generator, acceptance, greedy=False):
+VERIFY = drafting.verify
+
+
+def off_by_one_bonus(p, draft, generator, test, greedy=False):
     """Mutation: the bonus token is drawn from the law one position too early."""
     shifted = p.clone()
     shifted[:, -1] = p[:, -2]
-    return verify.verify(shifted, draft, generator, acceptance, greedy)
+    return VERIFY(shifted, draft, generator, test, greedy)
 
 
 MUTATIONS = {  # (module, attribute, replacement)
-    "resample_from_p": (verify, "residual_law", lambda p, q: p),
-    "accept_always": (verify, "accept_probability", lambda p_x, q_x: torch.ones_like(p_x)),  # HF #28508
-    "off_by_one_bonus": (generate, "verify", off_by_one_bonus),
-    "no_cache_rollback": (generate, "truncate", lambda state, keep: None),  # the target cache keeps rejected tokens
+    "resample_from_p": (exact, "residual_law", lambda p, q: p),
+    "accept_always": (exact, "accept_probability", lambda p_x, q_x: torch.ones_like(p_x)),  # HF #28508
+    "off_by_one_bonus": (drafting, "verify", off_by_one_bonus),
+    # the caches keep rejected tokens (no per-row rollback of the target and the draft model)
+    "no_cache_rollback": (causal_lm, "truncate", lambda state, keep: None),
 }
 
 

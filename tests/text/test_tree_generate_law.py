@@ -10,9 +10,10 @@ the same tree attention as the target. Mutation companions must be rejected by t
 import pytest
 import torch
 
+from mmspec.adapters.causal_lm import CausalLMAdapter
 from mmspec.core import multidraft, tree_verify
-from mmspec.core.tree_growth import TreeShape
-from mmspec.text import cache, generate, speculative_generate
+from mmspec.core.tree_shape import TreeShape
+from mmspec.text import speculative_generate
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from tests.text.table_lm import TableLM, random_table
 from tests.text.test_generate_law import ALPHA, EOS, PROMPT_MASK, PROMPTS, V, law_test
@@ -51,9 +52,8 @@ def test_tree_speculation_matches_exact_joint_law(name):
     assert 0 < stats.child_acceptance[0] < 1 and all(0 <= r <= 1 for r in stats.child_acceptance)
 
 
-def keep_rejected_branches(state, region, keep):
-    """Mutation: the cache keeps every tree node's keys/values, the rejected branches' too."""
-    cache.keep_path(state, region, torch.ones_like(keep))
+def keep_rejected_branches(adapter, state, path):
+    """Mutation: the cache keeps the tree's slots in their order, the rejected branches' nodes instead of the path."""
 
 
 def siblings_not_renormalised(p, q):
@@ -62,7 +62,7 @@ def siblings_not_renormalised(p, q):
 
 
 MUTATIONS = {  # name: (config, module, attribute, replacement)
-    "keeps_rejected_branch_kv": ("rsd_k2", generate, "keep_path", keep_rejected_branches),
+    "keeps_rejected_branch_kv": ("rsd_k2", CausalLMAdapter, "keep_path", keep_rejected_branches),
     "residual_not_renormalised_across_siblings": ("rsd_k2", multidraft, "residual_law", siblings_not_renormalised),
     "without_replacement_children_verified_as_iid": (
         "rsd_k3_topk", tree_verify, "check_rule", lambda scheme, rule: "specinfer"),

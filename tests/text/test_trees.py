@@ -1,67 +1,17 @@
-"""Tree attention on a real (tiny) transformers LM, the accepted-path rollback, the tree drafters' contracts and the
-loop's refusals. The exactness of trees in the loop is `test_tree_generate_law`."""
+"""Growing trees, the tree drafters' contracts and the loop's refusals (tree attention and the accepted-path
+rollback on a real LM: `tests/adapters`). The exactness of trees in the loop is `test_tree_generate_law`."""
 
 import pytest
 import torch
 
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.tree_growth import TreeShape, grow_tree
-from mmspec.core.trees import DraftTree
+from mmspec.core.tree_growth import grow_tree
+from mmspec.core.tree_shape import TreeShape
 from mmspec.text import speculative_generate
-from mmspec.text.cache import RaggedCacheState, forward_tree, forward_window, keep_path
 from mmspec.text.drafters import ModelDrafter
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from tests.conftest import tiny_llama
-
-# a tree over slots 0 (root) .. 5: nodes 0, 1 under the root, 2, 3 under node 0, 4 under node 1
-PARENT = torch.tensor([[-1, -1, 0, 0, 1], [-1, 0, 1, -1, -1]])
-REAL = torch.arange(5) < torch.tensor([[5], [3]])  # row 1: a chain of 3, then padding
-
-
-def path_tokens(tree_tokens: torch.Tensor, parent: torch.Tensor, node: int) -> list[int]:
-    path = []
-    while node >= 0:
-        path.insert(0, int(tree_tokens[node]))
-        node = int(parent[node])
-    return path
-
-
-@torch.no_grad()
-def test_tree_forward_equals_each_paths_own_forward_and_keep_path_leaves_exactly_the_path():
-    model = tiny_llama()
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, 48, (2, 5), generator=g)
-    valid = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]], dtype=torch.bool)
-    committed = [prompt[b][valid[b]].tolist() for b in range(2)]
-    state = RaggedCacheState.empty(2, torch.device("cpu"))
-    forward_window(model, state, prompt, valid)
-    root = torch.randint(3, 48, (2, 1), generator=g)
-    nodes = torch.randint(3, 48, (2, 5), generator=g)
-    tree = DraftTree(nodes, PARENT, REAL, None, "deterministic")
-    layout = tree.layout()
-    real = torch.cat([torch.ones(2, 1, dtype=torch.bool), REAL], 1)
-    lengths = state.lengths
-    logits = forward_tree(model, state, torch.cat([root, nodes], 1), layout.ancestors, lengths[:, None] + layout.depth,
-                          real)
-    for b in range(2):
-        for node in range(int(REAL[b].sum())):
-            sequence = committed[b] + [int(root[b])] + path_tokens(nodes[b], PARENT[b], node)
-            reference = model(torch.tensor([sequence])).logits[0, -1]
-            torch.testing.assert_close(logits[b, 1 + node], reference, rtol=0, atol=1e-5)
-    # row 0 accepts node 1 then node 4; row 1 accepts nodes 0, 1 of its chain
-    keep = torch.zeros(2, 6, dtype=torch.bool)
-    keep[0, [0, 2, 5]] = True
-    keep[1, [0, 1, 2]] = True
-    keep_path(state, 6, keep)
-    kept = [committed[0] + [int(root[0]), int(nodes[0, 1]), int(nodes[0, 4])],
-            committed[1] + [int(root[1]), int(nodes[1, 0]), int(nodes[1, 1])]]
-    assert state.lengths.tolist() == [len(k) for k in kept]
-    nxt = torch.randint(3, 48, (2, 2), generator=g)
-    logits = forward_window(model, state, nxt)
-    for b in range(2):
-        reference = model(torch.tensor([kept[b] + nxt[b].tolist()])).logits[0, -2:]
-        torch.testing.assert_close(logits[b], reference, rtol=0, atol=1e-5)
-
+from tests.text.test_drafters import rows_of
 
 def test_grow_tree_respects_the_budget_and_puts_real_nodes_first():
     g = torch.Generator().manual_seed(1)
@@ -124,7 +74,7 @@ def test_tree_shape_refuses_bad_settings():
 
 def test_stand_memory_returns_the_stored_laws_of_the_matching_context():
     drafter = StandDrafter(TreeShape(4, 2, 1, 2), max_ngram=2, top=2, backoff=1e-6)
-    drafter.reset(1, torch.device("cpu"), vocab_size=6)
+    drafter.start(rows_of(torch.tensor([[1, 2, 3, 1, 2]]), torch.tensor([5])), vocab_size=6)
     tokens = torch.tensor([[1, 2, 3, 1, 2, 0, 0, 0]])
     drafter._store_unseen(tokens, torch.tensor([5]))  # the prompt: one-hot entries
     law = drafter.law(torch.tensor([[[1, 2]]]), 6)[0, 0]  # "1 2" was followed by 3
@@ -145,8 +95,9 @@ def test_tree_drafter_q_is_the_law_its_root_children_are_drawn_from():
     model = tiny_llama(vocab_size=8, num_layers=1, seed=3)
     drafter = ModelTreeDrafter(model, TreeShape(3, 1, 1, 3))
     tokens = torch.tensor([[1, 2, 3]]).expand(20_000, 3).contiguous()
-    drafter.reset(20_000, torch.device("cpu"), 8)
-    tree = drafter.propose_tree(tokens, torch.full((20_000,), 3), SamplingConfig(), torch.Generator().manual_seed(0))
+    rows = rows_of(tokens, torch.full((20_000,), 3))
+    drafter.start(rows, 8)
+    tree = drafter.propose(rows, SamplingConfig(), torch.Generator().manual_seed(0))
     root_children = tree.tokens[tree.parent == -1]
     assert chi_square_p_value(torch.bincount(root_children, minlength=8), tree.q[0, 0].double()) > 1e-4
     assert (tree.q[:, 0] == tree.q[0, 0]).all()

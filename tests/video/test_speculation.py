@@ -82,7 +82,7 @@ def uncached_rollout(model, context, actions, block_size: int):
 
 def test_strict_and_n_1_equal_sequential_generation(model):
     actions = action_sequence(10)
-    sequential, _ = run(model, actions, FrameSpeculation.sequential())
+    sequential, _ = run(model, actions, FrameSpeculation(frames=1))
     strict, session = run(model, actions, FrameSpeculation.strict())
     assert torch.allclose(strict, sequential, atol=ATOL)
     assert session.stats.target_forwards == 1 + STEPS * len(actions)  # the context passes ride on the Euler steps
@@ -95,7 +95,7 @@ def test_the_first_frame_of_every_block_is_the_sequential_frame(model, frames):
     """Constant action: block 1 starts at frame k; its first frame equals sequential frame k, the later ones are
     joint samples and differ."""
     actions = torch.full((frames, 2), 2)
-    sequential, _ = run(model, actions, FrameSpeculation.sequential())
+    sequential, _ = run(model, actions, FrameSpeculation(frames=1))
     speculative, session = run(model, actions, FrameSpeculation(frames=frames))
     assert session.stats.blocks == 1
     assert torch.allclose(speculative[:, 0], sequential[:, 0], atol=ATOL)
@@ -106,11 +106,11 @@ def test_first_frame_check_rejects_attention_to_later_frames_of_the_block(model,
     """Mutation: attention without the block-causal mask. Sequential frames are unchanged (a lone frame over a full
     cache attends to everything anyway); a block's first frame now sees its successors and leaves the sequential law."""
     actions, start = torch.full((4, 2), 2), context_frames(frames=1)
-    sequential, _ = run(model, actions, FrameSpeculation.sequential(), context=start)
+    sequential, _ = run(model, actions, FrameSpeculation(frames=1), context=start)
     attention = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda q, k, v, attn_mask=None: attention(q, k, v))
-    unmasked_sequential, _ = run(model, actions, FrameSpeculation.sequential(), context=start)
+    unmasked_sequential, _ = run(model, actions, FrameSpeculation(frames=1), context=start)
     unmasked, _ = run(model, actions, FrameSpeculation(frames=4), context=start)
     assert torch.allclose(unmasked_sequential[:, 0], sequential[:, 0], atol=ATOL)
     assert not torch.allclose(unmasked[:, 0], unmasked_sequential[:, 0], atol=1e-3)
@@ -225,7 +225,7 @@ def test_every_emitted_frame_was_generated_under_its_true_action(model, spec):
     assert not torch.equal(torch.stack(broken.actions_used), actions)
 
 
-@pytest.mark.parametrize("spec", [FrameSpeculation.sequential(), FrameSpeculation(frames=4),
+@pytest.mark.parametrize("spec", [FrameSpeculation(frames=1), FrameSpeculation(frames=4),
                                   FrameSpeculation(frames=8, adaptive=True)])
 def test_frame_accounting(model, spec):
     actions = action_sequence(15, seed=2)

@@ -1,4 +1,6 @@
-"""`LlamaGenAdapter`: the `mmspec.image.DiscreteImageModel` protocol over a LlamaGen GPT + VQ tokenizer."""
+"""`LlamaGenAdapter`: the core's causal-model protocol (`mmspec.core.model`, the image span of
+`mmspec.image.protocol.DiscreteImageModel`) over a LlamaGen GPT + VQ tokenizer, on its static KV cache: rollback moves
+per-row fill levels, trees and parallel row windows (capabilities "tree", "segments") copy slots."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.image.protocol import ImageLogits
+from mmspec.core.model import Logits
 from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer
 from mmspec.models.llamagen.graphs import WindowGraphs
 from mmspec.models.llamagen.vq import LlamaGenVQModel
@@ -42,6 +44,8 @@ class LlamaGenAdapter:
     """graphs: the transformer's `WindowGraphs` (CUDA graphs): its cache holds the state of one decoding at a time,
     and `forward`'s windows replay its graphs; None = a fresh cache per prefill, eager forwards."""
 
+    capabilities = frozenset({"tree", "segments"})
+
     def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, graphs: WindowGraphs | None = None):
         if transformer.config.vocab_size != vqvae.config.codebook_size:
             raise ValueError(
@@ -59,7 +63,7 @@ class LlamaGenAdapter:
         return self.grid[0] * self.grid[1]
 
     def prefill(self, condition: LlamaGenCondition, cfg: bool,
-                max_window: int = 1) -> tuple[LlamaGenState, ImageLogits]:
+                max_window: int = 1) -> tuple[LlamaGenState, Logits]:
         model = self.transformer
         B = condition.states.shape[0]
         prefix = model.embed_condition(condition.states)  # [B, T, dim]
@@ -71,9 +75,9 @@ class LlamaGenAdapter:
             cache.key_valid[:B, : prefix.shape[1]] = condition.mask
         logits = model.forward_window(prefix, cache)[:, -1:]  # [B or 2B, 1, V]
         state = LlamaGenState(cache, B, cfg)
-        return state, ImageLogits.from_rows(logits, B, cfg)
+        return state, Logits.from_rows(logits, B, cfg)
 
-    def forward(self, tokens: torch.Tensor, state: LlamaGenState) -> ImageLogits:
+    def forward(self, tokens: torch.Tensor, state: LlamaGenState) -> Logits:
         if tokens.ndim != 2 or tokens.shape[0] != state.batch_size:
             raise ValueError(f"tokens must have shape [{state.batch_size}, W], got {tuple(tokens.shape)}")
         rows = state.rows(tokens)
@@ -81,10 +85,10 @@ class LlamaGenAdapter:
             logits = self.transformer.forward_window(self.transformer.tok_embeddings(rows), state.cache)
         else:
             logits = self.graphs(rows)
-        return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
+        return Logits.from_rows(logits, state.batch_size, state.cfg)
 
     def forward_tree(self, tokens: torch.Tensor, offset: torch.Tensor, visible: torch.Tensor,
-                     state: LlamaGenState) -> ImageLogits:
+                     state: LlamaGenState) -> Logits:
         """Append tree nodes [B, T] after the tree's P earlier nodes (tree attention; the protocol's `forward_tree`):
         offset [T] or [B, T], visible [T, P + T] or [B, T, P + T]; logits [B, T, V]."""
         B, T = state.batch_size, visible.shape[-2]
@@ -95,7 +99,7 @@ class LlamaGenAdapter:
         state.tree_start = state.cache.lengths - (visible.shape[-1] - T)
         logits = self.transformer.forward_window(self.transformer.tok_embeddings(state.rows(tokens)), state.cache,
                                                  (offset, visible))
-        return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
+        return Logits.from_rows(logits, state.batch_size, state.cfg)
 
     def keep_path(self, state: LlamaGenState, path: torch.Tensor) -> None:
         """After `forward_tree`: move the keys/values of the accepted path's nodes (path [B, depth], the node of
@@ -106,8 +110,8 @@ class LlamaGenAdapter:
         state.cache.copy_slots(target, torch.where(path >= 0, state.tree_start[:, None] + path, target))
 
     def forward_segments(self, tokens: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor,
-                         state: LlamaGenState) -> ImageLogits:
-        """Score tokens [B, T] at image positions [B, T] in segments [B, T] (PJD's row windows,
+                         state: LlamaGenState) -> Logits:
+        """Score tokens [B, T] at image positions [B, T] in segments [B, T] (parallel Jacobi decoding's row windows,
         `mmspec.image.parallel`): token t sees the committed tokens before its position and its segment up to
         itself; logits [B, T, V]. The state's fill levels are not used: what a query reads is what
         `commit_segments` cached."""
@@ -118,7 +122,7 @@ class LlamaGenAdapter:
         state.segment_slots = state.rows(positions) + model.config.cls_token_num
         logits = model.forward_segments(model.tok_embeddings(state.rows(tokens)), cache, state.segment_slots,
                                         state.rows(segments), state.cached)
-        return ImageLogits.from_rows(logits, state.batch_size, state.cfg)
+        return Logits.from_rows(logits, state.batch_size, state.cfg)
 
     def commit_segments(self, state: LlamaGenState, keep: torch.Tensor) -> None:
         """After `forward_segments`: cache the keys/values of the kept inputs (keep [B, T] bool) at their positions."""
@@ -131,6 +135,15 @@ class LlamaGenAdapter:
     def rollback(self, state: LlamaGenState, keep: torch.Tensor) -> None:
         lengths = keep + self.transformer.config.cls_token_num
         state.cache.rollback(state.rows(lengths))
+
+    def select_rows(self, state: LlamaGenState, index: torch.Tensor) -> None:
+        """Keep only the samples `index` ([B'] long), in that order (with their unconditional twins)."""
+        if self.graphs is not None:
+            raise ValueError("the CUDA graphs replay this cache's rows: selecting rows needs eager forwards "
+                             "(pipe.disable_cuda_graphs())")
+        rows = torch.cat([index, index + state.batch_size]) if state.cfg else index
+        state.cache.select(rows)
+        state.batch_size = index.shape[0]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vqvae.decode(tokens, self.grid)

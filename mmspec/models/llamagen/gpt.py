@@ -86,6 +86,11 @@ class KVCache:
         self.k[:, rows, :, target] = self.k[:, rows, :, source]
         self.v[:, rows, :, target] = self.v[:, rows, :, source]
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the rows `rows` ([R'] long), in that order."""
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.key_valid, self.lengths = self.key_valid[rows], self.lengths[rows]
+
     def rollback(self, lengths: torch.Tensor) -> None:
         """Keep the first `lengths[r]` slots of row r (lengths: [R] long, each <= the current fill level)."""
         if lengths.shape != self.lengths.shape:
@@ -333,7 +338,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
     # ---- cached windows (inference) ---------------------------------------------------------------------------------
     @property
     def scratch_start(self) -> int:
-        """The first cache slot past the condition prefix and the image: windows that overhang the image and PJD's
+        """The first cache slot past the condition prefix and the image: windows that overhang the image and parallel
         segment inputs go there."""
         return self.config.cls_token_num + self.num_image_tokens
 
@@ -384,7 +389,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
 
     def forward_segments(self, x: torch.Tensor, cache: KVCache, positions: torch.Tensor, segments: torch.Tensor,
                          cached: torch.Tensor) -> torch.Tensor:
-        """Score T inputs per row that sit at scattered positions, under a segment-causal mask (PJD's row windows).
+        """Score T inputs per row that sit at scattered positions, under a segment-causal mask (parallel row windows).
 
         x: [R, T, dim] embedded inputs; positions: [R, T] the slot each input belongs to (condition length + image
         position; rotary position too); segments: [R, T] long, inputs of one segment are consecutive; cached: [R, S]

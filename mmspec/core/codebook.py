@@ -1,23 +1,16 @@
-"""Relaxed acceptance for discrete image AR models: LANTERN's codebook neighbour tables, GSD's codebook geometry, and
-the relaxation a decoding verifies with.
-
-Visual AR models spread probability over many interchangeable codes, so exact acceptance rejects good drafts. LANTERN
-(Jang et al. 2025, arXiv 2410.03355) and LANTERN++ (Park et al. 2025, arXiv 2502.06352) accept a draft on the target
-mass of the draft *and its nearest codebook neighbours*, within a budget; the rule itself is
-`mmspec.core.verify.verify_lantern` (lossy, opt-in). This module supplies what the rule needs from the model:
+"""A VQ codebook's geometry, what the relaxed acceptance rules read from a model (`mmspec.core.rules.lantern`,
+`mmspec.core.rules.gsd`): visual AR models spread probability over many interchangeable codes, and these rules
+accept a draft on the mass of the codes near it.
 
 - `NeighbourTable`: for each code its `k_max` nearest codes under the geometry the quantizer uses (the adapter's
-  `codebook()`, l2-normalised when the quantizer normalises; the official code uses the raw weights), self excluded,
-  nearest first, built in row chunks (never a V x V matrix), stored as int16 / int32 and cached on disk under a hash
-  of the codebook, so a table can never be applied to another codebook.
-- `token_embeddings`: the unit-norm code vector of every token id, what GSD's groups are filtered by
-  (`mmspec.core.grouping`).
-- `relaxation_for`: a decoding's `acceptance=` (`Exact()`, `mmspec.core.acceptance.Lantern(k, delta, lam)` or
-  `GSD(group_size, p_threshold, d_threshold)`) turned into what the rule needs for a given model.
+  `codebook()`, l2-normalised when the quantizer normalises; the official LANTERN code uses the raw weights), self
+  excluded, nearest first, built in row chunks (never a V x V matrix), stored as int16 / int32 and cached on disk
+  under a hash of the codebook, so a table can never be applied to another codebook.
+- `token_embeddings`: the unit-norm code vector of every token id (GSD's geometry).
 
 An adapter opts in by exposing `codebook() -> [C, d]`; when its token ids are not the code indices (special tokens,
-offsets) it also exposes `codebook_token_ids: [C] long`, the token id of each code. Tokens that are not codes are never
-relaxed.
+offsets) it also exposes `codebook_token_ids: [C] long`, the token id of each code. Tokens that are not codes are
+never relaxed.
 """
 
 from __future__ import annotations
@@ -28,13 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from mmspec.core.acceptance import GSD, Acceptance, check_relaxation
-from mmspec.core.grouping import Grouping
 from mmspec.core.paths import cache_root
-from mmspec.core.probs import SamplingConfig
-from mmspec.core.verify import Relaxation, Relaxed
 
 DEFAULT_K_MAX = 1000  # the official CLI's --lantern_k; tables are built this wide (or V - 1) so any k <= it reuses them
 CHUNK_ROWS = 1024  # rows of the distance matrix computed at once: [1024, V] floats
@@ -91,16 +79,16 @@ class NeighbourTable:
         k_max = min(DEFAULT_K_MAX, C - 1) if k_max is None else k_max
         digest = codebook_hash(codebook)
         folder = None if cache is False else (cache_dir() if cache is True else Path(cache))
-        path = None if folder is None else folder / f"{digest[:32]}.safetensors"
+        path = None if folder is None else folder / f"{digest[:32]}.pt"
         if path is not None and path.exists():
-            stored = load_file(path)["indices"]
+            stored = torch.load(path, weights_only=True)["indices"]
             if stored.shape[1] >= k_max:
                 return cls(stored[:, :k_max].contiguous(), digest)
         table = cls(nearest_codes(codebook, k_max), digest)
         if path is not None:  # written whole, then renamed: concurrent processes never read a partial file
             folder.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
-            save_file({"indices": table.indices}, partial, metadata={"codebook_hash": digest})
+            torch.save({"indices": table.indices, "codebook_hash": digest}, partial)
             os.replace(partial, path)
         return table
 
@@ -146,6 +134,18 @@ def model_codebook(model) -> torch.Tensor:
     return model.codebook().detach().float()
 
 
+def model_neighbours(model, vocab_size: int, k: int) -> torch.Tensor:
+    """[vocab_size, k] the k nearest codes of every token of `model`'s codebook in token ids (-1 rows for tokens
+    that are not codes), on the codebook's device; the table is built once per codebook (at least
+    min(DEFAULT_K_MAX, C - 1) wide, so any k up to it reuses it), cached on disk and in the process."""
+    codebook = model_codebook(model)
+    key = (codebook_hash(codebook), max(k, min(DEFAULT_K_MAX, codebook.shape[0] - 1)))
+    if key not in _TABLES:  # keyed by the codebook's hash, so a table never meets another codebook
+        _TABLES[key] = NeighbourTable.build(codebook, key[1])
+    neighbours = _TABLES[key].in_token_space(vocab_size, getattr(model, "codebook_token_ids", None))
+    return neighbours[:, :k].to(codebook.device)  # moved once, not per verification
+
+
 def token_embeddings(codebook: torch.Tensor, vocab_size: int, token_ids: torch.Tensor | None = None) -> torch.Tensor:
     """[vocab_size, d]: row t the unit-norm codebook vector of token t, zero for tokens that are not codes (GSD's
     geometry). codebook: [C, d]; token_ids: [C] long, the token id of each code (default: code c is token c)."""
@@ -156,26 +156,3 @@ def token_embeddings(codebook: torch.Tensor, vocab_size: int, token_ids: torch.T
     vectors = torch.zeros(vocab_size, codebook.shape[1], dtype=codebook.dtype, device=codebook.device)
     vectors[ids.to(codebook.device)] = torch.nn.functional.normalize(codebook, dim=-1)
     return vectors
-
-
-def relaxation_for(acceptance: Acceptance, model, vocab_size: int, sampling: SamplingConfig) -> Relaxed | None:
-    """What a decoding verifies a relaxed rule with: None for `Exact()`; for `Lantern(...)` the model's neighbour
-    table (built once per codebook, cached on disk and in the process) at k = `acceptance.k` (default
-    min(DEFAULT_K_MAX, V - 1)) with its budget; for `GSD(...)` the model's codebook vectors in token space."""
-    if acceptance.lossless:
-        return None
-    if sampling.temperature == 0:
-        raise ValueError(
-            f"{type(acceptance).__name__} acceptance samples: with temperature=0 the target law is one-hot and has no "
-            "neighbour mass (greedy LANTERN is mmspec.core.verify.verify_lantern_greedy on temperature-1 laws)"
-        )
-    codebook = model_codebook(model)
-    if isinstance(acceptance, GSD):
-        return Grouping(token_embeddings(codebook, vocab_size, getattr(model, "codebook_token_ids", None)), acceptance)
-    k = min(DEFAULT_K_MAX, vocab_size - 1) if acceptance.k is None else acceptance.k
-    check_relaxation(k, *acceptance.budget, V=codebook.shape[0])
-    key = (codebook_hash(codebook), max(k, min(DEFAULT_K_MAX, codebook.shape[0] - 1)))
-    if key not in _TABLES:  # keyed by the codebook's hash, so a table never meets another codebook
-        _TABLES[key] = NeighbourTable.build(codebook, key[1])
-    neighbours = _TABLES[key].in_token_space(vocab_size, getattr(model, "codebook_token_ids", None))
-    return Relaxation(neighbours[:, :k].to(codebook.device), k, *acceptance.budget)  # moved once, not per verification

@@ -1,0 +1,219 @@
+"""A draft model's chains and trees, and the round that verifies them against the target: the draft-model algorithm,
+once, for every modality (text: a draft LM or the target's early exit; images: a draft GPT over the same codes).
+
+`ModelProposer` drafts with a `CausalModel` over the target's tokens, sampling from its own processed law q, which
+every draft carries (`Draft.q`, `DraftTree.q`). Chains (Leviathan et al. 2023): one batched forward per draft
+position. Trees: `grow_tree` (EAGLE-2's dynamic trees, OPT-Tree's reranking, Sequoia's fixed trees) with one
+`forward_tree` per depth over the frontier, each level attending to its ancestors; the tree's slots leave the
+drafter's cache afterwards.
+
+Its cache follows the committed tokens without a host read. A chain round feeds the committed tokens it lacks in a
+window of fixed width: the last one on the first round, then always the last two, [x_{c-2}, x_{c-1}] (its cache is
+rolled back to c - 2, which covers the round where every draft was accepted and d_G was never fed). A tree round
+feeds, in a window of depth + 1, the committed tokens since its previous round (at most the accepted path and the
+closing token) and reads the root's law at the row's last one.
+
+`chain_round` / `tree_round`: the target scores [x_{c-1}, drafts] (or [x_{c-1}, every node] with the tree mask and
+depth positions) in one forward, the rule decides, and for trees the target's cache keeps exactly the accepted path
+(`keep_path`). The caller commits the `Round` and rolls the target back to its new last token.
+
+Laws come from the caller (`DraftLaw`): the processed law of the token at `depth` after the row's last committed
+token, which for an image model also fixes forced structure tokens. A round draws a fixed number of uniforms per row,
+so with per-row generators a row's random stream does not depend on the rest of its batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmspec.core.drafts import Draft
+from mmspec.core.model import CausalModel, Logits
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.rng import Generators, inverse_cdf, uniform
+from mmspec.core.rules.base import TokenTest
+from mmspec.core.stats import PhaseTimer
+from mmspec.core.tree_growth import grow_tree, shape_for, visible_slots
+from mmspec.core.tree_shape import TreeShape
+from mmspec.core.tree_verify import TreeVerifyResult, verify_tree
+from mmspec.core.trees import DraftTree
+from mmspec.core.verify import VerifyResult, verify
+
+# law(logits [B, F, V] of tokens at depth [B, F] after each row's last committed token, sampling) -> q [B, F, V]
+DraftLaw = Callable[[Logits, torch.Tensor, SamplingConfig], torch.Tensor]
+
+
+class ModelProposer:
+    """Drafts chains and trees with `model` (its state after the prompt's prefill, `state`) for B rows."""
+
+    def __init__(self, model: CausalModel, state: Any, batch_size: int, device: torch.device):
+        self.model, self.state = model, state
+        self.kept = torch.zeros(batch_size, dtype=torch.long, device=device)  # committed tokens cached (trees)
+        self.rounds = 0
+        self.forwards = 0  # model calls so far (the stats' draft_forwards)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only rows `index` ([B'] long): finished rows left the batch."""
+        self.model.select_rows(self.state, index)
+        self.kept = self.kept[index]
+
+    def chain(self, seq: torch.Tensor, committed: torch.Tensor, length: int, law: DraftLaw,
+              sampling: SamplingConfig, generator: Generators, budget: torch.Tensor | None = None,
+              confidence_threshold: float = 0.0) -> Draft:
+        """`length` (G) draft tokens after each row's committed tokens seq[b, :committed[b]] (seq: [B, S] long,
+        committed: [B] long), token i drawn from its law with the i-th of G uniforms per row (drawn once the first
+        law is known, in its dtype); budget: [B] long, the drafts each row wants (default G; the draft's
+        `lengths`). confidence_threshold: a row stops drafting after a token whose draft probability is below it
+        (0 = never; with it, the round ends early once every row has stopped: one host read per draft token)."""
+        B, device = committed.shape[0], committed.device
+        context = 1 if self.rounds == 0 else 2
+        if self.rounds:
+            self.model.rollback(self.state, committed - 2)
+        self.rounds += 1
+        tokens = seq.gather(1, committed[:, None] - context + torch.arange(context, device=device))
+        drafts, laws, draws = [], [], None
+        stop_at = torch.full((B,), length, dtype=torch.long, device=device) if budget is None else budget.clone()
+        for i in range(length):  # one batched forward per draft position (the drafter is autoregressive)
+            self.forwards += 1
+            logits = self.model.forward(tokens, self.state).at(slice(-1, None))
+            q = law(logits, torch.full((B, 1), i, device=device), sampling)  # [B, 1, V]
+            if draws is None:
+                draws = uniform((B, length), generator, device, q.dtype)
+            tokens = inverse_cdf(q, draws[:, i : i + 1])  # [B, 1]
+            drafts.append(tokens)
+            laws.append(q)
+            if confidence_threshold > 0:
+                unsure = q[:, 0].gather(1, tokens).squeeze(1) < confidence_threshold
+                stop_at = torch.where(unsure & (stop_at > i + 1), i + 1, stop_at)
+                if bool((stop_at <= i + 1).all()):  # host read, adaptive mode only: every row has stopped
+                    break
+        return Draft(torch.cat(drafts, 1), stop_at.clamp(max=len(drafts)), torch.cat(laws, 1))
+
+    def tree(self, seq: torch.Tensor, committed: torch.Tensor, shape: TreeShape, law: DraftLaw,
+             sampling: SamplingConfig, generator: Generators) -> DraftTree:
+        """A tree of `shape` after each row's committed tokens (seq, committed as in `chain`). At temperature 0 the
+        children are the top tokens of the temperature-1 law (deterministic)."""
+        B = committed.shape[0]
+        width = shape.depth + 1  # the committed tokens since the last round: at most its path and closing token
+        window = seq.gather(1, self.kept[:, None] + torch.arange(width, device=seq.device))
+        self.forwards += 1
+        logits = self.model.forward(window, self.state)
+        root = logits.gather((committed - self.kept - 1).clamp(min=0)[:, None])  # [B, 1, V] at x_{c-1}
+        self.model.rollback(self.state, committed)
+        law_sampling = dataclasses.replace(sampling, temperature=1.0) if sampling.greedy else sampling
+        fed = torch.zeros(B, 0, dtype=torch.long, device=seq.device)
+
+        def expand(nodes, paths, node_tokens, valid):
+            nonlocal fed
+            depth = (paths >= 0).sum(-1)  # [B, F]; a node of depth d is token d after the root
+            self.forwards += 1
+            logits = self.model.forward_tree(node_tokens.gather(1, nodes), depth - 1, visible_slots(fed, paths, nodes),
+                                             self.state)
+            fed = torch.cat([fed, nodes], 1)
+            return law(logits, depth, law_sampling)
+
+        root_law = law(root, torch.zeros(B, 1, dtype=torch.long, device=seq.device), law_sampling)[:, 0]
+        tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator)
+        self.model.rollback(self.state, committed)  # the tree's slots leave the drafter's cache
+        self.kept = committed.clone()
+        return tree
+
+
+@dataclass(frozen=True)
+class Round:
+    """What one speculative round verified, per row. emitted: [B, D + 1] long, the accepted drafts, then the closing
+    token (the residual or bonus) at n_accepted; entries after it are not committed. result: the VerifyResult
+    (n_accepted [B], next_token [B], accept_mask [B, D]). drafted: [B] long, draft tokens (tree nodes) proposed.
+    laws: [B, D + 1, V], the target law each emitted token was drawn from (trees; None for chains). walk: the tree
+    walk's per-node figures (trees; None for chains)."""
+
+    emitted: torch.Tensor
+    result: VerifyResult
+    drafted: torch.Tensor
+    laws: torch.Tensor | None = None
+    walk: TreeVerifyResult | None = None
+
+
+def closing(accepted: torch.Tensor, result: VerifyResult) -> torch.Tensor:
+    """[B, D + 1]: the accepted tokens [B, D] with the closing token written at each row's n_accepted."""
+    emitted = torch.cat([accepted, accepted.new_zeros(accepted.shape[0], 1)], 1)
+    return emitted.scatter(1, result.n_accepted[:, None], result.next_token[:, None])
+
+
+def chain_round(target: CausalModel, state: Any, last: torch.Tensor, draft: Draft, law: DraftLaw,
+                sampling: SamplingConfig, test: TokenTest, generator: Generators, timer: PhaseTimer) -> Round:
+    """Score [x_{c-1}, d_1 .. d_L] in one target forward (last: [B] long, x_{c-1}) and verify the chain with `test`
+    (greedy decoding at temperature 0 for a rule that keeps the model's law). `timer` times the forward ("target")
+    apart from the verification ("verify")."""
+    window = torch.cat([last[:, None], draft.tokens], 1)  # [B, L + 1]
+    with timer("target"):
+        logits = target.forward(window, state)
+    with timer("verify"):
+        depth = torch.arange(window.shape[1], device=window.device).expand_as(window)
+        result = verify(law(logits, depth, sampling), draft, generator, test, greedy=sampling.greedy)
+        return Round(closing(draft.tokens, result), result, draft.lengths)
+
+
+def tree_round(target: CausalModel, state: Any, last: torch.Tensor, tree: DraftTree, law: DraftLaw,
+               sampling: SamplingConfig, generator: Generators, timer: PhaseTimer, rule: str | None = None,
+               ceiling: bool = False, draws: tuple[int, int] | None = None) -> Round:
+    """Score [x_{c-1}, every node] in one target forward with the tree mask, walk it with the exact `rule` for how
+    its children were drawn (`mmspec.core.tree_verify`), and keep exactly the accepted path in the target's cache.
+    ceiling: also measure alpha* at the visited nodes; draws: (depth, children) bounds of every tree the drafter
+    grows (a row's stream then does not depend on the other rows' trees)."""
+    layout = tree.layout()
+    window = torch.cat([last[:, None], tree.tokens], 1)  # [B, N + 1]
+    with timer("target"):
+        logits = target.forward_tree(window, layout.depth, layout.ancestors, state)
+    with timer("verify"):
+        p = law(logits, layout.depth, sampling)  # [B, N + 1, V]: slot s predicts the token after its path
+        walk = verify_tree(p, tree, generator, rule, layout, ceiling, draws)
+        result = VerifyResult(walk.n_accepted, walk.next_token, walk.path >= 0)
+        slots = torch.cat([torch.zeros_like(walk.path[:, :1]), walk.path.clamp(min=0)], 1)  # root, path, then roots
+        laws = p.gather(1, slots[..., None].expand(-1, -1, p.shape[-1]))
+    with timer("target"):
+        target.keep_path(state, walk.path)  # the accepted path's keys/values onto the slots after x_{c-1}
+    return Round(closing(window.gather(1, walk.path.clamp(min=0)), result), result, tree.n_nodes, laws, walk)
+
+
+class ChainSpeculation:
+    """A draft model's chain of `length` tokens, verified with `test` (a rule bound to the target)."""
+
+    def __init__(self, length: int, test: TokenTest):
+        self.length, self.test = length, test
+        self.width = length + 1  # tokens one target forward scores per row
+
+    def propose(self, proposer: ModelProposer, seq: torch.Tensor, committed: torch.Tensor, law: DraftLaw,
+                sampling: SamplingConfig, generator: Generators) -> Draft:
+        return proposer.chain(seq, committed, self.length, law, sampling, generator)
+
+    def verify(self, target: CausalModel, state: Any, last: torch.Tensor, draft: Draft, law: DraftLaw,
+               sampling: SamplingConfig, generator: Generators, timer: PhaseTimer,
+               limit: torch.Tensor | None = None) -> Round:
+        """`chain_round`; limit: [B] long, the most drafts a row may keep (the rest lie past its end)."""
+        if limit is not None:
+            draft = Draft(draft.tokens, torch.minimum(draft.lengths, limit), draft.q)
+        return chain_round(target, state, last, draft, law, sampling, self.test, generator, timer)
+
+
+class TreeSpeculation:
+    """A draft model's tree of `shape`, walked by the exact rule for how its children were drawn."""
+
+    def __init__(self, shape: TreeShape):
+        self.shape = shape
+        self.width = 1 + shape.nodes  # tokens one target forward scores per row
+
+    def propose(self, proposer: ModelProposer, seq: torch.Tensor, committed: torch.Tensor, law: DraftLaw,
+                sampling: SamplingConfig, generator: Generators) -> DraftTree:
+        return proposer.tree(seq, committed, self.shape, law, sampling, generator)
+
+    def verify(self, target: CausalModel, state: Any, last: torch.Tensor, tree: DraftTree, law: DraftLaw,
+               sampling: SamplingConfig, generator: Generators, timer: PhaseTimer,
+               limit: torch.Tensor | None = None) -> Round:
+        """`tree_round` (its law keeps nodes inside the sequence: `limit` is not read)."""
+        return tree_round(target, state, last, tree, law, sampling, generator, timer,
+                          draws=(self.shape.depth, self.shape.branching))

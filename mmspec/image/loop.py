@@ -1,0 +1,263 @@
+"""The image decoding loop, written once for every method: open (prefill the condition, draw image token 0), then
+repeat the method's step until every row has its N tokens, yielding a `DecodeStep` after every target forward so a
+pipeline can drive progress bars, callbacks and interruption.
+
+A step (`ImageStep`) owns one iteration — propose, verify, commit — on tensors whose shapes do not depend on what was
+accepted, with no host read; the loop reads the host once per iteration (`progress()`: the fewest tokens a row has,
+for the bar and for the end). `Commits` is the per-row bookkeeping the speculative steps share; `ARStep` is the
+baseline's step. Shapes: B samples, N image tokens, V image-token ids, W window.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from mmspec.core.model import Logits
+from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.rng import Generators, check_generators, sample
+from mmspec.core.rules.base import TokenTest
+from mmspec.core.stats import PhaseTimer, SpecStats
+from mmspec.core.verify import VerifyResult
+from mmspec.image.protocol import DiscreteImageModel
+
+PAD_ID = -1  # not-yet-generated positions of DecodeStep.tokens
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """Progress after one target forward.
+
+    step: 0-based iteration index; tokens: [B, N] long, a snapshot of the committed image tokens, PAD_ID where not
+    generated yet; n_committed: [B] long, committed tokens per row (tokens[b, :n_committed[b]] are final);
+    min_committed: the smallest of them as a host int (for progress bars and the loop's end).
+    """
+
+    step: int
+    tokens: torch.Tensor
+    n_committed: torch.Tensor
+    min_committed: int
+
+
+class ImageStep(Protocol):
+    """One iteration of an image decoding, and the progress the loop reads between iterations."""
+
+    def __call__(self) -> None:
+        """Propose, verify and commit once for every row still generating (no host read)."""
+
+    def progress(self) -> DecodeStep:
+        """What is committed so far (one host read: the fewest committed tokens of a row)."""
+
+    def finish(self) -> None:
+        """Fold the stats once the decoding ends (also when the caller stops early)."""
+
+
+@torch.no_grad()
+def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: SamplingConfig, generator: Generators,
+           stats: SpecStats) -> Iterator[DecodeStep]:
+    """The loop of every image decoding (`ImageDecoding.run`): a `DecodeStep` after the prefill and after every
+    iteration of `decoding`'s step."""
+    decoding.check_sampling(sampling.temperature)
+    decoding.check_model(model)
+    opening = open_decoding(model, condition, sampling, generator, stats, decoding.max_window, decoding)
+    step = decoding.step(model, opening, sampling, generator, stats)
+    try:
+        progress = step.progress()
+        yield progress
+        while progress.min_committed < opening.N:
+            step()
+            progress = step.progress()
+            yield progress
+    finally:  # also when the caller stops early (closes this generator): count what was committed
+        step.finish()
+
+
+def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None]:
+    """(N image tokens, V image-token ids, forced tokens [N] long or None) of a model adapter."""
+    grid, V = getattr(model, "grid", None), getattr(model, "vocab_size", None)
+    if not (isinstance(grid, tuple) and len(grid) == 2 and all(isinstance(x, int) and x > 0 for x in grid)):
+        raise TypeError(
+            f"model must be an image adapter exposing its image span as `grid` = (h, w) positive ints, got "
+            f"{type(model).__name__} with grid={grid!r}"
+        )
+    if not (isinstance(V, int) and V > 0):
+        raise TypeError(f"model must expose `vocab_size` (image-token ids 0..V-1) as a positive int, got {V!r}")
+    N = grid[0] * grid[1]
+    forced = getattr(model, "forced_tokens", None)
+    if forced is not None and (forced.shape != (N,) or forced.max() >= V):
+        raise ValueError(
+            f"model.forced_tokens must be [{N}] long with ids < {V} (-1 = free), got shape {tuple(forced.shape)}"
+        )
+    return N, V, forced
+
+
+def forced_at(forced: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The forced token at each of `positions` [B, W] (absolute; >= N is scratch past the image), -1 where free."""
+    N = forced.shape[0]
+    return torch.where(positions < N, forced[positions.clamp(max=N - 1)], -1)
+
+
+def probs_of(logits: Logits, sampling: SamplingConfig, positions: torch.Tensor,
+             forced: torch.Tensor | None = None) -> torch.Tensor:
+    """Processed probabilities [B, W, V] of (CFG-paired) logits [B, W, V] that predict the image tokens at
+    `positions` [B, W]; where `forced` [N] names a token the law is that token's one-hot (positions >= N are
+    scratch and left as they are)."""
+    p = process_logits(logits.cond, sampling, logits.uncond)
+    if forced is None:
+        return p
+    token = forced_at(forced, positions)  # [B, W]
+    one_hot = torch.nn.functional.one_hot(token.clamp(min=0), p.shape[-1]).to(p.dtype)
+    return torch.where((token >= 0)[..., None], one_hot, p)
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What every image decoding starts from: the condition (what the model's prefill took), the image span (N
+    tokens, V ids, forced tokens [N] or None), the model's state after the condition prefill, image token 0 of each row ([B] long, drawn from the prefill's
+    law first_law [B, V] with the caller's generator), the dtype of the processed laws (float32, or float64 for a
+    float64 model), the decoding's acceptance rule bound to the model (None without one), the phase timer of `stats`
+    and the start time."""
+
+    condition: Any
+    N: int
+    V: int
+    forced: torch.Tensor | None
+    state: Any
+    first_token: torch.Tensor
+    first_law: torch.Tensor
+    dtype: torch.dtype
+    test: TokenTest | None
+    timer: PhaseTimer
+    started: float
+
+    def law(self, logits: Logits, positions: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """`probs_of` with this image's forced tokens: the laws [B, W, V] of the tokens at `positions` [B, W]."""
+        return probs_of(logits, sampling, positions, self.forced)
+
+
+def open_decoding(model: DiscreteImageModel, condition: Any, sampling: SamplingConfig, generator: Generators,
+                  stats: SpecStats, max_window: int = 1, decoding=None) -> Opening:
+    """Check the span, bind `decoding`'s acceptance rule to the model (before any forward: a setting the model cannot
+    take costs none), prefill the condition (one target forward, counted) and draw image token 0."""
+    started = time.perf_counter()
+    timer = PhaseTimer(stats.timings)
+    N, V, forced = image_span(model)
+    test = None if decoding is None else decoding.bind(model, V)
+    with timer("target"):
+        state, logits = model.prefill(condition, cfg=sampling.guidance_scale != 1.0, max_window=max_window)
+    stats.target_forwards += 1
+    stats.prefill_forwards += 1
+    B, device = logits.cond.shape[0], logits.cond.device
+    check_generators(generator, B)
+    with timer("sample"):
+        p0 = probs_of(logits.at(slice(-1, None)), sampling, torch.zeros(B, 1, dtype=torch.long, device=device), forced)
+        first_token = sample(p0[:, 0], generator)
+    return Opening(condition, N, V, forced, state, first_token, p0[:, 0], p0.dtype, test, timer, started)
+
+
+class Commits:
+    """Per-row progress of a speculative image decoding: the committed token buffer, committed lengths, and the
+    stats that follow them (steps, acceptance map, totals). Shared by the steps that verify windows of drafts.
+
+    seq: [B, N + extra] long, committed tokens then whatever the decoding keeps past them (drafts, scratch);
+    committed: [B] long, tokens committed per row; minimum: its smallest value as a host int.
+    """
+
+    def __init__(self, opening: Opening, extra: int, stats: SpecStats):
+        first_tokens, N = opening.first_token, opening.N
+        B, device = first_tokens.shape[0], first_tokens.device
+        self.N, self.stats, self.step, self.started = N, stats, 0, opening.started
+        self.seq = torch.zeros(B, N + extra, dtype=torch.long, device=device)
+        self.seq[:, 0] = first_tokens
+        self.committed = torch.ones(B, dtype=torch.long, device=device)
+        self.minimum = 1
+        self._positions = torch.arange(N, device=device)
+        stats.steps = torch.zeros(B, dtype=torch.long, device=device)
+        stats.acceptance_map = torch.zeros(B, N, dtype=torch.long, device=device)
+
+    @property
+    def active(self) -> torch.Tensor:
+        """[B] bool, rows still generating."""
+        return self.committed < self.N
+
+    def draft_lengths(self, W: int) -> torch.Tensor:
+        """[B] long, real drafts of a window of W target positions (those that predict an image token)."""
+        return ((self.N - self.committed).clamp(max=W) - 1).clamp(min=0)
+
+    def write(self, drafts: torch.Tensor, result: VerifyResult, drafted: torch.Tensor) -> None:
+        """Write each active row's n accepted drafts [B, >= n] and its closing token after its committed tokens, and
+        commit them (`advance`)."""
+        n = result.n_accepted[:, None]
+        window = torch.arange(drafts.shape[1] + 1, device=n.device)
+        run = torch.cat([drafts, result.next_token[:, None]], 1)
+        run = torch.where(window == n, result.next_token[:, None], run)  # j < n: a draft, j = n: the closing token
+        positions = self.committed[:, None] + window
+        write = self.active[:, None] & (window <= n)
+        self.seq.scatter_(1, positions, torch.where(write, run, self.seq.gather(1, positions)))
+        self.advance(result, drafted)
+
+    def advance(self, result: VerifyResult, lengths: torch.Tensor) -> None:
+        """Commit each active row's accepted drafts plus the closing token (the caller wrote them into seq) and record
+        the step: who committed what (acceptance map) and the acceptance counts. No host sync."""
+        self.step += 1
+        active = self.active
+        advanced = torch.where(active, self.committed + result.n_accepted + 1, self.committed)
+        newly = (self._positions >= self.committed[:, None]) & (self._positions < advanced[:, None])
+        self.stats.acceptance_map.masked_fill_(newly, self.step)
+        self.stats.record_step(result, lengths, active=active)
+        self.committed = advanced
+
+    def progress(self) -> DecodeStep:
+        """Sync the smallest committed length to the host (the loop's bound) and snapshot the committed tokens."""
+        self.minimum = int(self.committed.min())
+        tokens = torch.where(self._positions < self.committed[:, None], self.seq[:, : self.N], PAD_ID)
+        return DecodeStep(self.step, tokens, self.committed.clone(), self.minimum)
+
+    def finish(self) -> None:
+        """Fold the stats once the decoding ends (also when the caller stops early)."""
+        self.stats.new_tokens = self.committed.clamp(max=self.N).cpu()
+        self.stats.steps = self.stats.steps.cpu()
+        self.stats.timings["total"] = time.perf_counter() - self.started
+        self.stats.finalize()
+
+
+class ARStep:
+    """Plain autoregressive sampling with a KV cache: one token per target forward (the baseline every speedup is
+    measured against). Every row advances together, so progress is known on the host without a read."""
+
+    def __init__(self, model: DiscreteImageModel, opening: Opening, sampling: SamplingConfig, generator: Generators,
+                 stats: SpecStats):
+        self.model, self.opening, self.sampling, self.generator, self.stats = model, opening, sampling, generator, stats
+        stats.speculative = False
+        B, device = opening.first_token.shape[0], opening.first_token.device
+        self.tokens = torch.full((B, opening.N), PAD_ID, dtype=torch.long, device=device)
+        self.tokens[:, 0] = opening.first_token
+        self.done = 1
+
+    def __call__(self) -> None:
+        i, timer = self.done, self.opening.timer
+        with timer("target"):
+            logits = self.model.forward(self.tokens[:, i - 1 : i], self.opening.state)
+        self.stats.target_forwards += 1
+        with timer("sample"):
+            positions = torch.full((self.tokens.shape[0], 1), i, device=self.tokens.device)
+            p = self.opening.law(logits.at(slice(-1, None)), positions, self.sampling)
+            self.tokens[:, i] = sample(p[:, 0], self.generator)
+        self.done = i + 1
+
+    def progress(self) -> DecodeStep:
+        B = self.tokens.shape[0]
+        committed = torch.full((B,), self.done, dtype=torch.long, device=self.tokens.device)
+        return DecodeStep(self.done - 1, self.tokens.clone(), committed, self.done)
+
+    def finish(self) -> None:
+        B, N, stats = self.tokens.shape[0], self.opening.N, self.stats
+        stats.steps = torch.full((B,), self.done - 1, dtype=torch.long)
+        stats.new_tokens = torch.full((B,), self.done, dtype=torch.long)
+        stats.acceptance_map = torch.arange(N).expand(B, N)  # forward i (0 = the prefill) commits token i
+        stats.timings["total"] = time.perf_counter() - self.opening.started
+        stats.finalize()

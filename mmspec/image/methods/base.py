@@ -1,0 +1,57 @@
+"""The contract of an image decoding component: `run(model, condition, sampling, generator, stats)` yields a
+`mmspec.image.loop.DecodeStep` after every target forward, so a pipeline drives progress bars, callbacks and
+interruption the same way for every method. The loop is written once (`mmspec.image.loop.decode`); a method supplies
+the step it repeats (`step(...)`, an `mmspec.image.loop.ImageStep`) and how many tokens one target forward scores
+per row (`forward_width`, what the default's cost model and the model's cache headroom read)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from mmspec.core.component import DecodingComponent
+from mmspec.core.model import require
+
+if TYPE_CHECKING:
+    from mmspec.core.probs import SamplingConfig
+    from mmspec.core.rng import Generators
+    from mmspec.core.stats import SpecStats
+    from mmspec.image.loop import DecodeStep, ImageStep, Opening
+
+
+@dataclass(frozen=True)
+class ImageDecoding(DecodingComponent):
+    """Base of the discrete-token image decodings."""
+
+    modality: ClassVar[str] = "image"
+    capabilities: ClassVar[frozenset[str]] = frozenset()  # what it needs of a model adapter beyond the window forward
+
+    @property
+    def forward_width(self) -> int:
+        """Tokens one target forward scores per row (1 for AR)."""
+        return 1
+
+    @property
+    def max_window(self) -> int:
+        """The widest window the model's state must make room for (`CausalModel.prefill`'s `max_window`)."""
+        return self.forward_width
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model adapter this decoding cannot run on (before any forward): it must declare the capabilities
+        the decoding needs."""
+        require(model, self.capabilities, f"decoding={self.name!r}")
+
+    def run(self, model: Any, condition: Any, sampling: SamplingConfig, generator: Generators,
+            stats: SpecStats) -> Iterator[DecodeStep]:
+        """Decode the image tokens of `condition`'s samples with `model` (a `DiscreteImageModel` adapter): one
+        `DecodeStep` after every target forward. Closing the iterator early stops there (the stats count what was
+        committed)."""
+        from mmspec.image.loop import decode  # the components stay importable without torch
+
+        return decode(self, model, condition, sampling, generator, stats)
+
+    def step(self, model: Any, opening: Opening, sampling: SamplingConfig, generator: Generators,
+             stats: SpecStats) -> ImageStep:
+        """The step the loop repeats from `opening` (the prefill's state and first token) until every row is done."""
+        raise NotImplementedError(f"{type(self).__name__} must define step()")

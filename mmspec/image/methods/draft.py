@@ -1,0 +1,67 @@
+"""`DraftModel(...)`: speculative decoding with a draft image model over the same tokens, chains or the drafter's full
+tree, exact or (chains) LANTERN / GSD relaxed. The settings; the step is `mmspec.image.draft_model.DraftStep`, on the
+draft-model proposer every modality shares (`mmspec.core.drafting`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mmspec.core.registry import register_decoding
+from mmspec.core.rules.base import AcceptanceRule
+from mmspec.core.rules.exact import Exact
+from mmspec.core.settings import runtime, setting
+from mmspec.image.methods.base import ImageDecoding
+
+
+@register_decoding
+@dataclass(frozen=True)
+class DraftModel(ImageDecoding):
+    """Speculative decoding with a draft image model, batched, with per-row acceptance. drafter: the draft model's
+    adapter (same grid and image vocabulary as the target); pipelines supply their own, so it is not saved."""
+
+    name: ClassVar[str] = "draft"
+    draft_length: int = setting(4, "tokens drafted per target forward (the tree's depth with tree_width > 1)", low=1)
+    acceptance: AcceptanceRule = Exact()
+    tree_width: int = setting(1, "children per node of the draft model's tree, draft_length deep, all scored in one "
+                              "target forward (exact; 1 = a chain)", low=1)
+    drafter: Any = runtime()
+
+    def check(self) -> None:
+        if self.tree and not isinstance(self.acceptance, Exact):
+            raise ValueError(f"tree_width > 1 (draft trees) is verified by exact tree rules; acceptance must be "
+                             f"Exact(), got {self.acceptance.describe()}")
+
+    def check_model(self, model) -> None:
+        """The target and the drafter: the drafter shares the target's image tokens; trees need both to have them."""
+        from mmspec.core.model import require
+
+        if self.drafter is None:
+            raise ValueError("decoding='draft' needs a draft model: load a pipeline that has a draft_transformer, or "
+                             "pass drafter=<adapter> to DraftModel")
+        if (self.drafter.grid, self.drafter.vocab_size) != (model.grid, model.vocab_size):
+            raise ValueError(
+                f"the drafter must share the target's image tokens: drafter grid {self.drafter.grid}, vocab_size "
+                f"{self.drafter.vocab_size}; target grid {model.grid}, vocab_size {model.vocab_size}")
+        super().check_model(model)
+        require(self.drafter, self.capabilities, "DraftModel(tree_width > 1)'s drafter")
+
+    @property
+    def tree(self) -> bool:
+        return self.tree_width > 1
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"tree"}) if self.tree else frozenset()
+
+    @property
+    def forward_width(self) -> int:
+        """Tokens one target forward scores per row: the last committed token and the chain's or tree's drafts."""
+        if not self.tree:
+            return 1 + self.draft_length
+        return 1 + sum(self.tree_width**depth for depth in range(1, self.draft_length + 1))
+
+    def step(self, model, opening, sampling, generator, stats):
+        from mmspec.image.draft_model import DraftStep
+
+        return DraftStep(self, model, opening, sampling, generator, stats)

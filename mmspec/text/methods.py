@@ -1,0 +1,155 @@
+"""The text decodings, registered by name (`mmspec.core.registry.decodings("text")`): `AR()`, the target alone, and
+`TextSpeculation(drafter=...)`, speculative decoding with a drafter by name. Every text component runs the same way:
+
+    component.run(target, draft, input_ids, attention_mask, *, max_new_tokens, temperature, top_k, top_p,
+                  eos_token_id, pad_token_id, generator, on_step) -> (sequences [B, T + N], TextStats)
+
+The settings live here, without torch (the CLI's flags come from them); running imports the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from mmspec.core.component import DecodingComponent
+from mmspec.core.registry import register_decoding
+from mmspec.core.rules.base import AcceptanceRule
+from mmspec.core.rules.exact import Exact
+from mmspec.core.settings import setting, specs
+from mmspec.core.tree_shape import TreeShape
+
+if TYPE_CHECKING:
+    import torch
+
+    from mmspec.text.stats import TextStats
+
+CHAIN_DRAFTERS = ("model", "ngram", "layerskip")  # TextSpeculation's drafters of chains
+TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft model's tree, STAND's n-gram memory
+SCHEDULES = ("constant", "heuristic")  # draft length schedules
+
+
+@dataclass(frozen=True)
+class TextDecoding(DecodingComponent):
+    """Base of the text decodings (see the module docstring)."""
+
+    modality: ClassVar[str] = "text"
+
+    def run(self, target: Any, draft: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+            **options) -> tuple[torch.Tensor, TextStats]:
+        raise NotImplementedError(f"{type(self).__name__} must define run()")
+
+
+@register_decoding
+@dataclass(frozen=True)
+class AR(TextDecoding):
+    """The baseline: the target's own `generate` (KV cache, one token per forward), seeded from a draw of the
+    caller's generator (so successive calls with one generator differ, and a seed repeats a call)."""
+
+    name: ClassVar[str] = "ar"
+
+    def run(self, target, draft, input_ids, attention_mask=None, **options):
+        from mmspec.text.ar import generate_ar
+
+        return generate_ar(target, input_ids, attention_mask, **options)
+
+
+@register_decoding
+@dataclass(frozen=True)
+class TextSpeculation(TextDecoding):
+    """Draft, verify in one target forward, keep the accepted prefix: `speculative_generate` with a drafter by name.
+    A setting its drafter does not read is refused, not ignored; `acceptance`: `Exact()` (lossless) or, for chains,
+    `Typical(epsilon, delta)` (lossy), or its name."""
+
+    name: ClassVar[str] = "speculative"
+    drafter: str = setting("model", "'model': the draft LM; 'layerskip': the target's first layers; 'ngram': prompt "
+                           "lookup; 'tree': the draft LM's tree (RSD); 'stand': an n-gram memory of the target's laws",
+                           choices=(*CHAIN_DRAFTERS, *TREE_DRAFTERS))
+    draft_length: int = setting(4, "tokens drafted per target forward", low=1, only={"drafter": CHAIN_DRAFTERS})
+    schedule: str = setting("constant", "draft length per step: 'constant', or transformers' 'heuristic' (+2 after "
+                            "a fully accepted draft, else -1)", choices=SCHEDULES, only={"drafter": CHAIN_DRAFTERS})
+    confidence_threshold: float = setting(0.0, "a row stops drafting after a token whose draft probability is below "
+                                          "it (0 = never)", low=0, high=1, high_open=True,
+                                          only={"drafter": ("model", "layerskip")})
+    exit_layer: int | None = setting(None, "layer-skip drafts with the target's first N layers (default: the "
+                                     "config's early_exit_layer)", kind=int, low=1, only={"drafter": ("layerskip",)})
+    max_ngram: int = setting(3, "the longest n-gram prompt lookup looks up", low=1, only={"drafter": ("ngram",)})
+    tree_depth: int = setting(4, "levels of the draft model's full tree", low=1, only={"drafter": ("tree",)})
+    tree_branching: int = setting(2, "children per node of the full tree", low=1, only={"drafter": ("tree",)})
+    tree_rates: tuple[float, ...] | None = setting(
+        None, "the rates at which walks accept a node's k-th child (a run's stats.child_acceptance): the fixed tree "
+        "of tree_nodes nodes built for them", kind=tuple, only={"drafter": ("tree",)})
+    tree_nodes: int = setting(30, "nodes of the tree built for tree_rates", low=1, only={"drafter": ("tree",)})
+    acceptance: AcceptanceRule = Exact()
+
+    def check(self) -> None:
+        if self.tree_rates is None:
+            if self.tree_nodes != TextSpeculation.tree_nodes:
+                raise ValueError("tree_nodes applies with tree_rates (a positional tree); the full tree is "
+                                 "tree_depth x tree_branching")
+        else:
+            for setting_name in ("tree_depth", "tree_branching"):
+                if getattr(self, setting_name) != getattr(TextSpeculation, setting_name):
+                    raise ValueError(f"{setting_name} sets the full tree; with tree_rates the tree is the positional "
+                                     f"one of tree_nodes nodes")
+            try:
+                self.tree_shape()
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"tree_rates: {error}") from None
+        if self.drafter in TREE_DRAFTERS and not self.acceptance.lossless:
+            raise ValueError(f"acceptance={self.acceptance.name!r} is for chain drafters; drafter={self.drafter!r} "
+                             "is verified by exact tree rules")
+
+    def reads(self, field: str) -> bool:
+        """A setting is read by the drafters it names; of the tree's, the full tree's without tree_rates and
+        tree_nodes with them."""
+        if field in ("tree_depth", "tree_branching") and self.tree_rates is not None:
+            return False
+        if field == "tree_nodes" and self.tree_rates is None:
+            return False
+        return super().reads(field)
+
+    @classmethod
+    def accepts(cls, drafter: str, settings: dict) -> bool:
+        """Whether `drafter` reads every one of `settings` (names of fields)."""
+        fields = specs(cls)
+        return all(fields[key].only is None or drafter in fields[key].only["drafter"]
+                   for key in settings if key in fields)
+
+    def tree_shape(self) -> TreeShape:
+        """The draft LM's tree (drafter "tree")."""
+        if self.tree_rates is None:
+            return TreeShape.full(self.tree_depth, self.tree_branching)
+        return TreeShape.positional(self.tree_nodes, self.tree_rates)
+
+    def make_drafter(self, target: Any, draft: Any = None):
+        """The drafter `speculative_generate` asks (a new one per call: drafters hold per-batch state)."""
+        from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+        from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
+
+        if self.drafter in ("model", "tree") and draft is None:
+            raise ValueError(f"drafter={self.drafter!r} needs a draft model; this pipeline has none")
+        if self.drafter == "model":
+            return ModelDrafter(draft, confidence_threshold=self.confidence_threshold)
+        if self.drafter == "tree":
+            return ModelTreeDrafter(draft, self.tree_shape())
+        if self.drafter == "stand":
+            return StandDrafter()
+        if self.drafter == "layerskip":
+            exit_layer = self.exit_layer or getattr(target.config, "early_exit_layer", None)
+            if exit_layer is None:
+                raise ValueError("drafter='layerskip' needs exit_layer: the target's config names no early_exit_layer")
+            return LayerSkipDrafter(target, exit_layer, confidence_threshold=self.confidence_threshold)
+        return NGramDrafter(max_ngram=self.max_ngram)
+
+    def run(self, target, draft, input_ids, attention_mask=None, **options):
+        """`speculative_generate(target, input_ids, attention_mask, ...)` with this drafter, draft length schedule
+        and acceptance; `options` are its sampling and stopping arguments (max_new_tokens, temperature, top_k, top_p,
+        eos_token_id, pad_token_id, generator, on_step)."""
+        from mmspec.text.drafters import DraftLengthSchedule
+        from mmspec.text.generate import speculative_generate
+
+        if self.drafter in CHAIN_DRAFTERS:
+            options["draft_length"] = DraftLengthSchedule(self.draft_length, kind=self.schedule)
+        return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target, draft),
+                                    acceptance=self.acceptance, **options)

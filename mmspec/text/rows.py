@@ -1,0 +1,140 @@
+"""`TextRows`: the per-row sequences of a text decoding and what a step commits to them — each row's own length, its
+own EOS and max_new_tokens, which verification step committed each token — with finished rows written out and
+dropped from the batch, so the remaining rows' steps get cheaper.
+
+Buffers are left-aligned: row b is `tokens[b, :lengths[b]]`, its prompt then its new tokens. The models count what
+follows their prefill, which holds each prompt but its last token (that one opens the first window): the model view
+of row b is `seq[b] = tokens[b, prompt_lengths[b] - 1:]`, of which `committed[b]` tokens are final.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmspec.adapters.causal_lm import Prompt
+from mmspec.core.component import StepHook
+from mmspec.core.drafting import Round
+from mmspec.text.stats import TextStats
+
+
+def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt tokens of each row moved to the front of a [B, width] buffer; returns (buffer, lengths [B])."""
+    mask = attention_mask.bool()
+    order = (~mask).long().argsort(dim=1, stable=True)  # valid positions first, in order
+    buffer = torch.zeros(input_ids.shape[0], width, dtype=torch.long, device=input_ids.device)
+    buffer[:, : input_ids.shape[1]] = input_ids.gather(1, order)
+    return buffer, mask.sum(-1)
+
+
+def new_ids(tokens: torch.Tensor, prompt_lengths: torch.Tensor, generated: torch.Tensor, width: int,
+            pad_token_id: int) -> torch.Tensor:
+    """[B, width]: the first `generated[b]` new tokens of each left-aligned row of `tokens`, then padding."""
+    index = (prompt_lengths[:, None] + torch.arange(width, device=tokens.device)).clamp(max=tokens.shape[1] - 1)
+    real = torch.arange(width, device=tokens.device) < generated[:, None]
+    return torch.where(real, tokens.gather(1, index), pad_token_id)
+
+
+class TextRows:
+    """The rows of a text decoding (see the module docstring). input_ids: [B, T] long prompts, left or right padded;
+    attention_mask: [B, T]; lookahead: the most tokens a step may write past a row's end; eos: [E] long or None."""
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, lookahead: int,
+                 eos: torch.Tensor | None, pad_token_id: int):
+        B, T = input_ids.shape
+        self.max_new_tokens, self.eos, self.pad_token_id = max_new_tokens, eos, pad_token_id
+        self.tokens, self.lengths = left_align(input_ids, attention_mask, T + max_new_tokens + lookahead + 1)
+        self.prompt_lengths = self.lengths.clone()  # of every row of the batch, finished or not
+        device = input_ids.device
+        self.generated = torch.zeros(B, dtype=torch.long, device=device)
+        self.rows = torch.arange(B, device=device)  # batch position -> output row
+        self.committed_at = torch.full_like(self.tokens, -1)  # verification step that committed each position
+        self.drafted = torch.zeros_like(self.tokens, dtype=torch.bool)  # position holds an accepted draft token
+        self.final = (self.tokens.clone(), self.generated.clone(), self.committed_at.clone(), self.drafted.clone())
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def prompt(self) -> Prompt:
+        """What the models' prefill caches: each row's prompt but its last token."""
+        T = int(self.prompt_lengths.max())
+        return Prompt(self.tokens[:, : T - 1], torch.arange(T - 1, device=self.tokens.device) < self.offsets[:, None])
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """[B] long, the prompt tokens each row's prefill holds (its prompt length minus one)."""
+        return self.prompt_lengths[self.rows] - 1
+
+    @property
+    def seq(self) -> torch.Tensor:
+        """[B, S'] long, the model view: each row's tokens after its prefill (its last prompt token first)."""
+        width = self.tokens.shape[1] - int(self.prompt_lengths.max()) + 1
+        index = self.offsets[:, None] + torch.arange(width, device=self.tokens.device)
+        return self.tokens.gather(1, index.clamp(max=self.tokens.shape[1] - 1))
+
+    @property
+    def committed(self) -> torch.Tensor:
+        """[B] long, the tokens of `seq` that are final."""
+        return self.lengths - self.offsets
+
+    @property
+    def last(self) -> torch.Tensor:
+        """[B] long, each row's last token (the root of its next draft; not in the target's cache yet)."""
+        return self.tokens.gather(1, (self.lengths - 1)[:, None]).squeeze(1)
+
+    def commit(self, round: Round, step: int, stats: TextStats) -> torch.Tensor:
+        """Write each row's accepted drafts and closing token (up to its EOS and max_new_tokens), record the step;
+        returns [B] bool, the rows that finished."""
+        n = round.result.n_accepted
+        slots = torch.arange(round.emitted.shape[1], device=n.device)
+        count = torch.minimum(n + 1, self.max_new_tokens - self.generated)
+        finished = count == self.max_new_tokens - self.generated
+        if self.eos is not None:
+            is_eos = torch.isin(round.emitted, self.eos) & (slots < count[:, None])
+            count = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, count)
+            finished |= is_eos.any(-1)
+        positions = self.lengths[:, None] + slots
+        keep_old = slots >= count[:, None]
+        self.tokens.scatter_(1, positions, torch.where(keep_old, self.tokens.gather(1, positions), round.emitted))
+        self.committed_at.scatter_(1, positions, self.committed_at.gather(1, positions).masked_fill(~keep_old, step))
+        self.drafted.scatter_(1, positions, self.drafted.gather(1, positions) | (~keep_old & (slots < n[:, None])))
+        self.count = count  # what this step committed, for drafters that learn from it
+        self.lengths += count
+        self.generated += count
+        stats.record_step(round.result, round.drafted, self.rows)
+        return finished
+
+    def show(self, on_step: StepHook, step: int) -> bool:
+        """Hand every row so far to the caller's hook (`speculative_generate`'s `on_step`); whether it says stop."""
+        so_far, counts = self.final[0].clone(), self.final[1].clone()
+        so_far[self.rows], counts[self.rows] = self.tokens, self.generated
+        ids = new_ids(so_far, self.prompt_lengths, counts, self.max_new_tokens, self.pad_token_id)
+        return bool(on_step(step, int(counts.min()), {"generated_ids": ids, "new_tokens": counts}))
+
+    def retire(self, finished: torch.Tensor) -> torch.Tensor | None:
+        """Write the finished rows out; the batch positions that go on ([B'] long), None when none leaves."""
+        done = finished.tolist()  # host read: which rows leave the batch
+        if not any(done):
+            return None
+        for final, live in zip(self.final, (self.tokens, self.generated, self.committed_at, self.drafted),
+                               strict=True):
+            final[self.rows[finished]] = live[finished]
+        return torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.long, device=finished.device)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only batch positions `index` ([B'] long), in that order."""
+        self.tokens, self.lengths, self.generated = self.tokens[index], self.lengths[index], self.generated[index]
+        self.committed_at, self.drafted, self.rows = self.committed_at[index], self.drafted[index], self.rows[index]
+
+    def output(self, input_ids: torch.Tensor, stats: TextStats) -> torch.Tensor:
+        """[B, T + N]: the prompts as given, then each row's new tokens, padded to the longest row (N); the stats'
+        per-token maps."""
+        tokens, generated, committed_at, drafted = self.final
+        N = int(generated.max())
+        index = self.prompt_lengths[:, None] + torch.arange(N, device=tokens.device)
+        real = torch.arange(N, device=tokens.device) < generated[:, None]
+        stats.acceptance_map = torch.where(real, committed_at.gather(1, index), -1).cpu()
+        stats.from_draft = (real & drafted.gather(1, index)).cpu()
+        stats.new_tokens = generated
+        return torch.cat([input_ids, new_ids(tokens, self.prompt_lengths, generated, N, self.pad_token_id)], dim=1)
