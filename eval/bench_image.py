@@ -17,7 +17,8 @@ Every method decodes the same held-out captions with the same per-image seeds (i
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
 cache, SJD as published (window 16, random init, independent redrafts), our exact modes with their best settings
 (`BEST`, chosen by `--sweep`), the draft GPT's chains and tree (`DRAFT`; exact, counted apart: the summary gives the
-tree's step compression over the best chain's) and PJD (lossy, never counted as the best exact method). Columns:
+tree's step compression over the best chain's) and every other registered decoding at its defaults (parallel Jacobi
+decoding: lossy, never counted as the best exact method; a decoding you register, `registered_methods`). Columns:
 target forwards per image, step compression (image tokens per target forward a row took part in, the prefill
 included), median latency of a call, speedup of the median latency against AR at the same batch size, and the share
 of decoding time spent outside the target forward (drafting, verification, bookkeeping). A second table gives the
@@ -39,6 +40,7 @@ import torch
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
 from mmspec.eval.devices import machine, seeded, write_json
+from mmspec.core.registry import decodings
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
@@ -64,8 +66,18 @@ DRAFT = {  # the draft GPT: its best wall-clock chain (1 token), a chain of 3, a
     "draft_L3": {"decoding": "draft", "draft_length": 3},
     "draft_tree": {"decoding": "draft", "draft_length": 3, "tree_width": 2},
 }
-PJD = {"decoding": "pjd"}  # parallel Jacobi decoding over image rows, its defaults: lossy, reported apart
-METHODS = {"ar": {"decoding": "ar"}, "sjd_published": PUBLISHED_SJD, **BEST, **DRAFT, "pjd": PJD}
+PRESETS = {"sjd_published": PUBLISHED_SJD, **BEST, **DRAFT}  # tuned configurations of registered decodings
+
+
+def registered_methods() -> dict[str, dict]:
+    """AR, the presets, and every other registered image decoding at its defaults (parallel Jacobi decoding, a
+    decoding you register): whatever is registered is benchmarked."""
+    tuned = {options["decoding"] for options in PRESETS.values()}
+    others = {name: {"decoding": name} for name in decodings("image") if name not in tuned | {"ar"}}
+    return {"ar": {"decoding": "ar"}, **PRESETS, **others}
+
+
+METHODS = registered_methods()
 SWEEP_WINDOWS = (8, 12, 16, 24, 32)
 POLICY_BATCH_SIZES = (1, 2, 4, 8)
 POLICY_WINDOWS = (2, 4, 8, 16, 32)  # the fixed windows the default is compared with
@@ -109,7 +121,7 @@ def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int,
 
 
 def tokens_per_forward(options: dict) -> int:
-    """The tokens one target forward of a method scores per row (a frontier tree's nodes, PJD's row windows and
+    """The tokens one target forward of a method scores per row (a frontier tree's nodes, parallel row windows and
     its slot for a closing token, the draft path's chain or tree; 1 for AR)."""
     return getattr(get_decoding(**options), "forward_width", 1)
 
@@ -172,9 +184,10 @@ def summary(rows: list[Row], costs: dict[int, dict[int, float]]) -> dict:
     if ("draft_tree", 1) in at:
         chains = max(at[(name, 1)].step_compression for name in DRAFT if name != "draft_tree")
         result["draft_tree_over_chain_step_compression_bs1"] = round(at[("draft_tree", 1)].step_compression / chains, 3)
-    if ("pjd", 1) in at:  # lossy: never the best exact method
-        result["pjd_step_compression_bs1"] = round(at[("pjd", 1)].step_compression, 3)
-        result["pjd_speedup_vs_ar_bs1"] = round(at[("pjd", 1)].speedup_vs_ar, 3)
+    for name in METHODS.keys() - PRESETS.keys() - {"ar"}:  # the other registered decodings, reported apart
+        if (name, 1) in at:
+            result[f"{name}_step_compression_bs1"] = round(at[(name, 1)].step_compression, 3)
+            result[f"{name}_speedup_vs_ar_bs1"] = round(at[(name, 1)].speedup_vs_ar, 3)
     if any(r.batch_size == 8 for r in ours):
         result["best_exact_speedup_vs_ar_bs8"] = round(max(r.speedup_vs_ar for r in ours if r.batch_size == 8), 3)
     return result

@@ -8,10 +8,11 @@ seed-to-seed spread, beside target forwards, step compression, latency and speed
 Defaults: the embedded model (zoo `shapes`); prompts = captions of the world's held-out scenes, one real scene per
 caption as the reference ("data"); methods `ar` (plain AR with its KV cache), `sjd` (our best exact mode: window 16,
 horizontal init, maximal coupling) and `lantern` (the same SJD with LANTERN relaxed acceptance, k = 100,
-delta = 0.1: lossy). Other methods: the presets `draft`, `gsd` (the same SJD with GSD's grouped acceptance, the
-official settings: lossy) and `tree` (the same SJD with a frontier tree of width 2, depth 2: exact), or
-`label=preset:key=value,...` to override a preset's
-options, e.g. `--methods ar sjd lantern d02=lantern:lantern_delta=0.2 L32=sjd:window=32,init=vertical`.
+delta = 0.1: lossy). Other methods: every registered image decoding by name (`draft`, parallel rows, yours), every
+registered lossy rule on the same SJD (`gsd`: GSD's grouped acceptance, the official settings) and `tree` (the same SJD
+with a frontier tree of width 2, depth 2: exact; `mmspec.eval.samples.presets`), or `label=preset:key=value,...` to
+override a preset's options, e.g. `--methods ar sjd lantern d02=lantern:lantern_delta=0.2
+L32=sjd:window=32,init=vertical`.
 
 Images: `--images-per-prompt` K per prompt, image k of prompt i in seed set s seeded with
 `--seed` + 1e6 s + K i + k, one generator per row, so an image does not depend on its batch or process. They are

@@ -24,21 +24,15 @@ import torch
 from PIL import Image, PngImagePlugin
 from tqdm.auto import tqdm
 
+from mmspec.core.component import rule_settings
+from mmspec.core.registry import decodings, rules
 from mmspec.eval.bench_image import BEST
 from mmspec.eval.devices import seeded
 from mmspec.image import get_decoding
 
-PRESETS = {
-    "ar": {"decoding": "ar"},
-    "sjd": BEST["sjd_maximal"],  # our best exact SJD on the embedded model (mmspec.eval.bench_image --sweep)
-    "draft": {"decoding": "draft"},
-    "lantern": {**BEST["sjd_maximal"], "acceptance": "lantern", "lantern_k": 100, "lantern_delta": 0.1},
-    "gsd": {**BEST["sjd_maximal"], "acceptance": "gsd"},  # GSD's grouped acceptance, the official code's settings
-    "tree": BEST["sjd_tree"],  # SJD-PAC's frontier tree on the maximal coupling (exact)
-    "pjd": {"decoding": "pjd"},  # parallel Jacobi decoding over image rows (lossy), its defaults
-}
-OPTION_KEYS = ("window", "init", "coupling", "tree_width", "tree_depth", "rows", "lag", "draft_length", "acceptance",
-               "lantern_k", "lantern_delta", "lantern_lam")
+# settings tuned on the embedded model over the registered defaults: our best exact SJD (mmspec.eval.bench_image
+# --sweep), which every lossy rule's preset runs on, and LANTERN at k = 100, delta = 0.1
+TUNED = {"sjd": BEST["sjd_maximal"], "lantern": {"lantern_k": 100, "lantern_delta": 0.1}}
 SEEDS_PER_SET = 1_000_000  # seed of image k of prompt i in seed set s: base + s * SEEDS_PER_SET + i * K + k
 
 
@@ -51,6 +45,23 @@ def _value(text: str):
     return text
 
 
+def presets() -> dict[str, dict]:
+    """The methods `--methods` names: every registered image decoding (`ar`, `sjd`, `draft`, `pjd`, yours; tuned
+    where `TUNED` says), every registered lossy rule on the best exact SJD (`lantern`, `gsd`), and `tree`, SJD-PAC's
+    frontier tree on the maximal coupling."""
+    methods = {name: TUNED.get(name, {"decoding": name}) for name in decodings("image")}
+    relaxed = {name: {**TUNED["sjd"], "acceptance": name, **TUNED.get(name, {})}
+               for name, rule in rules("image").items() if not rule.lossless}
+    return {**methods, **relaxed, "tree": BEST["sjd_tree"]}
+
+
+def option_keys() -> tuple[str, ...]:
+    """The pipeline options a method spec may set: every registered image decoding's settings and the rules' flat
+    spellings."""
+    fields = {field: None for cls in decodings("image").values() for field in cls.settings() if field != "drafter"}
+    return (*fields, *rule_settings("image"))
+
+
 @dataclass(frozen=True)
 class Method:
     """A decoding method to evaluate: a label and the pipeline options that select it."""
@@ -60,19 +71,20 @@ class Method:
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """`[label=]preset[:key=value,...]`: a preset (`ar`, `sjd`, `draft`, `lantern`, `gsd`, `tree`, `pjd`) whose
-        pipeline options the pairs set or override, e.g. `d02=lantern:lantern_delta=0.2` or
+        """`[label=]preset[:key=value,...]`: a preset (`presets()`: a registered decoding, a lossy rule, `tree`)
+        whose pipeline options the pairs set or override, e.g. `d02=lantern:lantern_delta=0.2` or
         `wide=sjd:window=24,coupling=gumbel`. The label defaults to the preset's name, or to `text` with pairs."""
         head, _, pairs = text.partition(":")
         label, _, name = head.rpartition("=")
-        if name not in PRESETS:
-            raise ValueError(f"methods: unknown preset {name!r} in {text!r}; use one of {list(PRESETS)}")
-        options = dict(PRESETS[name])
+        known = presets()
+        if name not in known:
+            raise ValueError(f"methods: unknown preset {name!r} in {text!r}; use one of {list(known)}")
+        options = dict(known[name])
         for pair in filter(None, pairs.split(",")):
             key, sep, value = pair.partition("=")
-            if not sep or key not in OPTION_KEYS:
+            if not sep or key not in option_keys():
                 raise ValueError(f"methods: bad option {pair!r} in {text!r}; options are key=value with key in "
-                                 f"{list(OPTION_KEYS)}")
+                                 f"{list(option_keys())}")
             options[key] = _value(value)
         return cls(label or (re.sub(r"[^\w.+-]", "_", text) if pairs else name), options)
 

@@ -66,12 +66,14 @@ def flag(name: str) -> str:
 
 
 def in_flag_terms(message: str, names: tuple[str, ...] = ()) -> str:
-    """A library error as the CLI user sees it: pipeline argument and decoding setting names (`names`) as flags,
-    `name='value'` as `--flag value`, and at most one line of 400 characters (an error that echoes a long input never
-    floods the terminal)."""
+    """A library error as the CLI user sees it: pipeline argument and decoding setting names (`names`) as flags
+    (`name='value'` as `--flag value`; a plain word such as `window` only where it opens the message or a clause, the
+    prose keeps it), and at most one line of 400 characters (an error that echoes a long input never floods the
+    terminal)."""
     for name in sorted({*FLAGS, *names}, key=len, reverse=True):
         message = re.sub(rf"\b{name}=(['\"]?)([^'\", ;)]+)\1", rf"{flag(name)} \2", message)
-        message = re.sub(rf"(?<![-\w]){name}\b", flag(name), message)
+        where = rf"(?<![-\w]){name}\b" if "_" in name else rf"(?:(?<=^)|(?<=; )){name}\b"
+        message = re.sub(where, flag(name), message)
     line = " ".join(message.split())
     return line if len(line) <= 400 else line[:400] + "..."
 
@@ -210,7 +212,7 @@ def check_image_decoding(args) -> DecodingComponent | None:
     if args.decoding == "auto":
         return None
     return built("image", args.decoding, {**settings, "acceptance": args.acceptance, **flats}, args.temperature,
-                 (*fields, *rule_fields("image")))
+                 (*fields, *rule_fields("image"), "acceptance"))
 
 
 def check_text_decoding(args) -> dict:
@@ -230,7 +232,7 @@ def check_text_decoding(args) -> dict:
     settings = {**settings, "acceptance": args.acceptance, **flats}
     if args.method in drafters:
         built("text", "speculative", {**settings, "drafter": args.method}, args.temperature,
-              (*decoding_fields("text"), *rule_fields("text")))
+              (*decoding_fields("text"), *rule_fields("text"), "acceptance"))
     return settings
 
 

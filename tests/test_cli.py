@@ -68,12 +68,12 @@ def test_mmspec_generate_writes_a_png_and_prints_stats(tmp_path, capsys):
 
 
 def test_mmspec_generate_takes_sjd_options_and_can_skip_the_comparison(tmp_path, capsys):
-    assert main(["generate", "a red circle", "--out", str(tmp_path / "x.png"), "--window", "4", "--init", "vertical",
-                 "--coupling", "gumbel", "--no-compare"]) == 0
+    assert main(["generate", "a red circle", "--out", str(tmp_path / "x.png"), "--decoding", "sjd", "--window", "4",
+                 "--init", "vertical", "--coupling", "gumbel", "--no-compare"]) == 0
     printed = capsys.readouterr().out
     lines = printed.splitlines()
-    assert lines[-1].split()[0] == "auto" and lines[-2].split()[0] == "method"
-    # explicit options win over the automatic choice: SJD with them, no "chosen_by"
+    assert lines[-1].split()[0] == "sjd" and lines[-2].split()[0] == "method"
+    # a named decoding with its options: SJD with them, no "chosen_by"
     assert "SJD(window=4, init='vertical', coupling='gumbel'" in printed and "chosen_by" not in printed
     with pytest.raises(SystemExit):
         main(["generate", "a red circle", "--init", "diagonal"])

@@ -43,13 +43,12 @@ def table_rows() -> list[tuple[str, str, tuple[str, ...]]]:
 TREE_ROWS = [('mmspec text "x = 1" --method tree --draft-length 3',
               "mmspec text: error: --draft-length applies to --method model / ngram / layerskip (or auto) only", ()),
              ('mmspec text "x = 1" --method stand --acceptance typical',
-              ("mmspec text: error: --acceptance typical applies to --method model / ngram / layerskip; --method stand "
-               "is verified by exact tree rules"), ()),
+              ("mmspec text: error: --acceptance typical is for chain drafters; --method stand is verified by exact "
+               "tree rules"), ()),
              ("mmspec generate x --decoding draft --tree-width 2 --tree-depth 3",
-              ("mmspec generate: error: --tree-depth applies to --decoding sjd only; a draft model's tree is "
-               "--draft-length deep"), ()),
+              "mmspec generate: error: --tree-depth applies to --decoding sjd only", ()),
              ("mmspec generate x --decoding pjd --tree-width 2",
-              "mmspec generate: error: --tree-width applies to --decoding sjd, draft (or auto) only", ())]
+              "mmspec generate: error: --tree-width applies to --decoding sjd / draft only", ())]
 ROWS = table_rows()
 
 

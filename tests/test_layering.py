@@ -1,6 +1,6 @@
-"""The package graph of DESIGN.md §1, with no exceptions:
+"""The package graph (docs/architecture.md), with no exceptions:
 
-    mmspec.options <- mmspec.core <- mmspec.{image, continuous, video, text, zoo} <- mmspec.models <- mmspec.pipelines
+    mmspec.core <- mmspec.adapters <- mmspec.{image, continuous, video, text, zoo} <- mmspec.models <- mmspec.pipelines
         <- mmspec.{apps, eval, zoo training scripts} <- mmspec.cli
 
 A module imports only its own unit or a unit of a lower layer: siblings never import each other (the decoders never
@@ -23,8 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = (
-    ("mmspec.options",),  # the names of methods and options: imports nothing, so the CLI answers without torch
     ("mmspec.core",),
+    ("mmspec.adapters",),  # the core's model protocol over model libraries (transformers)
     ("mmspec.image", "mmspec.continuous", "mmspec.video", "mmspec.text", "mmspec.zoo"),
     ("mmspec.models",),
     ("mmspec.pipelines",),
@@ -107,6 +107,71 @@ def violations(files: list[Path], roots: dict[Path, str]) -> list[str]:
 
 def project_files() -> list[Path]:
     return sorted(p for folder in (*package_roots(), ROOT / "tests") for p in folder.rglob("*.py"))
+
+
+def import_graph(files: list[Path], roots: dict[Path, str]) -> dict[str, set[str]]:
+    """module -> the package modules it imports (every import, lazy ones included; `from a.b import c` counts as
+    importing a.b.c when that is a module, else a.b)."""
+    modules = {module_name(path, roots): path for path in files if any(path.is_relative_to(f) for f in roots)}
+    graph = {}
+    for module, path in modules.items():
+        edges = set()
+        for _, imported in imports_of(path, module):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != module:
+                edges.add(imported)
+        graph[module] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph`: its strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node):
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle_anywhere():
+    files = [p for p in project_files() if not p.is_relative_to(ROOT / "tests")]
+    assert circles(import_graph(files, package_roots())) == []
+
+
+def test_a_planted_import_circle_is_caught(tmp_path):
+    """Mutation companion: two core modules that import each other (one lazily) form a circle."""
+    package = tmp_path / "mmspec" / "core"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "grouped.py").write_text("from mmspec.core.verifier import residual\n")
+    (package / "verifier.py").write_text("def verify():\n    from mmspec.core.grouped import Grouping\n")
+    files = sorted(package.glob("*.py"))
+    assert circles(import_graph(files, {tmp_path / "mmspec": "mmspec"})) == [["mmspec.core.grouped",
+                                                                              "mmspec.core.verifier"]]
 
 
 def test_every_package_module_has_a_layer():

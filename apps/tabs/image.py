@@ -28,7 +28,10 @@ from mmspec.apps.tabs.base import (
     shows_errors,
     stats_row,
 )
+from mmspec.apps.tabs.settings import decoding_controls, rule_controls
+from mmspec.core.registry import decodings, rules
 from mmspec.core.stats import SpecStats
+from mmspec.image import methods  # noqa: F401  registers the image decodings
 
 PREVIEW_INTERVAL_S = 0.15  # at most one partial image per run and interval
 DISPLAY_SIZE = 256  # pixels of the displayed images and maps (nearest-neighbour enlargement)
@@ -126,8 +129,15 @@ def stream_decoding(pipe, prompt: str, seed: int, options: dict,
         running.result()
 
 
+def setting_controls():
+    """The tab's decoding controls, in the order its generate handler takes them (after prompt, seed, guidance,
+    temperature, top-k, method and acceptance): every registered image decoding's settings, then its rules'."""
+    return decoding_controls("image", fields_skipped=("acceptance",)) + rule_controls("image")
+
+
 class ImageTab:
-    """Text-to-image with a `LlamaGenPipeline`: AR vs SJD or the draft model, exact or LANTERN, or PJD (lossy)."""
+    """Text-to-image with a `LlamaGenPipeline`: AR against an accelerated decoding — auto, or any registered image
+    decoding with its settings and acceptance rule (the controls are generated from them)."""
 
     title = "Image"
 
@@ -135,10 +145,11 @@ class ImageTab:
         self.pipe, self.preview_interval = pipe, preview_interval
         self.vocab_size = pipe.transformer.config.vocab_size
         self.num_tokens = pipe.num_timesteps
-        self.methods = [("auto: the fastest exact decoding here", "auto"), ("SJD (speculative Jacobi decoding)", "sjd")]
-        if pipe.draft_transformer is not None:
-            self.methods.append(("draft model", "draft"))
-        self.methods.append(("PJD (parallel rows, lossy)", "pjd"))
+        available = [name for name in decodings("image") if name != "ar"
+                     and (name != "draft" or pipe.draft_transformer is not None)]
+        self.methods = [("auto: the fastest exact decoding here", "auto")] + [
+            (f"{decodings('image')[name].__name__} ({name})", name) for name in available]
+        self.controls = setting_controls()
 
     def build(self) -> None:
         gr.Markdown(
@@ -157,13 +168,10 @@ class ImageTab:
             top_k = gr.Slider(0, self.vocab_size, value=0, step=1, label="Top-k (0 = all codes)")
         with gr.Row():
             method = gr.Radio(self.methods, value="auto", label="Accelerated method")
-            acceptance = gr.Radio([("exact (lossless)", "exact"), ("LANTERN (relaxed, lossy)", "lantern")],
-                                  value="exact", label="Acceptance")
-        with gr.Row(visible=False) as lantern_controls:
-            lantern_k = gr.Slider(1, self.vocab_size - 1, value=min(100, self.vocab_size - 1), step=1,
-                                  label="LANTERN k (nearest codes that may stand in for a draft)")
-            lantern_delta = gr.Slider(0.0, 1.0, value=0.1, step=0.01,
-                                      label="LANTERN δ (extra probability mass a draft may borrow)")
+            acceptance = gr.Radio([(f"{name} ({'lossless' if rule.lossless else 'lossy'})", name)
+                                   for name, rule in rules("image").items()], value="exact", label="Acceptance")
+        with gr.Row():
+            settings = [control.build(visible=False) for control in self.controls]
         gr.Examples(EXAMPLES, inputs=[prompt])
         with gr.Row():
             ar_image = gr.Image(label="AR", type="filepath", elem_id="image-ar", height=DISPLAY_SIZE)
@@ -177,30 +185,39 @@ class ImageTab:
                              elem_id="image-stats")
         status = gr.Markdown(elem_id="image-status")
 
-        acceptance.change(lambda a: gr.update(visible=a == "lantern"), acceptance, lantern_controls,
-                          api_visibility="private")
-        generate.click(self.generate, [prompt, seed, guidance, temperature, top_k, method, acceptance, lantern_k,
-                                       lantern_delta], [ar_image, fast_image, ar_map, fast_map, stats, status],
-                       api_name="generate_image", concurrency_limit=1)
+        def shown(method, acceptance):  # a setting is shown with its decoding; a rule's with the rule, if it takes one
+            takes = method in decodings("image") and "acceptance" in decodings("image")[method].settings()
+            return [gr.update(visible=c.owner == method or (takes and c.owner == acceptance)) for c in self.controls]
 
-    def options(self, method, acceptance, lantern_k, lantern_delta) -> dict:
-        """The accelerated call's pipeline options from the controls (checked)."""
+        for trigger in (method, acceptance):
+            trigger.change(shown, [method, acceptance], settings, api_visibility="private")
+        generate.click(self.generate, [prompt, seed, guidance, temperature, top_k, method, acceptance, *settings],
+                       [ar_image, fast_image, ar_map, fast_map, stats, status], api_name="generate_image",
+                       concurrency_limit=1)
+
+    def options(self, method, acceptance, values) -> dict:
+        """The accelerated call's pipeline options from the controls (checked): the decoding by name with its
+        settings, the acceptance rule with its settings."""
         choices = [value for _, value in self.methods]
         if method not in choices:
             raise ValueError(f"method must be one of {choices}, got {method!r}")
-        if acceptance not in ("exact", "lantern"):
-            raise ValueError(f"acceptance must be 'exact' or 'lantern', got {acceptance!r}")
-        options = {"decoding": method}
-        if acceptance == "lantern" and method == "pjd":
-            raise ValueError("LANTERN relaxes SJD's or the draft model's acceptance; PJD takes exact acceptance")
-        if acceptance == "lantern":  # with "auto": SJD, since an explicit setting wins over the automatic choice
-            options["acceptance"] = acceptance
-            options["lantern_k"] = check_number("LANTERN k", lantern_k, 1, self.vocab_size - 1, integer=True)
-            options["lantern_delta"] = check_number("LANTERN δ", lantern_delta, 0.0, 1.0)
+        if acceptance not in rules("image"):
+            raise ValueError(f"acceptance must be one of {tuple(rules('image'))}, got {acceptance!r}")
+        settings = {control: control.read(value) for control, value in zip(self.controls, values, strict=True)}
+        if method == "auto":
+            if acceptance != "exact":
+                raise ValueError(f"auto chooses among the exact decodings: pick a method to use {acceptance}")
+            return {"decoding": "auto"}
+        cls = decodings("image")[method]
+        if acceptance != "exact" and "acceptance" not in cls.settings():
+            raise ValueError(f"{cls.__name__} takes exact acceptance only")
+        options = {"decoding": method, **{c.field: v for c, v in settings.items() if c.owner == method}}
+        if acceptance != "exact":
+            options.update(acceptance=acceptance, **{c.key: v for c, v in settings.items() if c.owner == acceptance})
         return options
 
     @shows_errors
-    def generate(self, prompt, seed, guidance, temperature, top_k, method, acceptance, lantern_k, lantern_delta):
+    def generate(self, prompt, seed, guidance, temperature, top_k, method, acceptance, *values):
         """Stream (AR image, accelerated image, AR map, accelerated map, stats rows, status) as both runs progress."""
         prompt = check_prompt(prompt)
         seed = check_number("Seed", seed, 0, 2**31 - 1, integer=True)
@@ -209,10 +226,10 @@ class ImageTab:
             "temperature": check_number("Temperature", temperature, 0.0, 2.0),
             "top_k": check_number("Top-k", top_k, 0, self.vocab_size, integer=True),
         }
-        fast = self.options(method, acceptance, lantern_k, lantern_delta)
+        fast = self.options(method, acceptance, values)
         self.warn_unknown_words(prompt)
-        label = {value: name for name, value in self.methods}[method]
-        label += " + LANTERN" if acceptance == "lantern" else ""
+        label = {value: name for name, value in self.methods}[method].split(" (")[0].split(":")[0]
+        label += "" if acceptance == "exact" else f" + {rules('image')[acceptance].__name__}"
 
         shown = [None, None, None, None]
         rows: list[list[str]] = []
@@ -252,8 +269,12 @@ class ImageTab:
                        "knows the words of its captions, e.g. the examples below the controls.")
 
     def warm_up(self) -> None:
-        """One short call per decoding (lazy initialisation, the LANTERN neighbour table) before anyone is timed."""
-        for options in ({"decoding": "ar"}, {"decoding": "auto"}, {"decoding": "sjd"},
-                        {"decoding": "sjd", "acceptance": "lantern"}):
+        """One short call per decoding and per lossy rule (lazy initialisation: cost curves, the LANTERN neighbour
+        table) before anyone is timed."""
+        calls = [{"decoding": "ar"}] + [{"decoding": name} for _, name in self.methods]
+        takers = [name for _, name in self.methods if name in decodings("image")
+                  and "acceptance" in decodings("image")[name].settings()]
+        calls += [{"decoding": takers[0], "acceptance": rule} for rule in rules("image") if rule != "exact" and takers]
+        for options in calls:
             COMPUTE.submit(self.pipe, EXAMPLES[0], generator=torch.Generator().manual_seed(0), output_type="latent",
                            **options).result()

@@ -10,16 +10,9 @@ import gradio as gr
 import torch
 
 from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
-from mmspec.text.methods import TREE_DRAFTERS
-
-METHOD_LABELS = {
-    "auto": "auto: the fastest exact method here",
-    "model": "draft model",
-    "ngram": "n-gram (prompt lookup)",
-    "layerskip": "layer skip (self-speculative)",
-    "tree": "draft tree (the draft model's, RSD)",
-    "stand": "STAND (n-gram memory of the target's laws)",
-}
+from mmspec.apps.tabs.settings import Control, decoding_controls
+from mmspec.core.settings import specs
+from mmspec.text.methods import TextSpeculation
 # one background per forward, cycled, so that neighbouring forwards' accepted drafts are told apart
 FORWARD_COLOURS = ["#fde68a", "#bfdbfe", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa"]
 MAX_NEW_TOKENS = 256
@@ -51,7 +44,23 @@ class TextTab:
         speculative = [m for m in pipe.methods if m != "ar"]
         if not speculative:
             raise ValueError("the text pipeline offers no speculative method")
-        self.methods = [(METHOD_LABELS[m], m) for m in ("auto", *speculative)]
+        # each drafter's label is its part of the `drafter` setting's help ("'ngram': prompt lookup")
+        described = dict(part.split(": ", 1) for part in specs(TextSpeculation)["drafter"].help.split("; "))
+        self.methods = [("auto: the fastest exact method here", "auto")] + [
+            (f"{m}: {described[repr(m)]}", m) for m in speculative]
+        self.controls = self.text_controls()
+
+    @staticmethod
+    def text_controls() -> list[Control]:
+        """The tab's drafter settings, in the order its complete handler takes them (after prompt, method,
+        temperature, new tokens and seed)."""
+        return decoding_controls("text", fields_skipped=("drafter", "acceptance"))
+
+    @staticmethod
+    def reads(control: Control, drafter: str) -> bool:
+        """Whether `drafter` reads the control's setting (auto: none, it chooses)."""
+        only = control.spec.only
+        return drafter != "auto" and (only is None or drafter in only["drafter"])
 
     def build(self) -> None:
         gr.Markdown(
@@ -64,21 +73,24 @@ class TextTab:
             generate = gr.Button("Complete", variant="primary", elem_id="text-generate", scale=1)
         with gr.Row():
             method = gr.Radio(self.methods, value=self.methods[0][1], label="Drafter")
-            draft_length = gr.Slider(1, 8, value=4, step=1, label="Draft tokens per forward")
             temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature (0 = greedy)")
             max_new_tokens = gr.Slider(8, MAX_NEW_TOKENS, value=96, step=8, label="New tokens")
             seed = gr.Number(label="Seed", value=0, precision=0)
+        with gr.Row():
+            settings = [control.build(visible=False) for control in self.controls]
         with gr.Row():
             ar_text = gr.Textbox(label="AR (target.generate)", lines=8, interactive=False, elem_id="text-ar")
             fast_text = gr.HTML(label="Speculative", elem_id="text-fast")
         stats = gr.Dataframe(headers=STATS_HEADERS, datatype="str", interactive=False, label="Stats",
                              elem_id="text-stats")
         status = gr.Markdown(elem_id="text-status")
-        generate.click(self.generate, [prompt, method, draft_length, temperature, max_new_tokens, seed],
+        method.change(lambda m: [gr.update(visible=self.reads(c, m)) for c in self.controls], method, settings,
+                      api_visibility="private")
+        generate.click(self.generate, [prompt, method, temperature, max_new_tokens, seed, *settings],
                        [ar_text, fast_text, stats, status], api_name="complete_text", concurrency_limit=1)
 
     @shows_errors
-    def generate(self, prompt, method, draft_length, temperature, max_new_tokens, seed):
+    def generate(self, prompt, method, temperature, max_new_tokens, seed, *values):
         """Yield (AR completion, highlighted speculative completion, stats rows, status) after each run."""
         prompt = check_prompt(prompt)
         labels = {value: name for name, value in self.methods}
@@ -88,14 +100,13 @@ class TextTab:
             "temperature": check_number("Temperature", temperature, 0.0, 2.0),
             "max_new_tokens": check_number("New tokens", max_new_tokens, 1, MAX_NEW_TOKENS, integer=True),
         }
-        draft_length = check_number("Draft tokens per forward", draft_length, 1, 8, integer=True)
         seed = check_number("Seed", seed, 0, 2**31 - 1, integer=True)
+        settings = {c.field: c.read(v) for c, v in zip(self.controls, values, strict=True) if self.reads(c, method)}
 
         ar, ar_latency = self.timed(prompt, "ar", seed, **sampling)
         rows = [stats_row("AR (target.generate)", ar.stats, ar_latency, ar_latency)]
         yield ar.texts[0], "", rows, f"AR: {int(ar.stats.new_tokens[0])} tokens in {ar_latency:.2f} s."
-        chain = {} if method in TREE_DRAFTERS else {"draft_length": draft_length}  # a tree is sized by its shape
-        fast, latency = self.timed(prompt, method, seed, **chain, **sampling)
+        fast, latency = self.timed(prompt, method, seed, **settings, **sampling)
         rows.append(stats_row(labels[method], fast.stats, latency, ar_latency))
         rate = fast.stats.acceptance_rate
         status = (f"Speculative: {int(fast.stats.new_tokens[0])} tokens in {fast.stats.target_forwards} target "

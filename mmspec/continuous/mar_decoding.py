@@ -254,28 +254,6 @@ def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule
     return state.tokens, _finish(state.stats, B, done, start)
 
 
-def generate(model, seeds: torch.Tensor, plan: list[int], schedule: DiffusionSchedule,
-             labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
-             on_step: StepHook | None = None) -> tuple[torch.Tensor, ContinuousStats]:
-    """Plain MAR sampling on `plan` (tokens per step): `decode` with `AR()` (`mmspec.continuous.methods`)."""
-    from mmspec.continuous.methods import AR
-
-    return decode(AR(), model, None, seeds, len(plan), schedule, labels, guidance_scale, temperature, on_step, plan)
-
-
-def generate_speculative(target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
-                         labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
-                         speculation=None, on_step: StepHook | None = None) -> tuple[torch.Tensor, ContinuousStats]:
-    """Speculative MAR sampling (see the module docstring): `decode` with `speculation` (a `ContinuousSpeculation`,
-    default its defaults)."""
-    from mmspec.continuous.methods import ContinuousSpeculation
-
-    speculation = ContinuousSpeculation() if speculation is None else speculation
-    if not isinstance(speculation, ContinuousSpeculation):
-        raise TypeError(f"speculation must be a ContinuousSpeculation, got {type(speculation).__name__}")
-    return decode(speculation, target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step)
-
-
 def _finish(stats: ContinuousStats, batch_size: int, done: int, start: float) -> ContinuousStats:
     """Per-row totals (every row takes part in every pass; `done` tokens each) and the wall clock."""
     stats.new_tokens = torch.full((batch_size,), done, dtype=torch.long)

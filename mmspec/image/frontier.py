@@ -49,7 +49,7 @@ d_i left in, and a rollback that keeps the rejected branch's keys/values.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -59,9 +59,6 @@ from mmspec.core.rng import Generators, inverse_cdf, uniform
 from mmspec.core.tree_verify import TreeWalk, walk_tree
 from mmspec.core.trees import DraftTree, TreeLayout
 from mmspec.core.verify import VerifyResult
-
-if TYPE_CHECKING:
-    from mmspec.image.jacobi import JacobiOutcome
 
 
 @dataclass(frozen=True)
@@ -205,9 +202,9 @@ class ChainWindow:
     def forward(self, model: Any, inputs: torch.Tensor, state: Any) -> Logits:
         return model.forward(inputs, state)
 
-    def verify(self, step: JacobiOutcome, p: torch.Tensor, uniforms: torch.Tensor) -> tuple[VerifyResult,
-                                                                                           torch.Tensor]:
-        """SJD's own chain test decides: (its VerifyResult, the window's tokens [B, W])."""
+    def verify(self, step: Any, p: torch.Tensor, uniforms: torch.Tensor) -> tuple[VerifyResult, torch.Tensor]:
+        """SJD's own chain test decides (step: the window's `mmspec.image.jacobi.JacobiOutcome`): its VerifyResult and
+        the window's tokens [B, W]."""
         return step.verify, step.tokens
 
     def keep(self, model: Any, state: Any) -> None:
@@ -236,10 +233,9 @@ class FrontierTrees:
     def forward(self, model: Any, inputs: torch.Tensor, state: Any) -> Logits:
         return model.forward_tree(self.tokens, self.layout.level, self.layout.ancestors, state)
 
-    def verify(self, step: JacobiOutcome, p: torch.Tensor, uniforms: torch.Tensor) -> tuple[VerifyResult,
-                                                                                           torch.Tensor]:
-        """The tree walk over the slots' laws p [B, T, V], merged with SJD's chain step (`merge`), with the chain
-        test's uniforms [B, 3, >= W] (accept, residual, fresh)."""
+    def verify(self, step: Any, p: torch.Tensor, uniforms: torch.Tensor) -> tuple[VerifyResult, torch.Tensor]:
+        """The tree walk over the slots' laws p [B, T, V], merged with SJD's chain step (`merge`; step: the window's
+        `JacobiOutcome`), with the iteration's uniforms [B, 4, >= W] (init, accept, residual, fresh)."""
         walk = self.layout.walk(p, self.tree, uniforms[:, 1], self.walk_uniforms[:, : self.layout.depth])
         verified, tokens, self.path = merge(step.verify, step.tokens, walk, self.tokens, uniforms[:, 2],
                                             uniforms[:, 3])

@@ -23,7 +23,7 @@ from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import AcceptanceRule, rule_from
 from mmspec.core.stats import PhaseTimer
-from mmspec.text.methods import SCHEDULES
+from mmspec.text.kinds import SCHEDULES
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 

@@ -18,15 +18,13 @@ from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import setting, specs
 from mmspec.core.tree_shape import TreeShape
+from mmspec.text.kinds import CHAIN_DRAFTERS, SCHEDULES, TREE_DRAFTERS
 
 if TYPE_CHECKING:
     import torch
 
     from mmspec.text.stats import TextStats
 
-CHAIN_DRAFTERS = ("model", "ngram", "layerskip")  # TextSpeculation's drafters of chains
-TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft model's tree, STAND's n-gram memory
-SCHEDULES = ("constant", "heuristic")  # draft length schedules
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ import torch
 
 from mmspec.core.rng import keyed_normal
 from mmspec.core.stats import DecodingStats
-from mmspec.video.methods import AR
 from mmspec.video.protocol import NextFrameModel
 
 INITIAL_NOISE, CONTEXT_NOISE = 0, 1  # keys of the two draws of a frame
@@ -85,14 +84,14 @@ class FrameSession:
     action that led to each context frame (None: "stay", 0). seeds: [B] long, one per row (keys every draw).
     num_inference_steps: Euler steps of the flow ODE per frame.
     context_noise: the flow time at which emitted frames enter the cache (NFD's context noise against drift).
-    speculation: the video decoding (`mmspec.video.methods`): `AR()` (None) or `FrameSpeculation(...)`.
+    speculation: the video decoding (`mmspec.video.methods`): `AR()` or `FrameSpeculation(...)`.
 
     Rows of a batch share the cache, so a block is kept only while every row's action matches its assumed one.
     """
 
     def __init__(self, model: NextFrameModel, context: torch.Tensor, seeds: torch.Tensor,
                  context_actions: torch.Tensor | None = None, num_inference_steps: int = 4, context_noise: float = 0.1,
-                 speculation=None):
+                 *, speculation):
         config = model.config
         if context.ndim != 4 or context.shape[2:] != (model.tokens_per_frame, config.latent_channels):
             raise ValueError(f"context must be latents [B, k, {model.tokens_per_frame}, {config.latent_channels}], "
@@ -110,7 +109,7 @@ class FrameSession:
             raise ValueError(f"seeds holds {len(seeds)} values for a batch of {B}")
         self.model, self.seeds, self.context_noise = model, seeds, context_noise
         self.num_inference_steps = num_inference_steps
-        self.speculation = speculation or AR()
+        self.speculation = speculation
         self.stats = FrameStats()
         self.actions_used: list[torch.Tensor] = []  # [B] per emitted frame: the action it was generated under
         self.cache = model.new_cache(B, max_speculative=max(k, self.speculation.frames))

@@ -21,7 +21,8 @@ from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
-from mmspec.text.methods import CHAIN_DRAFTERS, TREE_DRAFTERS, TextSpeculation
+from mmspec.text.kinds import CHAIN_DRAFTERS, TREE_DRAFTERS
+from mmspec.text.methods import TextSpeculation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
 
@@ -216,6 +217,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             if decoding is not None:
                 raise ValueError("give decoding= or its old spelling method=, not both")
             decoding = method
+        if decoding is None and decoding_settings.get("drafter") is not None:
+            decoding = "speculative"  # `drafter=` names the method
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         chosen_by = None
         auto = decoding == "auto" or decoding is None and self.decoding == "auto"

@@ -8,9 +8,11 @@ import pytest
 from gradio_client import Client
 from PIL import Image
 
+from mmspec.apps.tabs.image import setting_controls
+from mmspec.apps.tabs.text import TextTab
+
 PROMPT = "two small red triangles above a blue circle on a striped background"
-IMAGE_DEFAULTS = dict(seed=0, guidance=3.0, temperature=1.0, top_k=0, method="sjd", acceptance="exact", lantern_k=100,
-                      lantern_delta=0.1)
+IMAGE_DEFAULTS = dict(seed=0, guidance=3.0, temperature=1.0, top_k=0, method="sjd", acceptance="exact")
 GREY = 128
 
 
@@ -24,8 +26,14 @@ def client(demo_url):
 
 
 def generate_image(client, prompt=PROMPT, **overrides):
-    settings = {**IMAGE_DEFAULTS, **overrides}
-    return client.submit(prompt, *settings.values(), api_name="/generate_image")
+    """The image tab's API: the fixed inputs, then every generated setting control (`sjd_window`, `lantern_delta`,
+    ...) at its default unless overridden."""
+    fixed = {**IMAGE_DEFAULTS, **{key: value for key, value in overrides.items() if key in IMAGE_DEFAULTS}}
+    settings = {control.key: control.default for control in setting_controls()}
+    unknown = set(overrides) - set(fixed) - set(settings)
+    assert not unknown, unknown
+    settings.update({key: value for key, value in overrides.items() if key in settings})
+    return client.submit(prompt, *fixed.values(), *settings.values(), api_name="/generate_image")
 
 
 def speedup(table: dict, row: int) -> float:
@@ -54,7 +62,7 @@ def test_image_streams_partial_images_maps_and_stats(client):
     for path in (ar_image, fast_image, ar_map, fast_map):
         pixels = np.asarray(Image.open(path["path"]).convert("RGB"))
         assert not (pixels == GREY).all(axis=-1).any()  # every cell committed
-    assert [row[0] for row in table["data"]] == ["AR", "SJD (speculative Jacobi decoding)"]
+    assert [row[0] for row in table["data"]] == ["AR", "SJD"]
     ar_row, fast_row = table["data"]
     assert ar_row[1] == "256" and int(fast_row[1]) < 256 and float(fast_row[2]) > 1.5
     assert speedup(table, 0) == 1.0 and speedup(table, 1) > 0
@@ -67,26 +75,27 @@ def test_image_streams_partial_images_maps_and_stats(client):
 
 def test_lantern_shows_its_realised_distortion(client):
     table, status = generate_image(client, acceptance="lantern", lantern_k=100, lantern_delta=0.2).result()[4:]
-    assert table["data"][1][0] == "SJD (speculative Jacobi decoding) + LANTERN"
+    assert table["data"][1][0] == "SJD + Lantern"
     assert float(table["data"][1][5]) > 0 and "Realised distortion" in status
 
 
 def test_draft_model_method(client):
     table = generate_image(client, method="draft").result()[4]
-    assert table["data"][1][0] == "draft model" and int(table["data"][1][1]) < 256
+    assert table["data"][1][0] == "DraftModel" and int(table["data"][1][1]) < 256
 
 
 def test_pjd_method(client):
     """Parallel rows commit out of raster order: the accelerated image still ends with every cell committed."""
     table, status = generate_image(client, method="pjd").result()[4:]
-    assert table["data"][1][0] == "PJD (parallel rows, lossy)" and int(table["data"][1][1]) < 100
+    assert table["data"][1][0] == "PJD" and int(table["data"][1][1]) < 100
 
 
 def test_text_tab_highlights_accepted_drafts(client):
-    ar_text, html, table, status = client.predict("def fibonacci(n):\n", "ngram", 4, 0.0, 48, 0,
+    settings = [c.default for c in TextTab.text_controls()]
+    ar_text, html, table, status = client.predict("def fibonacci(n):\n", "ngram", 0.0, 48, 0, *settings,
                                                   api_name="/complete_text")
     assert "identical to AR" in status
-    assert [row[0] for row in table["data"]] == ["AR (target.generate)", "n-gram (prompt lookup)"]
+    assert [row[0] for row in table["data"]] == ["AR (target.generate)", "ngram: prompt lookup"]
     assert int(table["data"][1][1]) < 48 and float(table["data"][1][4]) > 0
     drafts = re.findall(r'<span class="draft" style="background:#[0-9a-f]{6}" title="forward (\d+)', html)
     targets = re.findall(r'<span class="target" title="forward (\d+)', html)
@@ -103,9 +112,10 @@ def test_text_tab_highlights_accepted_drafts(client):
         # sliders and radios are range-checked by Gradio itself before the handler runs
         (dict(guidance=50.0), "Value 50.0 is greater than maximum value 10.0."),
         (dict(temperature=-1.0), "Value -1.0 is less than minimum value 0.0."),
-        (dict(acceptance="lantern", lantern_delta=1.5), "Value 1.5 is greater than maximum value 1.0."),
+        (dict(acceptance="lantern", lantern_delta=1.5), "delta must be in [0, 1], got 1.5"),
         (dict(method="beam"), "beam"),
-        (dict(method="pjd", acceptance="lantern"), "PJD takes exact acceptance"),
+        (dict(method="pjd", acceptance="lantern"), "PJD takes exact acceptance only"),
+        (dict(method="auto", acceptance="lantern"), "auto chooses among the exact decodings: pick a method"),
     ],
 )
 def test_bad_input_is_a_clear_message_and_the_server_stays_up(client, overrides, message):

@@ -88,9 +88,10 @@ def test_empty_prompt_shows_a_clear_message(page):
 def test_lantern_controls_appear_and_report_distortion(page):
     from playwright.sync_api import expect
 
-    expect(page.get_by_text("LANTERN δ")).to_be_hidden()
-    page.get_by_label("LANTERN (relaxed, lossy)").check()
-    expect(page.get_by_text("LANTERN δ", exact=False)).to_be_visible()
+    expect(page.locator("#setting-lantern-delta")).to_be_hidden()
+    page.get_by_label("SJD (sjd)").check()
+    page.get_by_label("lantern (lossy)").check()
+    expect(page.locator("#setting-lantern-delta")).to_be_visible()
     page.locator("#image-generate").click()
     expect(page.locator("#image-status")).to_contain_text("Realised distortion")
     expect(data_rows(page, "image-stats")).to_have_count(2)
@@ -101,7 +102,7 @@ def test_text_tab_highlights_accepted_drafts(page):
     from playwright.sync_api import expect
 
     page.get_by_role("tab", name="Text").click()
-    page.get_by_label("n-gram (prompt lookup)").check()
+    page.get_by_label("ngram: prompt lookup").check()
     page.locator("#text-generate").click()
     expect(data_rows(page, "text-stats")).to_have_count(2)
     expect(page.locator("#text-fast span.draft").first).to_be_visible()

@@ -8,13 +8,23 @@ import torch
 from scipy import stats
 
 from mmspec.continuous.diffusion import DiffusionSchedule
-from mmspec.continuous.mar_decoding import coarsen, cosine_plan, generate, generate_speculative
-from mmspec.continuous.methods import ContinuousSpeculation
+from mmspec.continuous.mar_decoding import coarsen, cosine_plan
+from mmspec.continuous.methods import AR, ContinuousSpeculation
 from mmspec.models.mar import MARModel
 from tests.continuous.toy import AnalyticHeadMAR
 from tests.models.test_mar import TINY, tiny_mar
 
 SCALES = [1.0, 0.5, 0.8, 1.2]
+
+
+def generate(model, seeds, plan, schedule, **kwargs):
+    """Plain MAR sampling on `plan`: the continuous AR component."""
+    return AR().run(model, None, seeds, len(plan), schedule, plan=plan, **kwargs)
+
+
+def generate_speculative(target, draft, seeds, num_iter, schedule, speculation=ContinuousSpeculation(), **kwargs):
+    """Speculative MAR sampling with `speculation`."""
+    return speculation.run(target, draft, seeds, num_iter, schedule, **kwargs)
 
 
 @pytest.fixture(scope="module")

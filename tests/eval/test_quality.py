@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from mmspec.eval.quality import main
-from mmspec.eval.samples import PRESETS, Method, SampleStore, generate, read_prompts
+from mmspec.eval.samples import Method, SampleStore, generate, presets, read_prompts
 from mmspec.zoo.shapes import scenes
 
 TINY = ["--methods", "ar", "sjd", "--num-prompts", "3", "--ar-seed-sets", "2", "--batch-size", "2"]
@@ -69,14 +69,14 @@ def test_prompt_files(tmp_path):
 
 
 def test_method_specs():
-    assert Method.parse("sjd").options == PRESETS["sjd"] and Method.parse("sjd").lossless
+    assert Method.parse("sjd").options == presets()["sjd"] and Method.parse("sjd").lossless
     assert Method.parse("tree").options["tree_width"] > 1 and Method.parse("tree").lossless
     lantern = Method.parse("lantern")
     assert not lantern.lossless and lantern.options["acceptance"] == "lantern"
     custom = Method.parse("wide=sjd:window=24,coupling=gumbel")
-    assert custom.label == "wide" and custom.options == {**PRESETS["sjd"], "window": 24, "coupling": "gumbel"}
+    assert custom.label == "wide" and custom.options == {**presets()["sjd"], "window": 24, "coupling": "gumbel"}
     relaxed = Method.parse("d02=lantern:lantern_delta=0.2")
-    assert relaxed.options == {**PRESETS["lantern"], "lantern_delta": 0.2} and not relaxed.lossless
+    assert relaxed.options == {**presets()["lantern"], "lantern_delta": 0.2} and not relaxed.lossless
     assert Method.parse("draft:draft_length=2").label == "draft_draft_length_2"
     with pytest.raises(ValueError, match="unknown preset"):
         Method.parse("beam")

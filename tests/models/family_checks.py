@@ -9,7 +9,8 @@ import torch
 
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
-from mmspec.image import AR, COUPLINGS, SJD, NeighbourTable
+from mmspec.core.codebook import NeighbourTable
+from mmspec.image import AR, COUPLINGS, SJD
 from mmspec.models.hf_image import PromptCondition
 from tests.law import chi_square_p_value
 
@@ -65,9 +66,9 @@ def check_cache_after_every_iteration(adapter, condition: PromptCondition, guida
                     if c > 1:
                         adapter.forward(step.tokens[b : b + 1, : c - 1], fresh)
                     for row, fresh_row in ((b, 0), (b + B, 1)):  # conditional row and its unconditional row
-                        slots, fresh_slots = state.cache.slot_mask[row], fresh.cache.slot_mask[fresh_row]
+                        slots, fresh_slots = state.slot_mask[row], fresh.slot_mask[fresh_row]
                         assert int(slots.sum()) == int(fresh_slots.sum()) == int(state.prompt_lengths[row]) + c - 1
-                        for ours, theirs in zip(state.cache.cache.layers, fresh.cache.cache.layers, strict=True):
+                        for ours, theirs in zip(state.cache.layers, fresh.cache.layers, strict=True):
                             for mine, reference in ((ours.keys, theirs.keys), (ours.values, theirs.values)):
                                 torch.testing.assert_close(mine[row][:, slots], reference[fresh_row][:, fresh_slots],
                                                            rtol=0, atol=1e-5)

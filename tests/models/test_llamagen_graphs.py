@@ -41,7 +41,7 @@ def decode(name: str, target: LlamaGenAdapter, drafter: LlamaGenAdapter, cond: L
     target.prefill = spy
     device = cond.states.device
     with torch.no_grad():
-        *_, last = DECODINGS[name](drafter)(target, cond, SAMPLING, torch.Generator(device).manual_seed(seed),
+        *_, last = DECODINGS[name](drafter).run(target, cond, SAMPLING, torch.Generator(device).manual_seed(seed),
                                             SpecStats())
     return last.tokens, captured["state"]
 

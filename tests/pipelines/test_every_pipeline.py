@@ -121,7 +121,7 @@ def test_decoding_object_and_shorthand_callback_and_output(case):
                callback_on_step_end=callback, callback_on_step_end_tensor_inputs=case.tensor_inputs)
     assert isinstance(out, BaseOutput) and calls == sorted(calls) and len(calls) >= 2
     short = pipe(**case.inputs, **case.shorthand, generator=generator_for(pipe, 0))
-    assert short.stats.method == out.stats.method and repr(case.decoding) in out.stats.method
+    assert short.stats.method == out.stats.method and case.decoding.describe() in out.stats.method
     assert torch.equal(torch.as_tensor(getattr(short, case.result)), torch.as_tensor(getattr(out, case.result)))
     figures = out.stats.as_dict()
     json.dumps(figures)  # plain values

@@ -5,7 +5,7 @@ import PIL.Image
 import pytest
 import torch
 
-from mmspec.image.decoding import PAD_ID
+from mmspec.image.loop import PAD_ID
 from mmspec.pipelines.llamagen import ARImagePipelineOutput, LlamaGenPipeline
 from tests.image.test_decoding import recompute_sampling
 from tests.models.llamagen_tiny import tiny_pipeline
@@ -133,7 +133,7 @@ def test_sjd_steps_commit_runs_of_tokens_and_interrupt_keeps_what_was_committed(
 def test_greedy_sjd_equals_greedy_ar(pipe):
     ar = pipe(PROMPTS, temperature=0, output_type="latent", decoding="ar").images
     for options in ({"window": 3, "init": "vertical", "coupling": "gumbel"}, {"window": 20}):
-        assert torch.equal(pipe(PROMPTS, temperature=0, output_type="latent", **options).images, ar)
+        assert torch.equal(pipe(PROMPTS, temperature=0, output_type="latent", decoding="sjd", **options).images, ar)
 
 
 def test_callback_cannot_replace_committed_tokens(pipe):
@@ -204,7 +204,7 @@ def test_draft_trees_through_the_pipeline(pipe, tmp_path):
     drafted = with_draft(pipe)
     ar = pipe(PROMPTS, temperature=0, output_type="latent", decoding="ar").images
     tree = drafted(PROMPTS, temperature=0, output_type="latent", decoding="draft", draft_length=2, tree_width=2)
-    assert torch.equal(tree.images, ar) and tree.stats.method == repr(DraftModel(2, tree_width=2))
+    assert torch.equal(tree.images, ar) and tree.stats.method == DraftModel(2, tree_width=2).describe()
     drafted.decoding = DraftModel(3, tree_width=2)
     drafted.save_pretrained(tmp_path)
     assert LlamaGenPipeline.from_pretrained(tmp_path, dtype=torch.float64).decoding == DraftModel(3, tree_width=2)
@@ -236,9 +236,12 @@ def test_decoding_component_object_and_shorthand_are_the_same_call(pipe):
     as_object = pipe(PROMPTS, decoding=SJD(window=3, init="vertical", acceptance=Lantern(k=8, delta=0.4)), **latent())
     flat = pipe(PROMPTS, decoding="sjd", window=3, init="vertical", acceptance="lantern", lantern_k=8,
                 lantern_delta=0.4, **latent())  # the spelling from before the components, still taken
-    implied = pipe(PROMPTS, window=3, init="vertical", acceptance=Lantern(k=8, delta=0.4), **latent())  # no decoding=
-    assert torch.equal(as_object.images, flat.images) and torch.equal(as_object.images, implied.images)
-    assert as_object.stats.method == flat.stats.method == repr(SJD(3, "vertical", acceptance=Lantern(k=8, delta=0.4)))
+    held = LlamaGenPipeline(**pipe.components, decoding=SJD(window=5, init="vertical"))
+    held.set_progress_bar_config(disable=True)
+    # no decoding=: the settings are those of the pipeline's own component
+    own = held(PROMPTS, window=3, acceptance=Lantern(k=8, delta=0.4), **latent())
+    assert torch.equal(as_object.images, flat.images) and torch.equal(as_object.images, own.images)
+    assert as_object.stats.method == flat.stats.method == SJD(3, "vertical", acceptance=Lantern(k=8, delta=0.4)).describe()
     drafted = with_draft(pipe)
     assert torch.equal(drafted(PROMPTS, decoding=DraftModel(draft_length=2), **latent()).images,
                        drafted(PROMPTS, decoding="draft", draft_length=2, **latent()).images)
@@ -258,7 +261,7 @@ def test_the_pipeline_decoding_is_saved_loaded_and_swappable(pipe, tmp_path):
     held = LlamaGenPipeline(**pipe.components, decoding=SJD(window=5, coupling="gumbel", acceptance=Lantern(k=8)))
     held.set_progress_bar_config(disable=True)
     out = held(PROMPTS, **latent())
-    assert out.stats.method == repr(held.decoding) and out.stats.chosen_by is None
+    assert out.stats.method == held.decoding.describe() and out.stats.chosen_by is None
     assert torch.equal(out.images, pipe(PROMPTS, decoding=held.decoding, **latent()).images)
     held.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "model_index.json").read_text())["decoding"]

@@ -30,7 +30,7 @@ def test_greedy_decodings_complete_like_the_target(pipe):
 def test_tree_drafters_take_tree_settings_and_refuse_chain_ones(pipe):
     out = pipe(PROMPTS[0], decoding="tree", tree_depth=3, tree_branching=3, temperature=1.0, max_new_tokens=16,
                generator=torch.Generator().manual_seed(0))
-    assert out.stats.method == repr(TextSpeculation(drafter="tree", tree_depth=3, tree_branching=3))
+    assert out.stats.method == TextSpeculation(drafter="tree", tree_depth=3, tree_branching=3).describe()
     assert out.stats.tree_acceptance is not None and out.stats.tokens_per_target_forward > 1
     with pytest.raises(ValueError, match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip', not 'tree'"):
         TextSpeculation(drafter="tree", draft_length=6)
@@ -50,7 +50,7 @@ def test_a_positional_tree_from_a_runs_child_acceptance(pipe, tmp_path):
     out = pipe(PROMPTS, decoding="tree", tree_rates=rates, tree_nodes=12, temperature=1.0, max_new_tokens=24,
                generator=torch.Generator().manual_seed(0))
     decoding = TextSpeculation(drafter="tree", tree_rates=rates, tree_nodes=12)
-    assert out.stats.method == repr(decoding) and out.stats.tokens_per_target_forward > 1
+    assert out.stats.method == decoding.describe() and out.stats.tokens_per_target_forward > 1
     assert decoding.tree_shape().nodes == 12 and decoding.tree_shape().template is not None
     before = pipe.decoding
     pipe.decoding = decoding
@@ -69,7 +69,7 @@ def test_a_positional_tree_from_a_runs_child_acceptance(pipe, tmp_path):
     (dict(tree_nodes=10), "tree_nodes applies with tree_rates"),
     (dict(tree_rates=(0.5, 0.2), tree_depth=3), "tree_depth sets the full tree"),
     (dict(tree_rates=(0.0, 0.2)), "tree_rates: rates must be probabilities"),
-    (dict(tree_rates=0.5), "tree_rates must be a sequence of probabilities"),
+    (dict(tree_rates=0.5), "tree_rates must be a sequence of numbers, got 0.5"),
     (dict(drafter="stand", tree_rates=(0.5,)), "tree_rates applies to drafter 'tree', not 'stand'"),
 ])
 def test_positional_tree_settings_are_checked(settings, match):
@@ -85,7 +85,7 @@ def test_shorthands_and_the_old_method_spelling_name_the_same_component(pipe):
              dict(decoding="speculative", drafter="ngram", draft_length=6), dict(drafter="ngram", draft_length=6),
              dict(decoding=expected.to_config()), dict(method="ngram", draft_length=6)]
     outs = [pipe(PROMPTS[0], max_new_tokens=16, **call) for call in calls]
-    assert all(out.stats.method == repr(expected) for out in outs)
+    assert all(out.stats.method == expected.describe() for out in outs)
     assert all(torch.equal(out.sequences, outs[0].sequences) for out in outs)
     assert pipe(PROMPTS[0], method="ar", max_new_tokens=8).stats.method == "AR(): transformers' generate"
 

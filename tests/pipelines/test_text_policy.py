@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mmspec import AR, TextSpeculation
+from mmspec.text.methods import AR as TextAR
 from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint
 from mmspec.pipelines.text import SpeculativeTextPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
@@ -36,7 +37,7 @@ def policy_with_rates(tmp_path, pipe, candidates, rates: dict[str, float]) -> Te
 
 
 def test_candidates_are_ar_and_the_drafters_that_read_the_settings(pipe, candidates):
-    assert candidates == {"ar": AR(), "model": TextSpeculation(drafter="model"),
+    assert candidates == {"ar": TextAR(), "model": TextSpeculation(drafter="model"),
                           "ngram": TextSpeculation(drafter="ngram"), "layerskip": TextSpeculation(drafter="layerskip")}
     assert {"tree", "stand"} <= set(pipe.methods)  # named, not auto-chosen
     assert set(pipe.auto_candidates({"max_ngram": 4})) == {"ar", "ngram"}  # only prompt lookup reads it
@@ -91,9 +92,9 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
 def test_auto_is_the_default_and_an_explicit_decoding_wins(pipe):
     out = pipe("def f(x):\n", max_new_tokens=8)
     assert out.stats.chosen_by.startswith("auto: ")
-    assert out.stats.method in {repr(c) for c in pipe.auto_candidates({}).values()} | {"AR(): transformers' generate"}
+    assert out.stats.method in {c.describe() for c in pipe.auto_candidates({}).values()} | {"AR(): transformers' generate"}
     out = pipe("def f(x):\n", decoding="ngram", max_new_tokens=8)
-    assert out.stats.chosen_by is None and out.stats.method == repr(TextSpeculation(drafter="ngram"))
+    assert out.stats.chosen_by is None and out.stats.method == TextSpeculation(drafter="ngram").describe()
     with pytest.raises(ValueError, match="name the decoding to use acceptance='typical'"):
         pipe("def f(x):\n", acceptance="typical")
     # greedy: whichever decoding auto runs, the completion is the target's own

@@ -8,6 +8,7 @@ import torch
 import mmspec.video.speculation as speculation
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.video import FrameSession, FrameSpeculation
+from mmspec.video.methods import AR
 
 # 4 x 4 latents in 2 x 2 patches: 16 latent positions, 4 tokens per frame
 CONFIG = dict(latent_channels=3, latent_size=4, patch_size=2, num_actions=5, dim=32, depth=2, num_heads=2,
@@ -44,7 +45,7 @@ def run(model, actions, speculation=None, context=None, session_cls=FrameSession
     """(frames [B, T, L_f, C], session) of a rollout under actions [T, B]."""
     context = context_frames() if context is None else context
     session = session_cls(model, context, seeds=torch.tensor([3, 8]), num_inference_steps=STEPS,
-                          context_noise=CONTEXT_NOISE, speculation=speculation, **kwargs)
+                          context_noise=CONTEXT_NOISE, speculation=speculation or AR(), **kwargs)
     frames = torch.stack([session.step(a) for a in actions], 1)
     session.close()
     return frames, session
@@ -249,19 +250,20 @@ def test_clear_errors(model):
         FrameSpeculation(frames=0)
     with pytest.raises(TypeError, match="frames must be an int"):
         FrameSpeculation(frames=2.0)
-    with pytest.raises(ValueError, match="frame_cost must be a number >= 0"):
+    with pytest.raises(ValueError, match="frame_cost must be >= 0, got -0.1"):
         FrameSpeculation(frame_cost=-0.1)
     with pytest.raises(ValueError, match="context must be one of"):
         FrameSpeculation(context="lazy")
     with pytest.raises(ValueError, match=r"context holds 4 frames; it must hold 1 to 3"):
-        FrameSession(model, context_frames(frames=4), seeds=torch.tensor([3, 8]))
-    session = FrameSession(model, context_frames(), seeds=torch.tensor([3, 8]))
+        FrameSession(model, context_frames(frames=4), seeds=torch.tensor([3, 8]), speculation=AR())
+    session = FrameSession(model, context_frames(), seeds=torch.tensor([3, 8]), speculation=AR())
     with pytest.raises(ValueError, match=r"actions must be in \[0, 5\)"):
         session.step(5)
     with pytest.raises(TypeError, match="actions must be integers"):
         session.step(torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match=r"context_actions must be in \[0, 5\)"):
-        FrameSession(model, context_frames(), seeds=torch.tensor([3, 8]), context_actions=torch.full((2, 2), -1))
+        FrameSession(model, context_frames(), seeds=torch.tensor([3, 8]), context_actions=torch.full((2, 2), -1),
+                     speculation=AR())
     session.close()
     with pytest.raises(ValueError, match="session is closed"):
         session.step(1)

@@ -1,0 +1,7 @@
+"""The names of the text drafters and draft-length schedules, in a module that imports nothing, so the text decodings'
+settings (`mmspec.text.methods`) and the engine that runs them (`mmspec.text.drafters`) share them without importing
+each other."""
+
+CHAIN_DRAFTERS = ("model", "ngram", "layerskip")  # the drafters of chains: a draft LM, prompt lookup, an early exit
+TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft LM's tree, STAND's n-gram memory
+SCHEDULES = ("constant", "heuristic")  # draft length schedules
