@@ -39,8 +39,8 @@ import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
-from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.core.registry import decodings
+from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key
 from mmspec.models.llamagen.adapter import LlamaGenAdapter

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from mmspec.adapters.causal_lm import cache_keyword
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.tree_growth import TreeShape
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.text import speculative_generate
-from mmspec.adapters.causal_lm import cache_keyword
 from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm

@@ -199,7 +199,6 @@ class LineStructuredShape(DecoderShape):
         return {name(code): self.vocab - self.codes + code for code in range(self.codes)}
 
 
-
 @dataclass(frozen=True)
 class Emu3Shape(LineStructuredShape):
     """Emu3-Gen (transformers' `Emu3ForConditionalGeneration`): 8 x 8-pixel codes of a 32,768-code VQ."""

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
+from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.image import COUPLINGS, SJD
-from mmspec.core.model import Logits
 
 ARGUMENTS = {"self", "model", "condition", "sampling", "generator"}  # the caller's, not the decoding's
 

@@ -175,7 +175,8 @@ def add_decoding_arguments(parser, modality: str, owner_word: str, skip: tuple[s
 
 def given_settings(args, modality: str, skip: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """(the decoding settings the user gave, the rules' flat settings the user gave), range-checked as flags."""
-    settings = {name: getattr(args, name) for name in decoding_fields(modality, skip) if getattr(args, name) is not None}
+    settings = {name: getattr(args, name) for name in decoding_fields(modality, skip)
+                if getattr(args, name) is not None}
     flats = {name: getattr(args, name) for name in rule_fields(modality) if getattr(args, name) is not None}
     for name, value in settings.items():
         next(iter(decoding_fields(modality, skip)[name].values()))[0].check(flag(name), value)
@@ -316,8 +317,8 @@ def run_text(args) -> int:
 
     from mmspec.pipelines.text import SpeculativeTextPipeline
 
-    pipe = SpeculativeTextPipeline.from_pretrained(args.target,
-                                                   draft=args.draft if args.method in ("auto", "model", "tree") else None)
+    draft = args.draft if args.method in ("auto", "model", "tree") else None
+    pipe = SpeculativeTextPipeline.from_pretrained(args.target, draft=draft)
     if args.remeasure:
         pipe.decoding_policy.remeasure()
     call = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)

@@ -27,6 +27,7 @@ from mmspec.core.stats import SpecStats
 from mmspec.image import methods  # noqa: F401  registers the image decodings
 from mmspec.image.loop import PAD_ID
 from mmspec.image.policy import DecodingPolicy
+from mmspec.pipelines.auto import pipeline_class_for, saved_class_name
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.pipeline_output import ARImagePipelineOutput
 from mmspec.zoo import resolve_model
@@ -104,15 +105,13 @@ class ARImagePipeline(MMSpecPipeline):
         path = Path(resolve_model(pretrained_model_name_or_path))
         index = path / "model_index.json"
         if index.is_file():
-            saved = json.loads(index.read_text()).get("_class_name")
+            saved = saved_class_name(path)
             if saved != cls.__name__:
                 raise ValueError(f"{path} holds a {saved} (model_index.json), not a {cls.__name__}; load it with "
                                  f"{saved}.from_pretrained or mmspec.AutoARImagePipeline")
         elif (path / "config.json").is_file():
             model_type = json.loads((path / "config.json").read_text()).get("model_type")
             if cls.checkpoint_model_type is None or model_type != cls.checkpoint_model_type:
-                from mmspec.pipelines.auto import pipeline_class_for
-
                 other = pipeline_class_for(path)
                 raise ValueError(f"{path} is a {model_type!r} checkpoint, which {cls.__name__} does not load; use "
                                  f"{other.__name__}.from_pretrained")
@@ -237,21 +236,20 @@ class ARImagePipeline(MMSpecPipeline):
                 `pipe._interrupt = True` to stop early; unfinished cells are then shown grey (or -1 in latents).
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["tokens"]`.
             decoding (component, name or config dict, *optional*): how tokens are generated; defaults to the
-                pipeline's `decoding` (itself `"auto"` unless set or saved otherwise). A registered image decoding
-                (`mmspec.core.registry.decodings("image")`): `SJD(window=16, init="horizontal", coupling="maximal",
-                acceptance=Exact())` (speculative Jacobi decoding, lossless: the same output law as `AR()` in fewer
-                target forwards; `tree_width` > 1 adds SJD-PAC's frontier tree), `DraftModel(draft_length=4,
-                tree_width=1)` (a draft model drafts a chain or a tree, the target verifies; pipelines with a
-                `draft_transformer`), `PJD(window=4, rows=4, lag=1)` (parallel Jacobi decoding over image rows:
-                faster, lossy unless `rows=1`; `stats.law` says which), `AR()` (one token per target forward) — or its
-                name (`decoding="sjd"`). `"auto"` is the fastest exact decoding for this model, device and batch
-                size: SJD at the window (or with the frontier tree) a measured cost curve favours, or plain AR when
-                none pays (`mmspec.image.policy`; `stats.chosen_by` says what it chose and why).
+                pipeline's `decoding` (itself `"auto"` unless set or saved otherwise). Any registered image decoding
+                (`mmspec.core.registry.decodings("image")`), e.g. `SJD(window=16, init="horizontal",
+                coupling="maximal", acceptance=Exact())` (speculative Jacobi decoding, lossless: the same output law
+                as `AR()` in fewer target forwards), `DraftModel(draft_length=4)` (pipelines with a
+                `draft_transformer`) or `AR()` (one token per target forward) — or its name (`decoding="sjd"`).
+                `stats.law` says whether a decoding kept the model's law. `"auto"` is the fastest exact decoding for
+                this model, device and batch size: SJD at the window (or with the frontier tree) a measured cost
+                curve favours, or plain AR when none pays (`mmspec.image.policy`; `stats.chosen_by` says what it
+                chose and why).
             **decoding_settings: the settings of the named decoding as keyword arguments (`decoding="sjd",
                 window=8`), or, without a name, of the pipeline's own component; the acceptance rule
-                (`acceptance=Lantern(k=100, delta=0.1)`, or `acceptance="lantern"` with its settings spelled flat:
-                `lantern_k=`, `lantern_delta=`, `lantern_lam=`; `acceptance="gsd"`, `gsd_group_size=`, ...). Each
-                component's class documents its settings; a setting it does not take is refused.
+                (`acceptance=Lantern(k=100, delta=0.1)`, or a registered rule's name with its settings spelled flat:
+                `acceptance="lantern", lantern_k=100`; `mmspec.core.registry.rules("image")`). Each component's class
+                documents its settings; a setting it does not take is refused.
         """
         # 1. Check inputs
         prompts, negatives = self.check_inputs(prompt, num_images_per_prompt, negative_prompt, generator,
@@ -307,7 +305,6 @@ class ARImagePipeline(MMSpecPipeline):
         if not return_dict:
             return images, stats
         return ARImagePipelineOutput(images=images, stats=stats)
-
 
 
 def size_error(family: str, height, width, allowed: str) -> ValueError:

@@ -22,11 +22,18 @@ PIPELINES = {
 CHECKPOINT_FAMILIES = {"janus": "JanusPipeline", "emu3": "Emu3Pipeline", "chameleon": "LuminaMGPTPipeline"}
 
 
+def saved_class_name(folder: str | Path) -> str | None:
+    """The pipeline class a `save_pretrained` folder names in its `model_index.json`: `_class_name` is the class, or
+    `[loader module, class]` where the folder also carries the module diffusers' own `from_pretrained` imports."""
+    name = json.loads((Path(folder) / "model_index.json").read_text()).get("_class_name")
+    return name[1] if isinstance(name, list) and len(name) == 2 else name
+
+
 def pipeline_class_for(path: str | Path) -> type:
     """The pipeline class that loads directory `path`; ValueError naming what was found otherwise."""
     path = Path(path)
     if (path / "model_index.json").is_file():
-        name = json.loads((path / "model_index.json").read_text()).get("_class_name")
+        name = saved_class_name(path)
         if name not in PIPELINES:
             raise ValueError(f"{path} holds a {name} (model_index.json); mmspec's image pipelines are "
                              f"{sorted(PIPELINES)}")

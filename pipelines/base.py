@@ -4,10 +4,16 @@
   without accelerate (the base install);
 - components defined in `mmspec.models` are saved in `model_index.json` under their public import path,
   `["mmspec", "LlamaGenTransformer"]`, not the module that defines them today (`mmspec.models.llamagen.gpt`), so a
-  saved pipeline keeps loading when code moves. Folders saved with module paths load as before.
+  saved pipeline keeps loading when code moves. Folders saved with module paths load as before;
+- a saved folder also loads through diffusers' own entry point, `DiffusionPipeline.from_pretrained(folder,
+  trust_remote_code=True)`: diffusers' custom-pipeline convention, `_class_name: [module, class]` in
+  `model_index.json` and that module in the folder (`LOADER_MODULE`: it imports the class from `mmspec`).
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
@@ -19,6 +25,7 @@ from mmspec.zoo import resolve_model
 
 PUBLIC_LIBRARY = "mmspec"  # every component class of mmspec.models is exported from the mmspec facade
 COMPONENT_MODULES = "mmspec.models."
+LOADER_MODULE = "mmspec_pipeline"  # the module a saved folder carries for diffusers' custom-pipeline loading
 
 
 def public_component(entry):
@@ -133,6 +140,30 @@ class MMSpecPipeline(DiffusionPipeline):
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
         """A component of this pipeline's modality from an object, a name plus settings, or a config dict."""
         return component_from(value, self.modality, **settings)
+
+    def save_pretrained(self, save_directory, **kwargs) -> None:
+        """diffusers' `save_pretrained`, then the loader module and `_class_name: [module, class]`, so that
+        `DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)` loads the folder too."""
+        super().save_pretrained(save_directory, **kwargs)
+        folder, name = Path(save_directory), type(self).__name__
+        (folder / f"{LOADER_MODULE}.py").write_text(
+            f'"""Loads this folder through diffusers\' custom-pipeline convention: '
+            f'DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)."""\n\n'
+            f"from {PUBLIC_LIBRARY} import {name}  # noqa: F401\n")
+        index = folder / "model_index.json"
+        config = json.loads(index.read_text())
+        config["_class_name"] = [LOADER_MODULE, name]
+        index.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load_config(cls, *args, **kwargs):
+        # a folder this class saved names itself as [loader module, class]: loaded through the class itself, it needs
+        # no loader (diffusers would otherwise import the module, and ask for trust_remote_code)
+        loaded = super().load_config(*args, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        if config.get("_class_name") == [LOADER_MODULE, cls.__name__]:
+            config["_class_name"] = cls.__name__
+        return loaded
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):

@@ -5,7 +5,8 @@ Every fenced code block is one of three kinds, told by the comment on the line a
 - `<!-- arguments checked: why -->`: shell commands (`mmspec ...`, `python -m mmspec...`, `accelerate launch -m ...`),
   each parsed by its own command's argument parser, which must accept it — a full run is minutes to hours;
 - `<!-- not run: why -->`: what cannot run here (a GPU and real weights, an install into this environment).
-Every link points inside the repository, at a file (and heading) that exists; the README stays under 350 lines.
+Every link points inside the repository, at a file (and heading) that exists; every dotted name a document gives in
+backticks (`mmspec.core.rules.lantern.Relaxation`) imports; the README stays under 350 lines.
 """
 
 from __future__ import annotations
@@ -132,6 +133,32 @@ def test_links_point_inside_the_repository_at_what_exists(document):
         if anchor:
             headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.M)
             assert anchor in {slug(h) for h in headings}, f"{document.name}: no heading #{anchor} in {path}"
+
+
+def resolves(name: str) -> bool:
+    """Whether `name` (a.b.c) is a module, or an attribute path inside the longest module prefix that imports."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:end]))
+        except ImportError:
+            continue
+        for attribute in parts[end:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda d: str(d.relative_to(ROOT)))
+def test_dotted_names_exist(document):
+    names = set(re.findall(r"`(mmspec(?:\.\w+)+)", document.read_text()))
+    assert not [name for name in sorted(names) if not resolves(name)]
+
+
+def test_a_moved_name_is_caught():
+    assert resolves("mmspec.core.rules.lantern.Relaxation") and not resolves("mmspec.core.grouping.Grouping")
 
 
 def test_readme_is_read_in_ten_minutes():

@@ -57,7 +57,8 @@ def test_image_pipeline_entry_points(image_pipe):
                 draft_length=3, drafter=LlamaGenAdapter(pipe.draft_transformer, pipe.vqvae))):
             steps = list(decoding.run(adapter, condition, sampling, torch.Generator().manual_seed(0), SpecStats()))
             assert_no_grad(steps[-1], type(decoding).__name__)
-        out = pipe("a red circle", output_type="pt", decoding="sjd", window=8, generator=torch.Generator().manual_seed(0))
+        out = pipe("a red circle", output_type="pt", decoding="sjd", window=8,
+                   generator=torch.Generator().manual_seed(0))
         assert_no_grad(out, "LlamaGenPipeline.__call__")
 
 

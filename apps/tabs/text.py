@@ -13,6 +13,7 @@ from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_pr
 from mmspec.apps.tabs.settings import Control, decoding_controls
 from mmspec.core.settings import specs
 from mmspec.text.methods import TextSpeculation
+
 # one background per forward, cycled, so that neighbouring forwards' accepted drafts are told apart
 FORWARD_COLOURS = ["#fde68a", "#bfdbfe", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa"]
 MAX_NEW_TOKENS = 256

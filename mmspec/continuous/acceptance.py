@@ -1,4 +1,4 @@
-"""Speculative acceptance for continuous tokens (DESIGN §2.3 for diffusion heads): accept a draft with probability
+"""Speculative acceptance for continuous tokens (the exact rule for diffusion heads): accept a draft with probability
 min(1, p/q), else draw from the residual norm(max(p - q, 0)) by rejection with proposal p and acceptance
 max(0, 1 - q/p) (expected tries 1 / TV(p, q)), with the laws given as log densities.
 
@@ -13,7 +13,6 @@ it draws its residual with `residual_sample` too.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable

@@ -118,8 +118,6 @@ def _check(model, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
         raise ValueError(f"labels must have shape {tuple(seeds.shape)}, got {tuple(labels.shape)}")
 
 
-
-
 def _check_draft(target, draft, seeds: torch.Tensor, labels: torch.Tensor | None) -> None:
     if draft is None:
         raise ValueError("decoding='speculative' needs a draft MAR; this pipeline has none")

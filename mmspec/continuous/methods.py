@@ -75,4 +75,3 @@ class ContinuousSpeculation(ContinuousDecoding):
         if plan is not None:
             raise ValueError("plan applies to decoding=AR() only (speculative decoding runs the cosine schedule)")
         return SpeculativeSteps(target, draft, labels, guidance_scale, schedule, temperature, self, num_iter, state)
-

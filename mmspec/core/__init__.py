@@ -10,7 +10,7 @@ imports torch and the standard library only; names are exported lazily, so impor
 no torch.
 """
 
-import importlib
+from mmspec.core.lazy import lazy_exports
 
 _EXPORTS = {
     "AcceptanceRule": "mmspec.core.rules.base",
@@ -29,11 +29,4 @@ _EXPORTS = {
     "process_logits": "mmspec.core.probs",
 }
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'mmspec.core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,12 +1,12 @@
-"""A VQ codebook's geometry, what the relaxed acceptance rules read from a model (`mmspec.core.rules.lantern`,
-`mmspec.core.rules.gsd`): visual AR models spread probability over many interchangeable codes, and these rules
-accept a draft on the mass of the codes near it.
+"""A VQ codebook's geometry, what the relaxed acceptance rules (`mmspec.core.rules`) read from a model: visual AR
+models spread probability over many interchangeable codes, and these rules accept a draft on the mass of the codes
+near it.
 
 - `NeighbourTable`: for each code its `k_max` nearest codes under the geometry the quantizer uses (the adapter's
   `codebook()`, l2-normalised when the quantizer normalises; the official LANTERN code uses the raw weights), self
   excluded, nearest first, built in row chunks (never a V x V matrix), stored as int16 / int32 and cached on disk
   under a hash of the codebook, so a table can never be applied to another codebook.
-- `token_embeddings`: the unit-norm code vector of every token id (GSD's geometry).
+- `token_embeddings`: the unit-norm code vector of every token id (the geometry of rules that group codes).
 
 An adapter opts in by exposing `codebook() -> [C, d]`; when its token ids are not the code indices (special tokens,
 offsets) it also exposes `codebook_token_ids: [C] long`, the token id of each code. Tokens that are not codes are
@@ -128,7 +128,7 @@ def model_codebook(model) -> torch.Tensor:
     one."""
     if not callable(getattr(model, "codebook", None)):
         raise TypeError(
-            f"relaxed acceptance (LANTERN, GSD) needs a model with a VQ codebook: the adapter must expose "
+            f"relaxed acceptance needs a model with a VQ codebook: the adapter must expose "
             f"codebook() -> [C, d]; {type(model).__name__} has none"
         )
     return model.codebook().detach().float()
@@ -147,8 +147,8 @@ def model_neighbours(model, vocab_size: int, k: int) -> torch.Tensor:
 
 
 def token_embeddings(codebook: torch.Tensor, vocab_size: int, token_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """[vocab_size, d]: row t the unit-norm codebook vector of token t, zero for tokens that are not codes (GSD's
-    geometry). codebook: [C, d]; token_ids: [C] long, the token id of each code (default: code c is token c)."""
+    """[vocab_size, d]: row t the unit-norm codebook vector of token t, zero for tokens that are not codes.
+    codebook: [C, d]; token_ids: [C] long, the token id of each code (default: code c is token c)."""
     if token_ids is None and codebook.shape[0] != vocab_size:
         raise ValueError(f"the codebook has {codebook.shape[0]} codes but the vocabulary {vocab_size} ids: the adapter "
                          "must expose codebook_token_ids (the token id of each code)")

@@ -1,4 +1,4 @@
-"""The draft record every verifier takes: draft tokens with the exact law each was sampled from (DESIGN.md §2.2).
+"""The draft record every verifier takes: draft tokens with the exact law each was sampled from.
 Drafters that produce them live with their decoders (`mmspec.text.drafters`, `mmspec.image`)."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The one causal-model protocol every decoder drives, text and image alike. Decoders never import a model family:
 they hold a `CausalModel` and its state, which lives outside the `nn.Module` (the object `prefill` returns).
 
-    prefill(prompt, cfg, max_window) -> (state, logits [B, 1, V])   the prompt; the logits predict the first token after it
-    forward(tokens [B, W], state) -> logits [B, W, V]               append a window after each row's kept tokens
-    rollback(state, keep [B])                                       keep the first keep[b] tokens after the prompt
-    select_rows(state, index [B'])                                  keep batch rows `index` (finished rows leave)
-    capabilities                                                    what else it does, of CAPABILITIES:
+    prefill(prompt, cfg, max_window) -> (state, logits [B, 1, V])  the prompt; logits for the first token after it
+    forward(tokens [B, W], state) -> logits [B, W, V]              append a window after each row's kept tokens
+    rollback(state, keep [B])                                      keep the first keep[b] tokens after the prompt
+    select_rows(state, index [B'])                                 keep batch rows `index` (finished rows leave)
+    capabilities                                                   what else it does, of CAPABILITIES:
       "tree":     forward_tree(tokens [B, T], offset, visible, state) -> logits [B, T, V]; keep_path(state, path)
       "segments": forward_segments(tokens, positions, segments, state) -> logits; commit_segments(state, keep)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.core.rng import Generators, sample, uniform
-from mmspec.core.verify import accept_probability, residual_law
+from mmspec.core.rules.exact import accept_probability, residual_law
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Order (LlamaGen's): classifier-free guidance is combined on logits, then temperature, top-k and top-p are applied, all
 in float32 (or the input's float64). The same function with the same `SamplingConfig` gives the target law p and the
-draft law q, so the two are always processed identically (DESIGN.md §2.1).
+draft law q, so the two are always processed identically.
 """
 
 from __future__ import annotations

@@ -23,6 +23,14 @@ def check_generators(generator: Generators, batch_size: int, name: str = "genera
         raise ValueError(f"{name} is a list of {len(generator)} generators but the batch size is {batch_size}")
 
 
+def select_generators(generator: Generators, rows: torch.Tensor) -> Generators:
+    """The generators of the rows kept when a batch narrows to `rows` ([B'] long): a list keeps its entries for those
+    rows; None or one generator is shared, so it is unchanged."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    return [generator[i] for i in rows.tolist()]
+
+
 def sample_seeds(generator: Generators, batch_size: int) -> torch.Tensor:
     """[B] long: one seed per sample from the caller's generator(s), for the keyed draws below; with a list of
     generators, sample b's seed comes from generator[b]. On the CPU whatever the generators' device (a CUDA generator

@@ -1,4 +1,4 @@
-"""The stats every decoding returns next to its output (DESIGN.md §2.6): one family.
+"""The stats every decoding returns next to its output: one family.
 
 `DecodingStats` is the base every modality shares: model calls, tokens committed per row, the acceptance map, timings,
 what ran and why, `as_dict()` / `table()`. Each modality's subclass only adds: `SpecStats` (token-level speculation:
@@ -118,7 +118,7 @@ class SpecStats(DecodingStats):
         """result: the step's VerifyResult; draft_lengths: [B'] long. Either `rows`: [B'] long, the indices in the
         caller's batch of the rows still generating, or `active`: [B'] bool, which entries took part (the others'
         are ignored; no host sync). stepped: [B] bool, which samples took a step when a sample verifies several
-        chains at once (PJD's row windows: B' = B * windows); default `active`."""
+        chains at once (one window per image row band: B' = B * windows); default `active`."""
         if active is None:
             self.steps.index_add_(0, rows, torch.ones_like(rows))
         else:

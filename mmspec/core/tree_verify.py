@@ -42,8 +42,8 @@ import torch
 
 from mmspec.core.multidraft import MultiDraftPlan, recursive_plan, spectr_plan
 from mmspec.core.rng import Generators, sample, uniform
+from mmspec.core.rules.exact import accept_probability, residual_law
 from mmspec.core.trees import DraftTree, TreeLayout
-from mmspec.core.verify import accept_probability, residual_law
 
 TREE_RULES = {"iid": ("specinfer", "spectr", "khisti"), "without_replacement": ("rsd",),
               "deterministic": ("deterministic",)}

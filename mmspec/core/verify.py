@@ -2,7 +2,7 @@
 
 Terms (vLLM's): a draft token is *accepted* or rejected; at the first rejection a *residual* token is drawn; when every
 draft token of a row is accepted a *bonus* token is drawn from the next target law. p is always the target law, q the
-draft law, both from `process_logits` with the same settings. The rule (`mmspec.core.rules`: exact, LANTERN, GSD,
+draft law, both from `process_logits` with the same settings. The rule (`mmspec.core.rules`: exact, relaxed,
 typical) supplies the acceptance probability of each draft and the residual law (`TokenTest`); this module runs them:
 one uniform per draft position (drawn whatever is accepted, so the random stream never depends on acceptance), the
 first rejection by a cumulative product, the closing token from the residual or the bonus law. At temperature 0 the
@@ -19,7 +19,7 @@ import torch
 from mmspec.core.drafts import Draft
 from mmspec.core.rng import Generators, sample, uniform
 from mmspec.core.rules.base import TokenTest
-from mmspec.core.rules.exact import Exact, accept_probability, at_drafts, residual_law
+from mmspec.core.rules.exact import Exact, accept_probability, at_drafts
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Discrete-token image AR decoding: the decodings (`mmspec.image.methods`: `AR()`, speculative Jacobi decoding
 `SJD(...)` with its coupled successors and frontier trees, draft-model speculative decoding `DraftModel(...)`, parallel
-Jacobi decoding over image rows), exact or with LANTERN / GSD relaxed acceptance (`mmspec.core.rules`), the loop they
+Jacobi decoding over image rows), exact or with a relaxed acceptance rule (`mmspec.core.rules`), the loop they
 share (`mmspec.image.loop`) and the model adapter protocol (`mmspec.image.protocol`). Names are exported lazily, so
 the decodings' settings load without torch."""
 
-import importlib
+from mmspec.core.lazy import lazy_exports
 
 _EXPORTS = {
     "AR": "mmspec.image.methods.ar",
@@ -18,11 +18,4 @@ _EXPORTS = {
     "DiscreteImageModel": "mmspec.image.protocol",
 }
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'mmspec.image' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -91,9 +91,9 @@ def jacobi_step(
     the image); uniforms: [B, 3, >= W] U[0, 1) draws for the acceptance tests, the residual samples and the fresh
     samples of p (the caller draws a fixed number per row, so a row's random stream depends on nothing else);
     gumbel: [B, W, V] the output positions' Gumbel vectors when coupling == "gumbel". test: another rule than the
-    exact one, bound to the model (LANTERN, GSD: relaxed and lossy, drafts accepted on their neighbourhood / group
-    mass, the first rejection drawn from the rule's residual); the redrafts past the first rejection stay the exact
-    maximal coupling, so every stored draft law is still exact. None: the exact rule.
+    exact one, bound to the model (a relaxed, lossy rule accepts drafts on the mass of the codes near them, the
+    first rejection drawn from the rule's residual); the redrafts past the first rejection stay the exact maximal
+    coupling, so every stored draft law is still exact. None: the exact rule.
     """
     B, W, V = p.shape
     has_draft = torch.arange(W - 1, device=p.device) < lengths[:, None]  # [B, W - 1]

@@ -117,10 +117,10 @@ def probs_of(logits: Logits, sampling: SamplingConfig, positions: torch.Tensor,
 @dataclass(frozen=True)
 class Opening:
     """What every image decoding starts from: the condition (what the model's prefill took), the image span (N
-    tokens, V ids, forced tokens [N] or None), the model's state after the condition prefill, image token 0 of each row ([B] long, drawn from the prefill's
-    law first_law [B, V] with the caller's generator), the dtype of the processed laws (float32, or float64 for a
-    float64 model), the decoding's acceptance rule bound to the model (None without one), the phase timer of `stats`
-    and the start time."""
+    tokens, V ids, forced tokens [N] or None), the model's state after the condition prefill, image token 0 of each
+    row ([B] long, drawn from the prefill's law first_law [B, V] with the caller's generator), the dtype of the
+    processed laws (float32, or float64 for a float64 model), the decoding's acceptance rule bound to the model (None
+    without one), the phase timer of `stats` and the start time."""
 
     condition: Any
     N: int

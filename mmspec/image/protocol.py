@@ -22,7 +22,7 @@ class DiscreteImageModel(CausalModel, Protocol):
     The image span: `grid` (h, w), its N = h * w tokens in raster order, and `vocab_size` V (image-token ids
     0..V-1); "tokens after the prompt" are image tokens. An adapter may also expose `forced_tokens`: [N] long, the
     token every sample has at a position (e.g. an end-of-line column) or -1 where the position is free; decoders then
-    treat those positions as one-hot laws. Relaxed acceptance (LANTERN, GSD) reads `codebook()` -> [C, d] (and
+    treat those positions as one-hot laws. Relaxed acceptance rules read `codebook()` -> [C, d] (and
     `codebook_token_ids` [C] when token ids are not the code indices), `mmspec.core.codebook`.
     """
 

@@ -30,9 +30,9 @@ from transformers import (
     PreTrainedModel,  # noqa: F401  diffusers finds a saved component's loader among the names this module holds
 )
 
+from mmspec.adapters.causal_lm import cache_keyword
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import LineStructuredAdapter
-from mmspec.adapters.causal_lm import cache_keyword
 
 IMAGE_START, IMAGE_END, NEW_LINE, TURN_SEPARATOR = "<racm3:break>", "<eoss>", "<reserved08799>", "<reserved08706>"
 PATCH = 32  # pixels per grid token (2 x 2 VQ tokens of 16 pixels)

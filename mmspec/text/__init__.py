@@ -6,7 +6,7 @@ decodings (`AR`, `TextSpeculation`, `mmspec.text.methods`). Models run through t
 decodings' settings load without torch.
 """
 
-import importlib
+from mmspec.core.lazy import lazy_exports
 
 _EXPORTS = {
     "AR": "mmspec.text.methods",
@@ -28,11 +28,4 @@ _EXPORTS = {
     "speculative_generate": "mmspec.text.generate",
 }
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'mmspec.text' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -54,6 +54,29 @@ class Drafter:
         raise NotImplementedError
 
 
+class WithDraftModel:
+    """For the drafters that run a draft model: it becomes a `CausalModel` (`attach`), is prefilled with each new
+    batch's prompts, and drafts through the proposer every modality shares (`mmspec.core.drafting.ModelProposer`),
+    which counts its forwards and follows the rows that leave the batch."""
+
+    def attach(self, model) -> None:
+        """model: any transformers causal LM (or an `early_exit_view` of the target), or a `CausalModel` adapter."""
+        self.model = as_causal_model(model)
+        self.vocab_size = self.model.vocab_size
+        self.proposer: ModelProposer | None = None
+
+    @property
+    def forwards(self) -> int:
+        return 0 if self.proposer is None else self.proposer.forwards
+
+    def start(self, rows: TextRows, vocab_size: int) -> None:
+        state, _ = self.model.prefill(rows.prompt)
+        self.proposer = ModelProposer(self.model, state, rows.batch_size, rows.tokens.device)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.proposer.select(index)
+
+
 class ChainDrafter(Drafter):
     """Base of the drafters of chains: `propose(rows, budget [B], sampling, generator) -> Draft`, up to budget[b]
     tokens after row b's tokens."""
@@ -100,7 +123,7 @@ class ChainStep:
         self.schedule.select(index)
 
 
-class ModelDrafter(ChainDrafter):
+class ModelDrafter(WithDraftModel, ChainDrafter):
     """Drafts autoregressively with a causal LM that shares the target's tokenizer, sampling from processed q.
 
     model: any transformers causal LM (or an `early_exit_view` of the target), or a `CausalModel` adapter.
@@ -110,27 +133,14 @@ class ModelDrafter(ChainDrafter):
     def __init__(self, model, confidence_threshold: float = 0.0):
         if not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
-        self.model = as_causal_model(model)
-        self.vocab_size = self.model.vocab_size
+        self.attach(model)
         self.confidence_threshold = confidence_threshold
-        self.proposer: ModelProposer | None = None
-
-    @property
-    def forwards(self) -> int:
-        return 0 if self.proposer is None else self.proposer.forwards
-
-    def start(self, rows: TextRows, vocab_size: int) -> None:
-        state, _ = self.model.prefill(rows.prompt)
-        self.proposer = ModelProposer(self.model, state, rows.batch_size, rows.tokens.device)
 
     @torch.no_grad()
     def propose(self, rows, budget, sampling, generator) -> Draft:
         G = int(budget.max())  # host read: the widest budget sets the round's draft width
         return self.proposer.chain(rows.seq, rows.committed, G, text_law, sampling, generator, budget,
                                    self.confidence_threshold)
-
-    def select(self, index: torch.Tensor) -> None:
-        self.proposer.select(index)
 
 
 def early_exit_view(model, exit_layer: int):

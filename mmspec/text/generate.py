@@ -18,7 +18,7 @@ import torch
 from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.core.component import StepHook
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.rng import Generators, check_generators
+from mmspec.core.rng import Generators, check_generators, select_generators
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.stats import PhaseTimer
 from mmspec.text.drafters import Drafter, DraftLengthSchedule
@@ -26,7 +26,8 @@ from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
 
-def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, lookahead, eos_token_id) -> None:
+def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, lookahead, eos_token_id,
+                 generator) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
         raise TypeError("input_ids must be a [B, T] torch.long tensor")
     if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
@@ -49,15 +50,19 @@ def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, loo
         )
     if eos_token_id is not None and not isinstance(eos_token_id, (int, list, tuple)):
         raise TypeError(f"eos_token_id must be an int or a list of ints, got {type(eos_token_id).__name__}")
+    check_generators(generator, input_ids.shape[0])
 
 
-def pad_token_of(target, pad_token_id: int | None, eos: torch.Tensor | None) -> int:
-    """The caller's pad id, else the target's generation config's, else EOS (else 0)."""
+def stop_tokens(target, eos_token_id, pad_token_id: int | None, device) -> tuple[torch.Tensor | None, int]:
+    """(eos, pad): the EOS ids as a [E] long tensor (None: rows stop at max_new_tokens only) and the pad id: the
+    caller's, else the target's generation config's, else the first EOS (else 0)."""
+    eos = None if eos_token_id is None else torch.tensor(
+        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
     if pad_token_id is None:
         pad_token_id = getattr(getattr(target, "generation_config", None), "pad_token_id", None)
     if pad_token_id is None:
         pad_token_id = 0 if eos is None else int(eos[0])
-    return pad_token_id
+    return eos, pad_token_id
 
 
 @torch.no_grad()
@@ -89,25 +94,22 @@ def speculative_generate(
     its name. draft_length: chains only, tokens drafted per step (default 4), or a `DraftLengthSchedule`. tree_rule:
     trees only, the exact rule that walks them (`mmspec.core.tree_verify`; default: the one for how the drafter draws
     children). measure_ceiling: trees only, also report the mean alpha* at the visited nodes (`stats.tree_alpha_star`,
-    a vocabulary sort per node). generator: a torch.Generator or one per row.
-    on_step: called after every verification step as `on_step(step, fewest new tokens of a row, tensors)` with
-    tensors `"generated_ids"` ([B, max_new_tokens], each row's new tokens so far, then pad_token_id) and
-    `"new_tokens"` ([B]); a true return ends every row where it stands.
-    Returns (sequences, stats): sequences [B, T + N] = the prompts as given followed by the new tokens, N = the longest
-    row's new tokens, rows padded with pad_token_id after their EOS (as `generate` does). `stats.acceptance_map` [B, N]
-    says which verification step (1, 2, ...) committed each new token and `stats.from_draft` [B, N] whether it was an
-    accepted draft token (else the target drew it: a residual or bonus token); padding is -1 / False.
-    """
+    a vocabulary sort per node). generator: a torch.Generator or one per row. on_step: called after every
+    verification step as `on_step(step, fewest new tokens of a row, tensors)` with tensors `"generated_ids"`
+    ([B, max_new_tokens], each row's new tokens so far, then pad_token_id) and `"new_tokens"` ([B]); a true return
+    ends every row where it stands.
+    Returns (sequences, stats): sequences [B, T + N], the prompts as given then the new tokens (N: the longest row's),
+    padded with pad_token_id after each row's EOS (as `generate` does); `stats.acceptance_map` [B, N], the step (1,
+    2, ...) that committed each new token, `stats.from_draft` [B, N], whether it was an accepted draft (padding -1 /
+    False)."""
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a ChainDrafter or a TreeDrafter (mmspec.text), got {type(drafter).__name__}")
     step = drafter.step(acceptance, draft_length, tree_rule, measure_ceiling)
-    check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, step.lookahead, eos_token_id)
-    check_generators(generator, input_ids.shape[0])
-    eos = None if eos_token_id is None else torch.tensor(
-        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=input_ids.device)
+    check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, step.lookahead, eos_token_id, generator)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-    rows = TextRows(input_ids, mask, max_new_tokens, step.lookahead, eos, pad_token_of(target, pad_token_id, eos))
+    rows = TextRows(input_ids, mask, max_new_tokens, step.lookahead,
+                    *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device))
     stats = TextStats(steps=torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))
     timer, started = PhaseTimer(stats.timings), time.perf_counter()
 
@@ -136,8 +138,7 @@ def speculative_generate(
             rows.select(going_on)
             model.select_rows(state, going_on)
             step.select(going_on)
-            if generator is not None and not isinstance(generator, torch.Generator):
-                generator = [generator[i] for i in going_on.tolist()]
+            generator = select_generators(generator, going_on)
 
     # 3. Prompts as given, then each row's new tokens, padded to the longest row.
     sequences = rows.output(input_ids, stats)

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from mmspec.text.stats import TextStats
 
 
-
 @dataclass(frozen=True)
 class TextDecoding(DecodingComponent):
     """Base of the text decodings (see the module docstring)."""

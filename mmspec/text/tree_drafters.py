@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.adapters.causal_lm import as_causal_model
-from mmspec.core.drafting import ModelProposer, Round, tree_round
-from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.drafting import Round, tree_round
+from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
-from mmspec.core.rules.base import AcceptanceRule, rule_from
+from mmspec.core.rules.base import rule_from
 from mmspec.core.stats import PhaseTimer
 from mmspec.core.tree_growth import grow_tree, shape_for
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import RULE_NAMES
 from mmspec.core.trees import DraftTree
-from mmspec.text.drafters import Drafter, early_exit_view, text_law
+from mmspec.text.drafters import Drafter, WithDraftModel, early_exit_view, text_law
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
@@ -91,7 +90,7 @@ class TreeStep:
         self.drafter.select(index)
 
 
-class ModelTreeDrafter(TreeDrafter):
+class ModelTreeDrafter(WithDraftModel, TreeDrafter):
     """Dynamic trees from a draft LM (EAGLE-2's expansion of the most probable paths; OPT-Tree with
     `TreeShape(rerank=True, scheme="deterministic")`; a fixed tree with `TreeShape.positional`): one draft forward
     for the new committed tokens (which gives the root's law), then one per depth over the expanded frontier with tree
@@ -100,25 +99,12 @@ class ModelTreeDrafter(TreeDrafter):
     def __init__(self, model, shape: TreeShape = DYNAMIC_TREE):
         if not isinstance(shape, TreeShape):
             raise TypeError(f"shape must be a TreeShape, got {type(shape).__name__}")
-        self.model = as_causal_model(model)
-        self.vocab_size = self.model.vocab_size
+        self.attach(model)
         self.shape = shape
-        self.proposer: ModelProposer | None = None
-
-    @property
-    def forwards(self) -> int:
-        return 0 if self.proposer is None else self.proposer.forwards
-
-    def start(self, rows: TextRows, vocab_size: int) -> None:
-        state, _ = self.model.prefill(rows.prompt)
-        self.proposer = ModelProposer(self.model, state, rows.batch_size, rows.tokens.device)
 
     @torch.no_grad()
     def propose(self, rows, sampling, generator) -> DraftTree:
         return self.proposer.tree(rows.seq, rows.committed, self.shape, text_law, sampling, generator)
-
-    def select(self, index: torch.Tensor) -> None:
-        self.proposer.select(index)
 
 
 class LayerSkipTreeDrafter(ModelTreeDrafter):

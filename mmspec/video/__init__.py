@@ -2,7 +2,7 @@
 `FrameSpeculation(...)` are `mmspec.video.methods`. Names are exported lazily, so the decodings' settings load without
 torch."""
 
-import importlib
+from mmspec.core.lazy import lazy_exports
 
 _EXPORTS = {
     "AR": "mmspec.video.methods",
@@ -13,11 +13,4 @@ _EXPORTS = {
     "FrameStats": "mmspec.video.speculation",
 }
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'mmspec.video' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

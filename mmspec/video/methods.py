@@ -46,7 +46,8 @@ class VideoDecoding(DecodingComponent):
         """A `FrameSession` from the context latents [B, k, L_f, C] (see its docstring)."""
         from mmspec.video.speculation import FrameSession
 
-        return FrameSession(model, context, seeds, context_actions, num_inference_steps, context_noise, speculation=self)
+        return FrameSession(model, context, seeds, context_actions, num_inference_steps, context_noise,
+                            speculation=self)
 
 
 @register_decoding

@@ -1,4 +1,4 @@
-"""What frame speculation may ask of a next-frame model (DESIGN.md §3): the engine never imports a model family.
+"""What frame speculation may ask of a next-frame model: the engine never imports a model family.
 `mmspec.models.nextframe.NextFrameTransformer` is the implementation the pipelines use."""
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ BACKGROUNDS = ("plain", "striped", "checkered", "dotted", "gradient", "noisy")
 HELD_OUT_FRACTION = 10  # 1 caption in 10 is held out
 SPLITS = ("train", "heldout")
 
+
 def plural(shape: str, count: int) -> str:
     if count == 1:
         return shape

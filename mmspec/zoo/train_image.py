@@ -256,7 +256,7 @@ def train_ar(work: Path, captions: dict, args) -> None:
 
 def save_pipeline(out: Path, work: Path, model: TextToImageModel, tokenizer, metrics: dict) -> None:
     """Write the `LlamaGenPipeline.from_pretrained` layout with fp16 weights. `model_index.json` is written here
-    because the engine does not import `pipelines` (DESIGN.md §1)."""
+    because the engine does not import `pipelines` (docs/architecture.md)."""
     import diffusers
 
     out.mkdir(parents=True, exist_ok=True)

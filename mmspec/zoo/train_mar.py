@@ -166,7 +166,7 @@ PIPELINE_COMPONENTS = {"vae": ("vae", KLAutoencoder), "transformer": ("target", 
 def save_pipeline(work: Path, out: Path) -> None:
     """Write the `MARPipeline.from_pretrained` layout (model_index.json + vae/, transformer/, draft_transformer/) with
     fp16 weights and every stage's training metrics. `model_index.json` is written here because the engine does not
-    import `pipelines` (DESIGN.md §1)."""
+    import `pipelines` (docs/architecture.md)."""
     import diffusers
 
     out.mkdir(parents=True, exist_ok=True)

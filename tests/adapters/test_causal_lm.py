@@ -1,6 +1,6 @@
-"""`CausalLMAdapter` on a real (tiny) transformers LM: ragged windows and per-row rollback equal a full recompute, unused
-cache tails are cropped, tree attention equals each path's own forward and `keep_path` leaves exactly the path, row
-selection, and the CFG rows of an image family see the same tokens."""
+"""`CausalLMAdapter` on a real (tiny) transformers LM: ragged windows and per-row rollback equal a full recompute,
+unused cache tails are cropped, tree attention equals each path's own forward and `keep_path` leaves exactly the path,
+row selection, and the CFG rows of an image family see the same tokens."""
 
 import torch
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from tests.apps.conftest import free_port
 from mmspec.apps.tabs.text import TextTab
+from tests.apps.conftest import free_port
 from tests.apps.test_demo_api import generate_image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,4 +1,4 @@
-"""LANTERN relaxed acceptance (reference/lantern.md §7): neighbourhood invariants, per-candidate TV, the exact lossless
+"""LANTERN relaxed acceptance: neighbourhood invariants, per-candidate TV, the exact lossless
 limit, the exact end-to-end output law (float64 enumeration) with its TV identity and bound, monotonicity, the greedy
 rule, the sampler against the enumerated law, and the official over-zeroing residual as a mutation companion."""
 
@@ -148,7 +148,7 @@ def test_output_tv_equals_extra_acceptance_and_obeys_the_bound(setting):
         assert distortion == pytest.approx(extra, abs=1e-12)
         assert distortion <= bound + 1e-12
         beyond_delta += distortion > setting.get("delta", 1.0) + 1e-9
-    if setting == {"delta": 0.01}:  # the budget is per candidate: the output law is not within delta of p (§1.5)
+    if setting == {"delta": 0.01}:  # the budget is per candidate: the output law is not within delta of p
         assert beyond_delta > 0
 
 

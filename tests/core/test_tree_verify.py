@@ -267,7 +267,7 @@ def test_walk_samples_the_plan():
 
 def test_chain_as_tree_is_speculative_sampling():
     from mmspec.core.drafts import Draft
-    from mmspec.core.verify import residual_law
+    from mmspec.core.rules.exact import residual_law
 
     g = torch.Generator().manual_seed(3)
     q = torch.softmax(torch.randn(2, 3, V, generator=g, dtype=torch.float64), -1)

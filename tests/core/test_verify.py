@@ -5,11 +5,12 @@ import itertools
 import pytest
 import torch
 
-from mmspec.core import multidraft, verify
-from mmspec.core.rules import Exact, Typical
+from mmspec.core import multidraft
 from mmspec.core.drafts import Draft
 from mmspec.core.multidraft import rsd_plan, spectr_beta, spectr_plan, spectr_rho
-from mmspec.core.verify import accept_probability, residual_law, verify_chain, verify_exact, verify_greedy
+from mmspec.core.rules import Exact, Typical
+from mmspec.core.rules.exact import accept_probability, residual_law
+from mmspec.core.verify import verify_chain, verify_exact, verify_greedy
 
 V = 6
 

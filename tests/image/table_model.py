@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.model import Logits
+from mmspec.core.probs import SamplingConfig, process_logits
 
 
 @dataclass

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.registry import decodings
 from mmspec.core.rng import sample
 from mmspec.core.stats import SpecStats
-from mmspec.core.registry import decodings
 from mmspec.image import AR, get_decoding
 from mmspec.image.loop import PAD_ID
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition

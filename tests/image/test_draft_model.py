@@ -7,8 +7,8 @@ import torch
 
 from mmspec.core import drafting, multidraft, tree_verify
 from mmspec.core.drafts import Draft
-from mmspec.core.rules import exact
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.rules import exact
 from mmspec.core.stats import SpecStats
 from mmspec.image import AR, DraftModel
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition

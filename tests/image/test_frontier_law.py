@@ -107,7 +107,7 @@ def test_the_window_is_a_draft_tree_whose_fixed_layout_is_its_own():
     (dict(tree_width=0), "tree_width must be >= 1"),
     (dict(tree_width=3, tree_depth=16), r"tree_depth must be < the window \(16\)"),
     (dict(tree_depth=3), "tree_depth is read only with tree_width > 1"),
-    (dict(tree_width=2, acceptance="lantern"), "acceptance must be 'exact'"),
+    (dict(tree_width=2, acceptance="lantern"), "acceptance must be Exact"),
 ])
 def test_clear_errors(settings, match):
     with pytest.raises(ValueError, match=match):

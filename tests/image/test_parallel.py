@@ -6,10 +6,10 @@ batch are independent, and its deviation from the AR law is measured (the exact 
 import pytest
 import torch
 
-from mmspec.core.probs import SamplingConfig
-from mmspec.core.stats import SpecStats
 from mmspec import PJD
+from mmspec.core.probs import SamplingConfig
 from mmspec.core.settings import specs
+from mmspec.core.stats import SpecStats
 from mmspec.image import COUPLINGS, SJD, get_decoding
 from mmspec.models.llamagen.adapter import LlamaGenCondition
 from tests.image.table_model import TableImageModel

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mmspec.core.codebook import NeighbourTable
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
-from mmspec.core.codebook import NeighbourTable
 from mmspec.image import AR, COUPLINGS, SJD
 from mmspec.models.hf_image import PromptCondition
 from tests.law import chi_square_p_value

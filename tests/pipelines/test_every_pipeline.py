@@ -1,7 +1,8 @@
 """One contract for every pipeline class mmspec exports: `decoding=` takes a component and its shorthand (a registered
 name plus settings) with the same result, the component survives `save_pretrained` / `from_pretrained`,
-`callback_on_step_end` is called with the tensors it asks for, and the output is a `BaseOutput` whose stats'
-`table()` and `as_dict()` work."""
+`callback_on_step_end` is called with the tensors it asks for, the output is a `BaseOutput` whose stats' `table()` and
+`as_dict()` work, a saved folder loads through diffusers' own `DiffusionPipeline.from_pretrained`, and a generator
+passed to successive calls advances."""
 
 import json
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 import mmspec
@@ -146,3 +148,41 @@ def test_save_and_load_keep_the_decoding_component(case, tmp_path):
     assert loaded(**case.inputs, generator=generator_for(pipe, 1)).stats.method == expected.stats.method
     loaded.decoding = AR()  # swappable on a loaded pipeline
     assert loaded(**case.inputs, generator=generator_for(pipe, 1)).stats.method.startswith("AR()")
+
+
+def test_diffusers_own_entry_point_loads_a_saved_folder(case, tmp_path):
+    """diffusers' custom-pipeline convention: `_class_name: [module, class]` and the module in the folder."""
+    pipe, case = case
+    pipe.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "model_index.json").read_text())["_class_name"] == ["mmspec_pipeline",
+                                                                                       type(pipe).__name__]
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        DiffusionPipeline.from_pretrained(tmp_path)
+    loaded = DiffusionPipeline.from_pretrained(tmp_path, trust_remote_code=True)
+    assert type(loaded) is type(pipe)
+    loaded.set_progress_bar_config(disable=True)
+    expected = pipe(**case.inputs, decoding=case.decoding, generator=generator_for(pipe, 2))
+    out = loaded(**case.inputs, decoding=case.decoding, generator=generator_for(pipe, 2))
+    assert torch.equal(torch.as_tensor(getattr(out, case.result)), torch.as_tensor(getattr(expected, case.result)))
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["speculative", "ar"])
+def test_a_generator_passed_to_successive_calls_advances(case, plain):
+    """Two calls with the same generator(s) continue one random stream: their outputs differ (a reseed from
+    `initial_seed()` would repeat the first)."""
+    pipe, case = case
+    decoding = AR() if plain else case.decoding
+    generator = generator_for(pipe, 3)
+    first = pipe(**case.inputs, decoding=decoding, generator=generator)
+    second = pipe(**case.inputs, decoding=decoding, generator=generator)
+    assert not torch.equal(torch.as_tensor(getattr(first, case.result)), torch.as_tensor(getattr(second, case.result)))
+
+
+@pytest.mark.parametrize("decoding", [{}, {"decoding": "ar"}], ids=["default", "ar"])
+def test_text_calls_with_one_generator_continue_its_stream(decoding):
+    pipe = text_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    generator = torch.Generator().manual_seed(0)
+    first, second = (pipe(["b d c"] * 8, max_new_tokens=5, temperature=1.0, generator=generator, **decoding)
+                     for _ in range(2))
+    assert not torch.equal(first.sequences, second.sequences)

@@ -241,7 +241,8 @@ def test_decoding_component_object_and_shorthand_are_the_same_call(pipe):
     # no decoding=: the settings are those of the pipeline's own component
     own = held(PROMPTS, window=3, acceptance=Lantern(k=8, delta=0.4), **latent())
     assert torch.equal(as_object.images, flat.images) and torch.equal(as_object.images, own.images)
-    assert as_object.stats.method == flat.stats.method == SJD(3, "vertical", acceptance=Lantern(k=8, delta=0.4)).describe()
+    expected = SJD(3, "vertical", acceptance=Lantern(k=8, delta=0.4)).describe()
+    assert as_object.stats.method == flat.stats.method == expected
     drafted = with_draft(pipe)
     assert torch.equal(drafted(PROMPTS, decoding=DraftModel(draft_length=2), **latent()).images,
                        drafted(PROMPTS, decoding="draft", draft_length=2, **latent()).images)

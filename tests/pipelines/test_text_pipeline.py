@@ -16,6 +16,20 @@ def pipe():
 PROMPTS = ["def fibonacci(n):\n", "import os\n\nclass Config:\n"]
 
 
+@pytest.mark.parametrize(("decoding", "shown", "hidden"), [
+    (TextSpeculation(drafter="tree"), {"tree_depth", "tree_branching", "tree_rates"},
+     {"draft_length", "schedule", "tree_nodes", "max_ngram", "confidence_threshold"}),
+    (TextSpeculation(drafter="tree", tree_rates=(0.6, 0.3)), {"tree_rates", "tree_nodes"},
+     {"draft_length", "schedule", "tree_depth", "tree_branching"}),
+    (TextSpeculation(drafter="ngram"), {"draft_length", "schedule", "max_ngram"},
+     {"tree_depth", "tree_rates", "confidence_threshold"}),
+])
+def test_stats_name_only_the_settings_a_decoding_reads(decoding, shown, hidden):
+    described = decoding.describe()
+    assert all(f"{name}=" in described for name in shown), described
+    assert not any(f"{name}=" in described for name in hidden), described
+
+
 def test_greedy_decodings_complete_like_the_target(pipe):
     """Greedy speculative completions equal the target's own greedy `generate`, batch of two prompts."""
     ar = pipe(PROMPTS, decoding=AR(), max_new_tokens=40)

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from mmspec import AR, TextSpeculation
-from mmspec.text.methods import AR as TextAR
 from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint
 from mmspec.pipelines.text import SpeculativeTextPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
+from mmspec.text.methods import AR as TextAR
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
 
 PROMPTS = ["def fibonacci(n):\n"]
@@ -92,7 +92,8 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
 def test_auto_is_the_default_and_an_explicit_decoding_wins(pipe):
     out = pipe("def f(x):\n", max_new_tokens=8)
     assert out.stats.chosen_by.startswith("auto: ")
-    assert out.stats.method in {c.describe() for c in pipe.auto_candidates({}).values()} | {"AR(): transformers' generate"}
+    candidates = {c.describe() for c in pipe.auto_candidates({}).values()}
+    assert out.stats.method in candidates | {"AR(): transformers' generate"}
     out = pipe("def f(x):\n", decoding="ngram", max_new_tokens=8)
     assert out.stats.chosen_by is None and out.stats.method == TextSpeculation(drafter="ngram").describe()
     with pytest.raises(ValueError, match="name the decoding to use acceptance='typical'"):

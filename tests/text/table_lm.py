@@ -37,6 +37,7 @@ class TableLM(torch.nn.Module):
             visible = valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])  # [B, W, S]
         rank = visible.long().cumsum(-1)
         count = rank[..., -1:]  # [B, W, 1] tokens visible to each query
+
         def last(k):  # token with rank count - k, or NONE
             hit = visible & (rank == count - k)
             idx = hit.long().argmax(-1)

@@ -60,6 +60,7 @@ def run_and_test(drafter_kind, draft_length, temperature, top_k, seed=0):
                "adaptive": lambda: ModelDrafter(draft, confidence_threshold=0.3)}[drafter_kind]()
     return law_test(target, drafter, temperature, top_k, seed, draft_length=draft_length)
 
+
 CONFIGS = [
     ("model", 1, 1.0, 0),
     ("model", 2, 0.7, 3),

@@ -8,7 +8,6 @@ the same tree attention as the target. Mutation companions must be rejected by t
 """
 
 import pytest
-import torch
 
 from mmspec.adapters.causal_lm import CausalLMAdapter
 from mmspec.core import multidraft, tree_verify
@@ -38,6 +37,7 @@ def run_and_test(name, seed=0):
     make, rule, temperature, top_k = CONFIGS[name]
     target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
     return law_test(target, make(draft), temperature, top_k, seed, tree_rule=rule, measure_ceiling=True)
+
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_tree_speculation_matches_exact_joint_law(name):

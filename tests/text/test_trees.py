@@ -13,6 +13,7 @@ from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from tests.conftest import tiny_llama
 from tests.text.test_drafters import rows_of
 
+
 def test_grow_tree_respects_the_budget_and_puts_real_nodes_first():
     g = torch.Generator().manual_seed(1)
     V = 6

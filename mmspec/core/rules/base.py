@@ -6,7 +6,7 @@ test's two pieces, behind the `TokenTest` protocol:
     residual(p, q) -> [B, V]                      the law drawn at the first rejection
 
 `rule.bind(model, vocab_size)` is the test for one model: the rule itself for rules that need nothing of the model,
-a relaxation with the model's codebook geometry for LANTERN and GSD. The chain test that runs these pieces is
+a relaxation with the model's codebook geometry for the relaxed rules. The chain test that runs these pieces is
 `mmspec.core.verify.chain_outcome`; tree rules are `mmspec.core.tree_verify`'s.
 
 Rule modules are importable without torch (the CLI reads their settings before torch loads): tensor work happens in

@@ -76,8 +76,9 @@ class Lantern(AcceptanceRule):
 
     def check_sampling(self, temperature: float) -> None:
         if temperature == 0:
-            raise ValueError(f"{type(self).__name__} acceptance samples: with temperature=0 the target law is one-hot "
-                             "and has no neighbour mass (greedy LANTERN is verify_lantern_greedy on temperature-1 laws)")
+            raise ValueError(
+                f"{type(self).__name__} acceptance samples: with temperature=0 the target law is one-hot and has no "
+                "neighbour mass (greedy LANTERN is verify_lantern_greedy on temperature-1 laws)")
 
     def bind(self, model, vocab_size: int) -> Relaxation:
         """The model's neighbour table at k = `self.k` (default min(1000, V - 1)) with this budget."""

@@ -3,7 +3,10 @@ package registers them. Each module holds one method's settings; its step lives 
 imports torch."""
 
 from mmspec.core.component import component_from
-from mmspec.image.methods import ar, sjd, draft, pjd  # noqa: F401, I001  registers the built-in methods, in this order
+
+# isort: off
+from mmspec.image.methods import ar, sjd, draft, pjd  # noqa: F401  registers the built-in methods, in this order
+# isort: on
 from mmspec.image.methods.base import ImageDecoding
 
 __all__ = ["ImageDecoding", "get_decoding"]

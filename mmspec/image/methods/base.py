@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmspec.core.component import DecodingComponent
 from mmspec.core.model import require
+from mmspec.core.rules.exact import Exact
 
 if TYPE_CHECKING:
     from mmspec.core.probs import SamplingConfig
@@ -55,3 +56,21 @@ class ImageDecoding(DecodingComponent):
              stats: SpecStats) -> ImageStep:
         """The step the loop repeats from `opening` (the prefill's state and first token) until every row is done."""
         raise NotImplementedError(f"{type(self).__name__} must define step()")
+
+
+class TreeWidth:
+    """For the decodings with a `tree_width` setting: above 1 they verify a tree, which needs an adapter with the
+    "tree" capability, and the exact tree rules (so `acceptance` must be exact)."""
+
+    @property
+    def tree(self) -> bool:
+        return self.tree_width > 1
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({"tree"}) if self.tree else frozenset()
+
+    def check_tree(self) -> None:
+        if self.tree and not isinstance(self.acceptance, Exact):
+            raise ValueError(f"tree_width > 1 is verified by exact tree rules: acceptance must be Exact(), got "
+                             f"{self.acceptance.describe()}")

@@ -1,5 +1,5 @@
 """`DraftModel(...)`: speculative decoding with a draft image model over the same tokens, chains or the drafter's full
-tree, exact or (chains) LANTERN / GSD relaxed. The settings; the step is `mmspec.image.draft_model.DraftStep`, on the
+tree, exact or (chains) relaxed. The settings; the step is `mmspec.image.draft_model.DraftStep`, on the
 draft-model proposer every modality shares (`mmspec.core.drafting`)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting
-from mmspec.image.methods.base import ImageDecoding
+from mmspec.image.methods.base import ImageDecoding, TreeWidth
 
 
 @register_decoding
 @dataclass(frozen=True)
-class DraftModel(ImageDecoding):
+class DraftModel(TreeWidth, ImageDecoding):
     """Speculative decoding with a draft image model, batched, with per-row acceptance. drafter: the draft model's
     adapter (same grid and image vocabulary as the target); pipelines supply their own, so it is not saved."""
 
@@ -28,9 +28,7 @@ class DraftModel(ImageDecoding):
     drafter: Any = runtime()
 
     def check(self) -> None:
-        if self.tree and not isinstance(self.acceptance, Exact):
-            raise ValueError(f"tree_width > 1 (draft trees) is verified by exact tree rules; acceptance must be "
-                             f"Exact(), got {self.acceptance.describe()}")
+        self.check_tree()
 
     def check_model(self, model) -> None:
         """The target and the drafter: the drafter shares the target's image tokens; trees need both to have them."""
@@ -45,14 +43,6 @@ class DraftModel(ImageDecoding):
                 f"{self.drafter.vocab_size}; target grid {model.grid}, vocab_size {model.vocab_size}")
         super().check_model(model)
         require(self.drafter, self.capabilities, "DraftModel(tree_width > 1)'s drafter")
-
-    @property
-    def tree(self) -> bool:
-        return self.tree_width > 1
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({"tree"}) if self.tree else frozenset()
 
     @property
     def forward_width(self) -> int:

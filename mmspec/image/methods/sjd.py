@@ -1,5 +1,5 @@
 """`SJD(...)`: speculative Jacobi decoding with its exact successors (coupled redrafting, adaptive continuation,
-frontier trees) and LANTERN / GSD relaxed acceptance. The settings; the step is `mmspec.image.jacobi.JacobiStep`
+frontier trees), exact or with a relaxed acceptance rule. The settings; the step is `mmspec.image.jacobi.JacobiStep`
 (what each setting does, and why every exact mode keeps the model's law, is in its module docstring)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import setting
-from mmspec.image.methods.base import ImageDecoding
+from mmspec.image.methods.base import ImageDecoding, TreeWidth
 
 INITS = ("random", "horizontal", "vertical", "lookahead")  # how positions no window has reached are drafted
 COUPLINGS = ("none", "maximal", "gumbel")  # how drafts are redrafted between iterations
@@ -26,7 +26,7 @@ def frontier_nodes(window: int, width: int, depth: int) -> int:
 
 @register_decoding
 @dataclass(frozen=True)
-class SJD(ImageDecoding):
+class SJD(TreeWidth, ImageDecoding):
     """Speculative Jacobi decoding, batched, with per-row acceptance. Exact for every setting with `Exact()`; a
     frontier tree (`tree_width` > 1, SJD-PAC's proactive drafting) needs an adapter with `forward_tree` /
     `keep_path` (LlamaGen's and the embedded models')."""
@@ -42,26 +42,15 @@ class SJD(ImageDecoding):
     tree_depth: int = setting(2, "draft positions with a frontier tree (read with tree_width > 1)", low=1)
 
     def check(self) -> None:
-        if self.tree_width > 1:
-            if not isinstance(self.acceptance, Exact):
-                raise ValueError(f"tree_width > 1 verifies with RSD, which is exact: acceptance must be 'exact', got "
-                                 f"{self.acceptance.name!r}")
-            if self.tree_depth >= self.window:
-                raise ValueError(f"tree_depth must be < the window ({self.window}), got {self.tree_depth}")
-        elif self.tree_depth != SJD.tree_depth:
+        self.check_tree()
+        if self.tree and self.tree_depth >= self.window:
+            raise ValueError(f"tree_depth must be < the window ({self.window}), got {self.tree_depth}")
+        if not self.tree and self.tree_depth != SJD.tree_depth:
             raise ValueError(f"tree_depth is read only with tree_width > 1, got tree_depth={self.tree_depth} and "
                              f"tree_width=1")
 
     def reads(self, field: str) -> bool:
         return field != "tree_depth" or self.tree
-
-    @property
-    def tree(self) -> bool:
-        return self.tree_width > 1
-
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({"tree"}) if self.tree else frozenset()
 
     @property
     def forward_width(self) -> int:

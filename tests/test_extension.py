@@ -1,0 +1,271 @@
+"""Extending mmspec from one file. A new decoding method (a component and its step) and a new acceptance rule are
+defined in this file only, registered by a fixture (and unregistered after it), and then reached through every front
+end without touching the library: a pipeline call by object and by name, `save_pretrained` / `from_pretrained`, the
+CLI (flags generated from the fields; a bad value exits 2 with one line before any model loads) and the stats table.
+The method is lossless, so it passes the sequence-law test of SJD (`tests.image.test_jacobi_law`) and its mutation
+companion is rejected by the same test; the rule is lossy, and its output law is enumerated in float64.
+
+The method: SJD whose positions no window has reached yet are drafted by a fixed alternating rule, `period`
+iterations copying the token to the left, then `period` iterations copying the token above. Any draft rule that
+depends only on the past keeps SJD exact, because every draft is verified against the law it was drawn from.
+The rule: accept a draft x ~ q with probability min(1, p(x)/q(x)) ** power (power < 1 accepts more), and draw the
+exact residual at the first rejection; its distortion is its excess acceptance, which the stats report.
+"""
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+import torch
+
+from mmspec import SJD, AcceptanceRule, Exact, setting
+from mmspec.cli import main
+from mmspec.core.drafts import Draft
+from mmspec.core.registry import decodings, register_decoding, register_rule, rules, unregister
+from mmspec.core.rules.exact import accept_probability, at_drafts, residual_law
+from mmspec.core.verify import chain_outcome
+from mmspec.image.jacobi import JacobiStep
+from mmspec.image.methods.base import ImageDecoding
+from mmspec.pipelines.llamagen import LlamaGenPipeline
+from tests.image.test_jacobi_law import N, V, decode_rows, law_checks
+from tests.models.llamagen_tiny import tiny_pipeline
+
+PROMPTS = ["a red circle", "a blue square on the left"]
+ALPHA = 1e-7  # the law test's threshold per check, as in tests.image.test_jacobi_law
+
+
+@dataclass(frozen=True)
+class AlternatingSJD(ImageDecoding):
+    """SJD whose new drafts copy the token to the left for `period` iterations, then the token above for `period`
+    iterations, and so on (exact with `Exact()`)."""
+
+    name: ClassVar[str] = "alternating_sjd"
+    window: int = setting(8, "tokens scored per target forward", low=2)
+    period: int = setting(1, "iterations before the draft rule switches between left and above", low=1)
+    acceptance: AcceptanceRule = Exact()
+
+    @property
+    def forward_width(self) -> int:
+        return self.window
+
+    def step(self, model, opening, sampling, generator, stats):
+        return AlternatingStep(self, model, opening, sampling, generator, stats)
+
+
+class AlternatingStep(JacobiStep):
+    """SJD's step with the draft rule chosen before each iteration."""
+
+    def __init__(self, decoding: AlternatingSJD, model, opening, sampling, generator, stats):
+        super().__init__(SJD(window=decoding.window, acceptance=decoding.acceptance), model, opening, sampling,
+                         generator, stats)
+        self.period = decoding.period
+
+    def rule(self) -> str:
+        return ("horizontal", "vertical")[self.rows.step // self.period % 2]
+
+    def __call__(self) -> None:
+        self.init = self.rule()
+        super().__call__()
+
+
+@dataclass(frozen=True)
+class Tempered(AcceptanceRule):
+    """Accept x ~ q with min(1, p(x)/q(x)) ** power, else draw the exact residual (lossy for power < 1)."""
+
+    name: ClassVar[str] = "tempered"
+    modalities: ClassVar[tuple[str, ...]] = ("image",)
+    lossless: ClassVar[bool] = False
+    power: float = setting(0.5, "exponent on the exact acceptance probability (1 = the exact rule)", low=0, high=1,
+                           low_open=True)
+
+    def acceptance(self, p, q, drafts):
+        return accept_probability(at_drafts(p, drafts), at_drafts(q, drafts)) ** self.power
+
+    def residual(self, p, q):
+        return residual_law(p, q)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    register_decoding(AlternatingSJD)
+    register_rule(Tempered)
+    yield
+    unregister(AlternatingSJD)
+    unregister(Tempered)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipe = tiny_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def seeded(*seeds):
+    return [torch.Generator().manual_seed(seed) for seed in seeds]
+
+
+def test_registered_beside_the_built_in_ones():
+    assert decodings("image")["alternating_sjd"] is AlternatingSJD and rules("image")["tempered"] is Tempered
+    assert "tempered" not in rules("text")  # a rule is offered to the modalities it names only
+
+
+def test_a_pipeline_runs_them_by_object_and_by_name(pipe):
+    decoding = AlternatingSJD(window=4, period=2)
+    out = pipe(PROMPTS, decoding=decoding, generator=seeded(0, 1), output_type="latent")
+    named = pipe(PROMPTS, decoding="alternating_sjd", window=4, period=2, generator=seeded(0, 1), output_type="latent")
+    assert torch.equal(out.images, named.images) and out.stats.method == named.stats.method == decoding.describe()
+    assert out.stats.target_forwards < 16 and out.stats.law == "lossless"
+    greedy = pipe(PROMPTS, decoding=decoding, temperature=0, output_type="latent").images
+    assert torch.equal(greedy, pipe(PROMPTS, decoding="ar", temperature=0, output_type="latent").images)
+
+    tempered = pipe(PROMPTS, decoding="alternating_sjd", acceptance="tempered", tempered_power=0.3,
+                    generator=seeded(0, 1), output_type="latent")
+    assert tempered.stats.method == AlternatingSJD(acceptance=Tempered(power=0.3)).describe()
+    assert tempered.stats.law == "lossy" and tempered.stats.excess_acceptance > 0
+    by_sjd = pipe(PROMPTS, decoding="sjd", acceptance=Tempered(power=0.3), generator=seeded(0, 1), output_type="latent")
+    assert by_sjd.stats.law == "lossy" and "Tempered(power=0.3)" in by_sjd.stats.method
+    for row in ("excess_acceptance", "acceptance_rate", "target_forwards"):
+        assert row in tempered.stats.table()
+    with pytest.raises(ValueError, match="period must be >= 1, got 0"):
+        pipe(PROMPTS, decoding="alternating_sjd", period=0)
+    with pytest.raises(ValueError, match=r"power must be in \(0, 1\], got 2"):
+        pipe(PROMPTS, decoding="alternating_sjd", acceptance="tempered", tempered_power=2)
+
+
+def test_save_and_load_keep_them(pipe, tmp_path):
+    decoding = AlternatingSJD(window=4, period=3, acceptance=Tempered(power=0.7))
+    before = pipe.decoding
+    pipe.decoding = decoding
+    try:
+        pipe.save_pretrained(tmp_path)
+    finally:
+        pipe.decoding = before
+    saved = json.loads((tmp_path / "model_index.json").read_text())["decoding"]
+    assert saved == {"name": "alternating_sjd", "window": 4, "period": 3,
+                     "acceptance": {"name": "tempered", "power": 0.7}}
+    loaded = LlamaGenPipeline.from_pretrained(tmp_path, dtype=torch.float64)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.decoding == decoding
+    expected = pipe(PROMPTS, decoding=decoding, generator=seeded(4, 5), output_type="latent").images
+    assert torch.equal(loaded(PROMPTS, generator=seeded(4, 5), output_type="latent").images, expected)
+
+
+@pytest.fixture(scope="module")
+def saved_model(pipe, tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("tiny_llamagen")
+    pipe.save_pretrained(folder)
+    return str(folder)
+
+
+def test_the_cli_generates_their_flags_and_prints_the_stats_table(saved_model, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    helped = capsys.readouterr().out
+    assert "alternating_sjd" in helped and "--period" in helped and "--tempered-power" in helped
+    out = tmp_path / "x.png"
+    command = (f"generate 'a red circle' --model {saved_model} --decoding alternating_sjd --window 4 --period 2 "
+               f"--acceptance tempered --tempered-power 0.5 --out {out} --no-compare")
+    assert main(shlex.split(command)) == 0
+    printed = capsys.readouterr().out
+    assert "AlternatingSJD(window=4, period=2, acceptance=Tempered(power=0.5))" in printed
+    assert "excess_acceptance" in printed and "acceptance_rate" in printed and out.is_file()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ("--decoding alternating_sjd --period 0", "--period must be >= 1, got 0"),
+    ("--decoding alternating_sjd --window 1", "--window must be >= 2, got 1"),
+    ("--decoding alternating_sjd --acceptance tempered --tempered-power 1.5",
+     "--tempered-power must be in (0, 1], got 1.5"),
+    ("--decoding sjd --period 2", "--period applies to --decoding alternating_sjd only"),
+    ("--decoding alternating_sjd --tempered-power 0.5", "--tempered-power applies to --acceptance tempered only"),
+])
+def test_a_bad_value_exits_2_in_one_line_before_any_model_loads(flags, message, tmp_path, capsys, monkeypatch):
+    import mmspec.pipelines.auto
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(mmspec.pipelines.auto, "image_pipeline_from_arguments", load)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "x", "--out", str(tmp_path / "x.png"), *shlex.split(flags)])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and captured.out == ""
+    assert captured.err == f"mmspec generate: error: {message}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- exactness ------------------------------------------------------------------------------------------------------
+class SkipsVerification(AlternatingSJD):
+    """Mutation companion: on the iterations that copy the token above, every draft is accepted unverified."""
+
+    def step(self, model, opening, sampling, generator, stats):
+        return UnverifiedStep(self, model, opening, sampling, generator, stats)
+
+
+class AcceptEverything:
+    distorts = False
+
+    def acceptance(self, p, q, drafts):
+        return torch.ones(drafts.shape, dtype=p.dtype)
+
+    def residual(self, p, q):
+        return p
+
+
+class UnverifiedStep(AlternatingStep):
+    def __call__(self) -> None:
+        self.test = AcceptEverything() if self.rule() == "vertical" else None
+        super().__call__()
+
+
+@pytest.mark.parametrize(("window", "period"), [(2, 1), (3, 2), (N + 1, 1)])
+def test_the_new_method_keeps_the_model_s_law(window, period):
+    tokens, stats, model = decode_rows(AlternatingSJD(window=window, period=period), groups=12_000)
+    failed = {name: p for name, p in law_checks(tokens, model).items() if p < ALPHA}
+    assert not failed, f"output law differs from AR sampling's: {failed}"
+    assert stats.accepted > 0  # it speculated
+
+
+def test_its_mutation_companion_is_rejected():
+    tokens, _, model = decode_rows(SkipsVerification(window=3, period=1), groups=12_000)
+    assert min(law_checks(tokens, model).values()) < ALPHA
+
+
+@pytest.mark.parametrize("power", [1.0, 0.6, 0.25])
+def test_the_new_rule_s_output_law_enumerated(power):
+    """One draft position, float64: the output law of `chain_outcome` under the rule, enumerated over the draft token
+    and the accept / reject branch, is p at power 1 and otherwise off p by a total variation equal to the rule's
+    excess acceptance over the exact rule (sum over x of q(x) (a(x) - min(1, p(x)/q(x))))."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(1, 2, V, generator=g, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(1, 1, V, generator=g, dtype=torch.float64) * 2, -1)
+    rule = Tempered(power=power)
+    law = torch.zeros(V, dtype=torch.float64)
+    excess = 0.0
+    for x in range(V):
+        draft = Draft(torch.tensor([[x]]), torch.tensor([1]), q)
+        accept = float(rule.acceptance(p[:, :1], q, draft.tokens))
+        rejected = chain_outcome(p, draft, torch.ones(1, 1), rule)  # u = 1: the rejection branch
+        assert bool(rejected.rejected) and float(rejected.excess_acceptance) == pytest.approx(accept - float(
+            accept_probability(p[0, 0, x], q[0, 0, x])))
+        law[x] += q[0, 0, x] * accept
+        law += q[0, 0, x] * (1 - accept) * rejected.next_law[0]
+        excess += float(q[0, 0, x]) * float(rejected.excess_acceptance)
+    total_variation = float((law - p[0, 0]).abs().sum()) / 2
+    assert law.sum() == pytest.approx(1, abs=1e-12)
+    assert total_variation == pytest.approx(excess, abs=1e-12)
+    assert (total_variation < 1e-12) == (power == 1.0)
+
+
+def test_nothing_else_in_the_repository_names_them():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    here = Path(__file__).resolve()
+    named = [path for folder in ("mmspec", "pipelines", "apps", "eval", "tests", "docs")
+             for path in (root / folder).rglob("*") if path.suffix in (".py", ".md") and path.resolve() != here
+             and any(word in path.read_text() for word in ("AlternatingSJD", "alternating_sjd", "Tempered("))]
+    assert named == []
