@@ -88,17 +88,10 @@ def check_prompts(prompts: list[str]) -> None:
 
 def check_number(args, flag: str, low: float | None = None, high: float | None = None,
                  low_open: bool = False) -> None:
-    """`--flag` (None = not given) within [low, high] ((low, high] when `low_open`)."""
+    """`--flag` (None = not given) within [low, high] ((low, high] when `low_open`), checked as a setting's range is."""
     value = getattr(args, flag.lstrip("-").replace("-", "_"))
-    if value is None:
-        return
-    too_low = low is not None and (value <= low if low_open else value < low)
-    if too_low or (high is not None and value > high):
-        if high is None:
-            allowed = f"{'>' if low_open else '>='} {low:g}"
-        else:
-            allowed = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
-        raise UsageError(f"{flag} must be {allowed}, got {value:g}")
+    if value is not None:
+        Spec("", type(value), low=low, high=high, low_open=low_open).check(flag, value)
 
 
 def check_output(path: str, extensions: tuple[str, ...], flag: str = "--out") -> None:

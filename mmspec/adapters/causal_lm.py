@@ -17,6 +17,7 @@ that. Slots: S = cache length; `slot_mask: [R, S]` bool over the R = B (or 2B) c
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,13 @@ from mmspec.core.model import Logits
 def cache_keyword(model) -> str:
     """The name under which a transformers model's forward takes (and its output returns) the KV cache: `cache` since
     transformers 5.24, `past_key_values` before (deprecated there, to be removed in 5.40)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return _cache_keyword(type(model))
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    # read once per class: every cached forward asks, and a signature costs more than a small model's kernel launch
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 @dataclass(frozen=True)

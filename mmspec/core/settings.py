@@ -82,7 +82,8 @@ class Spec:
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
         if too_low or too_high or value != value:  # NaN is in no range
-            raise ValueError(f"{name} must be {self.bounds}, got {value!r}")
+            shown = f"{value:g}" if isinstance(value, float) else repr(value)
+            raise ValueError(f"{name} must be {self.bounds}, got {shown}")
         return value
 
 
@@ -122,10 +123,10 @@ class Settings:
     name: ClassVar[str]
 
     def __post_init__(self):
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        default = defaults(type(self))
         for field, spec in specs(type(self)).items():
             object.__setattr__(self, field, spec.check(field, getattr(self, field)))
-            if spec.only is not None and getattr(self, field) != defaults[field]:
+            if spec.only is not None and getattr(self, field) != default[field]:
                 for other, values in spec.only.items():
                     if getattr(self, other) not in values:
                         raise ValueError(f"{field} applies to {other} {' / '.join(map(repr, values))}, not "

@@ -4,4 +4,5 @@ each other."""
 
 CHAIN_DRAFTERS = ("model", "ngram", "layerskip")  # the drafters of chains: a draft LM, prompt lookup, an early exit
 TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft LM's tree, STAND's n-gram memory
+DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
 SCHEDULES = ("constant", "heuristic")  # draft length schedules

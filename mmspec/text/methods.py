@@ -18,7 +18,7 @@ from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import setting, specs
 from mmspec.core.tree_shape import TreeShape
-from mmspec.text.kinds import CHAIN_DRAFTERS, SCHEDULES, TREE_DRAFTERS
+from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, SCHEDULES, TREE_DRAFTERS
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +61,7 @@ class TextSpeculation(TextDecoding):
     name: ClassVar[str] = "speculative"
     drafter: str = setting("model", "'model': the draft LM; 'layerskip': the target's first layers; 'ngram': prompt "
                            "lookup; 'tree': the draft LM's tree (RSD); 'stand': an n-gram memory of the target's laws",
-                           choices=(*CHAIN_DRAFTERS, *TREE_DRAFTERS))
+                           choices=DRAFTERS)
     draft_length: int = setting(4, "tokens drafted per target forward", low=1, only={"drafter": CHAIN_DRAFTERS})
     schedule: str = setting("constant", "draft length per step: 'constant', or transformers' 'heuristic' (+2 after "
                             "a fully accepted draft, else -1)", choices=SCHEDULES, only={"drafter": CHAIN_DRAFTERS})

@@ -44,6 +44,7 @@ class TextRows:
         self.max_new_tokens, self.eos, self.pad_token_id = max_new_tokens, eos, pad_token_id
         self.tokens, self.lengths = left_align(input_ids, attention_mask, T + max_new_tokens + lookahead + 1)
         self.prompt_lengths = self.lengths.clone()  # of every row of the batch, finished or not
+        self.prompt_width = int(self.prompt_lengths.max())  # the longest prompt (read once, not in every step)
         device = input_ids.device
         self.generated = torch.zeros(B, dtype=torch.long, device=device)
         self.rows = torch.arange(B, device=device)  # batch position -> output row
@@ -58,7 +59,7 @@ class TextRows:
     @property
     def prompt(self) -> Prompt:
         """What the models' prefill caches: each row's prompt but its last token."""
-        T = int(self.prompt_lengths.max())
+        T = self.prompt_width
         return Prompt(self.tokens[:, : T - 1], torch.arange(T - 1, device=self.tokens.device) < self.offsets[:, None])
 
     @property
@@ -69,7 +70,7 @@ class TextRows:
     @property
     def seq(self) -> torch.Tensor:
         """[B, S'] long, the model view: each row's tokens after its prefill (its last prompt token first)."""
-        width = self.tokens.shape[1] - int(self.prompt_lengths.max()) + 1
+        width = self.tokens.shape[1] - self.prompt_width + 1
         index = self.offsets[:, None] + torch.arange(width, device=self.tokens.device)
         return self.tokens.gather(1, index.clamp(max=self.tokens.shape[1] - 1))
 

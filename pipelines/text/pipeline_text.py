@@ -21,12 +21,10 @@ from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
-from mmspec.text.kinds import CHAIN_DRAFTERS, TREE_DRAFTERS
+from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS
 from mmspec.text.methods import TextSpeculation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
-
-TEXT_DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
 
 
 @dataclass(frozen=True)
@@ -114,7 +112,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         unavailable = {"model", "tree"} if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
-        return tuple(m for m in (*TEXT_DRAFTERS, "ar") if m not in unavailable)
+        return tuple(m for m in (*DRAFTERS, "ar") if m not in unavailable)
 
     @property
     def decoding_policy(self) -> TextDecodingPolicy:
@@ -129,12 +127,12 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         or a drafter's name (`"ngram"` = `TextSpeculation(drafter="ngram")`)."""
         if isinstance(value, str) and value == "auto" and not settings:
             return value
-        if isinstance(value, str) and value in TEXT_DRAFTERS:
+        if isinstance(value, str) and value in DRAFTERS:
             if settings.get("drafter") not in (None, value):
                 raise ValueError(f"decoding={value!r} names drafter {value!r}; drafter={settings['drafter']!r} "
                                  "contradicts it")
             value, settings = "speculative", {**settings, "drafter": value}
-        return component_from(value, self.modality, names=("auto", "ar", "speculative", *TEXT_DRAFTERS), **settings)
+        return component_from(value, self.modality, names=("auto", "ar", "speculative", *DRAFTERS), **settings)
 
     def auto_candidates(self, settings: dict) -> dict[str, DecodingComponent]:
         """What `"auto"` chooses between: `AR()` and every chain drafter of `methods` that reads all of `settings` (a
