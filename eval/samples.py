@@ -24,7 +24,7 @@ import torch
 from PIL import Image, PngImagePlugin
 from tqdm.auto import tqdm
 
-from mmspec.core.component import rule_settings
+from mmspec.core.component import setting_keywords
 from mmspec.core.registry import decodings, rules
 from mmspec.eval.bench_image import BEST
 from mmspec.eval.devices import seeded
@@ -55,13 +55,6 @@ def presets() -> dict[str, dict]:
     return {**methods, **relaxed, "tree": BEST["sjd_tree"]}
 
 
-def option_keys() -> tuple[str, ...]:
-    """The pipeline options a method spec may set: every registered image decoding's settings and the rules' flat
-    spellings."""
-    fields = {field: None for cls in decodings("image").values() for field in cls.settings() if field != "drafter"}
-    return (*fields, *rule_settings("image"))
-
-
 @dataclass(frozen=True)
 class Method:
     """A decoding method to evaluate: a label and the pipeline options that select it."""
@@ -79,12 +72,12 @@ class Method:
         known = presets()
         if name not in known:
             raise ValueError(f"methods: unknown preset {name!r} in {text!r}; use one of {list(known)}")
-        options = dict(known[name])
+        options, keys = dict(known[name]), setting_keywords("image")
         for pair in filter(None, pairs.split(",")):
             key, sep, value = pair.partition("=")
-            if not sep or key not in option_keys():
+            if not sep or key not in keys:
                 raise ValueError(f"methods: bad option {pair!r} in {text!r}; options are key=value with key in "
-                                 f"{list(option_keys())}")
+                                 f"{list(keys)}")
             options[key] = _value(value)
         return cls(label or (re.sub(r"[^\w.+-]", "_", text) if pairs else name), options)
 

@@ -19,7 +19,7 @@ from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import is_accelerate_available
 
-from mmspec.core.component import DecodingComponent, StepHook, component_from, rule_settings
+from mmspec.core.component import DecodingComponent, StepHook, component_from, rule_settings, setting_keywords
 from mmspec.core.registry import decodings
 from mmspec.zoo import resolve_model
 
@@ -64,15 +64,10 @@ class MMSpecPipeline(DiffusionPipeline):
         config = self._decoding if isinstance(self._decoding, str) else self._decoding.to_config()
         self.register_to_config(decoding=config)
 
-    def shorthand_keywords(self) -> set[str]:
-        """The keyword arguments a call takes as decoding settings: every field of the modality's registered
-        decodings and the flat spellings of its rules' settings (`lantern_k`)."""
-        fields = {name for cls in decodings(self.modality).values() for name in cls.settings()}
-        return fields | set(rule_settings(self.modality))
-
     def check_keywords(self, settings: dict) -> None:
-        """Refuse, by name, call keywords that are no registered decoding's setting (a TypeError, as Python's own)."""
-        unknown = sorted(set(settings) - self.shorthand_keywords())
+        """Refuse, by name, call keywords that are no registered decoding's setting (`setting_keywords`: the fields
+        of the modality's registered decodings and the rules' flat spellings; a TypeError, as Python's own)."""
+        unknown = sorted(set(settings) - set(setting_keywords(self.modality)))
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) {unknown}")
 

@@ -228,7 +228,7 @@ class ImageTab:
         }
         fast = self.options(method, acceptance, values)
         self.warn_unknown_words(prompt)
-        label = {value: name for name, value in self.methods}[method].split(" (")[0].split(":")[0]
+        label = method if method == "auto" else decodings("image")[method].__name__
         label += "" if acceptance == "exact" else f" + {rules('image')[acceptance].__name__}"
 
         shown = [None, None, None, None]

@@ -71,6 +71,13 @@ def rule_settings(modality: str) -> dict[str, tuple[str, str]]:
     return {f"{name}_{field}": (name, field) for name, rule in rules(modality).items() for field in specs(rule)}
 
 
+def setting_keywords(modality: str) -> tuple[str, ...]:
+    """Every name a call may give a `modality` decoding's setting under, in order: the fields of its registered
+    decodings, then the rules' flat spellings (`lantern_k`)."""
+    fields = {name: None for cls in decodings(modality).values() for name in cls.settings()}
+    return (*fields, *rule_settings(modality))
+
+
 def acceptance_from(modality: str, acceptance: AcceptanceRule | str | dict | None = None,
                     **flat) -> AcceptanceRule | None:
     """The `acceptance=` object of a call's shorthand: a rule object, name or config dict, and the named rule's
