@@ -280,7 +280,8 @@ class ARImagePipeline(MMSpecPipeline):
         stats, tokens = SpecStats(chosen_by=choice and choice.reason), None
         stats.describe(decoder)
         N = adapter.grid[0] * adapter.grid[1]
-        steps = decoder.run(adapter, condition, sampling, generator, stats)
+        steps = decoder.run(adapter, condition, sampling, generator, stats,
+                            block=None if callback_on_step_end is None else 1)
         with self.progress_bar(total=N) as progress, closing(steps):
             done = 0
             for step in steps:

@@ -119,7 +119,7 @@ class ModelProposer:
         root_law = law(root, torch.zeros(B, 1, dtype=torch.long, device=seq.device), law_sampling)[:, 0]
         tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator)
         self.model.rollback(self.state, committed)  # the tree's slots leave the drafter's cache
-        self.kept = committed.clone()
+        self.kept.copy_(committed)  # in place: a captured step replays this
         return tree
 
 

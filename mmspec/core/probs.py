@@ -62,7 +62,7 @@ def process_logits(
         uncond_logits = uncond_logits.to(dtype)
         logits = uncond_logits + (logits - uncond_logits) * config.guidance_scale
     if config.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(dtype)
+        return one_hot(logits.argmax(-1), logits.shape[-1], dtype)
     logits = logits / config.temperature
     V = logits.shape[-1]
     if 0 < config.top_k < V:
@@ -78,3 +78,9 @@ def process_logits(
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def one_hot(ids: torch.Tensor, V: int, dtype: torch.dtype) -> torch.Tensor:
+    """[..., V] rows of `dtype` with a 1 at each of ids [...] (in [0, V)). Unlike `torch.nn.functional.one_hot`, which
+    checks the ids' range on the host, it never reads the device, so a captured step can hold it."""
+    return (ids[..., None] == torch.arange(V, device=ids.device)).to(dtype)

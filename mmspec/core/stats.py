@@ -17,6 +17,7 @@ Plain AR has neither: its table shows forwards and tokens only (`speculative=Fal
 
 from __future__ import annotations
 
+import contextlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -91,6 +92,32 @@ class DecodingStats:
 
 
 @dataclass
+class _Counts:
+    """A decoding's acceptance counters on its device: hist [H] long (row-steps that accepted n drafts), totals [3]
+    long (drafted, accepted, tested positions), longest: the longest draft [] long, excess: a lossy rule's summed
+    excess acceptance [] float64; lossy: whether every step reported one."""
+
+    hist: torch.Tensor
+    totals: torch.Tensor
+    longest: torch.Tensor
+    excess: torch.Tensor
+    lossy: bool = True
+
+    @classmethod
+    def new(cls, size: int, device: torch.device, old: _Counts | None = None) -> _Counts:
+        counts = cls(torch.zeros(size, dtype=torch.long, device=device), torch.zeros(3, dtype=torch.long, device=device),
+                     torch.zeros((), dtype=torch.long, device=device),
+                     torch.zeros((), dtype=torch.float64, device=device))
+        if old is not None:  # a wider step than before: keep what was counted
+            counts.hist[: old.hist.shape[0]] = old.hist
+            counts.totals += old.totals
+            counts.longest.copy_(old.longest)
+            counts.excess += old.excess
+            counts.lossy = old.lossy
+        return counts
+
+
+@dataclass
 class SpecStats(DecodingStats):
     """`DecodingStats` of token-level speculation (image and text decodings, continuous tokens) adds:
 
@@ -111,40 +138,45 @@ class SpecStats(DecodingStats):
     excess_acceptance: float | None = None
     excess_per_sample: float | None = None
     speculative: bool = True
-    _pending: list = field(default_factory=list, repr=False)
+    _counts: _Counts | None = field(default=None, repr=False)
 
     def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor | None = None,
                     active: torch.Tensor | None = None, stepped: torch.Tensor | None = None) -> None:
         """result: the step's VerifyResult; draft_lengths: [B'] long. Either `rows`: [B'] long, the indices in the
         caller's batch of the rows still generating, or `active`: [B'] bool, which entries took part (the others'
-        are ignored; no host sync). stepped: [B] bool, which samples took a step when a sample verifies several
-        chains at once (one window per image row band: B' = B * windows); default `active`."""
+        are ignored). stepped: [B] bool, which samples took a step when a sample verifies several chains at once
+        (one window per image row band: B' = B * windows); default `active`. Accumulates into device counters
+        updated in place: no host sync, and a captured step (`mmspec.core.capture`) replays it."""
         if active is None:
             self.steps.index_add_(0, rows, torch.ones_like(rows))
         else:
             self.steps += (active if stepped is None else stepped).long()
-        excess = result.excess_acceptance
-        self._pending.append((result.n_accepted, draft_lengths, None if excess is None else excess.double(), active))
+        n, lengths = result.n_accepted, draft_lengths
+        taking = torch.ones_like(n) if active is None else active.long()
+        if self._counts is None or self._counts.hist.shape[0] < result.accept_mask.shape[1] + 1:
+            self._counts = _Counts.new(result.accept_mask.shape[1] + 1, n.device, self._counts)
+        counts, excess = self._counts, result.excess_acceptance
+        counts.hist.scatter_add_(0, n.clamp(max=counts.hist.shape[0] - 1), taking)
+        counts.totals += torch.stack([(lengths * taking).sum(), (n * taking).sum(),
+                                      (torch.minimum(n + 1, lengths) * taking).sum()])
+        counts.longest.copy_(torch.maximum(counts.longest, (lengths * taking).max()))
+        if excess is None:
+            counts.lossy = False
+        else:
+            counts.excess += (excess.double() * taking).sum()
 
     def finalize(self) -> None:
-        """Fold the per-step records into the histogram and totals (one host transfer)."""
-        if not self._pending:
+        """Fold the device counters into the histogram and totals (one host transfer)."""
+        counts, self._counts = self._counts, None
+        if counts is None:
             return
-        n, lengths = (torch.cat(t).cpu() for t in list(zip(*self._pending, strict=True))[:2])  # [row-steps]
-        taking_part = torch.cat([
-            torch.ones_like(record[0], dtype=torch.bool) if record[3] is None else record[3] for record in self._pending
-        ]).cpu()
-        lossy = all(record[2] is not None for record in self._pending)
-        excess = torch.cat([record[2] for record in self._pending]).cpu()[taking_part] if lossy else None
-        self._pending.clear()
-        n, lengths = n[taking_part], lengths[taking_part]
-        self.accept_hist = torch.bincount(n, minlength=int(lengths.max()) + 1 if lengths.numel() else 1)
-        self.drafted += int(lengths.sum())
-        self.accepted += int(n.sum())
-        if lossy:
-            tested = torch.minimum(n + 1, lengths)  # positions whose acceptance test ran
-            self.excess_acceptance = float(excess.sum()) / max(1, int(tested.sum()))
-            self.excess_per_sample = float(excess.sum()) / max(1, self.steps.numel())
+        hist, totals, longest, excess = (t.cpu() for t in (counts.hist, counts.totals, counts.longest, counts.excess))
+        self.accept_hist = hist[: int(longest) + 1]  # n <= its draft's length
+        self.drafted += int(totals[0])
+        self.accepted += int(totals[1])
+        if counts.lossy:
+            self.excess_acceptance = float(excess) / max(1, int(totals[2]))
+            self.excess_per_sample = float(excess) / max(1, self.steps.numel())
 
     @property
     def mean_accepted_length(self) -> float:
@@ -195,15 +227,20 @@ def synchronized_timings(device: torch.device | str):
 
 class PhaseTimer:
     """Accumulates wall-clock seconds per phase into a dict: `with timer("draft"): ...` (see `synchronized_timings`
-    for asynchronous devices)."""
+    for asynchronous devices). enabled=False: every phase is a `nullcontext` (while a graph captures a step, whose
+    replays no host timer can see into, and which `torch.compile` traces)."""
 
     def __init__(self, timings: dict[str, float]):
         self.timings = timings
-        self._phase: str | None = None
+        self.enabled = True
 
-    def __call__(self, phase: str) -> PhaseTimer:
-        self._phase = phase
-        return self
+    def __call__(self, phase: str):
+        return _Phase(self.timings, phase) if self.enabled else contextlib.nullcontext()
+
+
+class _Phase:
+    def __init__(self, timings: dict[str, float], phase: str):
+        self.timings, self.phase = timings, phase
 
     def __enter__(self):
         if _SYNCHRONIZED:
@@ -214,4 +251,4 @@ class PhaseTimer:
     def __exit__(self, *exc):
         if _SYNCHRONIZED:
             synchronize(_SYNCHRONIZED[-1])
-        self.timings[self._phase] = self.timings.get(self._phase, 0.0) + time.perf_counter() - self._start
+        self.timings[self.phase] = self.timings.get(self.phase, 0.0) + time.perf_counter() - self._start

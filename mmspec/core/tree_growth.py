@@ -99,7 +99,7 @@ def grow_tree(root_law: torch.Tensor, expand, shape: TreeShape, generator: Gener
         depth_of = (lineage >= 0).sum(-1)
         rank = (score - 1e-9 * depth_of).topk(min(size, score.shape[1]), dim=-1).indices
         keep = torch.zeros_like(real).scatter_(1, rank, True) & real
-    return _pack(tokens, parent, keep, laws, expanded, shape.scheme)
+    return _pack(tokens, parent, keep, laws, expanded, shape.scheme, min(tokens.shape[1], size), k)
 
 
 @dataclass(frozen=True)
@@ -157,12 +157,14 @@ def _grow_fixed(root_law: torch.Tensor, expand, shape: TreeShape, generator: Gen
         tokens[:, level.nodes] = drawn[:, level.of, level.rank]
         real[:, level.nodes] = drawn_real[:, level.of, level.rank] & frontier_real[:, level.of]
     expanded = torch.cat(expanded, 1) if expanded else tokens.new_zeros(B, 0)
-    return _pack(tokens, parent.expand(B, n), real, laws, expanded, shape.scheme)
+    return _pack(tokens, parent.expand(B, n), real, laws, expanded, shape.scheme, n,
+                 max((level.width for level in levels), default=1))
 
 
-def _pack(tokens, parent, keep, laws, expanded, scheme) -> DraftTree:
-    """Real nodes first (topological order kept), parents renumbered, laws placed at their nodes' slots; the nodes
-    no row keeps are cut off (one host sync), so the target never scores them."""
+def _pack(tokens, parent, keep, laws, expanded, scheme, width: int, branching: int) -> DraftTree:
+    """Real nodes first (topological order kept), parents renumbered, laws placed at their nodes' slots, in `width`
+    node columns (the shape's budget, >= the kept nodes of any row): a static shape, with no host read, so a graph
+    can hold the round. branching: the most children a node can have (the layout's table width)."""
     B, n = tokens.shape
     order = (~keep).long().argsort(dim=1, stable=True)
     new_index = torch.empty_like(order).scatter_(1, order, torch.arange(n, device=tokens.device).expand(B, n))
@@ -177,10 +179,9 @@ def _pack(tokens, parent, keep, laws, expanded, scheme) -> DraftTree:
         if expanded.shape[1]:
             slots = torch.where(keep.gather(1, expanded), new_index.gather(1, expanded) + 1, n + 1)
             q.scatter_(1, slots[..., None].expand(-1, -1, V), torch.cat(laws[1:], 1))
-    width = int(n_nodes.max())
     q = None if q is None else q[:, : width + 1]
     real = torch.arange(width, device=tokens.device) < n_nodes[:, None]
-    return DraftTree(tokens.gather(1, order)[:, :width], parent[:, :width], real, q, scheme)
+    return DraftTree(tokens.gather(1, order)[:, :width], parent[:, :width], real, q, scheme, branching)
 
 
 def shape_for(shape: TreeShape, sampling: SamplingConfig) -> TreeShape:

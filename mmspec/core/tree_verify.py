@@ -230,10 +230,13 @@ def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: s
                          f"{tuple(p.shape)}")
     layout = layout or tree.layout()
     K = layout.children.shape[-1]
-    D = int(layout.depth.max())  # host sync: the deepest path
-    if draws is not None and (D > draws[0] or K > draws[1]):
-        raise ValueError(f"draws={draws} bounds the tree's (depth, children), but the tree has depth {D} and up to "
-                         f"{K} children per node")
+    if draws is None:
+        D = int(layout.depth.max())  # host sync: the deepest path
+    elif K > draws[1]:
+        raise ValueError(f"draws={draws} bounds the tree's (depth, children), but the tree has up to {K} children "
+                         f"per node")
+    else:
+        D = draws[0]  # the bound: levels past a row's leaves end its walk
     u = uniform((B, *(draws or (D, K))), generator, p.device, p.dtype)
     walk = walk_tree(p, tree, u, layout, rule, levels=D)
     next_token = sample(walk.law, generator)

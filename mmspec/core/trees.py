@@ -49,6 +49,7 @@ class DraftTree:
     real: torch.Tensor
     q: torch.Tensor | None
     scheme: str
+    branching: int | None = None  # the most children a slot can have, when the grower knows it (no host read)
 
     def __post_init__(self):
         if self.tokens.ndim != 2 or self.parent.shape != self.tokens.shape:
@@ -111,7 +112,8 @@ class TreeLayout:
         # sibling rank: earlier real nodes with the same parent
         same_parent = (parent_slot[:, :, None] == parent_slot[:, None, :]) & real[:, :, None] & real[:, None, :]
         rank = (same_parent & torch.ones(N, N, dtype=torch.bool, device=device).tril(-1)).sum(-1)  # [B, N]
-        K = int(torch.where(real, rank + 1, 0).max()) if N else 0  # host sync: the table's width
+        K = tree.branching if tree.branching is not None else (  # host sync without the grower's bound
+            int(torch.where(real, rank + 1, 0).max()) if N else 0)
         children = torch.full((B, (N + 1) * K + 1), -1, dtype=torch.long, device=device)
         column = torch.where(real, parent_slot * K + rank, (N + 1) * K)  # padding goes to a dropped column
         children.scatter_(1, column, torch.arange(1, N + 1, device=device).expand(B, N))

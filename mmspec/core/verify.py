@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.core.drafts import Draft
+from mmspec.core.probs import one_hot
 from mmspec.core.rng import Generators, sample, uniform
 from mmspec.core.rules.base import TokenTest
 from mmspec.core.rules.exact import Exact, accept_probability, at_drafts
@@ -41,7 +42,7 @@ class VerifyResult:
 def draft_law(draft: Draft, V: int, dtype: torch.dtype) -> torch.Tensor:
     """Full q rows [B, L, V]; one-hot rows for deterministic drafts."""
     if draft.q is None:
-        return torch.nn.functional.one_hot(draft.tokens, V).to(dtype)
+        return one_hot(draft.tokens, V, dtype)
     return draft.q.to(dtype)
 
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.core.drafts import Draft
-from mmspec.core.probs import SamplingConfig
+from mmspec.core.probs import SamplingConfig, one_hot
 from mmspec.core.rng import Generators, inverse_cdf, keyed_uniform, sample_seeds, uniform
 from mmspec.core.rules.base import TokenTest
 from mmspec.core.rules.exact import Exact, accept_probability, residual_law
@@ -154,7 +154,7 @@ class JacobiStep:
             self.laws = Ring(torch.zeros(B, L, V, dtype=dtype, device=device))
             self.seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
             self.span = DraftSpan.of(opening.forced, opening.N, L, V, device)
-            self.ahead = opening.first_law  # [B, V] the law just past each row's last window, for init="lookahead"
+            self.ahead = opening.first_law.clone()  # [B, V] the law just past each row's last window, for init="lookahead"
             self.everywhere = torch.arange(self.rows.seq.shape[1], device=device)
             self.window = torch.arange(L, device=device)
         self.drafted_end = self.rows.committed.clone()  # positions < drafted_end hold a committed token or a draft
@@ -193,8 +193,8 @@ class JacobiStep:
             write_at(seq, outputs_at, tokens, active[:, None])
             self.laws.write(outputs_at, step.laws, active[:, None])
             last = step.laws.gather(1, _rows(lengths[:, None], V)).squeeze(1)  # a row's last real output
-            self.ahead = torch.where(active[:, None], last, self.ahead)
-            self.drafted_end = torch.where(active, committed + L, self.drafted_end)
+            self.ahead.copy_(torch.where(active[:, None], last, self.ahead))  # state: updated in place
+            self.drafted_end.copy_(torch.where(active, committed + L, self.drafted_end))
             rows.advance(verified, lengths)
         with timer("target"):
             frontier.keep(self.model, opening.state)  # a tree's accepted path onto the main chain's slots
@@ -244,11 +244,11 @@ def initialise_drafts(
                 above = torch.where(found, candidate, above)
             source = torch.where(above >= 0, span.last_free_at(above.clamp(min=0)), source)
         tokens = seq.gather(1, source)
-        law = torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype)
+        law = one_hot(tokens, V, laws.buffer.dtype)
     if forced is not None:
         token = forced_at(forced, positions)
         tokens = torch.where(token >= 0, token, tokens)
-        law = torch.where((token >= 0)[..., None], torch.nn.functional.one_hot(tokens, V).to(laws.buffer.dtype), law)
+        law = torch.where((token >= 0)[..., None], one_hot(tokens, V, laws.buffer.dtype), law)
     new = ~drafted.gather(1, positions) & where
     write_at(seq, positions, tokens, new)
     laws.write(positions, law, new)

@@ -17,8 +17,9 @@ from typing import Any, Protocol
 
 import torch
 
+from mmspec.core.capture import BLOCK_SIZES, StepRunner, block_size
 from mmspec.core.model import Logits
-from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.probs import SamplingConfig, one_hot, process_logits
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.rules.base import TokenTest
 from mmspec.core.stats import PhaseTimer, SpecStats
@@ -58,22 +59,29 @@ class ImageStep(Protocol):
 
 @torch.no_grad()
 def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: SamplingConfig, generator: Generators,
-           stats: SpecStats) -> Iterator[DecodeStep]:
-    """The loop of every image decoding (`ImageDecoding.run`): a `DecodeStep` after the prefill and after every
-    iteration of `decoding`'s step."""
+           stats: SpecStats, block: int | None = None) -> Iterator[DecodeStep]:
+    """The loop of every image decoding (`ImageDecoding.run`): a `DecodeStep` after the prefill and after every block
+    of iterations of `decoding`'s step. A block is as many iterations as the rows are expected to need still (up to
+    8, `mmspec.core.capture.block_size`; at most `block`), so the host reads the progress once per block; with the
+    model's step graphs (`model.graphs.steps`, CUDA graphs or their CPU tape) a block replays one captured graph."""
     decoding.check_sampling(sampling.temperature)
     decoding.check_model(model)
     opening = open_decoding(model, condition, sampling, generator, stats, decoding.max_window, decoding)
     step = decoding.step(model, opening, sampling, generator, stats)
+    graphs = getattr(getattr(model, "graphs", None), "steps", None)
+    key = (type(decoding), decoding.describe(), sampling, opening.first_token.shape[0], opening.dtype, opening.N)
+    runner = StepRunner(step, stats, opening.timer, graphs, key)
     try:
-        progress = step.progress()
+        progress = runner.step.progress()
         yield progress
         while progress.min_committed < opening.N:
-            step()
-            progress = step.progress()
+            done = runner.iterations
+            rate = (progress.min_committed - 1) / done if done else 1.0  # tokens per iteration of the slowest row
+            runner.run(min(block or BLOCK_SIZES[0], block_size((opening.N - progress.min_committed) / max(rate, 1.0))))
+            progress = runner.step.progress()
             yield progress
     finally:  # also when the caller stops early (closes this generator): count what was committed
-        step.finish()
+        runner.finish()
 
 
 def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None]:
@@ -110,8 +118,7 @@ def probs_of(logits: Logits, sampling: SamplingConfig, positions: torch.Tensor,
     if forced is None:
         return p
     token = forced_at(forced, positions)  # [B, W]
-    one_hot = torch.nn.functional.one_hot(token.clamp(min=0), p.shape[-1]).to(p.dtype)
-    return torch.where((token >= 0)[..., None], one_hot, p)
+    return torch.where((token >= 0)[..., None], one_hot(token.clamp(min=0), p.shape[-1], p.dtype), p)
 
 
 @dataclass(frozen=True)
@@ -170,10 +177,11 @@ class Commits:
     def __init__(self, opening: Opening, extra: int, stats: SpecStats):
         first_tokens, N = opening.first_token, opening.N
         B, device = first_tokens.shape[0], first_tokens.device
-        self.N, self.stats, self.step, self.started = N, stats, 0, opening.started
+        self.N, self.stats, self.started = N, stats, opening.started
         self.seq = torch.zeros(B, N + extra, dtype=torch.long, device=device)
         self.seq[:, 0] = first_tokens
         self.committed = torch.ones(B, dtype=torch.long, device=device)
+        self.step = torch.zeros((), dtype=torch.long, device=device)  # iterations so far (updated in place)
         self.minimum = 1
         self._positions = torch.arange(N, device=device)
         stats.steps = torch.zeros(B, dtype=torch.long, device=device)
@@ -209,13 +217,13 @@ class Commits:
         newly = (self._positions >= self.committed[:, None]) & (self._positions < advanced[:, None])
         self.stats.acceptance_map.masked_fill_(newly, self.step)
         self.stats.record_step(result, lengths, active=active)
-        self.committed = advanced
+        self.committed.copy_(advanced)
 
     def progress(self) -> DecodeStep:
         """Sync the smallest committed length to the host (the loop's bound) and snapshot the committed tokens."""
-        self.minimum = int(self.committed.min())
+        self.minimum, step = torch.stack([self.committed.min(), self.step]).tolist()  # one host read
         tokens = torch.where(self._positions < self.committed[:, None], self.seq[:, : self.N], PAD_ID)
-        return DecodeStep(self.step, tokens, self.committed.clone(), self.minimum)
+        return DecodeStep(step, tokens, self.committed.clone(), self.minimum)
 
     def finish(self) -> None:
         """Fold the stats once the decoding ends (also when the caller stops early)."""
@@ -227,7 +235,8 @@ class Commits:
 
 class ARStep:
     """Plain autoregressive sampling with a KV cache: one token per target forward (the baseline every speedup is
-    measured against). Every row advances together, so progress is known on the host without a read."""
+    measured against). Every row advances together; the next position lives on the device (updated in place), so
+    the step can be captured like the speculative ones."""
 
     def __init__(self, model: DiscreteImageModel, opening: Opening, sampling: SamplingConfig, generator: Generators,
                  stats: SpecStats):
@@ -236,26 +245,31 @@ class ARStep:
         B, device = opening.first_token.shape[0], opening.first_token.device
         self.tokens = torch.full((B, opening.N), PAD_ID, dtype=torch.long, device=device)
         self.tokens[:, 0] = opening.first_token
-        self.done = 1
+        self.position = torch.ones((), dtype=torch.long, device=device)  # the token this step draws
+        self.done = 1  # tokens drawn, as of the last `progress()`
 
     def __call__(self) -> None:
-        i, timer = self.done, self.opening.timer
+        timer, B, N = self.opening.timer, self.tokens.shape[0], self.opening.N
+        position = self.position.expand(B, 1)
         with timer("target"):
-            logits = self.model.forward(self.tokens[:, i - 1 : i], self.opening.state)
+            logits = self.model.forward(self.tokens.gather(1, position - 1), self.opening.state)
         self.stats.target_forwards += 1
         with timer("sample"):
-            positions = torch.full((self.tokens.shape[0], 1), i, device=self.tokens.device)
-            p = self.opening.law(logits.at(slice(-1, None)), positions, self.sampling)
-            self.tokens[:, i] = sample(p[:, 0], self.generator)
-        self.done = i + 1
+            p = self.opening.law(logits.at(slice(-1, None)), position, self.sampling)
+            token = sample(p[:, 0], self.generator)[:, None]
+            at = position.clamp(max=N - 1)
+            self.tokens.scatter_(1, at, torch.where(position < N, token, self.tokens.gather(1, at)))
+            self.position += 1
 
     def progress(self) -> DecodeStep:
+        self.done = min(int(self.position), self.opening.N)  # one host read
         B = self.tokens.shape[0]
         committed = torch.full((B,), self.done, dtype=torch.long, device=self.tokens.device)
         return DecodeStep(self.done - 1, self.tokens.clone(), committed, self.done)
 
     def finish(self) -> None:
         B, N, stats = self.tokens.shape[0], self.opening.N, self.stats
+        self.done = min(int(self.position), N)
         stats.steps = torch.full((B,), self.done - 1, dtype=torch.long)
         stats.new_tokens = torch.full((B,), self.done, dtype=torch.long)
         stats.acceptance_map = torch.arange(N).expand(B, N)  # forward i (0 = the prefill) commits token i

@@ -74,9 +74,9 @@ class RowWindowStep:
         B, width = seq.shape[0], rows.width
         with timer("draft"):
             # A fixed number of draws per sample and iteration, so a sample's stream does not depend on its batch;
-            # the windows on rows past the image (for every sample) are left out of the forward.
+            # the forward's shape is fixed too (a graph replays it): windows on rows past the image run inactive.
             draws = uniform((B, R, 4, W), self.generator, seq.device, opening.dtype)
-            live = min(R, rows.height - rows.minimum // width)
+            live = min(R, rows.height)
             windows = rows.windows(live, W, self.lag)
             starts, lengths, active = windows.starts, windows.lengths, windows.active  # [B, live]
             inputs_at = starts[..., None] - 1 + j  # [B, live, W] absolute positions
@@ -211,12 +211,12 @@ class RowCommits(Commits):
         self.done |= newly
         self.stats.acceptance_map.masked_fill_(newly, self.step)
         self.stats.record_step(result, lengths.flatten(), active=active.flatten(), stepped=active.any(1))
-        self.committed = self.done.long().cumprod(1).sum(1)
+        self.committed.copy_(self.done.long().cumprod(1).sum(1))
 
     def progress(self) -> DecodeStep:
-        self.minimum = int(self.committed.min())
+        self.minimum, step = torch.stack([self.committed.min(), self.step]).tolist()  # one host read
         tokens = torch.where(self.done, self.seq[:, : self.N], PAD_ID)
-        return DecodeStep(self.step, tokens, self.committed.clone(), self.minimum)
+        return DecodeStep(step, tokens, self.committed.clone(), self.minimum)
 
 
 def _mask_at(mask: torch.Tensor, positions: torch.Tensor, where: torch.Tensor) -> torch.Tensor:

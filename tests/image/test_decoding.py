@@ -52,7 +52,9 @@ def test_ar_decoding_equals_full_recompute_sampling(sampling):
         steps, stats = run_ar(model, states, mask, sampling, [torch.Generator().manual_seed(s) for s in seeds])
     assert torch.equal(steps[-1].tokens, expected)
     N = model.num_image_tokens
-    assert len(steps) == N and stats.target_forwards == N and stats.tokens_per_target_forward == 1.0
+    # a DecodeStep after the prefill and after every block of iterations: 15 = 8 + 4 + 2 + 1 (no iteration wasted)
+    assert [s.min_committed for s in steps] == [1, 9, 13, 15, 16]
+    assert stats.target_forwards == N and stats.tokens_per_target_forward == 1.0
     assert (steps[0].tokens[:, 1:] == PAD_ID).all() and steps[0].n_committed.tolist() == [1, 1]
 
 

@@ -21,10 +21,10 @@ def text_states(rows, seed=0):
     return torch.randn(rows, TEXT_CONTEXT, 16, generator=g, dtype=torch.float64)
 
 
-def run(decoding, adapter, condition, sampling, generator):
+def run(decoding, adapter, condition, sampling, generator, block=None):
     stats = SpecStats()
     with torch.no_grad():
-        steps = list(decoding.run(adapter, condition, sampling, generator, stats))
+        steps = list(decoding.run(adapter, condition, sampling, generator, stats, block))
     return steps, stats
 
 
@@ -118,7 +118,7 @@ def test_rows_advance_independently_and_stats_record_the_acceptance_map():
     adapter, condition = make_adapter(), LlamaGenCondition(text_states(4))
     sampling = SamplingConfig(temperature=1.0, top_k=4, guidance_scale=3.0)
     steps, stats = run(SJD(8, "horizontal", "maximal"), adapter, condition, sampling,
-                       torch.Generator().manual_seed(0))
+                       torch.Generator().manual_seed(0), block=1)
     counts = torch.stack([s.n_committed for s in steps])  # [iterations + 1, B]
     assert (counts[1:] > counts[:-1]).any(0).all() and (counts[-1] == 16).all()
     assert any(len(set(c.tolist())) > 1 for c in counts)  # rows were at different positions at the same iteration

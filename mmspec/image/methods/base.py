@@ -44,13 +44,14 @@ class ImageDecoding(DecodingComponent):
         require(model, self.capabilities, f"decoding={self.name!r}")
 
     def run(self, model: Any, condition: Any, sampling: SamplingConfig, generator: Generators,
-            stats: SpecStats) -> Iterator[DecodeStep]:
+            stats: SpecStats, block: int | None = None) -> Iterator[DecodeStep]:
         """Decode the image tokens of `condition`'s samples with `model` (a `DiscreteImageModel` adapter): one
-        `DecodeStep` after every target forward. Closing the iterator early stops there (the stats count what was
-        committed)."""
+        `DecodeStep` after the prefill and after every block of at most `block` iterations (None: as many as the rows
+        are expected to need, up to 8, so the host reads the progress rarely; 1: after every target forward).
+        Closing the iterator early stops there (the stats count what was committed)."""
         from mmspec.image.loop import decode  # the components stay importable without torch
 
-        return decode(self, model, condition, sampling, generator, stats)
+        return decode(self, model, condition, sampling, generator, stats, block)
 
     def step(self, model: Any, opening: Opening, sampling: SamplingConfig, generator: Generators,
              stats: SpecStats) -> ImageStep:

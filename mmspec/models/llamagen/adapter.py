@@ -45,6 +45,7 @@ class LlamaGenAdapter:
     and `forward`'s windows replay its graphs; None = a fresh cache per prefill, eager forwards."""
 
     capabilities = frozenset({"tree", "segments"})
+    capture_static = True  # weights and graphs, not a decoding's state (`mmspec.core.capture.state_tensors`)
 
     def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, graphs: WindowGraphs | None = None):
         if transformer.config.vocab_size != vqvae.config.codebook_size:
@@ -70,7 +71,7 @@ class LlamaGenAdapter:
         if cfg:
             prefix = torch.cat([prefix, model.embed_condition(model.unconditional(B, prefix.device))])  # [2B, T, dim]
         new_cache = model.new_cache if self.graphs is None else self.graphs.cache
-        cache = new_cache(prefix.shape[0], device=prefix.device, dtype=prefix.dtype, extra_slots=max_window - 1)
+        cache = new_cache(prefix.shape[0], device=prefix.device, dtype=prefix.dtype, extra_slots=max_window)
         if condition.mask is not None:
             cache.key_valid[:B, : prefix.shape[1]] = condition.mask
         logits = model.forward_window(prefix, cache)[:, -1:]  # [B or 2B, 1, V]
@@ -133,8 +134,10 @@ class LlamaGenAdapter:
         state.cached.scatter_(1, target, keep | state.cached.gather(1, target))
 
     def rollback(self, state: LlamaGenState, keep: torch.Tensor) -> None:
-        lengths = keep + self.transformer.config.cls_token_num
-        state.cache.rollback(state.rows(lengths))
+        """Keep the condition and the first keep[b] image tokens of each row (keep: [B] long, <= N, so the host knows
+        a bound on the fill levels without reading them: the cache has room for a window after N tokens)."""
+        T = self.transformer.config.cls_token_num
+        state.cache.rollback(state.rows(keep + T), bound=T + self.num_image_tokens)
 
     def select_rows(self, state: LlamaGenState, index: torch.Tensor) -> None:
         """Keep only the samples `index` ([B'] long), in that order (with their unconditional twins)."""

@@ -91,12 +91,14 @@ class KVCache:
         self.k, self.v = self.k[:, rows], self.v[:, rows]
         self.key_valid, self.lengths = self.key_valid[rows], self.lengths[rows]
 
-    def rollback(self, lengths: torch.Tensor) -> None:
-        """Keep the first `lengths[r]` slots of row r (lengths: [R] long, each <= the current fill level)."""
+    def rollback(self, lengths: torch.Tensor, bound: int | None = None) -> None:
+        """Keep the first `lengths[r]` slots of row r (lengths: [R] long, each <= the current fill level). bound: a
+        host-side upper bound on `lengths` the caller guarantees (a decoding knows how far its rows can be); without
+        it the fill levels are read (a host sync)."""
         if lengths.shape != self.lengths.shape:
             raise ValueError(f"lengths must have shape {tuple(self.lengths.shape)}, got {tuple(lengths.shape)}")
         self.lengths.copy_(lengths)  # in place: a captured window forward (`WindowGraphs`) reads this tensor
-        self.max_length = int(lengths.max())  # the one host sync of a speculative step
+        self.max_length = int(lengths.max()) if bound is None else min(self.max_length, bound)
 
 
 def check_window_fits(cache: KVCache, width: int) -> None:

@@ -1,18 +1,25 @@
-"""`WindowGraphs`: a LlamaGen transformer's decoding-loop window forwards replayed from CUDA graphs.
+"""`WindowGraphs`: a LlamaGen transformer's decoding-loop window forwards, and whole decoding steps, replayed from CUDA
+graphs.
 
 On a GPU a small model's forward at batch 1 is bound by kernel launches, not FLOPs: the embedded 6 M-parameter model
 takes 4 ms per forward on an H100 whatever the window. gpt-fast's answer is a static KV cache written by slot index
 and one captured graph per input shape; `KVCache` already is such a cache (rollback lowers `lengths` in place), so a
 window of W tokens after the cached prefix is one shape per W. `WindowGraphs` keeps one cache per transformer, hands
 it to one decoding at a time, and captures the window forward (embedding, blocks, head) for each W on its first use;
-replaying it launches one graph. The capacity check and `max_length` (host-side) stay outside the graph, so a step
-still has its one host sync, in `KVCache.rollback`.
+replaying it launches one graph. The capacity check and `max_length` (host-side) stay outside the graph.
+
+Its `steps` (`mmspec.core.capture.StepGraphs`) hold the decoding steps captured whole on this cache: the window
+forward, verification, redraft, commit and rollback of K iterations in one graph (the decode loop replays them; inside
+a step capture the window forward runs eagerly, so the step's graph holds it). capture=False runs everything through
+the same static buffers without CUDA: the window forwards eagerly, the steps through `TapeGraph`s, which replay with a
+CUDA graph's semantics (what the CPU tests check).
 """
 
 from __future__ import annotations
 
 import torch
 
+from mmspec.core.capture import StepGraphs
 from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer, check_window_fits
 
 WARMUP = 2  # eager runs on a side stream before a capture (the allocator and lazy kernel loading settle)
@@ -24,11 +31,14 @@ class WindowGraphs:
     returns its logits [R, W, V] float32, as `transformer.forward_window(transformer.tok_embeddings(tokens), cache)`
     does, replaying W's graph. capture=False runs the same static-buffer steps eagerly (the path CPU tests take)."""
 
+    capture_static = True  # kept across decodings: not a step's state
+
     def __init__(self, transformer: LlamaGenTransformer, capture: bool = True):
         self.transformer, self.capture = transformer, capture
         self.kept: KVCache | None = None
         self.key: tuple | None = None
         self.windows: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor, torch.Tensor | None]] = {}
+        self.steps = StepGraphs(cuda=capture)
 
     def cache(self, rows: int, device=None, dtype=None, extra_slots: int = 0) -> KVCache:
         """The kept cache, empty, for `rows` rows (arguments as `LlamaGenTransformer.new_cache`)."""
@@ -38,6 +48,8 @@ class WindowGraphs:
             if self.capture and device.type != "cuda":
                 raise ValueError(f"CUDA graphs need the model on a CUDA device, got {device}")
             self.kept, self.key, self.windows = self.transformer.new_cache(rows, device, dtype, extra_slots), key, {}
+            self.kept.capture_static = True  # one cache for every decoding: a captured step's shell shares it
+            self.steps = StepGraphs(cuda=self.capture)  # its graphs wrote the cache that goes
         else:
             self.kept.lengths.zero_()
             self.kept.key_valid.fill_(True)
@@ -56,7 +68,7 @@ class WindowGraphs:
             self.windows[W] = self._capture(tokens)
         graph, static_tokens, static_logits = self.windows[W]
         static_tokens.copy_(tokens)
-        if graph is None:
+        if graph is None or torch.cuda.is_current_stream_capturing():  # a step capture holds the forward itself
             logits = self._window(static_tokens)
         else:
             graph.replay()
@@ -70,7 +82,7 @@ class WindowGraphs:
     def _capture(self, tokens: torch.Tensor) -> tuple:
         """(graph or None, static tokens, static logits or None) for tokens' width."""
         static_tokens = tokens.clone()
-        if not self.capture:
+        if not self.capture or torch.cuda.is_current_stream_capturing():
             return None, static_tokens, None
         lengths = self.kept.lengths.clone()
         stream = torch.cuda.Stream(tokens.device)
