@@ -1,18 +1,25 @@
-"""What the decoding loop spends outside the target's forward, and what CUDA graphs buy, on the embedded text-to-image
-model (mmspec/zoo/shapes).
+"""What the decoding loop spends outside the target's forward, what its host reads, and what CUDA graphs buy, on the
+embedded text-to-image model (mmspec/zoo/shapes).
 
     python -m mmspec.eval.bench_graphs --device cuda --json eval/results/gpu/bench_graphs.json
-    python -m mmspec.eval.bench_graphs --device cpu --quick   # eager only: graphs need CUDA (says so)
+    python -m mmspec.eval.bench_graphs --device cpu --quick --json /tmp/graphs.json
 
-On a GPU a small model's forward is bound by kernel launches, so a decode step costs about the same whatever its
-window, and what the loop does around the forward (drafting, verification, bookkeeping, the one host sync) is a
-large share of it. Every method of `METHODS` decodes the same held-out prompts and seeds at each batch size, first
-with eager forwards, then (on CUDA) with `pipe.enable_cuda_graphs()`: each window width's forward captured once and
-replayed. Per mode, method and batch size: the median latency of a call (no added syncs), its speedup over AR in the
-same mode, tokens per target forward, and `outside_share`, the share of the decode loop's time spent outside the
-target's forwards, from a second run with every phase synchronized (`mmspec.core.stats.synchronized_timings`);
-`graphs_speedup` is eager latency / graphed latency per method. On a CPU the graphs mode is skipped with a line
-saying so (`"graphs": "needs CUDA"` in the JSON).
+Every image decoding of `METHODS` decodes the same held-out prompts and seeds at each batch size, with eager steps
+(`pipe.disable_cuda_graphs()`) and, on CUDA, with its whole step captured (`pipe.enable_cuda_graphs()`, which a
+pipeline on CUDA does by itself: K iterations per graph, replayed by every later call with the same settings; AR is
+captured the same way, so every speedup is against graphed AR). Per mode, method and batch size:
+- latency_s: the median latency of a call (no added syncs), speedup_vs_ar (AR in the same mode) and, on CUDA,
+  speedup_vs_graphed_ar;
+- tokens_per_forward and iterations (target forwards after the prefill, per call); wasted_iterations_share: those
+  that ran after every row had finished (a block of iterations runs between two reads of the progress);
+- host_reads_per_iteration: the tensor reads that block the host (`mmspec.core.capture.HostReads`: `.item()`,
+  `bool(t)`, `.tolist()`, `.cpu()`, ...) over a whole call, prefill and stats included, per iteration;
+- outside_share: the share of the call's time spent outside the target's forwards. Eager: from a second run with
+  every phase synchronized (`mmspec.core.stats.synchronized_timings`). Captured: 1 - iterations x (one window
+  forward, replayed alone from its own graph) / latency, so the prefill counts as outside.
+Per method: `fullgraph`, whether its step traces whole with `torch.compile(fullgraph=True, backend="eager")` (a graph
+break is a host read or a data-dependent shape, which no CUDA graph can hold; `mmspec.core.capture.trace_checks`).
+The text, MAR and next-frame loops (`NOT_CAPTURED`) are listed with what keeps them from a graph so far.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import time
 
 import torch
 
+from mmspec.core.capture import HostReads, trace_checks
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
 from mmspec.core.stats import synchronized_timings
@@ -35,39 +43,95 @@ from mmspec.zoo import IMAGE_T2I
 GUIDANCE = 3.0
 METHODS = {
     "ar": {"decoding": "ar"},
-    "sjd_w16": {"decoding": "sjd", "window": 16, "init": "random", "coupling": "none"},
-    "mc_sjd_w16": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal"},
-    "draft_w3": {"decoding": "draft", "draft_length": 2},
+    "sjd": {"decoding": "sjd", "window": 16, "init": "random", "coupling": "none"},
+    "mc_sjd": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal"},
+    "sjd_tree": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal", "tree_width": 3},
+    "draft": {"decoding": "draft", "draft_length": 2},
+    "draft_tree": {"decoding": "draft", "draft_length": 2, "tree_width": 2},
+    "pjd": {"decoding": "pjd", "window": 8, "rows": 2},
+}
+WIDTHS = {"ar": 1, "sjd": 16, "mc_sjd": 16, "draft": 3, "pjd": None, "sjd_tree": None, "draft_tree": None}
+NOT_CAPTURED = {
+    "text_model": "speculative_generate reads which rows finished after every step and narrows the batch; "
+                  "transformers' dynamic cache grows by shape",
+    "text_tree": "as text_model",
+    "text_ngram": "as text_model; the n-gram lookup runs on the host",
+    "mar_head": "the diffusion head's sampling loop is not captured yet",
+    "frame": "the next-frame step is not captured yet",
 }
 
 
-def measure(pipe, device: torch.device, prompts: list[str], batch_size: int) -> dict:
-    """method -> median latency, tokens per target forward and outside share over the batches of `prompts`."""
-    def call(options, batch, start):
-        generators = seeded(device, range(1000 + start, 1000 + start + len(batch)))
-        return pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
+def call(pipe, device, options, batch, start):
+    generators = seeded(device, range(1000 + start, 1000 + start + len(batch)))
+    return pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
 
+
+def forward_seconds(pipe, device, width: int, batch_size: int, repeats: int = 20) -> float:
+    """One window forward of `width` tokens for `batch_size` CFG-paired rows, replayed alone (from its CUDA graph
+    when the pipeline captures): what a captured iteration's forward costs."""
+    adapter = pipe.image_adapter()
+    condition = pipe.encode_prompt(["a red circle"] * batch_size, adapter=adapter)
+    state, _ = adapter.prefill(condition, cfg=True, max_window=width)
+    tokens = torch.zeros(batch_size, width, dtype=torch.long, device=device)
+    keep = torch.zeros(batch_size, dtype=torch.long, device=device)
+    times = []
+    for _ in range(repeats + 2):
+        synchronize(device)
+        began = time.perf_counter()
+        adapter.forward(tokens, state)
+        synchronize(device)
+        times.append(time.perf_counter() - began)
+        adapter.rollback(state, keep)
+    return statistics.median(times[2:])
+
+
+def measure(pipe, device: torch.device, prompts: list[str], batch_size: int, captured: bool) -> dict:
+    """method -> latency, tokens per forward, iterations, host reads per iteration and outside share."""
     results = {}
     for method, options in METHODS.items():
-        call(options, prompts[:batch_size], 0)  # warm-up: a graph is captured on its width's first use
-        latencies, shares, tokens, forwards = [], [], 0, 0
+        call(pipe, device, options, prompts[:batch_size], 0)  # warm-up: graphs are captured on a first call
+        latencies, shares, reads, tokens, forwards, needed, calls = [], [], 0, 0, 0, 0, 0
         for start in range(0, len(prompts) - batch_size + 1, batch_size):
             batch = prompts[start : start + batch_size]
             synchronize(device)
             began = time.perf_counter()
-            stats = call(options, batch, start)
+            stats = call(pipe, device, options, batch, start)
             synchronize(device)
             latencies.append(time.perf_counter() - began)
             tokens += int(stats.new_tokens.max())
             forwards += stats.target_forwards - stats.prefill_forwards
-            with synchronized_timings(device):
-                timings = call(options, batch, start).timings
-            shares.append(1 - timings["target"] / timings["total"])
-        results[method] = {"latency_s": statistics.median(latencies), "tokens_per_forward": round(tokens / forwards, 3),
-                           "outside_share": round(statistics.median(shares), 3)}
+            needed += int(stats.steps.max())  # iterations some row took part in; the rest ran past the end
+            calls += 1
+            with HostReads() as counted:
+                call(pipe, device, options, batch, start)
+            reads += counted.count
+            if not captured:
+                with synchronized_timings(device):
+                    timings = call(pipe, device, options, batch, start).timings
+                shares.append(1 - timings["target"] / timings["total"])
+        latency, iterations = statistics.median(latencies), forwards / calls
+        if captured and WIDTHS[method]:
+            share = 1 - iterations * forward_seconds(pipe, device, WIDTHS[method], batch_size) / latency
+        else:
+            share = statistics.median(shares) if shares else None
+        results[method] = {"latency_s": latency, "tokens_per_forward": round(tokens / forwards, 3),
+                           "iterations": round(iterations, 1), "host_reads_per_iteration": round(reads / forwards, 3),
+                           "wasted_iterations_share": round(1 - needed / forwards, 3),
+                           "outside_share": None if share is None else round(share, 3)}
     for run in results.values():
         run["speedup_vs_ar"] = round(results["ar"]["latency_s"] / run["latency_s"], 3)
     return results
+
+
+def traced(pipe, device, prompt: str) -> dict:
+    """method -> whether its step traces whole (and the first break's reason when not)."""
+    found = {}
+    for method, options in METHODS.items():
+        with trace_checks() as checks:
+            call(pipe, device, options, [prompt], 0)
+        ok, reason = checks[0]
+        found[method] = {"fullgraph": ok, **({} if ok else {"break": reason})}
+    return found
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -94,17 +158,26 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"graphs: skipped, CUDA graphs need a CUDA device (--device {args.device})", flush=True)
     report = {**machine(device), "command": "python -m mmspec.eval.bench_graphs " + " ".join(
         sys.argv[1:] if argv is None else argv), "batch_sizes": list(batch_sizes), "prompts": prompts,
-        "modes": {}, "graphs_speedup": {}}
+        "modes": {}, "not_captured": NOT_CAPTURED}
+    pipe.disable_cuda_graphs()
+    report["methods"] = traced(pipe, device, texts[0])
+    print("fullgraph: " + ", ".join(f"{m} {r['fullgraph']}" for m, r in report["methods"].items()), flush=True)
     for mode in modes:
         if mode == "graphs":
             pipe.enable_cuda_graphs()
-        report["modes"][mode] = {B: measure(pipe, device, texts, B) for B in batch_sizes}
+        report["modes"][mode] = {B: measure(pipe, device, texts, B, mode == "graphs") for B in batch_sizes}
         for B, results in report["modes"][mode].items():
             print(f"{mode} batch {B}: " + ", ".join(
                 f"{m} {r['latency_s'] * 1000:.0f} ms ({r['speedup_vs_ar']:.2f}x AR, {r['tokens_per_forward']:.2f} "
-                f"tokens / forward, {100 * r['outside_share']:.0f} % outside the forward)" for m, r in results.items()),
-                flush=True)
+                f"tokens / forward, {r['host_reads_per_iteration']:.2f} host reads / iteration"
+                + ("" if r["outside_share"] is None else f", {100 * r['outside_share']:.0f} % outside the forward")
+                + ")" for m, r in results.items()), flush=True)
     if "graphs" in report["modes"]:
+        for B in batch_sizes:
+            graphed_ar = report["modes"]["graphs"][B]["ar"]["latency_s"]
+            for mode in modes:
+                for run in report["modes"][mode][B].values():
+                    run["speedup_vs_graphed_ar"] = round(graphed_ar / run["latency_s"], 3)
         report["graphs_speedup"] = {B: {m: round(report["modes"]["eager"][B][m]["latency_s"]
                                                  / report["modes"]["graphs"][B][m]["latency_s"], 3) for m in METHODS}
                                     for B in batch_sizes}

@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
-BLOCK_SIZES = (8, 4, 2, 1)  # iterations per graph; a block never asks for more than the iterations left
+BLOCK_SIZES = (16, 8, 4, 2, 1)  # iterations per graph; a block never asks for more than the iterations left
 KEPT_SHELLS = 8  # captured steps a StepGraphs keeps (least recently used dropped first)
 
 # Ops whose result the host must read, or whose output shape depends on the data: no graph can hold them.
@@ -211,10 +211,13 @@ def layout_of(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
 
 
 def transfer(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> None:
-    """Copy every state tensor of `source` onto the tensor at the same path of `target` (same layout)."""
+    """Copy every state tensor of `source` onto the tensor at the same path of `target` (same layout). A broadcast
+    view (a zero stride) is a constant, never state: no step writes it."""
     for path, tensor in source.items():
-        if tensor.untyped_storage().data_ptr() != target[path].untyped_storage().data_ptr():
-            target[path].copy_(tensor)
+        into = target[path]
+        broadcast = any(stride == 0 and size > 1 for stride, size in zip(into.stride(), into.shape, strict=True))
+        if not broadcast and tensor.untyped_storage().data_ptr() != into.untyped_storage().data_ptr():
+            into.copy_(tensor)
 
 
 def _generators(generator) -> list[torch.Generator]:
@@ -239,6 +242,12 @@ class StepRunner:
         self.shell: Shell | None = None
 
     def run(self, k: int) -> None:
+        if _TRACE_CHECKS and self.iterations == 0 and k >= 2:  # the first iteration eager, the second traced
+            self._eager(1)
+            self._trace_check()
+            if k == 2:
+                return
+            k -= 2
         if self.graphs is None or self.iterations == 0:
             self._eager(k if self.graphs is None else 1)
             if self.graphs is not None and k > 1:
@@ -249,8 +258,29 @@ class StepRunner:
         shell = self.shell
         if k not in shell.graphs:
             self._capture(shell, k)
+            if shell.graphs[k].executes_capture:  # a tape ran the k iterations while recording them
+                self._count(shell, k)
+                return
         with self.timer("graph"):
             shell.graphs[k].replay()
+        self._count(shell, k)
+
+    def _trace_check(self) -> None:
+        """`trace_checks`: run this iteration through `compiles_fullgraph` (default generator, timer off)."""
+        step, timer = self.own, getattr(getattr(self.own, "opening", None), "timer", None)
+        generator, step.generator = step.generator, None
+        if timer is not None:
+            timer.enabled = False
+        try:
+            _TRACE_CHECKS[-1].append(compiles_fullgraph(step))
+        finally:
+            step.generator = generator
+            if timer is not None:
+                timer.enabled = True
+        self.iterations += 1
+
+    def _count(self, shell: Shell, k: int) -> None:
+        """The stats' Python counters and the iterations of one block of k replayed."""
         for name, value in shell.counters[k].items():
             setattr(self.stats, name, getattr(self.stats, name) + value)
         self.iterations += k
@@ -306,15 +336,6 @@ class StepRunner:
         for name in shell.counters[k]:
             setattr(shell.step.stats, name, before[name])  # the capture itself did no work
         shell.graphs[k] = graph
-        if graph.executes_capture:  # a tape ran the k iterations while recording them: they are done
-            for name, value in shell.counters[k].items():
-                setattr(self.stats, name, getattr(self.stats, name) + value)
-            self.iterations += k
-            return
-        graph.replay()
-        for name, value in shell.counters[k].items():
-            setattr(self.stats, name, getattr(self.stats, name) + value)
-        self.iterations += k
 
     def finish(self) -> None:
         """Hand the state (and the generators' positions) back to the call's step, then fold its stats."""
@@ -356,6 +377,22 @@ class HostReads:
     def __exit__(self, *exc) -> None:
         for name, original in self._saved.items():
             setattr(torch.Tensor, name, original)
+
+
+_TRACE_CHECKS: list[list] = []  # the result lists of the open `trace_checks` blocks
+
+
+@contextlib.contextmanager
+def trace_checks() -> Iterator[list[tuple[bool, str]]]:
+    """While open, every decoding's second iteration runs through `compiles_fullgraph` (with the default generator:
+    it draws other numbers than the call's, so use it on a measuring call, not for outputs); the block's list gets
+    one (traced, reason) per decoding."""
+    results: list[tuple[bool, str]] = []
+    _TRACE_CHECKS.append(results)
+    try:
+        yield results
+    finally:
+        _TRACE_CHECKS.pop()
 
 
 def compiles_fullgraph(step: Callable[[], None]) -> tuple[bool, str]:

@@ -170,13 +170,15 @@ class SpecStats(DecodingStats):
         counts, self._counts = self._counts, None
         if counts is None:
             return
-        hist, totals, longest, excess = (t.cpu() for t in (counts.hist, counts.totals, counts.longest, counts.excess))
-        self.accept_hist = hist[: int(longest) + 1]  # n <= its draft's length
-        self.drafted += int(totals[0])
-        self.accepted += int(totals[1])
+        # one transfer (counts < 2**53 are exact in float64)
+        *hist, drafted, accepted, tested, longest, excess = torch.cat(
+            [counts.hist.double(), counts.totals.double(), counts.longest.double()[None], counts.excess[None]]).tolist()
+        self.accept_hist = torch.tensor(hist[: int(longest) + 1], dtype=torch.long)  # n <= its draft's length
+        self.drafted += int(drafted)
+        self.accepted += int(accepted)
         if counts.lossy:
-            self.excess_acceptance = float(excess) / max(1, int(totals[2]))
-            self.excess_per_sample = float(excess) / max(1, self.steps.numel())
+            self.excess_acceptance = excess / max(1, int(tested))
+            self.excess_per_sample = excess / max(1, self.steps.numel())
 
     @property
     def mean_accepted_length(self) -> float:

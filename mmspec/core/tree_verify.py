@@ -235,8 +235,8 @@ def verify_tree(p: torch.Tensor, tree: DraftTree, generator: Generators, rule: s
     elif K > draws[1]:
         raise ValueError(f"draws={draws} bounds the tree's (depth, children), but the tree has up to {K} children "
                          f"per node")
-    else:
-        D = draws[0]  # the bound: levels past a row's leaves end its walk
+    else:  # the bound (no host read): levels past a row's leaves end its walk; N nodes make at most N levels
+        D = min(draws[0], tree.tokens.shape[1])
     u = uniform((B, *(draws or (D, K))), generator, p.device, p.dtype)
     walk = walk_tree(p, tree, u, layout, rule, levels=D)
     next_token = sample(walk.law, generator)

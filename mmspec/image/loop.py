@@ -227,8 +227,8 @@ class Commits:
 
     def finish(self) -> None:
         """Fold the stats once the decoding ends (also when the caller stops early)."""
-        self.stats.new_tokens = self.committed.clamp(max=self.N).cpu()
-        self.stats.steps = self.stats.steps.cpu()
+        self.stats.new_tokens, self.stats.steps = torch.stack([self.committed.clamp(max=self.N),
+                                                               self.stats.steps]).cpu()  # one transfer
         self.stats.timings["total"] = time.perf_counter() - self.started
         self.stats.finalize()
 

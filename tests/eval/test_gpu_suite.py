@@ -45,7 +45,12 @@ def test_the_suite_runs_every_benchmark_on_the_cpu(tmp_path, record_property):
     assert set(cost["models"]["llamagen-b"]["projected"]["1"]) == {"ar", "sjd", "mc_sjd", "lantern", "draft"}
     graphs = json.loads((tmp_path / "results" / "bench_graphs.json").read_text())
     assert graphs["graphs"] == "needs CUDA" and set(graphs["modes"]) == {"eager"}
-    assert 0 <= graphs["modes"]["eager"]["1"]["sjd_w16"]["outside_share"] < 1
+    image = graphs["modes"]["eager"]["1"]
+    assert 0 <= image["mc_sjd"]["outside_share"] < 1
+    for method, figures in image.items():  # the host reads the progress once per block of iterations
+        assert graphs["methods"][method]["fullgraph"], (method, graphs["methods"][method])
+        assert figures["host_reads_per_iteration"] <= 0.25, (method, figures)
+        assert figures["wasted_iterations_share"] <= 0.05, (method, figures)
     record_property("measured", f"gpu_suite.sh --device cpu --quick: {environment['total_seconds']} s")
 
 

@@ -1,15 +1,22 @@
-"""`WindowGraphs`, the CUDA-graph path of the LlamaGen window forward: through its static buffers and kept cache
-(graphs off, as on this CPU) AR, SJD at several windows and the draft path decode exactly what the eager path decodes
-(sampled, CFG, top-k, batch 2, a padded prompt), also when later decodings reuse the kept cache; the kept cache ends
-with the eager cache's keys / values; a mutant whose reused cache keeps the last prompts' padding is caught. Where CUDA
-is present the captured graphs decode what the eager path decodes. Errors."""
+"""`WindowGraphs`, the CUDA-graph path of the LlamaGen decoding loop: through its static buffers, kept cache and step
+graphs (on this CPU `TapeGraph`s, which replay with a CUDA graph's semantics) every image decoding — AR, SJD at several
+windows, MC-SJD, SJD's frontier trees, the draft model's chains and trees, PJD — decodes exactly what the eager path
+decodes (sampled, CFG, top-k, batch 2, a padded prompt), also when later decodings reuse the kept cache and the
+captured steps; the kept cache ends with the eager cache's keys / values. Mutants are caught: a reused cache that
+keeps the last prompts' padding, and a step that reassigns its state instead of updating it in place (a graph's
+replay would not see it). Each step does no host read and traces with `torch.compile(fullgraph=True)`. Where CUDA is
+present the captured graphs decode what the eager path decodes. Errors."""
 
 import pytest
 import torch
 
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
+from mmspec.core.capture import HostReads, compiles_fullgraph
 from mmspec.image import AR, SJD, DraftModel
+from mmspec.image.jacobi import JacobiStep
+from mmspec.image.methods.pjd import PJD
+from mmspec.image.loop import open_decoding
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.graphs import WindowGraphs
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_pipeline, tiny_transformer, tiny_vq
@@ -17,7 +24,10 @@ from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_pipeline, tiny_transfo
 SAMPLING = SamplingConfig(temperature=1.0, top_k=8, guidance_scale=3.0)
 DECODINGS = {"ar": lambda drafter: AR(), "sjd-w3": lambda drafter: SJD(3, "horizontal", "maximal"),
              "sjd-w16": lambda drafter: SJD(16, "random", "none"),
-             "draft": lambda drafter: DraftModel(2, drafter=drafter)}
+             "sjd-tree": lambda drafter: SJD(5, "random", "maximal", tree_width=3),
+             "draft": lambda drafter: DraftModel(2, drafter=drafter),
+             "draft-tree": lambda drafter: DraftModel(2, tree_width=2, drafter=drafter),
+             "pjd": lambda drafter: PJD(3, rows=2)}
 
 
 def condition(padded_row: int, seed: int, device="cpu", dtype=torch.float64) -> LlamaGenCondition:
@@ -31,7 +41,7 @@ def condition(padded_row: int, seed: int, device="cpu", dtype=torch.float64) -> 
 
 
 def decode(name: str, target: LlamaGenAdapter, drafter: LlamaGenAdapter, cond: LlamaGenCondition, seed: int):
-    """(tokens [2, N], the final state) of one decoding."""
+    """(tokens [2, N], the final state, the stats without timings) of one decoding."""
     captured, prefill = {}, target.prefill
 
     def spy(*args, **kwargs):
@@ -39,11 +49,12 @@ def decode(name: str, target: LlamaGenAdapter, drafter: LlamaGenAdapter, cond: L
         return captured["state"], logits
 
     target.prefill = spy
-    device = cond.states.device
+    device, stats = cond.states.device, SpecStats()
     with torch.no_grad():
         *_, last = DECODINGS[name](drafter).run(target, cond, SAMPLING, torch.Generator(device).manual_seed(seed),
-                                            SpecStats())
-    return last.tokens, captured["state"]
+                                            stats)
+    figures = {**stats.as_dict(), "timings_s": None, "map": stats.acceptance_map.tolist()}
+    return last.tokens, captured["state"], figures
 
 
 def adapters(models, graphs_type=None, capture=False):
@@ -63,9 +74,9 @@ def graphed_decodes_match_eager(graphs_type, models=None, capture=False, device=
     for name in DECODINGS:
         for padded_row, seed in ((0, 1), (-1, 2), (1, 3)):
             cond = condition(padded_row, seed, device, dtype)
-            eager_tokens, eager_state = decode(name, *adapters(models), cond, seed)
-            tokens, state = decode(name, *graphed, cond, seed)
-            if not torch.equal(tokens, eager_tokens):
+            eager_tokens, eager_state, eager_stats = decode(name, *adapters(models), cond, seed)
+            tokens, state, stats = decode(name, *graphed, cond, seed)
+            if not torch.equal(tokens, eager_tokens) or stats != eager_stats:
                 return False
             cache, eager = state.cache, eager_state.cache
             assert cache is graphed[0].graphs.kept
@@ -96,6 +107,60 @@ class KeptPadding(WindowGraphs):
 
 def test_a_kept_cache_that_keeps_its_padding_is_caught():
     assert not graphed_decodes_match_eager(KeptPadding)
+
+
+class ReassigningStep(JacobiStep):
+    """Mutant: replaces a state tensor (the committed lengths) with a new one instead of writing it in place; an
+    eager loop does not mind, a graph's replay keeps reading the tensor it was captured with."""
+
+    def __call__(self):
+        super().__call__()
+        self.rows.committed = self.rows.committed.clone()  # the same values in a new tensor
+
+
+class ReassigningSJD(SJD):
+    def step(self, model, opening, sampling, generator, stats):
+        return ReassigningStep(self, model, opening, sampling, generator, stats)
+
+
+def replays_match_eager(decoding) -> bool:
+    """Two decodings on the same graphed adapter equal eager ones: the first captures blocks of 3, 4, 2 and 1
+    iterations, the second replays them in another order (blocks of 1)."""
+    models = (tiny_transformer(seed=0), tiny_transformer(seed=1))
+    eager, graphed = adapters(models)[0], adapters(models, WindowGraphs)[0]
+    for seed, block in ((1, None), (2, 1)):
+        cond, runs = condition(0, seed), []
+        for target in (eager, graphed):
+            with torch.no_grad():
+                *_, last = decoding.run(target, cond, SAMPLING, torch.Generator().manual_seed(seed), SpecStats(),
+                                        block)
+            runs.append(last.tokens)
+        if not torch.equal(*runs):
+            return False
+    return True
+
+
+def test_a_step_that_reassigns_its_state_is_caught():
+    assert replays_match_eager(SJD(3, "horizontal", "maximal"))
+    assert not replays_match_eager(ReassigningSJD(3, "horizontal", "maximal"))
+
+
+@pytest.mark.parametrize("name", list(DECODINGS))
+def test_a_step_reads_nothing_on_the_host_and_traces_whole(name):
+    models = (tiny_transformer(seed=0, dtype=torch.float32), tiny_transformer(seed=1, dtype=torch.float32))
+    target, drafter = adapters(models)
+    decoding, stats = DECODINGS[name](drafter), SpecStats()
+    with torch.no_grad():
+        opening = open_decoding(target, condition(0, 1, dtype=torch.float32), SAMPLING, None, stats,
+                                decoding.max_window, decoding)
+        step = decoding.step(target, opening, SAMPLING, None, stats)
+        step()  # the first iteration takes the first-round branches (a drafter's first context)
+        with HostReads() as reads:
+            step()
+        opening.timer.enabled = False  # dynamo does not trace the host timer (a capture turns it off too)
+        traced, reason = compiles_fullgraph(step)
+    assert reads.count == 0
+    assert traced, reason
 
 
 def test_rollback_writes_the_fill_levels_in_place():

@@ -47,7 +47,7 @@ class ImageDecoding(DecodingComponent):
             stats: SpecStats, block: int | None = None) -> Iterator[DecodeStep]:
         """Decode the image tokens of `condition`'s samples with `model` (a `DiscreteImageModel` adapter): one
         `DecodeStep` after the prefill and after every block of at most `block` iterations (None: as many as the rows
-        are expected to need, up to 8, so the host reads the progress rarely; 1: after every target forward).
+        are expected to need, up to 16, so the host reads the progress rarely; 1: after every target forward).
         Closing the iterator early stops there (the stats count what was committed)."""
         from mmspec.image.loop import decode  # the components stay importable without torch
 
