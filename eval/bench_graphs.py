@@ -13,9 +13,10 @@ captured the same way, so every speedup is against graphed AR). Per mode, method
 - tokens_per_forward and iterations (target forwards after the prefill, per call); wasted_iterations_share: those
   that ran after every row had finished (a block of iterations runs between two reads of the progress);
 - host_reads_per_iteration: the tensor reads that block the host (`mmspec.core.capture.HostReads`: `.item()`,
-  `bool(t)`, `.tolist()`, `.cpu()`, ...) over a whole call, prefill and stats included, per iteration;
-- outside_share: the share of the call's time spent outside the target's forwards. Eager: from a second run with
-  every phase synchronized (`mmspec.core.stats.synchronized_timings`). Captured: 1 - iterations x (one window
+  `bool(t)`, `.tolist()`, `.cpu()`, ...) over a whole call (the first batch's), prefill and stats included, per
+  iteration;
+- outside_share: the share of the call's time spent outside the target's forwards. Eager: from a run of the first
+  batch with every phase synchronized (`mmspec.core.stats.synchronized_timings`). Captured: 1 - iterations x (one window
   forward, replayed alone from its own graph) / latency, so the prefill counts as outside.
 Per method: `fullgraph`, whether its step traces whole with `torch.compile(fullgraph=True, backend="eager")` (a graph
 break is a host read or a data-dependent shape, which no CUDA graph can hold; `mmspec.core.capture.trace_checks`).
@@ -89,38 +90,50 @@ def measure(pipe, device: torch.device, prompts: list[str], batch_size: int, cap
     """method -> latency, tokens per forward, iterations, host reads per iteration and outside share."""
     results = {}
     for method, options in METHODS.items():
-        call(pipe, device, options, prompts[:batch_size], 0)  # warm-up: graphs are captured on a first call
-        latencies, shares, reads, tokens, forwards, needed, calls = [], [], 0, 0, 0, 0, 0
-        for start in range(0, len(prompts) - batch_size + 1, batch_size):
-            batch = prompts[start : start + batch_size]
-            synchronize(device)
-            began = time.perf_counter()
-            stats = call(pipe, device, options, batch, start)
-            synchronize(device)
-            latencies.append(time.perf_counter() - began)
-            tokens += int(stats.new_tokens.max())
-            forwards += stats.target_forwards - stats.prefill_forwards
-            needed += int(stats.steps.max())  # iterations some row took part in; the rest ran past the end
-            calls += 1
+        try:
+            results[method] = measure_one(pipe, device, prompts, batch_size, captured, method, options)
+        except RuntimeError as error:  # reported in the table and the JSON, and the other methods still run
+            print(f"{method} (batch {batch_size}, {'captured' if captured else 'eager'}) failed: "
+                  f"{str(error).splitlines()[0]}", flush=True)
+            results[method] = {"error": str(error).splitlines()[0]}
+    for run in results.values():
+        if "error" not in run and "error" not in results["ar"]:
+            run["speedup_vs_ar"] = round(results["ar"]["latency_s"] / run["latency_s"], 3)
+    return results
+
+
+def measure_one(pipe, device, prompts, batch_size, captured, method, options) -> dict:
+    """One method's figures (see `measure`)."""
+    call(pipe, device, options, prompts[:batch_size], 0)  # warm-up: graphs are captured on a first call
+    latencies, shares, tokens, forwards, needed, calls = [], [], 0, 0, 0, 0
+    for start in range(0, len(prompts) - batch_size + 1, batch_size):
+        batch = prompts[start : start + batch_size]
+        synchronize(device)
+        began = time.perf_counter()
+        stats = call(pipe, device, options, batch, start)
+        synchronize(device)
+        latencies.append(time.perf_counter() - began)
+        tokens += int(stats.new_tokens.max())
+        forwards += stats.target_forwards - stats.prefill_forwards
+        needed += int(stats.steps.max())  # iterations some row took part in; the rest ran past the end
+        calls += 1
+        if start == 0:  # once per method: the counted and the synchronized runs are slower
             with HostReads() as counted:
-                call(pipe, device, options, batch, start)
-            reads += counted.count
+                stats = call(pipe, device, options, batch, start)
+            reads, read_iterations = counted.count, stats.target_forwards - stats.prefill_forwards
             if not captured:
                 with synchronized_timings(device):
                     timings = call(pipe, device, options, batch, start).timings
                 shares.append(1 - timings["target"] / timings["total"])
-        latency, iterations = statistics.median(latencies), forwards / calls
-        if captured and WIDTHS[method]:
-            share = 1 - iterations * forward_seconds(pipe, device, WIDTHS[method], batch_size) / latency
-        else:
-            share = statistics.median(shares) if shares else None
-        results[method] = {"latency_s": latency, "tokens_per_forward": round(tokens / forwards, 3),
-                           "iterations": round(iterations, 1), "host_reads_per_iteration": round(reads / forwards, 3),
-                           "wasted_iterations_share": round(1 - needed / forwards, 3),
-                           "outside_share": None if share is None else round(share, 3)}
-    for run in results.values():
-        run["speedup_vs_ar"] = round(results["ar"]["latency_s"] / run["latency_s"], 3)
-    return results
+    latency, iterations = statistics.median(latencies), forwards / calls
+    if captured and WIDTHS[method]:
+        share = 1 - iterations * forward_seconds(pipe, device, WIDTHS[method], batch_size) / latency
+    else:
+        share = statistics.median(shares) if shares else None
+    return {"latency_s": latency, "tokens_per_forward": round(tokens / forwards, 3),
+                       "iterations": round(iterations, 1), "host_reads_per_iteration": round(reads / read_iterations, 3),
+                       "wasted_iterations_share": round(1 - needed / forwards, 3),
+                       "outside_share": None if share is None else round(share, 3)}
 
 
 def traced(pipe, device, prompt: str) -> dict:
@@ -167,19 +180,21 @@ def main(argv: list[str] | None = None) -> dict:
             pipe.enable_cuda_graphs()
         report["modes"][mode] = {B: measure(pipe, device, texts, B, mode == "graphs") for B in batch_sizes}
         for B, results in report["modes"][mode].items():
-            print(f"{mode} batch {B}: " + ", ".join(
+            print(f"{mode} batch {B}: " + ", ".join(f"{m} failed" if "error" in r else
                 f"{m} {r['latency_s'] * 1000:.0f} ms ({r['speedup_vs_ar']:.2f}x AR, {r['tokens_per_forward']:.2f} "
                 f"tokens / forward, {r['host_reads_per_iteration']:.2f} host reads / iteration"
                 + ("" if r["outside_share"] is None else f", {100 * r['outside_share']:.0f} % outside the forward")
                 + ")" for m, r in results.items()), flush=True)
     if "graphs" in report["modes"]:
         for B in batch_sizes:
-            graphed_ar = report["modes"]["graphs"][B]["ar"]["latency_s"]
+            graphed_ar = report["modes"]["graphs"][B]["ar"].get("latency_s")
             for mode in modes:
                 for run in report["modes"][mode][B].values():
-                    run["speedup_vs_graphed_ar"] = round(graphed_ar / run["latency_s"], 3)
+                    if graphed_ar and "latency_s" in run:
+                        run["speedup_vs_graphed_ar"] = round(graphed_ar / run["latency_s"], 3)
         report["graphs_speedup"] = {B: {m: round(report["modes"]["eager"][B][m]["latency_s"]
-                                                 / report["modes"]["graphs"][B][m]["latency_s"], 3) for m in METHODS}
+                                                 / report["modes"]["graphs"][B][m]["latency_s"], 3) for m in METHODS
+                                        if "latency_s" in report["modes"]["graphs"][B][m]}
                                     for B in batch_sizes}
         print("graphs vs eager: " + json.dumps(report["graphs_speedup"]), flush=True)
     else:

@@ -127,15 +127,15 @@ class StepGraphs:
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
-        self.pool = None  # one memory pool for all its graphs, made with the first
         self.shells: OrderedDict[Any, Shell] = OrderedDict()
 
-    def new_graph(self, generators: list[torch.Generator]):
+    def new_graph(self, shell: Shell):
+        """A graph for `shell`, in the shell's memory pool (one per shell: a pool goes with the graphs in it)."""
         if not self.cuda:
             return TapeGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        return CudaGraph(self.pool, generators)
+        if shell.pool is None:
+            shell.pool = torch.cuda.graph_pool_handle()
+        return CudaGraph(shell.pool, shell.generators)
 
 
 @dataclasses.dataclass
@@ -148,6 +148,7 @@ class Shell:
     layout: dict[str, tuple]
     tensors: dict[str, torch.Tensor]
     graphs: dict[int, Any] = dataclasses.field(default_factory=dict)
+    pool: Any = None
     counters: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
@@ -320,7 +321,7 @@ class StepRunner:
         return shell
 
     def _capture(self, shell: Shell, k: int) -> None:
-        graph = self.graphs.new_graph(shell.generators)
+        graph = self.graphs.new_graph(shell)
         before = _counters(shell.step.stats)
         timer = shell.step.opening.timer if hasattr(shell.step, "opening") else None
         enabled = timer.enabled if timer is not None else None

@@ -215,7 +215,7 @@ class Commits:
         active = self.active
         advanced = torch.where(active, self.committed + result.n_accepted + 1, self.committed)
         newly = (self._positions >= self.committed[:, None]) & (self._positions < advanced[:, None])
-        self.stats.acceptance_map.masked_fill_(newly, self.step)
+        self.stats.acceptance_map.copy_(torch.where(newly, self.step, self.stats.acceptance_map))  # no .item()
         self.stats.record_step(result, lengths, active=active)
         self.committed.copy_(advanced)
 

@@ -209,7 +209,7 @@ class RowCommits(Commits):
         window = (position >= starts[..., None]) & (position <= (starts + n)[..., None]) & active[..., None]
         newly = window.any(1) & ~self.done  # [B, N]
         self.done |= newly
-        self.stats.acceptance_map.masked_fill_(newly, self.step)
+        self.stats.acceptance_map.copy_(torch.where(newly, self.step, self.stats.acceptance_map))  # no .item()
         self.stats.record_step(result, lengths.flatten(), active=active.flatten(), stepped=active.any(1))
         self.committed.copy_(self.done.long().cumprod(1).sum(1))
 

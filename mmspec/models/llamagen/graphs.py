@@ -64,11 +64,14 @@ class WindowGraphs:
                              f"{tuple(tokens.shape)}")
         W = tokens.shape[1]
         check_window_fits(cache, W)
+        if self.capture and torch.cuda.is_current_stream_capturing():  # a step capture records this forward
+            cache.max_length += W
+            return self._window(tokens)
         if W not in self.windows:
             self.windows[W] = self._capture(tokens)
         graph, static_tokens, static_logits = self.windows[W]
         static_tokens.copy_(tokens)
-        if graph is None or torch.cuda.is_current_stream_capturing():  # a step capture holds the forward itself
+        if graph is None:
             logits = self._window(static_tokens)
         else:
             graph.replay()
@@ -82,7 +85,7 @@ class WindowGraphs:
     def _capture(self, tokens: torch.Tensor) -> tuple:
         """(graph or None, static tokens, static logits or None) for tokens' width."""
         static_tokens = tokens.clone()
-        if not self.capture or torch.cuda.is_current_stream_capturing():
+        if not self.capture:
             return None, static_tokens, None
         lengths = self.kept.lengths.clone()
         stream = torch.cuda.Stream(tokens.device)
