@@ -95,8 +95,10 @@ def relax_queue_polling(demo: gr.Blocks, seconds: float = QUEUE_POLL_S) -> None:
 
 
 def load_default_pipes(kinds=tuple(TABS), image_model: str | None = None, text_target: str | None = None,
-                       text_draft: str | None = None, video_model: str | None = None) -> dict[str, object]:
-    """The embedded default pipelines (or the given zoo names / folders) for the requested tab kinds."""
+                       text_draft: str | None = None, video_model: str | None = None, device="cpu",
+                       dtype: str = "float32") -> dict[str, object]:
+    """The embedded default pipelines (or the given zoo names / folders) for the requested tab kinds, on `device`
+    with `dtype` weights."""
     import torch
 
     from mmspec.pipelines.auto import AutoARImagePipeline
@@ -104,22 +106,24 @@ def load_default_pipes(kinds=tuple(TABS), image_model: str | None = None, text_t
     from mmspec.pipelines.video import NextFramePipeline
     from mmspec.zoo import IMAGE_T2I, TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD
 
+    weights = getattr(torch, dtype)
     loaders = {
-        "image": lambda: AutoARImagePipeline.from_pretrained(image_model or IMAGE_T2I, dtype=torch.float32),
+        "image": lambda: AutoARImagePipeline.from_pretrained(image_model or IMAGE_T2I, dtype=weights),
         "text": lambda: SpeculativeTextPipeline.from_pretrained(text_target or TEXT_TARGET,
-                                                                draft=text_draft or TEXT_DRAFT),
-        "world": lambda: NextFramePipeline.from_pretrained(video_model or VIDEO_WORLD, dtype=torch.float32),
+                                                                draft=text_draft or TEXT_DRAFT, dtype=weights),
+        "world": lambda: NextFramePipeline.from_pretrained(video_model or VIDEO_WORLD, dtype=weights),
     }
-    return {kind: loaders[kind]() for kind in kinds}
+    return {kind: loaders[kind]().to(device) for kind in kinds}
 
 
 def serve(kinds=tuple(TABS), image_model: str | None = None, text_target: str | None = None,
           text_draft: str | None = None, video_model: str | None = None, host: str = "127.0.0.1",
-          port: int = 7860) -> None:
+          port: int = 7860, device="cpu", dtype: str = "float32") -> None:
     """Load the pipelines (on the compute thread), serve at once, warm up in the background; blocks until stopped."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     LOG.info("loading %s", ", ".join(kinds))
-    pipes = COMPUTE.submit(load_default_pipes, kinds, image_model, text_target, text_draft, video_model).result()
+    pipes = COMPUTE.submit(load_default_pipes, kinds, image_model, text_target, text_draft, video_model, device,
+                           dtype).result()
     for pipe in pipes.values():
         if hasattr(pipe, "set_progress_bar_config"):
             pipe.set_progress_bar_config(disable=True)  # a bar per request would flood the server log

@@ -79,6 +79,25 @@ def in_flag_terms(message: str, names: tuple[str, ...] = ()) -> str:
 
 
 # --- checks: every one runs before a model loads ------------------------------------------------------------------
+def add_runtime_arguments(parser, dtype: bool = True) -> None:
+    """--device (default auto: CUDA when present) and --dtype, for every command that loads models."""
+    parser.add_argument("--device", default="auto", help="where the models run: auto (CUDA when present, else the "
+                                                         "CPU), cpu, cuda or cuda:N (default auto)")
+    if dtype:
+        parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                            help="weights dtype (bfloat16 for the 1B-7B checkpoints on a GPU)")
+
+
+def check_device(args) -> None:
+    """--device names a device this machine has (imports torch: the last check, before any model loads)."""
+    from mmspec.core.devices import parse_device
+
+    try:
+        args.device = parse_device(args.device)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def check_prompts(prompts: list[str]) -> None:
     for i, prompt in enumerate(prompts):
         if not prompt.strip():
@@ -311,14 +330,15 @@ def run_text(args) -> int:
     from mmspec.pipelines.text import SpeculativeTextPipeline
 
     draft = args.draft if args.method in ("auto", "model", "tree") else None
-    pipe = SpeculativeTextPipeline.from_pretrained(args.target, draft=draft)
+    pipe = SpeculativeTextPipeline.from_pretrained(args.target, draft=draft, dtype=getattr(torch, args.dtype))
+    pipe.to(args.device)
     if args.remeasure:
         pipe.decoding_policy.remeasure()
     call = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
 
     def timed(method: str):
         start = time.perf_counter()
-        out = pipe(args.prompt, decoding=method, generator=torch.Generator().manual_seed(args.seed), **call,
+        out = pipe(args.prompt, decoding=method, generator=torch.Generator(args.device).manual_seed(args.seed), **call,
                    **(args.settings if method != "ar" else {}))
         return out, time.perf_counter() - start
 
@@ -342,7 +362,7 @@ def run_generate(args) -> int:
 
     from mmspec.pipelines.auto import image_pipeline_from_arguments
 
-    pipe = image_pipeline_from_arguments(args)
+    pipe = image_pipeline_from_arguments(args).to(args.device)
     call = {"num_images_per_prompt": args.n, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
             "negative_prompt": args.negative_prompt}
@@ -351,7 +371,8 @@ def run_generate(args) -> int:
         pipe.decoding_policy.remeasure()
 
     def timed(decoding, **options):
-        generator = [torch.Generator().manual_seed(args.seed + i) for i in range(len(args.prompt) * args.n)]
+        generator = [torch.Generator(args.device).manual_seed(args.seed + i)
+                     for i in range(len(args.prompt) * args.n)]
         start = time.perf_counter()
         out = pipe(args.prompt, generator=generator, decoding=decoding, **call, **options)
         return out, time.perf_counter() - start
@@ -393,7 +414,7 @@ def run_video(args) -> int:
     from mmspec.zoo.video_world import ACTIONS, episode, render_frame
 
     actions = parse_actions(args.actions, ACTIONS)
-    pipe = NextFramePipeline.from_pretrained(args.model, dtype=torch.float32)
+    pipe = NextFramePipeline.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).to(args.device)
     if args.image:
         from PIL import Image
 
@@ -415,7 +436,7 @@ def run_video(args) -> int:
     print(f"{'method':<13}{'FPS':>8}{'forwards':>10}{'computed':>10}{'discarded':>11}{'rollbacks':>11}")
     for name, spec in runs:
         out = pipe(start, actions, decoding=spec, num_inference_steps=args.steps,
-                   generator=torch.Generator().manual_seed(args.seed))
+                   generator=torch.Generator(args.device).manual_seed(args.seed))
         s = out.stats
         print(f"{name:<13}{s.fps:>8.1f}{s.target_forwards:>10}{s.frames_computed:>10}{s.frames_discarded:>11}"
               f"{s.rollbacks:>11}")
@@ -432,7 +453,8 @@ def run_demo(args) -> int:
     from mmspec.apps.demo import serve
 
     serve(kinds=(args.only,) if args.only else DEMO_TABS, image_model=args.image_model, text_target=args.text_target,
-          text_draft=args.text_draft, video_model=args.video_model, host=args.host, port=args.port)
+          text_draft=args.text_draft, video_model=args.video_model, host=args.host, port=args.port,
+          device=args.device, dtype=args.dtype)
     return 0
 
 
@@ -459,6 +481,7 @@ def build_parser() -> Parser:
                       help="auto: time the methods again instead of reading the cached figures")
     text.add_argument("--no-compare", dest="compare", action="store_false",
                       help="skip the run of the target's own generate that the method is compared with")
+    add_runtime_arguments(text)
 
     image = commands.add_parser("generate", help="text-to-image generation (default: the embedded shapes model)")
     image.add_argument("prompt", nargs="+", help="one or more prompts (decoded as one batch)")
@@ -484,6 +507,7 @@ def build_parser() -> Parser:
     image.add_argument("--no-compare", dest="compare", action="store_false",
                        help="skip the plain-AR run that the chosen decoding is compared with")
     add_image_model_arguments(image)
+    add_runtime_arguments(image, dtype=False)  # --dtype is an image-model argument
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
 
     video = commands.add_parser("video", help="action-conditioned video with frame speculation (embedded world)")
@@ -502,6 +526,7 @@ def build_parser() -> Parser:
     video.add_argument("--upscale", type=int, default=4, help="enlarge the written frames (nearest neighbour)")
     video.add_argument("--no-compare", dest="compare", action="store_false", help="skip the sequential run")
     video.add_argument("--model", default=VIDEO_WORLD, help="zoo name or saved NextFramePipeline folder")
+    add_runtime_arguments(video)
 
     demo = commands.add_parser("demo", help="the Gradio demo (AR vs speculative, side by side, live)",
                                description=f"Serve the Gradio demo; it needs the [app] extra: {APP_EXTRA}")
@@ -513,6 +538,7 @@ def build_parser() -> Parser:
                                                           "nextframe_shapes)")
     demo.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 = every interface)")
     demo.add_argument("--port", type=int, default=7860)
+    add_runtime_arguments(demo)
     return parser
 
 
@@ -527,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     check, run = COMMANDS[args.command]
     try:
         check(args)
+        check_device(args)
         return run(args)
     except (ValueError, TypeError) as error:  # a usage error, or input a model refused (a size it cannot make)
         parser.exit(2, f"{prog}: error: {in_flag_terms(str(error))}\n")

@@ -100,9 +100,10 @@ def test_mmspec_demo_hands_its_options_to_the_demo(monkeypatch):
 
     received = []
     monkeypatch.setattr(mmspec.apps.demo, "serve", lambda **options: received.append(options))
-    assert main(["demo", "--port", "8000", "--only", "image"]) == 0
+    assert main(["demo", "--port", "8000", "--only", "image", "--device", "cpu", "--dtype", "bfloat16"]) == 0
     assert received == [{"kinds": ("image",), "image_model": None, "text_target": None, "text_draft": None,
-                         "video_model": None, "host": "127.0.0.1", "port": 8000}]
+                         "video_model": None, "host": "127.0.0.1", "port": 8000, "device": torch.device("cpu"),
+                         "dtype": "bfloat16"}]
     assert DEMO_TABS == tuple(TABS)  # the CLI names the tabs without importing Gradio
 
 

@@ -74,6 +74,23 @@ def test_bad_input_fails_in_one_line_before_any_model_loads(command, expected, h
     assert seconds < 10  # an answer, not a model load (which the blocked torch import rules out anyway)
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("command,expected", [
+    (["generate", "a red circle", "--device", "cuda"], "mmspec generate: error: --device cuda: no CUDA device here"),
+    (["text", "x = 1", "--device", "cuda:0"], "mmspec text: error: --device cuda:0: no CUDA device here"),
+    (["video", "--actions", "right", "--device", "tpu"],
+     "mmspec video: error: --device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+])
+def test_a_device_the_machine_lacks_is_one_line_before_any_model_loads(command, expected, tmp_path):
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "mmspec.cli", *command], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    seconds = time.perf_counter() - started
+    assert run.returncode == 2 and run.stdout == "" and list(tmp_path.iterdir()) == []
+    assert len(run.stderr.splitlines()) == 1 and run.stderr.startswith(expected), run.stderr
+    assert seconds < 2, f"{seconds:.1f} s"  # torch imported for the check, no model loaded
+
+
 def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, capsys):
     """An image size the model cannot make and a prompt longer than its text context: exit 2, one line that quotes a
     long prompt shortened, nothing written."""

@@ -94,7 +94,7 @@ def stream_decoding(pipe, prompt: str, seed: int, options: dict,
 
     def on_step(pipe_, step, committed, tensors):
         tokens = tensors["tokens"][:1]  # [1, N], -1 where not committed yet; the tab shows one image
-        live_map.masked_fill_((tokens[0] >= 0) & (live_map < 0), step)
+        live_map.masked_fill_((tokens[0].cpu() >= 0) & (live_map < 0), step)  # the map lives on the host
         start = time.perf_counter()
         if start - clock["last_preview"] >= preview_interval:
             image = pipe_.decode_tokens(tokens)[0]
@@ -107,8 +107,8 @@ def stream_decoding(pipe, prompt: str, seed: int, options: dict,
     def work():
         try:
             start = time.perf_counter()
-            out = pipe(prompt, generator=torch.Generator().manual_seed(seed), callback_on_step_end=on_step,
-                       callback_on_step_end_tensor_inputs=["tokens"], **options)
+            out = pipe(prompt, generator=torch.Generator(pipe.device).manual_seed(seed),
+                       callback_on_step_end=on_step, callback_on_step_end_tensor_inputs=["tokens"], **options)
             latency = time.perf_counter() - start - clock["preview_seconds"]
             final_map = out.stats.acceptance_map[0].view(grid, grid).numpy()
             events.put(Result(out.images[0], final_map, out.stats, latency))
@@ -276,5 +276,5 @@ class ImageTab:
                   and "acceptance" in decodings("image")[name].settings()]
         calls += [{"decoding": takers[0], "acceptance": rule} for rule in rules("image") if rule != "exact" and takers]
         for options in calls:
-            COMPUTE.submit(self.pipe, EXAMPLES[0], generator=torch.Generator().manual_seed(0), output_type="latent",
-                           **options).result()
+            COMPUTE.submit(self.pipe, EXAMPLES[0], generator=torch.Generator(self.pipe.device).manual_seed(0),
+                           output_type="latent", **options).result()

@@ -121,7 +121,8 @@ class TextTab:
         """(output, seconds) of one pipeline call on the compute thread."""
         def call():
             start = time.perf_counter()
-            out = self.pipe(prompt, decoding=method, generator=torch.Generator().manual_seed(seed), **options)
+            generator = torch.Generator(self.pipe.device).manual_seed(seed)
+            out = self.pipe(prompt, decoding=method, generator=generator, **options)
             return out, time.perf_counter() - start
 
         return COMPUTE.submit(call).result()

@@ -27,7 +27,7 @@ class WorldSessions:
     def __init__(self, pipe, start: np.ndarray, speculation: FrameSpeculation, seed: int, steps: int):
         def session(spec):
             return pipe.start_session(start, decoding=spec, num_inference_steps=steps,
-                                      generator=torch.Generator().manual_seed(seed))
+                                      generator=torch.Generator(pipe.device).manual_seed(seed))
 
         self.sessions = {"sequential": session(None), "speculative": session(speculation)}
         self.seconds = dict.fromkeys(self.sessions, 0.0)

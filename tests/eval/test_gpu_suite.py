@@ -89,4 +89,4 @@ def test_a_device_that_is_not_cpu_or_cuda_is_refused(device):
     run = subprocess.run([sys.executable, "-m", "mmspec.eval.cost_model", "--device", device], capture_output=True,
                          text=True, timeout=120, check=False)
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1].endswith(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    assert run.stderr.strip().splitlines()[-1].endswith(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
