@@ -1,7 +1,7 @@
 """Image decoding benchmark on the embedded text-to-image model (mmspec/zoo/shapes), in one process.
 
     python -m mmspec.eval.bench_image          # full: 32 held-out prompts, batch 1 and 8, 2 repeats
-    python -m mmspec.eval.bench_image --quick  # about 3 minutes on 2 CPU cores: 8 prompts, 1 repeat
+    python -m mmspec.eval.bench_image --quick  # under 3 minutes on 2 CPU cores: 4 prompts, 1 repeat, batch 1 and 4
     python -m mmspec.eval.bench_image --json eval/results/bench_image.json
     python -m mmspec.eval.bench_image --sweep  # windows x inits per coupling at batch 1 (how BEST was chosen)
     python -m mmspec.eval.bench_image --default-policy --json eval/results/bench_default_policy.json
@@ -232,14 +232,15 @@ def compare_default_policy(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SI
                            trees=POLICY_TREES) -> dict:
     """Per batch size: median latency per image of AR, the default, SJD at each fixed window and with each fixed
     frontier tree (the methods run in turn on every batch of prompts, so drift of the machine hits them alike), each
-    one's median over batches of AR's latency / its latency, and what the default chose."""
+    one's median over batches of AR's latency / its latency, what the default chose, the speedup it predicted and
+    the prediction's relative error against the measured one."""
     methods = {"ar": {"decoding": "ar"}, "default": {},
                **{f"sjd_w{W}": {"decoding": "sjd", "window": W, **SJD_SETTINGS} for W in windows},
                **{f"sjd_tree{tree_key(tree)}": {"decoding": candidate_sjd(tree)} for tree in trees}}
     results = {}
     for batch_size in batch_sizes:
         latency = {name: [] for name in methods}
-        chosen = set()
+        chosen, predicted = set(), []
         for start in range(0, len(prompts) - batch_size + 1, batch_size):
             batch = prompts[start : start + batch_size]
             for name, options in methods.items():
@@ -250,29 +251,36 @@ def compare_default_policy(pipe, prompts: list[str], batch_sizes=POLICY_BATCH_SI
                 latency[name].append((time.perf_counter() - began) / batch_size)
                 if name == "default":
                     chosen.add(stats.chosen_by)
+                    predicted.append(stats.predicted_speedup)
         ratio = {name: statistics.median(a / b for a, b in zip(latency["ar"], seconds, strict=True))
                  for name, seconds in latency.items()}
-        best = max((name for name in methods if name.startswith("sjd")), key=ratio.get)
+        best = max((name for name in methods if name.startswith("sjd")), key=ratio.get, default=None)
+        prediction = statistics.median(predicted)
         results[batch_size] = {"median_latency_per_image_s": {n: round(statistics.median(s), 4)
                                                                for n, s in latency.items()},
                                "speed_vs_ar": {n: round(r, 3) for n, r in ratio.items()},
-                               "best_fixed_window": best, "default_chose": sorted(chosen)}
-        print(f"batch {batch_size}: default {ratio['default']:.2f}x AR, best fixed {best} {ratio[best]:.2f}x; "
-              f"{sorted(chosen)[0]}" + (f" (+{len(chosen) - 1} more)" if len(chosen) > 1 else ""), flush=True)
+                               "best_fixed_window": best, "default_chose": sorted(chosen),
+                               "default_predicted_vs_ar": round(prediction, 3),
+                               "prediction_error": round(abs(prediction - ratio["default"]) / ratio["default"], 3)}
+        print(f"batch {batch_size}: default {ratio['default']:.2f}x AR (predicted {prediction:.2f}x)"
+              + ("" if best is None else f", best fixed {best} {ratio[best]:.2f}x") + f"; {sorted(chosen)[0]}"
+              + (f" (+{len(chosen) - 1} more)" if len(chosen) > 1 else ""), flush=True)
     return results
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=IMAGE_T2I, help="zoo name or saved pipeline folder")
-    parser.add_argument("--quick", action="store_true", help="8 prompts, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="4 prompts, 1 repeat, batch 1 and 4 (with "
+                                                             "--default-policy: 8 prompts, the default against AR "
+                                                             "only)")
     parser.add_argument("--sweep", action="store_true", help="sweep windows and inits per coupling instead")
     parser.add_argument("--default-policy", action="store_true",
                         help="compare the default decoding with AR and fixed windows at batch 1, 2, 4, 8 instead")
     parser.add_argument("--measure-prior", action="store_true",
                         help=f"measure SJD's step compression per window and batch size into {PRIOR_FILE.name}")
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default: 32, 16 with "
-                                                                   "--measure-prior, 8 with --quick)")
+                                                                   "--measure-prior, 8 with --sweep, 4 with --quick)")
     parser.add_argument("--json", default=None, help="write the rows and the summary here")
     add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
@@ -289,20 +297,24 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"wrote {PRIOR_FILE}")
         return report
     if args.default_policy:
-        prompts = held_out_prompts(args.prompts or 32)
+        prompts = held_out_prompts(args.prompts or (8 if args.quick else 32))
+        # --quick: the default against AR only, at batch 1 and 4
+        batch_sizes = (1, 4) if args.quick else POLICY_BATCH_SIZES
         for options in ({"decoding": "ar"}, {}):  # warm-up, and the default's cost curves for every batch size
-            for batch_size in POLICY_BATCH_SIZES:
+            for batch_size in batch_sizes:
                 pipe(prompts[:batch_size], output_type="latent", **options)
-        results = compare_default_policy(pipe, prompts)
+        results = compare_default_policy(pipe, prompts, batch_sizes, *(((), ()) if args.quick else ()))
         report = {"model": args.model, "prompts": len(prompts), "torch_threads": torch.get_num_threads(),
                   **machine(device), "batch_sizes": results,
-                  **{f"default_vs_ar_bs{B}": r["speed_vs_ar"]["default"] for B, r in results.items()}}
-        print(json.dumps({k: v for k, v in report.items() if k.startswith("default_vs")}, indent=1))
+                  **{f"default_vs_ar_bs{B}": r["speed_vs_ar"]["default"] for B, r in results.items()},
+                  "policy_prediction_error": max(r["prediction_error"] for r in results.values())}
+        print(json.dumps({k: v for k, v in report.items() if k.startswith(("default_vs", "policy"))}, indent=1))
         if args.json:
             write_json(args.json, report)
         return report
-    prompts = held_out_prompts(args.prompts or (8 if args.quick or args.sweep else 32))
+    prompts = held_out_prompts(args.prompts or (4 if args.quick else 8 if args.sweep else 32))
     repeats = 1 if args.quick else 2
+    batch_sizes = (1, 4) if args.quick else (1, 8)
     for options in METHODS.values():  # warm-up
         pipe(prompts[:1], output_type="latent", **options)
     if args.sweep:
@@ -310,7 +322,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
 
     rows = []
-    for batch_size in (1, 8):
+    for batch_size in batch_sizes:
         base = None
         for name, options in METHODS.items():
             row = measure(pipe, name, options, prompts, batch_size, repeats)
@@ -319,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(row)
             print(f"{name} batch {batch_size}: {row.median_latency_s:.3f} s", flush=True)
     widths = sorted(set(COST_WINDOWS) | {tokens_per_forward(options) for options in METHODS.values()})
-    costs = {batch_size: window_forward_cost(pipe, batch_size, widths) for batch_size in (1, 8)}
+    costs = {batch_size: window_forward_cost(pipe, batch_size, widths) for batch_size in batch_sizes}
     report = {"model": args.model, "prompts": len(prompts), "repeats": repeats,
               "torch_threads": torch.get_num_threads(), **machine(device), "methods": METHODS,
               "rows": [vars(r) for r in rows],

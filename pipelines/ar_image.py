@@ -277,7 +277,8 @@ class ARImagePipeline(MMSpecPipeline):
         decoder = self.with_drafter(decoding)
 
         # 3. Decode image tokens
-        stats, tokens = SpecStats(chosen_by=choice and choice.reason), None
+        stats, tokens = SpecStats(chosen_by=choice and choice.reason,
+                                  predicted_speedup=choice and choice.predicted_speedup), None
         stats.describe(decoder)
         N = adapter.grid[0] * adapter.grid[1]
         steps = decoder.run(adapter, condition, sampling, generator, stats,

@@ -38,7 +38,8 @@ class DecodingStats:
     acceptance_map: [B, N] long, which forward committed each generated token: image decodings count the prefill as
         0, text (`speculative_generate`) counts its verification steps from 1 and marks padding after EOS with -1.
     timings: seconds spent per phase ("draft", "target", "verify", "total", ...).
-    method: the decoding that ran (e.g. "SJD(window=8, ...)"); chosen_by: why, when the default chose it.
+    method: the decoding that ran (e.g. "SJD(window=8, ...)"); chosen_by: why, when the default chose it;
+        predicted_speedup: the speedup over AR the default predicted for its choice (compare with the measured one).
     law: "lossless" (the output law is the model's) or "lossy"; `describe` sets it with `method`.
     """
 
@@ -51,6 +52,7 @@ class DecodingStats:
     timings: dict[str, float] = field(default_factory=dict)
     method: str | None = None
     chosen_by: str | None = None
+    predicted_speedup: float | None = None
     law: str | None = None
 
     def describe(self, decoding) -> None:
@@ -77,6 +79,8 @@ class DecodingStats:
         """The figures as plain Python values (what the CLI prints and benchmarks store)."""
         described = {key: value for key, value in (("method", self.method), ("law", self.law),
                                                    ("chosen_by", self.chosen_by)) if value}
+        if self.predicted_speedup is not None:
+            described["predicted_speedup_vs_ar"] = round(self.predicted_speedup, 3)
         return {**described, "target_forwards": self.target_forwards, "draft_forwards": self.draft_forwards,
                 "new_tokens": self.tokens_generated,
                 "tokens_per_target_forward": round(self.tokens_per_target_forward, 4),

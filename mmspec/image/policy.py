@@ -6,11 +6,14 @@ positions. On a GPU a W-token window costs about what one token costs; on a CPU,
 compute-bound and a wide window costs several AR steps, so the best window depends on the device and the batch. The
 policy predicts the seconds of one batch of B images decoded with window W as
 
-    T(W, B) = N / c(W, B) * cost(W, B)          (W = 1: AR, c = 1)
+    T(W, B) = prefill(B) + N / c(W, B) * cost(W, B)          (W = 1: AR, c = 1)
 
-- cost(W, B): seconds of one target forward of a W-token window for B samples (their CFG rows included) followed by
-  the logits processing of its W positions, measured once per model, device, batch size and CFG setting at the middle
-  of the image (`measure_cost_curve`) and cached on disk (`mmspec.core.measured.MeasurementCache`), keyed and
+- cost(W, B): seconds of one iteration of the candidate: one target forward of a W-token window for B samples (their
+  CFG rows included) followed by the logits processing of its W positions, measured at the middle of the image
+  (`measure_cost_curve`), plus what the iteration spends outside that forward — drafting, verification, redraft,
+  commit, bookkeeping — measured on the candidate's own step (`measure_overheads`, which also times the prefill that
+  every decoding pays once). Both are measured once per model,
+  device, batch size and CFG setting and cached on disk (`mmspec.core.measured.MeasurementCache`), keyed and
   checked by fingerprints of the model and of the device, so a curve measured elsewhere is never reused;
 - c(W, B): the step compression (image tokens per batch forward, prefill excluded; a batch runs until its slowest row
   finishes) that SJD with maximal coupling and horizontal init reaches, measured on the embedded model
@@ -39,6 +42,8 @@ import torch
 
 from mmspec.core.measured import MeasurementCache, device_fingerprint, median_seconds, modules_fingerprint
 from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.stats import SpecStats
+from mmspec.image.loop import open_decoding
 from mmspec.image.methods.ar import AR
 from mmspec.image.methods.base import ImageDecoding
 from mmspec.image.methods.sjd import SJD
@@ -46,7 +51,7 @@ from mmspec.image.protocol import DiscreteImageModel
 
 WINDOWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows the policy considers (AR is W = 1)
 TREES = ((8, 2, 2), (16, 2, 2), (32, 2, 2))  # the frontier trees it considers: (window, tree_width, tree_depth)
-MARGIN = 1.1  # predicted speedup SJD must reach to be chosen: the model of T ignores SJD's bookkeeping (~5-9 %)
+MARGIN = 1.1  # predicted speedup SJD must reach to be chosen (the prediction's own error, within 20 % measured)
 HISTORY = 32  # runs the acceptance estimate averages over
 REPEATS = 5  # timed forwards per window (after one untimed), their median is the cost
 PRIOR_FILE = Path(__file__).with_name("compression_prior.json")
@@ -94,6 +99,41 @@ def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingC
         # the first forward of a shape is untimed (allocator, kernel selection)
         curve[W] = median_seconds(step, device, repeats, warmup=1, after=lambda: model.rollback(state, keep))
     return curve
+
+
+@torch.inference_mode()
+def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
+                      repeats: int = REPEATS) -> dict[str, float]:
+    """Median seconds per iteration that each candidate's step (1: AR's) spends beyond its forward: the step's time,
+    every phase synchronized, minus the same forward (and logits processing) timed alone at the same point, over
+    `repeats` iterations at the start of an image after one untimed. It holds the drafting, verification, redraft,
+    commit and bookkeeping, and what the forward loses to the work around it. Under "prefill": the seconds of opening
+    a decoding (the condition's prefill and token 0), which every decoding pays once."""
+    device = model_device(model)
+    overheads = {"prefill": median_seconds(lambda: open_decoding(model, condition, sampling, None, SpecStats()),
+                                           device, repeats, warmup=1)}
+    for candidate in candidates:
+        decoding = AR() if candidate == 1 else candidate_sjd(candidate)
+        stats = SpecStats()
+        opening = open_decoding(model, condition, sampling, None, stats, decoding.max_window, decoding)
+        rows = opening.first_token.shape[0]
+        tokens = torch.zeros(rows, decoding.forward_width, dtype=torch.long, device=device)
+
+        def forward():
+            logits = model.forward(tokens, opening.state)
+            process_logits(logits.cond, sampling, logits.uncond)
+
+        alone = median_seconds(forward, device, repeats, warmup=1,
+                               after=lambda: model.rollback(opening.state, torch.zeros_like(opening.first_token)))
+        step = decoding.step(model, opening, sampling, None, stats)
+        step()  # untimed
+        overheads[candidate_name(candidate)] = max(0.0, median_seconds(step, device, repeats) - alone)
+    return overheads
+
+
+def candidate_name(candidate: int | tuple[int, int, int]) -> str:
+    """A candidate's key in the cached overheads: "W", or "WxKxD" for a frontier tree."""
+    return tree_key(candidate) if isinstance(candidate, tuple) else str(candidate)
 
 
 def load_prior(path: Path = PRIOR_FILE) -> dict[int, dict[int, float]]:
@@ -195,6 +235,21 @@ class DecodingPolicy:
         self._fresh.add(key)
         return curve, True
 
+    def overheads(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
+                  candidates) -> dict[str, float]:
+        """Seconds per iteration each candidate spends outside the forward (`measure_overheads`), cached like the
+        cost curves."""
+        model_print, device_print = model_fingerprint(model), device_fingerprint(model_device(model))
+        key = self.curve_key(batch_size, sampling) + " overhead"
+        wanted = {"prefill", *(candidate_name(c) for c in candidates)}
+        saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
+        if saved is not None and set(saved) >= wanted:
+            return saved
+        overheads = measure_overheads(model, condition, sampling, candidates)
+        self.cache.put(model_print, device_print, key, overheads)
+        self._fresh.add(key)
+        return overheads
+
     def prior_compression(self, window: int | tuple[int, int, int], batch_size: int) -> float:
         """c(W, B) of the embedded model: the prior at the smallest measured batch size >= B (the largest if none),
         linear in W between measured windows; for a frontier tree (W, K, D), its own measured c."""
@@ -228,10 +283,12 @@ class DecodingPolicy:
         """The decoding of least predicted time for this model, device, batch size and CFG setting, now."""
         curve, measured = self.cost_curve(model, condition, batch_size, sampling)
         N = model.grid[0] * model.grid[1]
-        ar_seconds = N * curve[1]
         trees = self.trees(batch_size) if "tree" in getattr(model, "capabilities", ()) else []
         candidates = {c: candidate_sjd(c) for c in (*self.windows, *trees)}
-        seconds = {c: N / self.compression(c, batch_size) * cost_at(curve, sjd.forward_width)
+        outside = self.overheads(model, condition, batch_size, sampling, (1, *candidates))
+        ar_seconds = outside["prefill"] + N * (curve[1] + outside["1"])
+        seconds = {c: outside["prefill"] + N / self.compression(c, batch_size) * (cost_at(curve, sjd.forward_width)
+                                                                                  + outside[candidate_name(c)])
                    for c, sjd in candidates.items()}
         best = min(seconds, key=seconds.get)
         decoding, speedup = candidates[best], ar_seconds / seconds[best]
@@ -241,8 +298,10 @@ class DecodingPolicy:
             name += f" with a {decoding.tree_width} x {decoding.tree_depth} frontier tree"
         if speedup >= self.margin:
             width = decoding.forward_width
-            reason = (f"auto: {name} predicted {speedup:.2f}x AR at batch {batch_size} (a {width}-token forward "
-                      f"costs {cost_at(curve, width) / curve[1]:.1f} AR steps here, cost curve {source})")
+            reason = (f"auto: {name} predicted {speedup:.2f}x AR at batch {batch_size} (an iteration with its "
+                      f"{width}-token forward costs "
+                      f"{(cost_at(curve, width) + outside[candidate_name(best)]) / (curve[1] + outside['1']):.1f} AR "
+                      f"steps here, cost curve {source})")
             return Choice(decoding, decoding.window, speedup, reason)
         reason = (f"auto: ar, no window pays at batch {batch_size} (best: {name} predicted "
                   f"{speedup:.2f}x < {self.margin}x; cost curve {source})")

@@ -9,7 +9,8 @@ import torch
 
 from mmspec.core.measured import MeasurementCache, device_fingerprint
 from mmspec.core.probs import SamplingConfig
-from mmspec.image.policy import WINDOWS, DecodingPolicy, load_prior, model_fingerprint
+from mmspec.image.policy import (TREES, WINDOWS, DecodingPolicy, load_prior, measure_overheads, model_fingerprint,
+                                  tree_key)
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 
 CFG = SamplingConfig(guidance_scale=3.0)
@@ -30,11 +31,21 @@ def adapter(pipe):
     return LlamaGenAdapter(pipe.transformer, pipe.vqvae)
 
 
-def policy_with_curve(tmp_path, adapter, curve: dict[int, float], batch_size: int = 1) -> DecodingPolicy:
-    """A policy whose cache already holds `curve` for this adapter, device and batch size (nothing is measured)."""
+def put_curve(cache, model, curve: dict[int, float], batch_size: int = 1, overhead: float = 0.0) -> None:
+    """`curve` and a flat per-iteration overhead (for AR, every window and the trees) in `cache` for `model`: the
+    policy then measures nothing."""
+    where = (model_fingerprint(model), device_fingerprint(torch.device("cpu")))
+    cache.put(*where, f"B={batch_size} cfg", {str(W): seconds for W, seconds in curve.items()})
+    names = [str(W) for W in (1, *WINDOWS)] + [tree_key(tree) for tree in TREES]
+    cache.put(*where, f"B={batch_size} cfg overhead", {**dict.fromkeys(names, overhead), "prefill": 0.0})
+
+
+def policy_with_curve(tmp_path, adapter, curve: dict[int, float], batch_size: int = 1,
+                      overhead: float = 0.0) -> DecodingPolicy:
+    """A policy whose cache already holds `curve` and `overhead` for this adapter, device and batch size (nothing is
+    measured)."""
     cache = MeasurementCache("cost_curves", tmp_path)
-    cache.put(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), f"B={batch_size} cfg",
-              {str(W): seconds for W, seconds in curve.items()})
+    put_curve(cache, adapter, curve, batch_size, overhead)
     return DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16, 32), tree_prior={})
 
 
@@ -57,23 +68,20 @@ def test_a_frontier_tree_is_chosen_where_its_extra_tokens_cost_little(tmp_path, 
     trees = {1: {(16, 2, 2): 3.6}}
     flat = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0, 32: 1.1}
     cache = MeasurementCache("cost_curves", tmp_path)
-    cache.put(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), "B=1 cfg",
-              {str(W): seconds for W, seconds in flat.items()})
+    put_curve(cache, adapter, flat)
     policy = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16), tree_prior=trees)
     choice = policy.choose(adapter, condition, 1, CFG)
     assert (choice.window, choice.decoding.tree_width, choice.decoding.tree_depth) == (16, 2, 2), choice.reason
     assert "2 x 2 frontier tree" in choice.reason and "20-token forward" in choice.reason
     steep = {W: 1.0 + 0.3 * W for W in (1, 2, 4, 8, 16, 32)}
-    cache.put(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), "B=1 cfg",
-              {str(W): seconds for W, seconds in steep.items()})
+    put_curve(cache, adapter, steep)
     choice = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16), tree_prior=trees).choose(
         adapter, condition, 1, CFG)
     assert choice.decoding.name == "sjd" and not choice.decoding.tree, choice.reason
     chain_only = type("ChainOnly", (), {"grid": adapter.grid, "vocab_size": adapter.vocab_size,
                                         "transformer": adapter.transformer})()
     assert DecodingPolicy(cache=cache, prior=PRIOR, tree_prior=trees).trees(1) == [(16, 2, 2)]
-    cache.put(model_fingerprint(chain_only), device_fingerprint(torch.device("cpu")), "B=1 cfg",
-              {str(W): seconds for W, seconds in flat.items()})
+    put_curve(cache, chain_only, flat)
     choice = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16), tree_prior=trees).choose(
         chain_only, condition, 1, CFG)
     assert not choice.decoding.tree, choice.reason
@@ -178,3 +186,20 @@ def test_the_shipped_prior_covers_every_window_and_batch_size():
     for row in prior.values():
         assert sorted(row) == sorted(WINDOWS)
         assert all(1 < c <= W for W, c in row.items())
+
+
+def test_the_iteration_overhead_is_part_of_the_prediction_and_measured_on_the_step(tmp_path, adapter, pipe):
+    """An SJD iteration that spends one AR step outside its forward (AR none) halves every window's predicted
+    speedup; an overhead is measured for AR, a window and a frontier tree, on their own steps."""
+    condition = pipe.encode_prompt(["a red circle"])
+    flat = {W: 1.0 for W in (1, *WINDOWS)}
+    lean = policy_with_curve(tmp_path / "lean", adapter, flat).choose(adapter, condition, 1, CFG)
+    cache = MeasurementCache("cost_curves", tmp_path / "heavy")
+    put_curve(cache, adapter, flat, overhead=1.0)
+    where = (model_fingerprint(adapter), device_fingerprint(torch.device("cpu")))
+    cache.put(*where, "B=1 cfg overhead", {**cache.get(*where, "B=1 cfg overhead"), "1": 0.0})
+    heavy = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16, 32), tree_prior={}).choose(
+        adapter, condition, 1, CFG)
+    assert heavy.window == lean.window and heavy.predicted_speedup == pytest.approx(lean.predicted_speedup / 2)
+    measured = measure_overheads(adapter, condition, CFG, (1, 4, (8, 2, 2)), repeats=2)
+    assert set(measured) == {"prefill", "1", "4", "8x2x2"} and all(seconds >= 0 for seconds in measured.values())
