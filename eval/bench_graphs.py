@@ -130,10 +130,10 @@ def measure_one(pipe, device, prompts, batch_size, captured, method, options) ->
         share = 1 - iterations * forward_seconds(pipe, device, WIDTHS[method], batch_size) / latency
     else:
         share = statistics.median(shares) if shares else None
-    return {"latency_s": latency, "tokens_per_forward": round(tokens / forwards, 3),
-                       "iterations": round(iterations, 1), "host_reads_per_iteration": round(reads / read_iterations, 3),
-                       "wasted_iterations_share": round(1 - needed / forwards, 3),
-                       "outside_share": None if share is None else round(share, 3)}
+    return {"latency_s": latency, "tokens_per_forward": round(tokens / forwards, 3), "iterations": round(iterations, 1),
+            "host_reads_per_iteration": round(reads / read_iterations, 3),
+            "wasted_iterations_share": round(1 - needed / forwards, 3),
+            "outside_share": None if share is None else round(share, 3)}
 
 
 def traced(pipe, device, prompt: str) -> dict:

@@ -88,8 +88,27 @@ def add_runtime_arguments(parser, dtype: bool = True) -> None:
                             help="weights dtype (bfloat16 for the 1B-7B checkpoints on a GPU)")
 
 
+def torch_build() -> tuple[str, str | None] | None:
+    """(torch's version, the CUDA version it was built with or None) read from its version file without importing
+    it (a second saved where torch is a CPU build); None if the file does not say."""
+    spec = importlib.util.find_spec("torch")
+    version_file = Path(spec.origin).with_name("version.py") if spec and spec.origin else None
+    if version_file is None or not version_file.is_file():
+        return None
+    fields = dict(re.findall(r"^(__version__|cuda)\s*(?::[^=]*)?=\s*(.+?)\s*$", version_file.read_text(), re.M))
+    if "__version__" not in fields or "cuda" not in fields:
+        return None
+    cuda = fields["cuda"].strip("'\"")
+    return fields["__version__"].strip("'\""), None if cuda == "None" else cuda
+
+
 def check_device(args) -> None:
-    """--device names a device this machine has (imports torch: the last check, before any model loads)."""
+    """--device names a device this machine has (the last check, before any model loads: with a CPU build of torch a
+    CUDA device is refused from its version file, else torch is imported to ask)."""
+    build = torch_build()
+    if build is not None and build[1] is None and args.device.startswith("cuda"):
+        if re.fullmatch(r"cuda(:\d+)?", args.device):
+            raise UsageError(f"--device {args.device}: no CUDA device here (torch {build[0]}, CUDA not built in)")
     from mmspec.core.devices import parse_device
 
     try:

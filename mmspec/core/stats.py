@@ -109,8 +109,8 @@ class _Counts:
 
     @classmethod
     def new(cls, size: int, device: torch.device, old: _Counts | None = None) -> _Counts:
-        counts = cls(torch.zeros(size, dtype=torch.long, device=device), torch.zeros(3, dtype=torch.long, device=device),
-                     torch.zeros((), dtype=torch.long, device=device),
+        long = {"dtype": torch.long, "device": device}
+        counts = cls(torch.zeros(size, **long), torch.zeros(3, **long), torch.zeros((), **long),
                      torch.zeros((), dtype=torch.float64, device=device))
         if old is not None:  # a wider step than before: keep what was counted
             counts.hist[: old.hist.shape[0]] = old.hist

@@ -154,7 +154,7 @@ class JacobiStep:
             self.laws = Ring(torch.zeros(B, L, V, dtype=dtype, device=device))
             self.seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
             self.span = DraftSpan.of(opening.forced, opening.N, L, V, device)
-            self.ahead = opening.first_law.clone()  # [B, V] the law just past each row's last window, for init="lookahead"
+            self.ahead = opening.first_law.clone()  # [B, V] the law past each row's last window (init="lookahead")
             self.everywhere = torch.arange(self.rows.seq.shape[1], device=device)
             self.window = torch.arange(L, device=device)
         self.drafted_end = self.rows.committed.clone()  # positions < drafted_end hold a committed token or a draft

@@ -5,8 +5,16 @@ state walk and the shell copy; the runner's block accounting; block sizes."""
 import pytest
 import torch
 
-from mmspec.core.capture import (CaptureError, HostReads, StepGraphs, StepRunner, TapeGraph, block_size, copy_step,
-                                 state_tensors)
+from mmspec.core.capture import (
+    CaptureError,
+    HostReads,
+    StepGraphs,
+    StepRunner,
+    TapeGraph,
+    block_size,
+    copy_step,
+    state_tensors,
+)
 from mmspec.core.stats import PhaseTimer, SpecStats
 
 

@@ -9,8 +9,15 @@ import torch
 
 from mmspec.core.measured import MeasurementCache, device_fingerprint
 from mmspec.core.probs import SamplingConfig
-from mmspec.image.policy import (TREES, WINDOWS, DecodingPolicy, load_prior, measure_overheads, model_fingerprint,
-                                  tree_key)
+from mmspec.image.policy import (
+    TREES,
+    WINDOWS,
+    DecodingPolicy,
+    load_prior,
+    measure_overheads,
+    model_fingerprint,
+    tree_key,
+)
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 
 CFG = SamplingConfig(guidance_scale=3.0)

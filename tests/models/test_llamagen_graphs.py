@@ -10,13 +10,13 @@ present the captured graphs decode what the eager path decodes. Errors."""
 import pytest
 import torch
 
+from mmspec.core.capture import HostReads, compiles_fullgraph
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.core.capture import HostReads, compiles_fullgraph
 from mmspec.image import AR, SJD, DraftModel
 from mmspec.image.jacobi import JacobiStep
-from mmspec.image.methods.pjd import PJD
 from mmspec.image.loop import open_decoding
+from mmspec.image.methods.pjd import PJD
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.graphs import WindowGraphs
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_pipeline, tiny_transformer, tiny_vq

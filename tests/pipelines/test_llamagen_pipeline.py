@@ -35,7 +35,7 @@ def seeded(*seeds):
 def test_output_types(pipe, output_type, check):
     out = pipe(PROMPTS, num_images_per_prompt=2, generator=seeded(0), output_type=output_type)
     assert isinstance(out, ARImagePipelineOutput) and check(out.images)
-    assert out.stats.target_forwards < 16 and int(out.stats.new_tokens.sum()) == 4 * 16  # SJD by default
+    assert int(out.stats.new_tokens.sum()) == 4 * 16 and out.stats.chosen_by.startswith("auto: ")  # the default
 
 
 def test_decode_tokens_is_what_the_call_decodes(pipe):
@@ -48,8 +48,8 @@ def test_decode_tokens_is_what_the_call_decodes(pipe):
 
 
 def test_return_dict_false_gives_images_and_stats(pipe):
-    images, stats = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", return_dict=False)
-    assert torch.equal(images, pipe(PROMPTS[0], generator=seeded(0), output_type="latent").images)
+    images, stats = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", return_dict=False, decoding="sjd")
+    assert torch.equal(images, pipe(PROMPTS[0], generator=seeded(0), output_type="latent", decoding="sjd").images)
     assert stats.target_forwards < 16
     _, ar_stats = pipe(PROMPTS[0], generator=seeded(0), output_type="latent", return_dict=False, decoding="ar")
     assert ar_stats.target_forwards == 16
