@@ -80,7 +80,8 @@ def model_fingerprint(model: DiscreteImageModel) -> dict:
 def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingConfig,
                        windows=(1, *WINDOWS), repeats: int = REPEATS) -> dict[int, float]:
     """Median seconds of one target forward of a W-token window plus the processing of its W logits, per W, for the
-    samples of `condition` (their CFG rows when `sampling` guides), after half the image's tokens are cached."""
+    samples of `condition` (their CFG rows when `sampling` guides), after half the image's tokens are cached; the
+    windows are timed in turn, `repeats` rounds after an untimed one."""
     N = model.grid[0] * model.grid[1]
     cfg = sampling.guidance_scale != 1.0
     state, logits = model.prefill(condition, cfg=cfg, max_window=max(windows))
@@ -88,17 +89,19 @@ def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingC
     context = N // 2
     model.forward(torch.zeros(B, context, dtype=torch.long, device=device), state)
     keep = torch.full((B,), context, device=device)
-    curve = {}
-    for W in windows:
-        tokens = torch.zeros(B, W, dtype=torch.long, device=device)
+    seconds: dict[int, list[float]] = {W: [] for W in windows}
+    # Round robin over the windows, the first round untimed (allocator, kernel selection, a cold process's threads):
+    # a machine that speeds up or slows down meanwhile moves every window's time alike, so their ratios hold.
+    for _ in range(1 + repeats):
+        for W in windows:
+            tokens = torch.zeros(B, W, dtype=torch.long, device=device)
 
-        def step(tokens=tokens):
-            logits = model.forward(tokens, state)
-            process_logits(logits.cond, sampling, logits.uncond)
+            def step(tokens=tokens):
+                logits = model.forward(tokens, state)
+                process_logits(logits.cond, sampling, logits.uncond)
 
-        # the first forward of a shape is untimed (allocator, kernel selection)
-        curve[W] = median_seconds(step, device, repeats, warmup=1, after=lambda: model.rollback(state, keep))
-    return curve
+            seconds[W].append(median_seconds(step, device, 1, after=lambda: model.rollback(state, keep)))
+    return {W: statistics.median(times[1:]) for W, times in seconds.items()}
 
 
 @torch.inference_mode()
