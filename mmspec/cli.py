@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from mmspec.core.component import DecodingComponent, component_from, rule_settings
+from mmspec.core.devices import add_device_arguments, parse_device  # no torch until a device is asked
 from mmspec.core.registry import decodings, rules
 from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
@@ -79,38 +80,8 @@ def in_flag_terms(message: str, names: tuple[str, ...] = ()) -> str:
 
 
 # --- checks: every one runs before a model loads ------------------------------------------------------------------
-def add_runtime_arguments(parser, dtype: bool = True) -> None:
-    """--device (default auto: CUDA when present) and --dtype, for every command that loads models."""
-    parser.add_argument("--device", default="auto", help="where the models run: auto (CUDA when present, else the "
-                                                         "CPU), cpu, cuda or cuda:N (default auto)")
-    if dtype:
-        parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                            help="weights dtype (bfloat16 for the 1B-7B checkpoints on a GPU)")
-
-
-def torch_build() -> tuple[str, str | None] | None:
-    """(torch's version, the CUDA version it was built with or None) read from its version file without importing
-    it (a second saved where torch is a CPU build); None if the file does not say."""
-    spec = importlib.util.find_spec("torch")
-    version_file = Path(spec.origin).with_name("version.py") if spec and spec.origin else None
-    if version_file is None or not version_file.is_file():
-        return None
-    fields = dict(re.findall(r"^(__version__|cuda)\s*(?::[^=]*)?=\s*(.+?)\s*$", version_file.read_text(), re.M))
-    if "__version__" not in fields or "cuda" not in fields:
-        return None
-    cuda = fields["cuda"].strip("'\"")
-    return fields["__version__"].strip("'\""), None if cuda == "None" else cuda
-
-
 def check_device(args) -> None:
-    """--device names a device this machine has (the last check, before any model loads: with a CPU build of torch a
-    CUDA device is refused from its version file, else torch is imported to ask)."""
-    build = torch_build()
-    if build is not None and build[1] is None and args.device.startswith("cuda"):
-        if re.fullmatch(r"cuda(:\d+)?", args.device):
-            raise UsageError(f"--device {args.device}: no CUDA device here (torch {build[0]}, CUDA not built in)")
-    from mmspec.core.devices import parse_device
-
+    """--device names a device this machine has (the last check, before any model loads)."""
     try:
         args.device = parse_device(args.device)
     except ValueError as error:
@@ -500,7 +471,7 @@ def build_parser() -> Parser:
                       help="auto: time the methods again instead of reading the cached figures")
     text.add_argument("--no-compare", dest="compare", action="store_false",
                       help="skip the run of the target's own generate that the method is compared with")
-    add_runtime_arguments(text)
+    add_device_arguments(text, default="auto")
 
     image = commands.add_parser("generate", help="text-to-image generation (default: the embedded shapes model)")
     image.add_argument("prompt", nargs="+", help="one or more prompts (decoded as one batch)")
@@ -526,7 +497,7 @@ def build_parser() -> Parser:
     image.add_argument("--no-compare", dest="compare", action="store_false",
                        help="skip the plain-AR run that the chosen decoding is compared with")
     add_image_model_arguments(image)
-    add_runtime_arguments(image, dtype=False)  # --dtype is an image-model argument
+    add_device_arguments(image, dtype=False, default="auto")  # --dtype is an image-model argument
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
 
     video = commands.add_parser("video", help="action-conditioned video with frame speculation (embedded world)")
@@ -545,7 +516,7 @@ def build_parser() -> Parser:
     video.add_argument("--upscale", type=int, default=4, help="enlarge the written frames (nearest neighbour)")
     video.add_argument("--no-compare", dest="compare", action="store_false", help="skip the sequential run")
     video.add_argument("--model", default=VIDEO_WORLD, help="zoo name or saved NextFramePipeline folder")
-    add_runtime_arguments(video)
+    add_device_arguments(video, default="auto")
 
     demo = commands.add_parser("demo", help="the Gradio demo (AR vs speculative, side by side, live)",
                                description=f"Serve the Gradio demo; it needs the [app] extra: {APP_EXTRA}")
@@ -557,7 +528,7 @@ def build_parser() -> Parser:
                                                           "nextframe_shapes)")
     demo.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 = every interface)")
     demo.add_argument("--port", type=int, default=7860)
-    add_runtime_arguments(demo)
+    add_device_arguments(demo, default="auto")
     return parser
 
 

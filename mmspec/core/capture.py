@@ -152,59 +152,46 @@ class Shell:
     counters: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
-def state_tensors(obj: Any) -> dict[str, torch.Tensor]:
-    """Every tensor a step can reach through its attributes (dataclasses, dicts, lists, its own objects), by path.
-    Modules (weights), generators and objects marked `capture_static` (model adapters, graph stores) are not state."""
-    found: dict[str, torch.Tensor] = {}
+def _reach(obj: Any) -> tuple[dict[str, torch.Tensor], dict[int, Any]]:
+    """What a step reaches through its attributes (dataclasses, dicts, lists, its own objects): (its tensors by
+    path, the objects that are not state by id: modules (weights), generators and objects marked `capture_static`
+    (model adapters, graph stores, a graphs object's kept cache), which a walk does not enter)."""
+    tensors: dict[str, torch.Tensor] = {}
+    shared: dict[int, Any] = {}
     seen: set[int] = set()
 
     def walk(value, path):
         if isinstance(value, torch.Tensor):
-            found[path] = value
+            tensors[path] = value
             return
-        if id(value) in seen or value is None or isinstance(value, (int, float, str, bool, torch.nn.Module,
-                                                                  torch.Generator, torch.dtype, torch.device)):
-            return
-        seen.add(id(value))
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{path}[{key!r}]")
-        elif isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                walk(item, f"{path}[{i}]")
-        elif not isinstance(value, NOT_STATE) and not getattr(value, "capture_static", False):
-            for name, item in vars(value).items() if hasattr(value, "__dict__") else ():
-                walk(item, f"{path}.{name}")
-
-    walk(obj, "step")
-    return found
-
-
-def copy_step(step: Any) -> Any:
-    """A deep copy of a step's state (what `state_tensors` walks), sharing what is not state: modules, generators
-    and `capture_static` objects (model adapters, a graphs object's kept cache)."""
-    shared: dict[int, Any] = {}
-    seen: set[int] = set()
-
-    def walk(value):
-        if id(value) in seen or value is None or isinstance(value, (int, float, str, bool, torch.Tensor)):
+        if id(value) in seen or value is None or isinstance(value, (int, float, str, bool)):
             return
         seen.add(id(value))
         if isinstance(value, (torch.nn.Module, torch.Generator, torch.dtype, torch.device, *NOT_STATE)) or getattr(
                 value, "capture_static", False):
             shared[id(value)] = value
         elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
+            for key, item in value.items():
+                walk(item, f"{path}[{key!r}]")
         elif isinstance(value, (list, tuple)):
-            for item in value:
-                walk(item)
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]")
         elif hasattr(value, "__dict__"):
-            for item in vars(value).values():
-                walk(item)
+            for name, item in vars(value).items():
+                walk(item, f"{path}.{name}")
 
-    walk(step)
-    return copy.deepcopy(step, shared)
+    walk(obj, "step")
+    return tensors, shared
+
+
+def state_tensors(obj: Any) -> dict[str, torch.Tensor]:
+    """Every tensor a step can reach through its attributes, by path (`_reach`): its state."""
+    return _reach(obj)[0]
+
+
+def copy_step(step: Any) -> Any:
+    """A deep copy of a step's state, sharing what is not state (`_reach`)."""
+    return copy.deepcopy(step, dict(_reach(step)[1]))
 
 
 def layout_of(tensors: dict[str, torch.Tensor]) -> dict[str, tuple]:
@@ -225,6 +212,21 @@ def _generators(generator) -> list[torch.Generator]:
     if generator is None:
         return []
     return [generator] if isinstance(generator, torch.Generator) else list(generator)
+
+
+@contextlib.contextmanager
+def _timer_off(step) -> Iterator[None]:
+    """The step's phase timer (its opening's, if it has one) off in the block: no host timer sees into a capture,
+    and dynamo does not trace one."""
+    timer = getattr(getattr(step, "opening", None), "timer", None)
+    enabled = timer is not None and timer.enabled
+    if timer is not None:
+        timer.enabled = False
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.enabled = enabled
 
 
 def _counters(stats) -> dict[str, int]:
@@ -268,16 +270,13 @@ class StepRunner:
 
     def _trace_check(self) -> None:
         """`trace_checks`: run this iteration through `compiles_fullgraph` (default generator, timer off)."""
-        step, timer = self.own, getattr(getattr(self.own, "opening", None), "timer", None)
+        step = self.own
         generator, step.generator = step.generator, None
-        if timer is not None:
-            timer.enabled = False
         try:
-            _TRACE_CHECKS[-1].append(compiles_fullgraph(step))
+            with _timer_off(step):
+                _TRACE_CHECKS[-1].append(compiles_fullgraph(step))
         finally:
             step.generator = generator
-            if timer is not None:
-                timer.enabled = True
         self.iterations += 1
 
     def _count(self, shell: Shell, k: int) -> None:
@@ -323,15 +322,8 @@ class StepRunner:
     def _capture(self, shell: Shell, k: int) -> None:
         graph = self.graphs.new_graph(shell)
         before = _counters(shell.step.stats)
-        timer = shell.step.opening.timer if hasattr(shell.step, "opening") else None
-        enabled = timer.enabled if timer is not None else None
-        if timer is not None:
-            timer.enabled = False
-        try:
+        with _timer_off(shell.step):
             graph.capture(lambda: [shell.step() for _ in range(k)])
-        finally:
-            if timer is not None:
-                timer.enabled = enabled
         after = _counters(shell.step.stats)
         shell.counters[k] = {name: after[name] - before[name] for name in before if after[name] != before[name]}
         for name in shell.counters[k]:

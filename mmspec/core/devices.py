@@ -1,12 +1,18 @@
 """The `--device` / `--dtype` flags shared by the `mmspec` command, the demo, the benchmarks (`mmspec.eval`) and the
 zoo's training scripts: one parser of the device name, so a device the machine lacks is one usage line (exit 2)
-before anything loads."""
+before anything loads. torch is imported only to ask it: with a CPU build, a CUDA device is refused from torch's
+version file, in a tenth of a second."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 DTYPES = ("float32", "bfloat16", "float16")
 DEVICE_HELP = "where the models run: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N"
@@ -18,9 +24,28 @@ def add_device_arguments(parser: argparse.ArgumentParser, dtype: bool = True, de
         parser.add_argument("--dtype", default="float32", choices=DTYPES, help="the models' weights (default float32)")
 
 
+def torch_build() -> tuple[str, str | None] | None:
+    """(torch's version, the CUDA version it was built with or None) read from its version file without importing
+    it; None if the file does not say."""
+    spec = importlib.util.find_spec("torch")
+    version_file = Path(spec.origin).with_name("version.py") if spec and spec.origin else None
+    if version_file is None or not version_file.is_file():
+        return None
+    fields = dict(re.findall(r"^(__version__|cuda)\s*(?::[^=]*)?=\s*(.+?)\s*$", version_file.read_text(), re.M))
+    if "__version__" not in fields or "cuda" not in fields:
+        return None
+    cuda = fields["cuda"].strip("'\"")
+    return fields["__version__"].strip("'\""), None if cuda == "None" else cuda
+
+
 def parse_device(name: str) -> torch.device:
     """The torch device `--device` names ("auto": CUDA when present, else the CPU); a ValueError naming the flag for
     a name torch does not know or a device this machine lacks."""
+    build = torch_build()
+    if build is not None and build[1] is None and re.fullmatch(r"cuda(:\d+)?", name):  # a CPU build: no import
+        raise ValueError(f"--device {name}: no CUDA device here (torch {build[0]}, CUDA not built in)")
+    import torch  # noqa: F811 (imported at run time only here)
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -222,8 +222,12 @@ class Commits:
     def progress(self) -> DecodeStep:
         """Sync the smallest committed length to the host (the loop's bound) and snapshot the committed tokens."""
         self.minimum, step = torch.stack([self.committed.min(), self.step]).tolist()  # one host read
-        tokens = torch.where(self._positions < self.committed[:, None], self.seq[:, : self.N], PAD_ID)
+        tokens = torch.where(self.committed_mask(), self.seq[:, : self.N], PAD_ID)
         return DecodeStep(step, tokens, self.committed.clone(), self.minimum)
+
+    def committed_mask(self) -> torch.Tensor:
+        """[B, N] bool, the committed positions (a prefix of each row here)."""
+        return self._positions < self.committed[:, None]
 
     def finish(self) -> None:
         """Fold the stats once the decoding ends (also when the caller stops early)."""

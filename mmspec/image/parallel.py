@@ -35,7 +35,7 @@ from mmspec.core.rng import Generators, sample_seeds, uniform
 from mmspec.core.stats import SpecStats
 from mmspec.core.verify import VerifyResult
 from mmspec.image.jacobi import DraftSpan, Ring, gumbel, initialise_drafts, jacobi_step, write_at
-from mmspec.image.loop import PAD_ID, Commits, DecodeStep, Opening
+from mmspec.image.loop import Commits, DecodeStep, Opening
 from mmspec.image.protocol import DiscreteImageModel
 
 
@@ -213,10 +213,8 @@ class RowCommits(Commits):
         self.stats.record_step(result, lengths.flatten(), active=active.flatten(), stepped=active.any(1))
         self.committed.copy_(self.done.long().cumprod(1).sum(1))
 
-    def progress(self) -> DecodeStep:
-        self.minimum, step = torch.stack([self.committed.min(), self.step]).tolist()  # one host read
-        tokens = torch.where(self.done, self.seq[:, : self.N], PAD_ID)
-        return DecodeStep(step, tokens, self.committed.clone(), self.minimum)
+    def committed_mask(self) -> torch.Tensor:
+        return self.done
 
 
 def _mask_at(mask: torch.Tensor, positions: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
