@@ -10,6 +10,7 @@ is conditioned on.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,15 +50,24 @@ class DiffusionSchedule:
     @classmethod
     def cosine(cls, num_sampling_steps: int = 100, num_train_steps: int = 1000,
                x0_clip: float | None = None) -> DiffusionSchedule:
+        """The same settings give the same schedule object, so its device tables (`tables`) and the samplers
+        captured on them (`mmspec.continuous.graphs`) serve every later call."""
         if not 1 <= num_sampling_steps <= num_train_steps:
             raise ValueError(f"num_sampling_steps must be in [1, {num_train_steps}], got {num_sampling_steps}")
         if x0_clip is not None and not x0_clip > 0:
             raise ValueError(f"x0_clip must be > 0 or None, got {x0_clip}")
-        full = cosine_alphas_cumprod(num_train_steps)
-        # improved-diffusion's space_timesteps(T, "S"): S evenly spaced steps, rounded, first and last kept
-        stride = (num_train_steps - 1) / max(num_sampling_steps - 1, 1)
-        kept = torch.tensor([round(i * stride) for i in range(num_sampling_steps)], dtype=torch.long)
-        return cls(kept, full[kept], x0_clip)
+        return _cosine(cls, num_sampling_steps, num_train_steps, x0_clip)
+
+    def tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(timesteps [S] long, step_coefficients [6, S] float32) on `device`, moved there once: a reverse step
+        indexes them without a host-to-device copy, which a CUDA graph cannot hold."""
+        if device not in self._device_tables:
+            self._device_tables[device] = (self.timesteps.to(device), self.step_coefficients.to(device))
+        return self._device_tables[device]
+
+    @cached_property
+    def _device_tables(self) -> dict[torch.device, tuple[torch.Tensor, torch.Tensor]]:
+        return {}
 
     @property
     def num_steps(self) -> int:
@@ -89,7 +99,7 @@ class DiffusionSchedule:
                      v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, log_std) [n, C] of p(x_{k-1} | x_k) given the head's eps and variance interpolation v ([n, C];
         None = the posterior variance), in float32; `k` an int or [n] long."""
-        c = self.step_coefficients.to(x_t.device)[:, torch.as_tensor(k, dtype=torch.long)]
+        c = self.tables(x_t.device)[1][:, k]
         if c.ndim == 2:  # one step per row
             c = c[..., None]
         x_t, eps = x_t.float(), eps.float()
@@ -99,6 +109,15 @@ class DiffusionSchedule:
         mean = c[2] * x0 + c[3] * x_t
         log_var = c[5] if v is None else c[5] + (v.float() + 1) / 2 * (c[4] - c[5])
         return mean, (0.5 * log_var).expand_as(mean)
+
+
+@functools.lru_cache(maxsize=32)
+def _cosine(cls, num_sampling_steps: int, num_train_steps: int, x0_clip: float | None) -> DiffusionSchedule:
+    full = cosine_alphas_cumprod(num_train_steps)
+    # improved-diffusion's space_timesteps(T, "S"): S evenly spaced steps, rounded, first and last kept
+    stride = (num_train_steps - 1) / max(num_sampling_steps - 1, 1)
+    kept = torch.tensor([round(i * stride) for i in range(num_sampling_steps)], dtype=torch.long)
+    return cls(kept, full[kept], x0_clip)
 
 
 @dataclass(frozen=True)
@@ -122,10 +141,11 @@ def sample_trajectory(head: DiffusionHead, schedule: DiffusionSchedule, x_T: tor
     is unused: the last step is noiseless); rows [n] long: the tokens these are (default 0 .. n-1)."""
     S = schedule.num_steps
     rows = torch.arange(x_T.shape[0], device=x_T.device) if rows is None else rows
+    timesteps = schedule.tables(x_T.device)[0]
     xs, means, log_stds = [x_T], [None] * S, [None] * S
     x = x_T
     for k in reversed(range(S)):
-        eps, v = head(x, schedule.timesteps[k].expand(x.shape[0]).to(x.device), rows)
+        eps, v = head(x, timesteps[k].expand(x.shape[0]), rows)
         means[k], log_stds[k] = schedule.reverse_step(x, k, eps, v)
         x = means[k] + temperature * torch.exp(log_stds[k]) * noise[k] if k > 0 else means[k]
         xs.append(x)
@@ -141,7 +161,7 @@ def score_trajectory(head: DiffusionHead, schedule: DiffusionSchedule, x: torch.
     rows = torch.arange(n, device=x.device) if rows is None else rows
     states = x[1:].reshape(S * n, -1)  # x[k + 1] is the input of step k
     steps = torch.arange(S, device=x.device).repeat_interleave(n)
-    eps, v = head(states, schedule.timesteps.to(x.device)[steps], rows.repeat(S))
+    eps, v = head(states, schedule.tables(x.device)[0][steps], rows.repeat(S))
     mean, log_std = schedule.reverse_step(states, steps, eps, v)
     return mean.view(S, n, -1), log_std.view(S, n, -1)
 
@@ -180,7 +200,7 @@ def training_loss(predict: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Te
     eps, v = predict(x_t, schedule.timesteps.to(t.device)[t])
     mse = (eps - noise).square().mean(-1)
     mean, log_std = schedule.reverse_step(x_t, t, eps.detach(), v)
-    c = schedule.step_coefficients.to(x0.device)[:, t, None]
+    c = schedule.tables(x0.device)[1][:, t, None]
     true_mean = c[2] * x0.float() + c[3] * x_t  # the posterior q(x_{t-1} | x_t, x_0)
     kl = gaussian_kl(true_mean, c[5].expand_as(mean), mean, 2 * log_std)
     nll = 0.5 * ((x0 - mean).square() * torch.exp(-2 * log_std) + 2 * log_std + math.log(2 * math.pi))

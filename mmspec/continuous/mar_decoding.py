@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.continuous.acceptance import TrajectoryBlock, TrajectoryTest, verify_block
-from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
+from mmspec.continuous.diffusion import DiffusionSchedule
+from mmspec.continuous.graphs import SamplerGraphs, sample
 from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.component import StepHook
 from mmspec.core.rng import keyed_normal, keyed_uniform
@@ -59,20 +60,21 @@ def sample_orders(seeds: torch.Tensor, seq_len: int) -> torch.Tensor:
 
 
 class _Conditioner:
-    """One model's encoder-decoder pass and head for the tokens of a step (CFG with the linear schedule)."""
+    """One model's encoder-decoder pass and head for the tokens of a step (CFG with the linear schedule); graphs:
+    where its head's reverse chains replay from (None: eager)."""
 
-    def __init__(self, model, labels: torch.Tensor | None, guidance_scale: float):
-        self.model, self.labels, self.guidance_scale = model, labels, guidance_scale
+    def __init__(self, model, labels: torch.Tensor | None, guidance_scale: float, graphs: SamplerGraphs | None = None):
+        self.model, self.labels, self.guidance_scale, self.graphs = model, labels, guidance_scale, graphs
 
-    def z(self, tokens: torch.Tensor, unknown: torch.Tensor, positions: torch.Tensor):
-        """(z, z_uncond) [B * n, D_dec] of `positions` [B, n] given the known tokens."""
+    def z(self, tokens: torch.Tensor, unknown: torch.Tensor, positions: torch.Tensor, known_tokens: int):
+        """(z, z_uncond) [B * n, D_dec] of `positions` [B, n] given the known tokens (`known_tokens` per row)."""
         B = tokens.shape[0]
         cfg = self.guidance_scale != 1.0
         embedding = self.model.class_embedding(self.labels, B)
         if cfg:
             embedding = torch.cat([embedding, self.model.class_embedding(None, B)])
             tokens, unknown = torch.cat([tokens, tokens]), torch.cat([unknown, unknown])
-        z = self.model.encode_decode(tokens, unknown, embedding)
+        z = self.model.encode_decode(tokens, unknown, embedding, known_tokens)
         index = positions.repeat(2, 1) if cfg else positions
         z = z.gather(1, index[..., None].expand(-1, -1, z.shape[-1]))
         if not cfg:
@@ -94,17 +96,19 @@ def _noise(seeds, positions, schedule, dim, attempt=0):
     return draws[-1], draws[:-1]
 
 
-def _draw_step(conditioner: _Conditioner, tokens: torch.Tensor, unknown: torch.Tensor, positions: torch.Tensor,
-               seeds: torch.Tensor, schedule: DiffusionSchedule, cfg: float, temperature: float):
+def _draw_step(conditioner: _Conditioner, state: MARState, positions: torch.Tensor, schedule: DiffusionSchedule,
+               cfg: float, temperature: float):
     """One MAR step with the conditioner's model: draw the tokens at `positions` [B, n] from keyed noise, write them
-    into `tokens` [B, L, C] and mark them known in `unknown` [B, L] (in place). Returns (z, z_uncond, trajectory)."""
+    into the state's tokens and mark them known (in place). Returns (z, z_uncond, trajectory)."""
+    tokens, unknown = state.tokens, state.unknown
     (B, n), C = positions.shape, tokens.shape[2]
-    z, z_uncond = conditioner.z(tokens, unknown, positions)
-    x_T, noise = _noise(seeds.repeat_interleave(n), positions.reshape(-1), schedule, C)
-    head = conditioner.model.diffusion_head(z, z_uncond, cfg)
-    trajectory = sample_trajectory(head, schedule, x_T, noise, temperature)
+    z, z_uncond = conditioner.z(tokens, unknown, positions, state.known)
+    x_T, noise = _noise(state.seeds.repeat_interleave(n), positions.reshape(-1), schedule, C)
+    scale = torch.full((z.shape[0],), cfg, device=z.device)
+    trajectory = sample(conditioner.model, z, z_uncond, scale, schedule, x_T, noise, temperature, conditioner.graphs)
     tokens.scatter_(1, positions[..., None].expand(-1, -1, C), trajectory.token.view(B, n, C).to(tokens.dtype))
     unknown.scatter_(1, positions, False)
+    state.known += n
     return z, z_uncond, trajectory
 
 
@@ -131,25 +135,27 @@ def _check_draft(target, draft, seeds: torch.Tensor, labels: torch.Tensor | None
 @dataclass
 class MARState:
     """A continuous decoding in progress: tokens [B, L, C] (zeros where unknown), unknown [B, L] bool, the stats,
-    and the keyed draws' seeds [B]; a step strategy fills it."""
+    the keyed draws' seeds [B] and the tokens known per row (the same in every row: what `unknown` says, kept on the
+    host); a step strategy fills it."""
 
     tokens: torch.Tensor
     unknown: torch.Tensor
     seeds: torch.Tensor
     stats: ContinuousStats
+    known: int = 0
 
 
 class TargetSteps:
     """Every step drawn by the target (plain MAR sampling)."""
 
-    def __init__(self, target, labels, guidance_scale: float, schedule: DiffusionSchedule, temperature: float):
-        self.conditioner, self.schedule, self.temperature = _Conditioner(target, labels, guidance_scale), schedule, \
-            temperature
+    def __init__(self, target, labels, guidance_scale: float, schedule: DiffusionSchedule, temperature: float,
+                 graphs: SamplerGraphs | None = None):
+        self.conditioner = _Conditioner(target, labels, guidance_scale, graphs)
+        self.schedule, self.temperature = schedule, temperature
 
     def __call__(self, state: MARState, step: int, positions: torch.Tensor, cfg: float, last: bool) -> bool:
         """Draw the step's tokens; whether a target pass happened (the caller then shows the step)."""
-        _draw_step(self.conditioner, state.tokens, state.unknown, positions, state.seeds, self.schedule, cfg,
-                   self.temperature)
+        _draw_step(self.conditioner, state, positions, self.schedule, cfg, self.temperature)
         state.stats.target_forwards += 1
         return True
 
@@ -158,32 +164,32 @@ class SpeculativeSteps:
     """The target's first `n_prefill` steps, then blocks of `gamma` draft steps verified in one target pass."""
 
     def __init__(self, target, draft, labels, guidance_scale: float, schedule: DiffusionSchedule, temperature: float,
-                 speculation, num_iter: int, state: MARState):
+                 speculation, num_iter: int, state: MARState, graphs: SamplerGraphs | None = None):
         _check_draft(target, draft, state.seeds, labels)
         state.stats = ContinuousStats(log_ratio_terms={}, residual_tries=[])
         n_prefill = math.floor(num_iter * speculation.prefill_ratio)
         unknown = state.unknown
-        self.target_steps = TargetSteps(target, labels, guidance_scale, schedule, temperature)
-        self.draft = _Conditioner(draft, labels, guidance_scale)
+        self.target_steps = TargetSteps(target, labels, guidance_scale, schedule, temperature, graphs)
+        self.draft = _Conditioner(draft, labels, guidance_scale, graphs)
         self.target, self.schedule, self.temperature = target, schedule, temperature
         self.speculation, self.n_prefill = speculation, n_prefill
         self.test = speculation.acceptance if isinstance(speculation.acceptance, TrajectoryTest) else None
         self.block: list[dict] = []  # the draft steps since the last verification
-        self.context = unknown.clone()  # what the target conditions on: the tokens known before the block
+        # what the target conditions on: the tokens known before the block (and how many per row)
+        self.context, self.context_known = unknown.clone(), state.known
 
     def __call__(self, state: MARState, step: int, positions: torch.Tensor, cfg: float, last: bool) -> bool:
         if step < self.n_prefill:
             self.target_steps(state, step, positions, cfg, last)
         else:
-            z, z_uncond, trajectory = _draw_step(self.draft, state.tokens, state.unknown, positions, state.seeds,
-                                                 self.schedule, cfg, self.temperature)
+            z, z_uncond, trajectory = _draw_step(self.draft, state, positions, self.schedule, cfg, self.temperature)
             state.stats.draft_forwards += 1
             self.block.append(dict(positions=positions, z=z, z_uncond=z_uncond, cfg=cfg, trajectory=trajectory))
             if len(self.block) < self.speculation.gamma and not last:
                 return False
             self.verify(state)
             self.block = []
-        self.context = state.unknown.clone()
+        self.context, self.context_known = state.unknown.clone(), state.known
         return True
 
     def verify(self, state: MARState) -> None:
@@ -193,7 +199,7 @@ class SpeculativeSteps:
         B, C = tokens.shape[0], tokens.shape[2]
         positions = torch.cat([b["positions"] for b in block], dim=1)  # [B, n_blk]
         n_blk = positions.shape[1]
-        z, z_uncond = self.target_steps.conditioner.z(tokens, self.context, positions)
+        z, z_uncond = self.target_steps.conditioner.z(tokens, self.context, positions, self.context_known)
         stats.target_forwards += 1
 
         def per_token(key):  # [B * n_blk, ...] in the order of `positions`' rows, from the per-step pieces
@@ -227,10 +233,12 @@ class SpeculativeSteps:
 @torch.no_grad()
 def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
            labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
-           on_step: StepHook | None = None, plan: list[int] | None = None) -> tuple[torch.Tensor, ContinuousStats]:
+           on_step: StepHook | None = None, plan: list[int] | None = None,
+           graphs: SamplerGraphs | None = None) -> tuple[torch.Tensor, ContinuousStats]:
     """The loop of every continuous decoding (`ContinuousDecoding.run`): tokens [B, L, C] and the stats. AR runs
     the target on `plan` (default MAR's cosine schedule of `num_iter` steps); `ContinuousSpeculation` drafts with
-    `draft`. on_step: called after every target pass as `on_step(step, tokens known per row, {"latents": tokens [B, L,
+    `draft`. graphs: the diffusion heads' chains replay from there (`mmspec.continuous.graphs`; None: eager).
+    on_step: called after every target pass as `on_step(step, tokens known per row, {"latents": tokens [B, L,
     C] (zeros where unknown), "known": [B, L] bool})` (a speculative run's draft steps are never shown); a true return
     stops there."""
     _check(target, seeds, labels)
@@ -241,7 +249,8 @@ def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule
     state = MARState(torch.zeros(B, L, C, device=target.device, dtype=target.dtype),
                      torch.ones(B, L, dtype=torch.bool, device=target.device), seeds,
                      ContinuousStats(speculative=False))
-    steps = decoding.steps(target, draft, labels, guidance_scale, schedule, temperature, num_iter, given_plan, state)
+    steps = decoding.steps(target, draft, labels, guidance_scale, schedule, temperature, num_iter, given_plan, state,
+                           graphs)
     orders, done, start = sample_orders(seeds, L), 0, time.perf_counter()
     for step, count in enumerate(plan):
         positions = orders[:, done : done + count]  # [B, n]

@@ -2,8 +2,8 @@
 `AR()`, the target alone on MAR's schedule, and `ContinuousSpeculation(...)`, continuous speculative decoding with a
 draft MAR. Every continuous component runs the same way:
 
-    component.run(target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step, plan)
-        -> (tokens [B, L, C], ContinuousStats)
+    component.run(target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step, plan,
+                  graphs) -> (tokens [B, L, C], ContinuousStats)
 
 The settings live here, without torch; running imports the engine (`mmspec.continuous.mar_decoding`).
 """
@@ -28,13 +28,14 @@ class ContinuousDecoding(DecodingComponent):
     modality: ClassVar[str] = "continuous"
 
     def run(self, target, draft, seeds, num_iter, schedule, labels=None, guidance_scale=1.0, temperature=1.0,
-            on_step=None, plan=None):
+            on_step=None, plan=None, graphs=None):
+        """graphs: a `mmspec.continuous.graphs.SamplerGraphs` the diffusion heads' chains replay from (None: eager)."""
         from mmspec.continuous.mar_decoding import decode
 
         return decode(self, target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step,
-                      plan)
+                      plan, graphs)
 
-    def steps(self, target, draft, labels, guidance_scale, schedule, temperature, num_iter, plan, state):
+    def steps(self, target, draft, labels, guidance_scale, schedule, temperature, num_iter, plan, state, graphs):
         """The step strategy the loop runs each MAR step with (`mmspec.continuous.mar_decoding`)."""
         raise NotImplementedError(f"{type(self).__name__} must define steps()")
 
@@ -46,10 +47,10 @@ class AR(ContinuousDecoding):
 
     name: ClassVar[str] = "ar"
 
-    def steps(self, target, draft, labels, guidance_scale, schedule, temperature, num_iter, plan, state):
+    def steps(self, target, draft, labels, guidance_scale, schedule, temperature, num_iter, plan, state, graphs):
         from mmspec.continuous.mar_decoding import TargetSteps
 
-        return TargetSteps(target, labels, guidance_scale, schedule, temperature)
+        return TargetSteps(target, labels, guidance_scale, schedule, temperature, graphs)
 
 
 @register_decoding
@@ -69,9 +70,10 @@ class ContinuousSpeculation(ContinuousDecoding):
     max_tries: int = setting(100, "target proposals per residual draw", low=1)
     proposals_per_round: int = setting(8, "target proposals per batched round", low=1)
 
-    def steps(self, target, draft, labels, guidance_scale, schedule, temperature, num_iter, plan, state):
+    def steps(self, target, draft, labels, guidance_scale, schedule, temperature, num_iter, plan, state, graphs):
         from mmspec.continuous.mar_decoding import SpeculativeSteps
 
         if plan is not None:
             raise ValueError("plan applies to decoding=AR() only (speculative decoding runs the cosine schedule)")
-        return SpeculativeSteps(target, draft, labels, guidance_scale, schedule, temperature, self, num_iter, state)
+        return SpeculativeSteps(target, draft, labels, guidance_scale, schedule, temperature, self, num_iter, state,
+                                graphs)

@@ -72,9 +72,9 @@ class Spy:
     def class_embedding(self, labels, batch_size):
         return self.model.class_embedding(labels, batch_size)
 
-    def encode_decode(self, tokens, unknown, class_embedding):
+    def encode_decode(self, tokens, unknown, class_embedding, known_tokens=None):
         self.masks.append(unknown.clone())  # [B, L] without CFG
-        return self.model.encode_decode(tokens, unknown, class_embedding)
+        return self.model.encode_decode(tokens, unknown, class_embedding, known_tokens)
 
     def diffusion_head(self, z, z_uncond=None, guidance_scale=1.0):
         self.head_rows.append(z.shape[0])

@@ -46,8 +46,8 @@ class AnalyticHeadMAR:
     def class_embedding(self, labels, batch_size):
         return self.mar.class_embedding(labels, batch_size)
 
-    def encode_decode(self, tokens, unknown, class_embedding):
-        return self.mar.encode_decode(tokens, unknown, class_embedding)
+    def encode_decode(self, tokens, unknown, class_embedding, known_tokens=None):
+        return self.mar.encode_decode(tokens, unknown, class_embedding, known_tokens)
 
     def diffusion_head(self, z, z_uncond=None, guidance_scale=1.0):
         scale = torch.as_tensor(guidance_scale, dtype=torch.float64).expand(z.shape[0])

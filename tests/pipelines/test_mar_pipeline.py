@@ -140,3 +140,22 @@ def test_the_decoding_component_is_saved_loaded_swappable_and_the_same_as_its_sh
         assert torch.equal(loaded([0, 5], **latent()).images.to(as_object.images.dtype), as_object.images)
     finally:
         pipe.decoding = AR()
+
+
+def test_replayed_chains_through_the_pipeline_and_cuda_graphs_refused_on_a_cpu(pipe):
+    """The pipeline hands its `sampler_graphs` to the decoding (a CUDA pipeline makes them itself; tape graphs here
+    run the same replay path) and the images do not change."""
+    from mmspec.continuous.graphs import SamplerGraphs
+
+    call = dict(generator=torch.Generator().manual_seed(2), output_type="latent", decoding="speculative", gamma=2,
+                **CALL)
+    eager = pipe([1, 7], **call).images
+    pipe.sampler_graphs = SamplerGraphs(cuda=False)
+    try:
+        for _ in range(2):
+            assert torch.equal(pipe([1, 7], **{**call, "generator": torch.Generator().manual_seed(2)}).images, eager)
+        assert pipe.sampler_graphs.captured
+    finally:
+        pipe.sampler_graphs = None
+    with pytest.raises(ValueError, match=r"enable_cuda_graphs needs the pipeline on a CUDA device"):
+        pipe.enable_cuda_graphs()

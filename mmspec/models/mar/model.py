@@ -151,8 +151,8 @@ class DiffLoss(nn.Module):
 class MARModel(ModelMixin, ConfigMixin):
     r"""MAR's encoder / decoder and diffusion head.
 
-    `encode_decode(tokens [B, L, C], mask [B, L] bool (True = unknown), class_embedding [B, D]) -> z [B, L, D_dec]`
-    conditions every position's head; `head(x_t, t, z)` is the diffusion MLP. Generation (masked random order,
+    `encode_decode(tokens [B, L, C], mask [B, L] bool (True = unknown), class_embedding [B, D], known_tokens) -> z [B,
+    L, D_dec]` conditions every position's head; `head(x_t, t, z)` is the diffusion MLP. Generation (masked random order,
     cosine schedule, CFG) lives in `mmspec.continuous`. `x0_clip` (not in the official models, None = MAR's sampler)
     is the sampling-time clamp of the head's x_0 prediction (`DiffusionSchedule.x0_clip`) that the pipeline applies.
     """
@@ -192,26 +192,32 @@ class MARModel(ModelMixin, ConfigMixin):
             return self.fake_latent.expand(batch_size, -1)
         return self.class_emb(labels)
 
-    def encode_decode(self, tokens: torch.Tensor, mask: torch.Tensor, class_embedding: torch.Tensor) -> torch.Tensor:
+    def encode_decode(self, tokens: torch.Tensor, mask: torch.Tensor, class_embedding: torch.Tensor,
+                      known_tokens: int | None = None) -> torch.Tensor:
         """z [B, L, D_dec] for every position given the known tokens (mask False) of `tokens` [B, L, C].
 
-        Every row must have the same number of known tokens (MAR drops the unknown ones before the encoder).
+        Every row must have the same number of known tokens (MAR drops the unknown ones before the encoder);
+        known_tokens: that number, when the caller knows it (else it is read from `mask`, a host read, and checked).
         """
         B, L, _ = tokens.shape
         buffer = self.config.buffer_size
         known = torch.cat([torch.ones(B, buffer, dtype=torch.bool, device=mask.device), ~mask], dim=1)  # [B, buffer+L]
-        counts = known.sum(1)
-        if not bool((counts == counts[0]).all()):
-            raise ValueError(f"every row needs the same number of known tokens, got {counts.tolist()}")
+        if known_tokens is None:
+            counts = known.sum(1) - buffer
+            if not bool((counts == counts[0]).all()):
+                raise ValueError(f"every row needs the same number of known tokens, got {counts.tolist()}")
+            known_tokens = int(counts[0])
+        # the known slots' indices in order (a gather of a static count, where x[known] would read the host)
+        kept = (~known).long().argsort(dim=1, stable=True)[:, : buffer + known_tokens, None]
         x = self.z_proj(tokens)
         x = torch.cat([class_embedding[:, None].expand(B, buffer, -1).to(x.dtype), x], dim=1)
         x = self.z_proj_ln(x + self.encoder_pos_embed_learned)
-        x = x[known].view(B, -1, x.shape[-1])
+        x = x.gather(1, kept.expand(-1, -1, x.shape[-1]))
         for block in self.encoder_blocks:
             x = block(x)
         x = self.decoder_embed(self.encoder_norm(x))
         full = self.mask_token.to(x.dtype).expand(B, buffer + L, -1).clone()
-        full[known] = x.reshape(-1, x.shape[-1])
+        full.scatter_(1, kept.expand(-1, -1, x.shape[-1]), x)
         x = full + self.decoder_pos_embed_learned
         for block in self.decoder_blocks:
             x = block(x)
@@ -254,7 +260,8 @@ class MARHead:
     def __init__(self, model: MARModel, z: torch.Tensor, z_uncond: torch.Tensor | None = None,
                  guidance_scale: float | torch.Tensor = 1.0):
         self.model, self.z, self.z_uncond = model, z, z_uncond
-        self.guidance_scale = torch.as_tensor(guidance_scale, dtype=torch.float32).expand(z.shape[0])  # one per token
+        # one per token, on z's device (a step reads it without a host-to-device copy)
+        self.guidance_scale = torch.as_tensor(guidance_scale, dtype=torch.float32, device=z.device).expand(z.shape[0])
 
     def __call__(self, x_t: torch.Tensor, t: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         C = x_t.shape[-1]
@@ -263,5 +270,5 @@ class MARHead:
             return out[:, :C].float(), out[:, C:].float()
         out = self.model.head(torch.cat([x_t, x_t]), torch.cat([t, t]), torch.cat([self.z[rows], self.z_uncond[rows]]))
         cond, uncond = out.float().chunk(2)
-        scale = self.guidance_scale.to(x_t.device)[rows, None]
+        scale = self.guidance_scale[rows, None]
         return uncond[:, :C] + scale * (cond[:, :C] - uncond[:, :C]), cond[:, C:]
