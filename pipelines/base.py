@@ -47,10 +47,34 @@ class MMSpecPipeline(DiffusionPipeline):
     modality: str | None = None
     _callback_tensor_inputs: list[str] = []  # what a step callback may ask for, first the default
     _interrupt = False  # a step callback sets it to stop the call early
+    cuda_graphs: bool | None = None  # None: on whenever the pipeline is on a CUDA device (`enable_cuda_graphs`)
 
     @property
     def interrupt(self) -> bool:
         return self._interrupt
+
+    def enable_cuda_graphs(self) -> None:
+        """Replay the decoding's steps from CUDA graphs (what each pipeline captures is in its `graph_stores`
+        docstring): captured on a first call, replayed by later calls of the same shape, outputs unchanged. A
+        pipeline on a CUDA device does this by itself on its first call; `disable_cuda_graphs()` turns it off."""
+        if self.device.type != "cuda":
+            raise ValueError(f"enable_cuda_graphs needs the pipeline on a CUDA device (pipe.to('cuda')), it is on "
+                             f"{self.device}")
+        self.cuda_graphs = True
+        self.graph_stores(True)
+
+    def disable_cuda_graphs(self) -> None:
+        self.cuda_graphs = False
+        self.graph_stores(False)
+
+    def replays_graphs(self) -> bool:
+        """Whether this call replays from CUDA graphs (enabled, or never disabled on a CUDA device)."""
+        if self.cuda_graphs is None and self.device.type == "cuda":
+            self.enable_cuda_graphs()
+        return bool(self.cuda_graphs)
+
+    def graph_stores(self, on: bool) -> None:
+        """Make (on) or drop the pipeline's captured graphs; a pipeline without any has nothing to do."""
 
     @property
     def decoding(self) -> DecodingComponent | str:

@@ -286,14 +286,9 @@ class StepRunner:
         self.iterations += k
 
     def _eager(self, k: int) -> None:
-        side = torch.cuda.Stream() if self.graphs is not None and self.graphs.cuda else None
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        with _side_stream(self.graphs is not None and self.graphs.cuda):
             for _ in range(k):  # the first iteration of a captured decoding warms up on a side stream
                 self.own()
-        if side is not None:
-            torch.cuda.current_stream().wait_stream(side)
         self.iterations += k
 
     def _shell(self) -> Shell:
@@ -337,6 +332,65 @@ class StepRunner:
             for mine, user in zip(self.shell.generators, self.user_generators, strict=True):
                 user.set_state(mine.get_state())
         self.own.finish()
+
+
+class CallGraphs:
+    """Calls of a function of tensors replayed from graphs, one per key (the function and every Python value it
+    reads, the inputs' shapes): `graphs(key, fn, *inputs)` returns fn(*inputs) (a tensor or a tuple of tensors).
+    The first call of a key runs eagerly (on a side stream on CUDA: it warms the allocator), the second captures fn
+    on static copies of its inputs, and later calls copy their inputs in, replay and return copies of the outputs
+    (the next replay overwrites the graph's). An input may be None (then the same for every call of the key). Each
+    graph has its own memory pool: graphs of different keys replay in any order. cuda=False: `TapeGraph`s."""
+
+    capture_static = True
+
+    def __init__(self, cuda: bool, kept: int = 64):
+        self.cuda, self.kept = cuda, kept
+        self.seen: set[Any] = set()
+        self.captured: OrderedDict[Any, tuple[Any, list, Any]] = OrderedDict()  # key -> (graph, inputs, outputs)
+
+    def __call__(self, key: Any, fn: Callable[..., Any], *inputs: torch.Tensor | None) -> Any:
+        if key in self.captured:
+            self.captured.move_to_end(key)
+            graph, static, outputs = self.captured[key]
+            for buffer, value in zip(static, inputs, strict=True):
+                if value is not None:
+                    buffer.copy_(value)
+            graph.replay()
+            return _copied(outputs)
+        if key not in self.seen:
+            self.seen.add(key)
+            with _side_stream(self.cuda):
+                return fn(*inputs)
+        static = [None if t is None else t.clone() for t in inputs]
+        graph, captured = self._new_graph(), []
+        graph.capture(lambda: captured.append(fn(*static)))
+        if not graph.executes_capture:  # a CUDA capture only records: run it for this call
+            graph.replay()
+        self.captured[key] = (graph, static, captured[0])
+        while len(self.captured) > self.kept:
+            self.captured.popitem(last=False)
+        return _copied(captured[0])
+
+    def _new_graph(self):
+        return CudaGraph(torch.cuda.graph_pool_handle(), []) if self.cuda else TapeGraph()
+
+
+def _copied(outputs):
+    return tuple(t.clone() for t in outputs) if isinstance(outputs, tuple) else outputs.clone()
+
+
+@contextlib.contextmanager
+def _side_stream(cuda: bool) -> Iterator[None]:
+    """A side stream for a warm-up before a capture (on CUDA; nothing elsewhere)."""
+    if not cuda:
+        yield
+        return
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        yield
+    torch.cuda.current_stream().wait_stream(side)
 
 
 def block_size(remaining_iterations: float) -> int:

@@ -40,13 +40,15 @@ def rope_split(head_dim: int) -> tuple[int, int, int]:
 
 
 def rope_cos_sin(frames: torch.Tensor, size: int, head_dim: int, base: float = 10000.0):
-    """(cos, sin) [n * size^2, d / 2] for tokens of frames `frames` [n] (absolute indices) in raster order."""
-    rows, cols = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+    """(cos, sin) [n * size^2, d / 2] for tokens of frames `frames` [n] (absolute indices) in raster order, on the
+    frames' device."""
+    device = frames.device
+    rows, cols = torch.meshgrid(torch.arange(size, device=device), torch.arange(size, device=device), indexing="ij")
     n = len(frames)
     axes = (frames.repeat_interleave(size * size), rows.flatten().repeat(n), cols.flatten().repeat(n))
     angles = []
     for position, dim in zip(axes, rope_split(head_dim), strict=True):
-        inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+        inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
         angles.append(position.float()[:, None] * inv_freq[None])
     angles = torch.cat(angles, dim=1)
     return angles.cos(), angles.sin()
@@ -146,28 +148,33 @@ class NextFrameTransformer(ModelMixin, ConfigMixin):
         x = x.view(B, n, g, g, p, p, C).permute(0, 1, 2, 4, 3, 5, 6)
         return x.reshape(B, n, g * p * g * p, C)
 
-    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor, first_frame: int = 0,
-                cache: FrameKVCache | None = None) -> tuple[torch.Tensor, KV]:
+    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor,
+                first_frame: int | torch.Tensor = 0, cache: FrameKVCache | None = None, *,
+                checked: bool = False) -> tuple[torch.Tensor, KV]:
         """latents [B, n, L_f, C] of frames first_frame .. first_frame + n - 1 at flow times timesteps [B, n] in
         [0, 1] under actions [B, n] long, attending to the frames in `cache` (which must end at first_frame) ->
-        (velocity [B, n, L_f, C], per layer (k, v) [B, H, n P, d] of the new frames)."""
+        (velocity [B, n, L_f, C], per layer (k, v) [B, H, n P, d] of the new frames). first_frame: an int, or a
+        0-d long tensor on the model's device (what a CUDA graph replays with: the frames' rotary angles are computed
+        from it on the device). checked: the caller has checked that the actions are in [0, num_actions)
+        (`FrameSession` does, on the host, before any forward), so the forward does not read them from the device."""
         B, n = latents.shape[:2]
-        P = self.grid_size**2
-        if cache is not None and cache.end != first_frame:
+        P, device = self.grid_size**2, latents.device
+        if cache is not None and isinstance(first_frame, int) and cache.end != first_frame:
             raise ValueError(f"first_frame must follow the cached frames (cache ends at {cache.end}), got "
                              f"{first_frame}")
-        if actions.min() < 0 or actions.max() >= self.config.num_actions:
+        if not checked and (actions.min() < 0 or actions.max() >= self.config.num_actions):
             raise ValueError(f"actions must be in [0, {self.config.num_actions}), got "
                              f"{sorted(actions.unique().tolist())}")
         c = self.time_embed(timesteps.reshape(-1) * 1000) + self.action_embed(actions.reshape(-1))  # [B n, D]
         c = c.view(B, n, 1, -1)  # per frame, broadcast over its tokens
-        frames = torch.arange(first_frame, first_frame + n)
+        frames = first_frame + torch.arange(n, device=device)
         head_dim = self.config.dim // self.config.num_heads
-        cos, sin = (t.to(latents.device) for t in rope_cos_sin(frames, self.grid_size, head_dim))
-        held = torch.arange(0) if cache is None else cache.positions
-        query_frame = frames.repeat_interleave(P).to(latents.device)
-        key_frame = torch.cat([held, frames]).repeat_interleave(P).to(latents.device)
-        behind = query_frame[:, None] - key_frame[None, :]  # block-causal, within the sliding window
+        cos, sin = rope_cos_sin(frames, self.grid_size, head_dim)
+        # block-causal within the sliding window: frame distances from the held frames' count (no absolute index)
+        held = 0 if cache is None else cache.num_frames
+        query_frame = torch.arange(n, device=device).repeat_interleave(P)
+        key_frame = torch.arange(-held, n, device=device).repeat_interleave(P)
+        behind = query_frame[:, None] - key_frame[None, :]
         mask = (behind >= 0) & (behind <= self.config.attention_window)
         x = self.proj_in(self.patchify(latents))
         new_kv = []

@@ -42,12 +42,13 @@ class VideoDecoding(DecodingComponent):
         return self.frames
 
     def run(self, model, context, seeds, context_actions=None, num_inference_steps: int = 4,
-            context_noise: float = 0.1):
-        """A `FrameSession` from the context latents [B, k, L_f, C] (see its docstring)."""
+            context_noise: float = 0.1, graphs: str | None = None):
+        """A `FrameSession` from the context latents [B, k, L_f, C] (see its docstring; graphs: "cuda", "tape" or
+        None, how its Euler steps replay)."""
         from mmspec.video.speculation import FrameSession
 
         return FrameSession(model, context, seeds, context_actions, num_inference_steps, context_noise,
-                            speculation=self)
+                            speculation=self, graphs=graphs)
 
 
 @register_decoding

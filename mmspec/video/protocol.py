@@ -24,7 +24,10 @@ class NextFrameModel(Protocol):
     def new_cache(self, batch_size: int, max_speculative: int) -> FrameKVCache:
         """An empty cache for this model: the attention window of committed frames plus `max_speculative`."""
 
-    def __call__(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor, first_frame: int = 0,
-                 cache: FrameKVCache | None = None) -> tuple[torch.Tensor, Any]:
-        """latents [B, n, L_f, C] of frames first_frame .. first_frame + n - 1 at flow times [B, n] under actions
-        [B, n] -> (velocity [B, n, L_f, C], the new frames' per-layer keys / values for `cache.append`)."""
+    def __call__(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor,
+                 first_frame: int | torch.Tensor = 0, cache: FrameKVCache | None = None, *,
+                 checked: bool = False) -> tuple[torch.Tensor, Any]:
+        """latents [B, n, L_f, C] of frames first_frame .. first_frame + n - 1 (an int or a 0-d long tensor on the
+        model's device) at flow times [B, n] under actions [B, n] -> (velocity [B, n, L_f, C], the new frames'
+        per-layer keys / values for `cache.append`). checked: the actions were checked on the host; the call must
+        not read the device then (no host read: a CUDA graph replays it)."""

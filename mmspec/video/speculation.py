@@ -14,6 +14,11 @@ model's diffusion-forcing joint law, *not* of sequential next-frame sampling. `F
 equals sequential generation; it computes the context pass of the emitted frame inside the next frame's first Euler
 step (`context="pipelined"`), which saves a forward per frame and changes no output.
 
+With `graphs` ("cuda" on a GPU) the Euler steps of a block that only read the cache (all of them, or all but the
+first when it carries the pipelined context pass) replay as one graph per (block size, frames held): a
+`mmspec.core.capture.CallGraphs` of the session, whose graphs read the session's cache buffers in place. "tape"
+replays the same path on a CPU (`TapeGraph`), which the tests compare with the eager steps.
+
 Noise is keyed by (seed, absolute frame index, purpose): the initial noise of a frame and its context noise are pure
 functions of those, so discarded frames never shift the stream, and a regenerated frame gets the noise it would have
 had. Shapes: B batch, L_f tokens per frame, C latent channels.
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mmspec.core.capture import CallGraphs
 from mmspec.core.rng import keyed_normal
 from mmspec.core.stats import DecodingStats
 from mmspec.video.protocol import NextFrameModel
@@ -84,13 +90,14 @@ class FrameSession:
     num_inference_steps: Euler steps of the flow ODE per frame.
     context_noise: the flow time at which emitted frames enter the cache (NFD's context noise against drift).
     speculation: the video decoding (`mmspec.video.methods`): `AR()` or `FrameSpeculation(...)`.
+    graphs: "cuda" (the model on a CUDA device), "tape" or None (eager): how a block's Euler steps replay.
 
     Rows of a batch share the cache, so a block is kept only while every row's action matches its assumed one.
     """
 
     def __init__(self, model: NextFrameModel, context: torch.Tensor, seeds: torch.Tensor,
                  context_actions: torch.Tensor | None = None, num_inference_steps: int = 4, context_noise: float = 0.1,
-                 *, speculation):
+                 *, speculation, graphs: str | None = None):
         config = model.config
         if context.ndim != 4 or context.shape[2:] != (model.tokens_per_frame, config.latent_channels):
             raise ValueError(f"context must be latents [B, k, {model.tokens_per_frame}, {config.latent_channels}], "
@@ -106,6 +113,11 @@ class FrameSession:
         seeds = torch.as_tensor(seeds, dtype=torch.long).reshape(-1)
         if len(seeds) != B:
             raise ValueError(f"seeds holds {len(seeds)} values for a batch of {B}")
+        if graphs not in (None, "cuda", "tape"):
+            raise ValueError(f"graphs must be 'cuda', 'tape' or None, got {graphs!r}")
+        if graphs == "cuda" and torch.device(model.device).type != "cuda":
+            raise ValueError(f"graphs='cuda' needs the model on a CUDA device, it is on {model.device}")
+        self.graphs = None if graphs is None else CallGraphs(cuda=graphs == "cuda")
         self.model, self.seeds, self.context_noise = model, seeds, context_noise
         self.num_inference_steps = num_inference_steps
         self.speculation = speculation
@@ -189,14 +201,36 @@ class FrameSession:
         """Whether the next queued frame was generated under `actions` in every row."""
         return torch.equal(actions, self._queue_actions[:, 0])
 
-    def _forward(self, latents: torch.Tensor, timesteps: torch.Tensor, actions: torch.Tensor, first_frame: int):
-        """The model on latents [B, n, L_f, C] (on the model's device) at flow times [B, n] under actions [B, n]
-        after the cached frames -> (velocity, kv). Actions and times live on the host and move here."""
-        self.stats.target_forwards += 1
+    def _forward(self, latents: torch.Tensor, times: float | list[float], actions: torch.Tensor,
+                 first_frame: int | torch.Tensor):
+        """The model on latents [B, n, L_f, C] under actions [B, n] (both on the model's device) after the cached
+        frames -> (velocity, kv); times: the flow time of every frame, or one per frame. Counted by the caller."""
+        B, n = actions.shape
         device, dtype = latents.device, self.model.dtype
-        velocity, kv = self.model(latents.to(dtype), timesteps.to(device, dtype), actions.to(device), first_frame,
-                                  self.cache)
+        timesteps = torch.tensor(times, device=device).expand(B, n) if isinstance(times, list) else torch.full(
+            (B, n), times, device=device)
+        velocity, kv = self.model(latents.to(dtype), timesteps.to(dtype), actions, first_frame, self.cache,
+                                  checked=True)
         return velocity.float(), kv
+
+    def _euler(self, x: torch.Tensor, actions: torch.Tensor, first_frame: int | torch.Tensor,
+               start: int) -> torch.Tensor:
+        """Euler steps start .. S - 1 of the flow ODE over frames x [B, n, L_f, C] (first_frame ..) under actions
+        [B, n], reading the cache only: what a graph holds."""
+        for step in range(start, self.num_inference_steps):
+            t, t_next = 1 - step / self.num_inference_steps, 1 - (step + 1) / self.num_inference_steps
+            x = x + (t_next - t) * self._forward(x, t, actions, first_frame)[0]
+        return x
+
+    def _denoise(self, x: torch.Tensor, actions: torch.Tensor, first_frame: int, start: int) -> torch.Tensor:
+        """`_euler` eagerly, or replayed from the session's graphs (first_frame then enters as a device tensor, so
+        one graph serves every block of its shape)."""
+        self.stats.target_forwards += self.num_inference_steps - start
+        if self.graphs is None or start == self.num_inference_steps:
+            return self._euler(x, actions, first_frame, start)
+        first = torch.tensor(first_frame, device=x.device)
+        key = (tuple(x.shape), start, self.cache.num_frames)
+        return self.graphs(key, lambda x, actions, first: self._euler(x, actions, first, start), x, actions, first)
 
     def _to_context(self, latents: torch.Tensor, first_frame: int) -> torch.Tensor:
         """Emitted latents [B, n, L_f, C] at the context noise level, with their keyed context noise."""
@@ -210,35 +244,36 @@ class FrameSession:
 
     def _write_context(self, latents: torch.Tensor, actions: torch.Tensor, first_frame: int) -> None:
         """Context pass: the keys / values of emitted frames (committed at once)."""
-        times = torch.full(actions.shape, self.context_noise)
-        _, kv = self._forward(self._to_context(latents, first_frame), times, actions, first_frame)
+        self.stats.target_forwards += 1
+        _, kv = self._forward(self._to_context(latents, first_frame), self.context_noise,
+                              actions.to(self.model.device), first_frame)
         self._append(kv, latents.shape[1])
 
     def _speculate(self, actions: torch.Tensor, n: int) -> None:
         """Denoise frames self.frame .. + n - 1 jointly under `actions` [B] and queue them."""
         B, first = len(self.seeds), self.frame
         L_f, C = self.model.tokens_per_frame, self.model.config.latent_channels
+        device = self.model.device
         block_actions = actions[:, None].expand(B, n)
-        x = frame_noise(self.seeds, torch.arange(first, first + n), INITIAL_NOISE, L_f, C).to(self.model.device)
+        on_device = block_actions.to(device)
+        x = frame_noise(self.seeds, torch.arange(first, first + n), INITIAL_NOISE, L_f, C).to(device)
         pending, pending_actions = self._pending
-        p = pending.shape[1]
-        for step in range(self.num_inference_steps):
-            t, t_next = 1 - step / self.num_inference_steps, 1 - (step + 1) / self.num_inference_steps
-            if step == 0 and p:  # pipelined: the pending frames' context pass rides on the first Euler step
-                ctx = self._to_context(pending, first - p)
-                times = torch.cat([torch.full((B, p), self.context_noise), torch.full((B, n), t)], 1)
-                velocity, kv = self._forward(torch.cat([ctx, x], 1), times, torch.cat([pending_actions,
-                                                                                        block_actions], 1), first - p)
-                held = p * self.cache.tokens_per_frame
-                self._append([(k[:, :, :held], v[:, :, :held]) for k, v in kv], p)
-                velocity = velocity[:, p:]
-                self._pending = (pending[:, :0], pending_actions[:, :0])
-            else:
-                velocity, _ = self._forward(x, torch.full((B, n), t), block_actions, first)
-            x = x + (t_next - t) * velocity
+        p, start = pending.shape[1], 0
+        if p:  # pipelined: the pending frames' context pass rides on the first Euler step
+            t_next = 1 - 1 / self.num_inference_steps
+            self.stats.target_forwards += 1
+            velocity, kv = self._forward(torch.cat([self._to_context(pending, first - p), x], 1),
+                                         [self.context_noise] * p + [1.0] * n,
+                                         torch.cat([pending_actions.to(device), on_device], 1), first - p)
+            held = p * self.cache.tokens_per_frame
+            self._append([(k[:, :, :held], v[:, :, :held]) for k, v in kv], p)
+            x = x + (t_next - 1) * velocity[:, p:]
+            self._pending = (pending[:, :0], pending_actions[:, :0])
+            start = 1
+        x = self._denoise(x, on_device, first, start)
         if self.speculation.context == "eager":  # speculative keys / values: committed as emitted, else rolled back
-            _, kv = self._forward(self._to_context(x, first), torch.full((B, n), self.context_noise), block_actions,
-                                  first)
+            self.stats.target_forwards += 1
+            _, kv = self._forward(self._to_context(x, first), self.context_noise, on_device, first)
             self._append(kv, commit=0)
         self._queue, self._queue_actions = x, block_actions.clone()
         self.stats.blocks += 1

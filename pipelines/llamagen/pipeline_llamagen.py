@@ -76,7 +76,6 @@ class LlamaGenPipeline(ARImagePipeline):
                               draft_transformer=draft_transformer)
         self.decoding = decoding
         self.window_graphs: dict[str, WindowGraphs] = {}  # `enable_cuda_graphs`
-        self.cuda_graphs: bool | None = None  # None: on whenever the pipeline is on a CUDA device
         self.image_processor = VaeImageProcessor(vae_scale_factor=vqvae.downsample_factor, do_normalize=True)
 
     @property
@@ -98,8 +97,7 @@ class LlamaGenPipeline(ARImagePipeline):
         height, width = height or size, width or size
         if (height, width) != (size, size):
             raise size_error("this LlamaGen model", height, width, f"its token grid makes {size}x{size} only")
-        if self.cuda_graphs is None and not self.window_graphs and self.device.type == "cuda":
-            self.enable_cuda_graphs()
+        self.replays_graphs()
         return LlamaGenAdapter(self.transformer, self.vqvae, self.window_graphs.get("transformer"))
 
     def draft_adapter(self) -> LlamaGenAdapter | None:
@@ -107,23 +105,15 @@ class LlamaGenPipeline(ARImagePipeline):
             return None
         return LlamaGenAdapter(self.draft_transformer, self.vqvae, self.window_graphs.get("draft_transformer"))
 
-    def enable_cuda_graphs(self) -> None:
-        """Replay the decoding loop from CUDA graphs (`mmspec.models.llamagen.graphs.WindowGraphs`): each decoding's
-        whole step — window forward, verification, redraft, commit, rollback — K iterations per graph, captured on a
-        decoding's first call and replayed by later calls with the same settings and batch (on a GPU a small model's
-        step is bound by kernel launches, and the host then reads the progress once per K iterations). The pipeline
-        keeps one KV cache per transformer, so one call runs at a time. A pipeline on a CUDA device does this by
-        itself on its first call; `disable_cuda_graphs()` turns it off (eager steps)."""
-        if self.device.type != "cuda":
-            raise ValueError(f"enable_cuda_graphs needs the pipeline on a CUDA device (pipe.to('cuda')), it is on "
-                             f"{self.device}")
-        self.cuda_graphs = True
+    def graph_stores(self, on: bool) -> None:
+        """The decoding loop's graphs (`mmspec.models.llamagen.graphs.WindowGraphs`): each decoding's whole step —
+        window forward, verification, redraft, commit, rollback — K iterations per graph, captured on a decoding's
+        first call and replayed by later calls with the same settings and batch (on a GPU a small model's step is
+        bound by kernel launches, and the host then reads the progress once per K iterations). The pipeline keeps one
+        KV cache per transformer, so one call runs at a time."""
         self.window_graphs = {name: WindowGraphs(model) for name, model in
                               (("transformer", self.transformer), ("draft_transformer", self.draft_transformer))
-                              if model is not None}
-
-    def disable_cuda_graphs(self) -> None:
-        self.cuda_graphs, self.window_graphs = False, {}
+                              if model is not None} if on else {}
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None = None,

@@ -61,22 +61,13 @@ class MARPipeline(MMSpecPipeline):
         self.register_modules(transformer=transformer, vae=vae, draft_transformer=draft_transformer)
         self.decoding = decoding
         self.sampler_graphs: SamplerGraphs | None = None  # `enable_cuda_graphs`
-        self.cuda_graphs: bool | None = None  # None: on whenever the pipeline is on a CUDA device
         self.image_processor = VaeImageProcessor(vae_scale_factor=vae.downsample_factor, do_normalize=True)
 
-    def enable_cuda_graphs(self) -> None:
-        """Replay the diffusion heads' reverse chains from CUDA graphs (`mmspec.continuous.graphs`): all
-        `num_diffusion_steps` sampler steps of a step's tokens in one graph, for the target and the draft alike (a
-        token's chain is thousands of small kernels, bound by their launches on a GPU). A chain is captured on the
-        second call of its shape and replayed after; outputs do not change. A pipeline on a CUDA device does this by
-        itself on its first call; `disable_cuda_graphs()` turns it off (eager chains)."""
-        if self.device.type != "cuda":
-            raise ValueError(f"enable_cuda_graphs needs the pipeline on a CUDA device (pipe.to('cuda')), it is on "
-                             f"{self.device}")
-        self.cuda_graphs, self.sampler_graphs = True, SamplerGraphs(cuda=True)
-
-    def disable_cuda_graphs(self) -> None:
-        self.cuda_graphs, self.sampler_graphs = False, None
+    def graph_stores(self, on: bool) -> None:
+        """The diffusion heads' reverse chains (`mmspec.continuous.graphs`): all `num_diffusion_steps` sampler steps
+        of a step's tokens in one graph, for the target and the draft alike (a token's chain is thousands of small
+        kernels, bound by their launches on a GPU), captured on the second call of a shape."""
+        self.sampler_graphs = SamplerGraphs(cuda=True) if on else None
 
     def check_inputs(self, class_labels, generator, output_type, num_iter, num_diffusion_steps):
         if isinstance(class_labels, int):
@@ -143,8 +134,7 @@ class MARPipeline(MMSpecPipeline):
         seeds = sample_seeds(generator, len(labels)).to(device)
         label_tensor = torch.tensor(labels, device=device)
         schedule = DiffusionSchedule.cosine(num_diffusion_steps, x0_clip=self.transformer.config.x0_clip)
-        if self.cuda_graphs is None and self.sampler_graphs is None and device.type == "cuda":
-            self.enable_cuda_graphs()
+        self.replays_graphs()
         self._interrupt = False
         with self.progress_bar(total=self.transformer.config.seq_len) as progress:
             on_step = self.step_hook(callback_on_step_end, names, progress)

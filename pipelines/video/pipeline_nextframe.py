@@ -78,6 +78,9 @@ class NextFramePipeline(MMSpecPipeline):
         vae ([`KLAutoencoder`]): encodes the start frames and decodes generated latents (x its scaling factor).
         decoding (`AR()` or `FrameSpeculation(...)`, a name or a config dict; defaults to `AR()`): what calls and
             sessions decode with unless they say otherwise; saved with the pipeline, swappable (`pipe.decoding = ...`).
+
+    On a CUDA device each session replays its blocks' Euler steps from CUDA graphs, one per (block size, frames
+    held), captured in the session (`FrameSession(graphs="cuda")`); `disable_cuda_graphs()` turns that off.
     """
 
     model_cpu_offload_seq = "transformer->vae"
@@ -155,7 +158,7 @@ class NextFramePipeline(MMSpecPipeline):
         self._check_call(output_type, generator, len(pixels))
         seeds = sample_seeds(generator, len(pixels))
         session = decoding.run(self.transformer, self.encode_frames(pixels), seeds, context_actions,
-                               num_inference_steps, context_noise)
+                               num_inference_steps, context_noise, "cuda" if self.replays_graphs() else None)
         session.stats.describe(decoding)
         return session
 

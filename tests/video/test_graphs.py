@@ -1,0 +1,60 @@
+"""A next-frame session's Euler steps replayed from graphs (`FrameSession(graphs=...)`) emit what the eager steps
+emit, frame for frame: the tape replay (a CUDA graph's semantics on a CPU), frame speculation with eager and
+pipelined context passes, batch 2, actions that change (rollbacks) and a window that fills and evicts; and a replay
+that bakes the block's first frame in at capture is caught."""
+
+import pytest
+import torch
+
+from mmspec.core.capture import HostReads
+from mmspec.video import FrameSession, FrameSpeculation
+from mmspec.video.methods import AR
+from tests.video.test_speculation import action_sequence, model, run  # noqa: F401  (model: a fixture)
+
+DECODINGS = [AR(), FrameSpeculation(frames=3), FrameSpeculation(frames=2, context="pipelined"),
+             FrameSpeculation.strict()]
+
+
+@pytest.mark.parametrize("decoding", DECODINGS, ids=["ar", "eager_context", "pipelined", "strict"])
+def test_replayed_euler_steps_emit_what_the_eager_steps_emit(model, decoding):  # noqa: F811
+    actions = action_sequence(14)
+    eager, eager_session = run(model, actions, decoding)
+    replayed, session = run(model, actions, decoding, graphs="tape")
+    assert torch.equal(replayed, eager)
+    assert session.graphs.captured  # later blocks of a shape replay
+    counted = {key: value for key, value in vars(session.stats).items() if key != "timings"}
+    assert counted == {key: value for key, value in vars(eager_session.stats).items() if key != "timings"}
+
+
+class BakedFirstFrame(FrameSession):
+    """Mutation companion: the graph is handed the block's first frame as a Python int, which a capture bakes in
+    (every replay then rotates its frames as the captured block's)."""
+
+    def _denoise(self, x, actions, first_frame, start):
+        self.stats.target_forwards += self.num_inference_steps - start
+        key = (tuple(x.shape), start, self.cache.num_frames)
+        return self.graphs(key, lambda x, actions: self._euler(x, actions, first_frame, start), x, actions)
+
+
+def test_a_replay_that_bakes_in_the_first_frame_is_caught(model):  # noqa: F811
+    actions = action_sequence(10)
+    eager, _ = run(model, actions, AR())
+    baked, _ = run(model, actions, AR(), session_cls=BakedFirstFrame, graphs="tape")
+    assert not torch.equal(baked, eager)
+
+
+def test_a_session_reads_the_device_only_for_the_callers_actions(model):  # noqa: F811
+    """Per emitted frame: the action check and the block's keep-or-roll-back decision read the caller's host-side
+    actions; no forward reads the device (the model is told the actions are checked)."""
+    actions = action_sequence(12)
+    with HostReads() as reads:
+        _, session = run(model, actions, FrameSpeculation(frames=3), graphs="tape")
+    per_frame = reads.count / session.stats.frames_emitted
+    assert per_frame <= 4, per_frame
+
+
+def test_cuda_graphs_need_a_cuda_model(model):  # noqa: F811
+    with pytest.raises(ValueError, match="graphs='cuda' needs the model on a CUDA device"):
+        run(model, action_sequence(2), graphs="cuda")
+    with pytest.raises(ValueError, match="graphs must be 'cuda', 'tape' or None"):
+        run(model, action_sequence(2), graphs="yes")
