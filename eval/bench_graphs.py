@@ -20,7 +20,15 @@ captured the same way, so every speedup is against graphed AR). Per mode, method
   forward, replayed alone from its own graph) / latency, so the prefill counts as outside.
 Per method: `fullgraph`, whether its step traces whole with `torch.compile(fullgraph=True, backend="eager")` (a graph
 break is a host read or a data-dependent shape, which no CUDA graph can hold; `mmspec.core.capture.trace_checks`).
-The text, MAR and next-frame loops (`NOT_CAPTURED`) are listed with what keeps them from a graph so far.
+
+`loops` does the same for the two other captured loops, at batch 1 (`LOOPS`):
+- mar_head / mar_speculative: the embedded MAR (mmspec/zoo/mar_shapes), 64 steps of 100 diffusion steps, AR and
+  exact speculative decoding; the captured part is the diffusion head's reverse chain of a step's tokens
+  (`mmspec.continuous.graphs`); an iteration is an encoder-decoder pass (target or draft); fullgraph: one chain;
+- frame_ar / frame: the embedded next-frame world (mmspec/zoo/nextframe_shapes), 24 frames at 10 % action changes,
+  sequential and `FrameSpeculation(frames=4)`; the captured part is a block's Euler steps; latency per frame, an
+  iteration is a model forward; fullgraph: one block's Euler steps.
+The text loop (`NOT_CAPTURED`) is listed with what keeps it from a graph so far.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import time
 
 import torch
 
-from mmspec.core.capture import HostReads, trace_checks
+from mmspec.core.capture import HostReads, compiles_fullgraph, trace_checks
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import synchronize
 from mmspec.core.stats import synchronized_timings
@@ -58,9 +66,8 @@ NOT_CAPTURED = {
                   "transformers' dynamic cache grows by shape",
     "text_tree": "as text_model",
     "text_ngram": "as text_model; the n-gram lookup runs on the host",
-    "mar_head": "the diffusion head's sampling loop is not captured yet",
-    "frame": "the next-frame step is not captured yet",
 }
+LOOPS = ("mar_head", "mar_speculative", "frame_ar", "frame")
 
 
 def call(pipe, device, options, batch, start):
@@ -147,6 +154,112 @@ def traced(pipe, device, prompt: str) -> dict:
     return found
 
 
+MAR_CALL = dict(num_iter=64, num_diffusion_steps=100, guidance_scale=3.0, output_type="latent")
+MAR_DECODINGS = {"mar_head": {"decoding": "ar"},
+                 "mar_speculative": {"decoding": "speculative", "gamma": 16, "prefill_ratio": 0.05}}
+FRAMES, FRAME_CHANGE, FRAME_STEPS = 24, 0.1, 4
+
+
+def measure_loops(device: torch.device, captured: bool, calls: int) -> dict:
+    """LOOPS at batch 1 (see the module docstring): latency (per call; per frame for the frame rows), speedup vs
+    the loop's own AR, host reads per iteration, and fullgraph (traced with the eager steps)."""
+    results = {}
+    for method, run in (*_mar_runs(device, captured).items(), *_frame_runs(device, captured).items()):
+        try:
+            results[method] = _measure_loop(device, run, captured, calls)
+        except RuntimeError as error:
+            print(f"{method} ({'captured' if captured else 'eager'}) failed: {str(error).splitlines()[0]}", flush=True)
+            results[method] = {"error": str(error).splitlines()[0]}
+    for ar, methods in (("mar_head", ("mar_head", "mar_speculative")), ("frame_ar", ("frame_ar", "frame"))):
+        for method in methods:
+            if "latency_s" in results[method] and "latency_s" in results[ar]:
+                results[method]["speedup_vs_ar"] = round(results[ar]["latency_s"] / results[method]["latency_s"], 3)
+    return results
+
+
+def _measure_loop(device, run, captured: bool, calls: int) -> dict:
+    """run(seed, trace) -> (iterations, units the latency is per, fullgraph or None): timed `calls` times after
+    warm-up calls (two when captured: a shape's first call runs eagerly, its second captures)."""
+    for seed in range(2 if captured else 1):
+        run(seed, False)
+    latencies, reads, iterations = [], 0, 0
+    for seed in range(calls):
+        synchronize(device)
+        with HostReads() as counted:
+            began = time.perf_counter()
+            done, units, _ = run(seed, False)
+            synchronize(device)
+            latencies.append((time.perf_counter() - began) / units)
+        reads, iterations = reads + counted.count, iterations + done
+    row = {"latency_s": statistics.median(latencies), "iterations": iterations / calls,
+           "host_reads_per_iteration": round(reads / iterations, 3)}
+    if not captured:
+        ok, reason = run(0, True)[2]
+        row.update({"fullgraph": ok, **({} if ok else {"break": reason})})
+    return row
+
+
+def _mar_runs(device, captured: bool) -> dict:
+    from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
+    from mmspec.pipelines.mar import MARPipeline
+    from mmspec.zoo import MAR_C2I
+
+    pipe = MARPipeline.from_pretrained(MAR_C2I).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    (pipe.enable_cuda_graphs if captured else pipe.disable_cuda_graphs)()
+    model = pipe.transformer
+
+    def chain_traces() -> tuple[bool, str]:
+        """One step's reverse chain (two tokens, CFG) through `compiles_fullgraph`."""
+        schedule = DiffusionSchedule.cosine(MAR_CALL["num_diffusion_steps"], x0_clip=model.config.x0_clip)
+        z = torch.randn(2, model.config.decoder_embed_dim, device=device)
+        x_T = torch.randn(2, model.config.token_dim, device=device)
+        noise = torch.randn(schedule.num_steps, *x_T.shape, device=device)
+        head = model.diffusion_head(z, z.flip(0), torch.full((2,), 3.0, device=device))
+        return compiles_fullgraph(lambda: sample_trajectory(head, schedule, x_T, noise))
+
+    def runner(options):
+        def run(seed: int, trace: bool):
+            stats = pipe([seed % 10], generator=seeded(device, [1000 + seed]), **MAR_CALL, **options).stats
+            return stats.target_forwards + stats.draft_forwards, 1, chain_traces() if trace else None
+        return run
+
+    return {method: runner(options) for method, options in MAR_DECODINGS.items()}
+
+
+def _frame_runs(device, captured: bool) -> dict:
+    from mmspec.pipelines.video import NextFramePipeline
+    from mmspec.video import FrameSpeculation
+    from mmspec.video.methods import AR
+    from mmspec.zoo import VIDEO_WORLD
+    from mmspec.zoo.video_world import episode, persistent_actions, rollout
+
+    pipe = NextFramePipeline.from_pretrained(VIDEO_WORLD).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    (pipe.enable_cuda_graphs if captured else pipe.disable_cuda_graphs)()
+
+    def runner(decoding):
+        def run(seed: int, trace: bool):
+            actions = persistent_actions(10**6 + seed, FRAMES, FRAME_CHANGE)
+            start = rollout(episode(seed, "heldout"), actions[:0])[0][0]
+            with pipe.start_session(start, decoding=decoding, num_inference_steps=FRAME_STEPS, output_type="latent",
+                                    generator=seeded(device, [1000 + seed])) as session:
+                for action in actions:
+                    session.step(action)
+                inner = session.session
+                traced = None
+                if trace:  # one block's Euler steps after the frames held now
+                    x = torch.randn(1, decoding.frames, inner.model.tokens_per_frame,
+                                    inner.model.config.latent_channels, device=device)
+                    block_actions = torch.zeros(1, decoding.frames, dtype=torch.long, device=device)
+                    first = torch.tensor(inner.cache.end, device=device)
+                    traced = compiles_fullgraph(lambda: inner._euler(x, block_actions, first, 0))
+            return session.stats.target_forwards, FRAMES, traced
+        return run
+
+    return {"frame_ar": runner(AR()), "frame": runner(FrameSpeculation(frames=4))}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_arguments(parser, dtype=False)
@@ -185,7 +298,22 @@ def main(argv: list[str] | None = None) -> dict:
                 f"tokens / forward, {r['host_reads_per_iteration']:.2f} host reads / iteration"
                 + ("" if r["outside_share"] is None else f", {100 * r['outside_share']:.0f} % outside the forward")
                 + ")" for m, r in results.items()), flush=True)
+    report["loops"] = {}
+    for mode in modes:
+        loops = report["loops"][mode] = measure_loops(device, mode == "graphs", 1 if args.quick else 3)
+        print(f"{mode} loops: " + ", ".join(f"{m} failed" if "error" in r else
+            f"{m} {r['latency_s'] * 1000:.1f} ms ({r['speedup_vs_ar']:.2f}x its AR, "
+            f"{r['host_reads_per_iteration']:.2f} host reads / iteration"
+            + (f", fullgraph {r['fullgraph']}" if "fullgraph" in r else "") + ")" for m, r in loops.items()),
+            flush=True)
     if "graphs" in report["modes"]:
+        for ar, methods in (("mar_head", ("mar_head", "mar_speculative")), ("frame_ar", ("frame_ar", "frame"))):
+            graphed = report["loops"]["graphs"][ar].get("latency_s")
+            for mode in modes:
+                for method in methods:
+                    run = report["loops"][mode][method]
+                    if graphed and "latency_s" in run:
+                        run["speedup_vs_graphed_ar"] = round(graphed / run["latency_s"], 3)
         for B in batch_sizes:
             graphed_ar = report["modes"]["graphs"][B]["ar"].get("latency_s")
             for mode in modes:

@@ -126,28 +126,35 @@ class FrameSession:
         self.cache = model.new_cache(B, max_speculative=max(k, self.speculation.frames))
         self.closed = False
         self._kept = self._changed = 0
-        self._last_action: torch.Tensor | None = None
+        self._last_action: tuple[int, ...] | None = None
         # speculated frames not yet emitted: latents [B, m, L_f, C] and the actions they were generated under [B, m]
         self._queue = context.new_zeros(B, 0, *context.shape[2:])
         self._queue_actions = torch.zeros(B, 0, dtype=torch.long)
         # emitted frames whose context pass is deferred into the next block ("pipelined"): latents, actions
         self._pending = (context.new_zeros(B, 0, *context.shape[2:]), torch.zeros(B, 0, dtype=torch.long))
         self.frame = k  # absolute index of the next frame to emit
-        context_actions = torch.zeros(B, k, dtype=torch.long) if context_actions is None else context_actions
-        self._check_actions(context_actions, "context_actions")
+        if context_actions is None:
+            context_actions = torch.zeros(B, k, dtype=torch.long)
+        else:
+            self._check_actions(context_actions, "context_actions")
         self._run(self._write_context, context.float(), torch.as_tensor(context_actions, dtype=torch.long), 0)
 
     @property
     def num_actions(self) -> int:
         return self.model.config.num_actions
 
-    def _check_actions(self, actions, name: str) -> None:
-        actions = torch.as_tensor(actions)
-        if actions.is_floating_point() or actions.dtype == torch.bool:
-            raise TypeError(f"{name} must be integers, got dtype {actions.dtype}")
-        if actions.numel() and (actions.min() < 0 or actions.max() >= self.num_actions):
+    def _check_actions(self, actions, name: str) -> list:
+        """The actions' values as Python ints (nested as given; a tensor is read once), checked."""
+        values = actions.tolist() if isinstance(actions, torch.Tensor) else actions
+        flat = list(_flatten(values))
+        if any(isinstance(a, (bool, float)) or not isinstance(a, int) for a in flat):
+            kind = actions.dtype if isinstance(actions, torch.Tensor) else type(next(
+                a for a in flat if isinstance(a, (bool, float)) or not isinstance(a, int))).__name__
+            raise TypeError(f"{name} must be integers, got {kind}")
+        if any(not 0 <= a < self.num_actions for a in flat):
             raise ValueError(f"{name} must be in [0, {self.num_actions}) (the model's action space), got "
-                             f"{sorted(actions.unique().tolist())}")
+                             f"{sorted(set(flat))}")
+        return values
 
     def _run(self, fn, *args):
         start = time.perf_counter()
@@ -161,9 +168,11 @@ class FrameSession:
         if self.closed:
             raise ValueError("this session is closed; start a new one")
         B = len(self.seeds)
-        self._check_actions(actions, "actions")
-        actions = torch.as_tensor(actions, dtype=torch.long).reshape(-1).expand(B).clone()
-        return self._run(self._step, actions)
+        values = self._check_actions(actions, "actions")
+        values = tuple(values) if isinstance(values, list) else (values,) * B
+        if len(values) not in (1, B):
+            raise ValueError(f"actions must be an int or one per row ({B}), got {len(values)}")
+        return self._run(self._step, values * B if len(values) == 1 else values)
 
     def close(self) -> FrameStats:
         """End the session; speculated frames still queued are discarded (so emitted = computed - discarded)."""
@@ -173,11 +182,13 @@ class FrameSession:
             self.closed = True
         return self.stats
 
-    def _step(self, actions: torch.Tensor) -> torch.Tensor:
+    def _step(self, values: tuple[int, ...]) -> torch.Tensor:
+        """The next frame under one action per row (`values`, checked Python ints: the host decides with them)."""
         if self._last_action is not None:
-            same = bool((actions == self._last_action).all())
+            same = values == self._last_action
             self._kept, self._changed = self._kept + same, self._changed + (not same)
-        self._last_action = actions
+        self._last_action = values
+        actions = torch.tensor(values, dtype=torch.long)
         if self._queue.shape[1] and not self._matches(actions):
             self.stats.frames_discarded += self._queue.shape[1]
             self.stats.rollbacks += 1
@@ -279,3 +290,11 @@ class FrameSession:
         self.stats.blocks += 1
         self.stats.frames_computed += n
         self.stats.block_sizes.append(n)
+
+
+def _flatten(values):
+    if isinstance(values, (list, tuple)):
+        for value in values:
+            yield from _flatten(value)
+    else:
+        yield values

@@ -261,6 +261,8 @@ def test_clear_errors(model):
         session.step(5)
     with pytest.raises(TypeError, match="actions must be integers"):
         session.step(torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"actions must be an int or one per row \(2\), got 3"):
+        session.step([1, 2, 3])
     with pytest.raises(ValueError, match=r"context_actions must be in \[0, 5\)"):
         FrameSession(model, context_frames(), seeds=torch.tensor([3, 8]), context_actions=torch.full((2, 2), -1),
                      speculation=AR())
