@@ -217,6 +217,15 @@ def truncate(state: CausalLMState, keep: torch.Tensor) -> None:
         state.slot_mask = state.slot_mask[:, : state.slot_mask.shape[1] - n_unused_tail]
 
 
+def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt tokens of each row moved to the front of a [B, width] buffer; returns (buffer, lengths [B])."""
+    mask = attention_mask.bool()
+    order = (~mask).long().argsort(dim=1, stable=True)  # valid positions first, in order
+    buffer = torch.zeros(input_ids.shape[0], width, dtype=torch.long, device=input_ids.device)
+    buffer[:, : input_ids.shape[1]] = input_ids.gather(1, order)
+    return buffer, mask.sum(-1)
+
+
 def as_causal_model(model) -> Any:
     """A transformers causal LM (an `nn.Module`) wrapped in a `CausalLMAdapter`; an adapter as it is."""
     return CausalLMAdapter(model) if isinstance(model, torch.nn.Module) else model

@@ -11,19 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.adapters.causal_lm import Prompt
+from mmspec.adapters.causal_lm import Prompt, left_align
 from mmspec.core.component import StepHook
 from mmspec.core.drafting import Round
 from mmspec.text.stats import TextStats
-
-
-def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt tokens of each row moved to the front of a [B, width] buffer; returns (buffer, lengths [B])."""
-    mask = attention_mask.bool()
-    order = (~mask).long().argsort(dim=1, stable=True)  # valid positions first, in order
-    buffer = torch.zeros(input_ids.shape[0], width, dtype=torch.long, device=input_ids.device)
-    buffer[:, : input_ids.shape[1]] = input_ids.gather(1, order)
-    return buffer, mask.sum(-1)
 
 
 def new_ids(tokens: torch.Tensor, prompt_lengths: torch.Tensor, generated: torch.Tensor, width: int,
