@@ -218,7 +218,9 @@ def _generators(generator) -> list[torch.Generator]:
 def _timer_off(step) -> Iterator[None]:
     """The step's phase timer (its opening's, if it has one) off in the block: no host timer sees into a capture,
     and dynamo does not trace one."""
-    timer = getattr(getattr(step, "opening", None), "timer", None)
+    timer = getattr(step, "timer", None)
+    if timer is None:
+        timer = getattr(getattr(step, "opening", None), "timer", None)
     enabled = timer is not None and timer.enabled
     if timer is not None:
         timer.enabled = False

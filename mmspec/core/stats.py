@@ -146,15 +146,18 @@ class SpecStats(DecodingStats):
 
     def record_step(self, result, draft_lengths: torch.Tensor, rows: torch.Tensor | None = None,
                     active: torch.Tensor | None = None, stepped: torch.Tensor | None = None) -> None:
-        """result: the step's VerifyResult; draft_lengths: [B'] long. Either `rows`: [B'] long, the indices in the
-        caller's batch of the rows still generating, or `active`: [B'] bool, which entries took part (the others'
-        are ignored). stepped: [B] bool, which samples took a step when a sample verifies several chains at once
-        (one window per image row band: B' = B * windows); default `active`. Accumulates into device counters
-        updated in place: no host sync, and a captured step (`mmspec.core.capture`) replays it."""
-        if active is None:
-            self.steps.index_add_(0, rows, torch.ones_like(rows))
+        """result: the step's VerifyResult; draft_lengths: [B'] long. `rows`: [B'] long, the indices in the caller's
+        batch of the entries (default: the batch as it is); `active`: [B'] bool, which entries took part (the
+        others' are ignored; default all). stepped: [B] bool, which samples took a step when a sample verifies
+        several chains at once (one window per image row band: B' = B * windows); default `active`. Accumulates
+        into device counters updated in place: no host sync, and a captured step (`mmspec.core.capture`) replays
+        it."""
+        took = (torch.ones_like(result.n_accepted, dtype=torch.bool) if active is None else active) \
+            if stepped is None else stepped
+        if rows is None:
+            self.steps += took.long()
         else:
-            self.steps += (active if stepped is None else stepped).long()
+            self.steps.index_add_(0, rows, took.long())
         n, lengths = result.n_accepted, draft_lengths
         taking = torch.ones_like(n) if active is None else active.long()
         if self._counts is None or self._counts.hist.shape[0] < result.accept_mask.shape[1] + 1:

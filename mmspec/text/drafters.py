@@ -12,10 +12,11 @@ shares (`mmspec.core.drafting.ModelProposer`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 
-from mmspec.adapters.causal_lm import as_causal_model
+from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.core.drafting import ModelProposer, Round, chain_round
 from mmspec.core.drafts import Draft
 from mmspec.core.model import Logits
@@ -34,15 +35,24 @@ def text_law(logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> t
 
 
 class Drafter:
-    """Base of the text drafters: `start(rows, vocab_size)` for a new batch, `select(index)` when finished rows
-    leave it, `forwards` (model calls so far), `vocab_size` (None: any vocabulary), and `step(...)`: the step that
-    `speculative_generate` repeats with it."""
+    """Base of the text drafters: `start(rows, vocab_size, capacity)` for a new batch, `select(index)` when finished
+    rows leave it, `forwards` (model calls so far), `vocab_size` (None: any vocabulary), and `step(...)`: the step
+    that `speculative_generate` repeats with it. `capturable`: whether its step holds no host read of its own (then a
+    CUDA graph can replay it); `capture_key()`: what makes two drafters' steps replayable by the same graphs."""
 
     vocab_size: int | None = None
     forwards: int = 0
+    capturable = True
 
-    def start(self, rows: TextRows, vocab_size: int) -> None:
-        """A new batch: `rows` after the target's prefill; the target has `vocab_size` tokens."""
+    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
+        """A new batch: `rows` after the target's prefill; the target has `vocab_size` tokens; a model's cache holds
+        `capacity` slots per row."""
+
+    def capture_key(self) -> tuple:
+        """The drafter's class and settings (its models by their weights): per-batch state is left out, so the
+        drafters of two calls with the same settings share their captured steps."""
+        return (type(self), *(_key_of(name, value) for name, value in sorted(vars(self).items())
+                              if name not in ("proposer", "vocab_size")))
 
     def select(self, index: torch.Tensor) -> None:
         """Keep only batch rows `index` ([B'] long), in that order: finished rows left the batch."""
@@ -55,33 +65,35 @@ class Drafter:
 
 
 class WithDraftModel:
-    """For the drafters that run a draft model: it becomes a `CausalModel` (`attach`), is prefilled with each new
-    batch's prompts, and drafts through the proposer every modality shares (`mmspec.core.drafting.ModelProposer`),
-    which counts its forwards and follows the rows that leave the batch."""
+    """For the drafters that run a draft model: it becomes a `CausalModel` on a fixed-capacity cache for each new
+    batch (`mmspec.adapters.static_cache`), is prefilled with the batch's prompts, and drafts through the proposer
+    every modality shares (`mmspec.core.drafting.ModelProposer`), which counts its forwards and follows the rows that
+    leave the batch."""
 
     def attach(self, model) -> None:
         """model: any transformers causal LM (or an `early_exit_view` of the target), or a `CausalModel` adapter."""
-        self.model = as_causal_model(model)
-        self.vocab_size = self.model.vocab_size
+        self.model = model
+        self.vocab_size = model.config.vocab_size if isinstance(model, torch.nn.Module) else model.vocab_size
         self.proposer: ModelProposer | None = None
 
     @property
     def forwards(self) -> int:
         return 0 if self.proposer is None else self.proposer.forwards
 
-    def start(self, rows: TextRows, vocab_size: int) -> None:
-        state, _ = self.model.prefill(rows.prompt)
-        self.proposer = ModelProposer(self.model, state, rows.batch_size, rows.tokens.device)
+    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
+        model = StaticCausalLMAdapter(self.model, capacity) if isinstance(self.model, torch.nn.Module) else self.model
+        state, _ = model.prefill(rows.prompt)
+        self.proposer = ModelProposer(model, state, rows.batch_size, rows.tokens.device)
 
     def select(self, index: torch.Tensor) -> None:
         self.proposer.select(index)
 
 
 class ChainDrafter(Drafter):
-    """Base of the drafters of chains: `propose(rows, budget [B], sampling, generator) -> Draft`, up to budget[b]
-    tokens after row b's tokens."""
+    """Base of the drafters of chains: `propose(rows, budget [B], width, sampling, generator) -> Draft`, up to
+    budget[b] tokens after row b's tokens, in a draft of `width` tokens (a host int: the step's static shape)."""
 
-    def propose(self, rows: TextRows, budget: torch.Tensor, sampling: SamplingConfig,
+    def propose(self, rows: TextRows, budget: torch.Tensor, width: int, sampling: SamplingConfig,
                 generator: Generators) -> Draft:
         raise NotImplementedError
 
@@ -103,16 +115,26 @@ class ChainStep:
     def __init__(self, drafter: ChainDrafter, schedule: DraftLengthSchedule, acceptance: AcceptanceRule):
         self.drafter, self.schedule, self.acceptance = drafter, schedule, acceptance
         self.lookahead = schedule.max_length  # the most draft tokens a step writes past a row's end
+        self.window = schedule.max_length + 1  # the most tokens a forward writes past a row's committed ones
 
-    def start(self, rows: TextRows, vocab_size: int) -> None:
-        self.drafter.start(rows, vocab_size)
+    @property
+    def capturable(self) -> bool:
+        """A constant draft length and no confidence stop (each reads the host), and a capturable drafter."""
+        return (self.drafter.capturable and self.schedule.kind == "constant"
+                and not getattr(self.drafter, "confidence_threshold", 0))
+
+    def capture_key(self) -> tuple:
+        return (self.drafter.capture_key(), self.schedule.kind, self.schedule.length, repr(self.acceptance))
+
+    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
+        self.drafter.start(rows, vocab_size, capacity)
         self.schedule.reset(rows.batch_size, rows.tokens.device)
         self.test = self.acceptance.bind(None, vocab_size)
 
     def __call__(self, target, state, rows: TextRows, sampling: SamplingConfig, generator: Generators,
                  timer: PhaseTimer) -> Round:
         with timer("draft"):
-            draft = self.drafter.propose(rows, self.schedule.budget, sampling, generator)
+            draft = self.drafter.propose(rows, self.schedule.budget, self.schedule.width(), sampling, generator)
         return chain_round(target, state, rows.last, draft, text_law, sampling, self.test, generator, timer)
 
     def observe(self, round: Round, rows: TextRows, stats: TextStats) -> None:
@@ -137,9 +159,8 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
         self.confidence_threshold = confidence_threshold
 
     @torch.no_grad()
-    def propose(self, rows, budget, sampling, generator) -> Draft:
-        G = int(budget.max())  # host read: the widest budget sets the round's draft width
-        return self.proposer.chain(rows.seq, rows.committed, G, text_law, sampling, generator, budget,
+    def propose(self, rows, budget, width, sampling, generator) -> Draft:
+        return self.proposer.chain(rows.seq, rows.committed, width, text_law, sampling, generator, budget,
                                    self.confidence_threshold)
 
 
@@ -186,10 +207,10 @@ class NGramDrafter(ChainDrafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     @torch.no_grad()
-    def propose(self, rows, budget, sampling, generator) -> Draft:
+    def propose(self, rows, budget, width, sampling, generator) -> Draft:
         tokens, lengths = rows.tokens, rows.lengths
         B, T = tokens.shape
-        L = int(budget.max())  # host read: draft width
+        L = width
         arange_T = torch.arange(T, device=tokens.device)
         start = torch.full((B,), -1, dtype=torch.long, device=tokens.device)  # where the copied continuation starts
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
@@ -225,10 +246,28 @@ class DraftLengthSchedule:
     def reset(self, batch_size: int, device: torch.device) -> None:
         self.budget = torch.full((batch_size,), self.length, dtype=torch.long, device=device)
 
+    def width(self) -> int:
+        """The draft width of the next step: the constant length, or the widest budget (one host read)."""
+        return self.length if self.kind == "constant" else int(self.budget.max())
+
     def select(self, index: torch.Tensor) -> None:
         self.budget = self.budget[index]
 
     def update(self, n_accepted: torch.Tensor, draft_lengths: torch.Tensor) -> None:
         if self.kind == "heuristic":
             full = (n_accepted == draft_lengths) & (draft_lengths > 0)
-            self.budget = torch.where(full, self.budget + 2, self.budget - 1).clamp(1, self.max_length)
+            self.budget.copy_(torch.where(full, self.budget + 2, self.budget - 1).clamp(1, self.max_length))
+
+
+def _key_of(name: str, value):
+    """A drafter setting as a hashable key: plain values as they are, a module by its class, depth and weights (an
+    early-exit view shares the target's), anything else by its type."""
+    if value is None or isinstance(value, (bool, int, float, str, tuple)):
+        return name, value
+    if isinstance(value, torch.nn.Module):
+        first = next(value.parameters(), None)
+        layers = getattr(getattr(value, "config", None), "num_hidden_layers", None)
+        return name, type(value), layers, None if first is None else first.data_ptr()
+    if dataclasses.is_dataclass(value):
+        return name, repr(value)
+    return name, type(value), id(value)

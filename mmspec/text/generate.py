@@ -5,8 +5,15 @@ scores the pending token and every draft token in one forward (a tree with a tre
 path) of each row's draft and draws one more token, and the target's cache rolls back per row
 (`mmspec.core.drafting`). The drafter decides which step runs (`Drafter.step`: `ChainStep`, `TreeStep`); this loop is
 the same for both. Rows advance by their own accepted counts and stop at their own EOS; no row waits for another.
-With temperature 0 the greedy rule is used, which gives token-for-token the target's greedy output. Rows that finish
-(EOS or max_new_tokens) are written out and leave the batch, so the remaining rows' steps get cheaper.
+With temperature 0 the greedy rule is used, which gives token-for-token the target's greedy output.
+
+The models run on fixed-capacity caches rolled back in place (`mmspec.adapters.static_cache`), and a step
+(`TextStep`) keeps its whole state in tensors it updates in place, with no host read: the loop drives it in blocks of
+iterations with one read of the progress per block (`mmspec.core.capture.StepRunner`). Rows that finish inside a
+block commit nothing more; between blocks an eager loop writes them out and drops them from the batch, so the
+remaining rows' steps get cheaper (where that changes no other row's draws: at temperature 0 or with a generator per
+row). With `graphs` (a `mmspec.core.capture.StepGraphs`: CUDA graphs, or their CPU
+tape) a block replays one captured graph and the batch keeps its shape until every row is done.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ import time
 
 import torch
 
-from mmspec.adapters.causal_lm import as_causal_model
+from mmspec.adapters.static_cache import StaticCausalLMAdapter
+from mmspec.core.capture import BLOCK_SIZES, StepGraphs, StepRunner, block_size
 from mmspec.core.component import StepHook
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, check_generators, select_generators
@@ -65,6 +73,46 @@ def stop_tokens(target, eos_token_id, pad_token_id: int | None, device) -> tuple
     return eos, pad_token_id
 
 
+def as_static_model(model, capacity: int):
+    """A transformers causal LM on a `StaticCausalLMAdapter` of `capacity` slots; an adapter as it is."""
+    return StaticCausalLMAdapter(model, capacity) if isinstance(model, torch.nn.Module) else model
+
+
+class TextStep:
+    """One iteration of a text decoding: the drafter's step (`ChainStep`, `TreeStep`) drafts and verifies, the rows
+    commit, the target rolls back to each row's last committed token; state updated in place, no host read (so a
+    captured step replays it). The stats' Python counters (target and draft forwards) count per call."""
+
+    def __init__(self, inner, drafter: Drafter, model, state, rows: TextRows, sampling: SamplingConfig,
+                 generator: Generators, stats: TextStats, timer: PhaseTimer):
+        self.inner, self.drafter, self.model, self.state, self.rows = inner, drafter, model, state, rows
+        self.sampling, self.generator, self.stats, self.timer = sampling, generator, stats, timer
+
+    def __call__(self) -> None:
+        forwards = self.drafter.forwards
+        round = self.inner(self.model, self.state, self.rows, self.sampling, self.generator, self.timer)
+        self.stats.target_forwards += 1
+        self.stats.draft_forwards += self.drafter.forwards - forwards
+        with self.timer("verify"):
+            self.rows.commit(round, self.stats)
+            self.inner.observe(round, self.rows, self.stats)
+        with self.timer("target"):
+            self.model.rollback(self.state, self.rows.committed - 1)  # the last committed token opens the next window
+
+    def progress(self) -> tuple[bool, int]:
+        return self.rows.progress()
+
+    def finish(self) -> None:
+        pass
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only batch positions `index` ([B'] long): the done rows leave."""
+        self.rows.select(index)
+        self.model.select_rows(self.state, index)
+        self.inner.select(index)
+        self.generator = select_generators(self.generator, index)
+
+
 @torch.no_grad()
 def speculative_generate(
     target,
@@ -84,6 +132,7 @@ def speculative_generate(
     pad_token_id: int | None = None,
     generator: Generators = None,
     on_step: StepHook | None = None,
+    graphs: StepGraphs | None = None,
 ) -> tuple[torch.Tensor, TextStats]:
     """Generate with speculative decoding.
 
@@ -97,7 +146,10 @@ def speculative_generate(
     a vocabulary sort per node). generator: a torch.Generator or one per row. on_step: called after every
     verification step as `on_step(step, fewest new tokens of a row, tensors)` with tensors `"generated_ids"`
     ([B, max_new_tokens], each row's new tokens so far, then pad_token_id) and `"new_tokens"` ([B]); a true return
-    ends every row where it stands.
+    ends every row where it stands. graphs: replay the steps from these captured steps (`StepGraphs(cuda=True)` on
+    a GPU; keep it across calls: a later call with the same settings and batch replays the graphs of the first).
+    A step with a host read of its own cannot be captured: the heuristic draft-length schedule, a confidence
+    threshold, and `StandDrafter` run eagerly.
     Returns (sequences, stats): sequences [B, T + N], the prompts as given then the new tokens (N: the longest row's),
     padded with pad_token_id after each row's EOS (as `generate` does); `stats.acceptance_map` [B, N], the step (1,
     2, ...) that committed each new token, `stats.from_draft` [B, N], whether it was an accepted draft (padding -1 /
@@ -105,44 +157,51 @@ def speculative_generate(
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a ChainDrafter or a TreeDrafter (mmspec.text), got {type(drafter).__name__}")
-    step = drafter.step(acceptance, draft_length, tree_rule, measure_ceiling)
-    check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, step.lookahead, eos_token_id, generator)
+    if graphs is not None and not isinstance(graphs, StepGraphs):
+        raise TypeError(f"graphs must be a mmspec.core.capture.StepGraphs, got {type(graphs).__name__}")
+    inner = drafter.step(acceptance, draft_length, tree_rule, measure_ceiling)
+    check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, inner.lookahead, eos_token_id, generator)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
-    rows = TextRows(input_ids, mask, max_new_tokens, step.lookahead,
+    rows = TextRows(input_ids, mask, max_new_tokens, inner.lookahead,
                     *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device))
     stats = TextStats(steps=torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))
     timer, started = PhaseTimer(stats.timings), time.perf_counter()
+    capacity = rows.prompt_width + max_new_tokens + inner.window + 1
+    key = ("text", inner.capture_key(), sampling, tuple(input_ids.shape), capacity)
 
     # 1. Prefill the target with all but each row's last prompt token (that one is scored with the first draft).
-    model = as_causal_model(target)
+    model = as_static_model(target, capacity)
     with timer("target"):
         state, _ = model.prefill(rows.prompt)
     stats.target_forwards = stats.prefill_forwards = int(rows.prompt.input_ids.shape[1] > 0)
-    step.start(rows, model.vocab_size)
+    inner.start(rows, model.vocab_size, capacity)
 
-    # 2. Draft, verify, commit, roll back; rows that finish are written out and leave the batch.
-    while True:
-        round = step(model, state, rows, sampling, generator, timer)
-        stats.target_forwards += 1
-        with timer("verify"):
-            finished = rows.commit(round, stats.target_forwards - stats.prefill_forwards, stats)
-            step.observe(round, rows, stats)
-            if on_step is not None and rows.show(on_step, stats.target_forwards - stats.prefill_forwards):
-                finished = torch.ones_like(finished)  # the caller stopped every row where it stands
-            going_on = rows.retire(finished)  # None: every row goes on
-        if going_on is not None and going_on.numel() == 0:
-            break
-        with timer("target"):
-            model.rollback(state, rows.committed - 1)  # the last committed token opens the next window
-        if going_on is not None:
-            rows.select(going_on)
-            model.select_rows(state, going_on)
-            step.select(going_on)
-            generator = select_generators(generator, going_on)
+    # 2. Draft, verify, commit, roll back, in blocks of iterations with one read of the progress per block.
+    step = TextStep(inner, drafter, model, state, rows, sampling, generator, stats, timer)
+    runner = StepRunner(step, stats, timer, graphs if inner.capturable else None, key)
+    # Finished rows leave an eager batch only where that changes no other row's draws: at temperature 0, or with a
+    # generator per row (a shared generator's draws are laid out over the whole batch, as a captured batch keeps it).
+    narrows = sampling.greedy or isinstance(generator, (list, tuple))
+    done, fewest = False, 0
+    try:
+        while not done:
+            rate = fewest / runner.iterations if runner.iterations else 1.0  # new tokens per iteration, slowest row
+            k = 1 if on_step is not None else block_size((max_new_tokens - fewest) / max(rate, 1.0))
+            runner.run(min(k, BLOCK_SIZES[0]))
+            live = runner.step.rows
+            if on_step is not None and live.show(on_step, runner.iterations):
+                live.done.fill_(True)  # the caller stopped every row where it stands
+            done, fewest = live.progress()
+            if narrows and runner.graphs is None and not done:
+                going_on = rows.retire()
+                if going_on is not None:
+                    step.select(going_on)
+    finally:
+        runner.finish()
 
     # 3. Prompts as given, then each row's new tokens, padded to the longest row.
+    rows.retire()  # every row is done
     sequences = rows.output(input_ids, stats)
-    stats.draft_forwards = drafter.forwards
     stats.timings["total"] = time.perf_counter() - started
     stats.finalize()
     return sequences, stats

@@ -1,6 +1,8 @@
 """`TextRows`: the per-row sequences of a text decoding and what a step commits to them — each row's own length, its
-own EOS and max_new_tokens, which verification step committed each token — with finished rows written out and
-dropped from the batch, so the remaining rows' steps get cheaper.
+own EOS and max_new_tokens, which verification step committed each token. A row that finishes stays in the batch,
+committing nothing more (`done`), until the loop next reads the progress; an eager loop then writes finished rows out
+and drops them from the batch (`retire`, `select`), so the remaining rows' steps get cheaper. Everything a step
+changes is updated in place, so a captured step (`mmspec.core.capture`) replays it.
 
 Buffers are left-aligned: row b is `tokens[b, :lengths[b]]`, its prompt then its new tokens. The models count what
 follows their prefill, which holds each prompt but its last token (that one opens the first window): the model view
@@ -38,6 +40,9 @@ class TextRows:
         self.prompt_width = int(self.prompt_lengths.max())  # the longest prompt (read once, not in every step)
         device = input_ids.device
         self.generated = torch.zeros(B, dtype=torch.long, device=device)
+        self.count = torch.zeros(B, dtype=torch.long, device=device)  # what the last step committed per row
+        self.done = torch.zeros(B, dtype=torch.bool, device=device)  # rows that finished (EOS or max_new_tokens)
+        self.step = torch.zeros((), dtype=torch.long, device=device)  # verification steps so far
         self.rows = torch.arange(B, device=device)  # batch position -> output row
         self.committed_at = torch.full_like(self.tokens, -1)  # verification step that committed each position
         self.drafted = torch.zeros_like(self.tokens, dtype=torch.bool)  # position holds an accepted draft token
@@ -75,10 +80,11 @@ class TextRows:
         """[B] long, each row's last token (the root of its next draft; not in the target's cache yet)."""
         return self.tokens.gather(1, (self.lengths - 1)[:, None]).squeeze(1)
 
-    def commit(self, round: Round, step: int, stats: TextStats) -> torch.Tensor:
-        """Write each row's accepted drafts and closing token (up to its EOS and max_new_tokens), record the step;
-        returns [B] bool, the rows that finished."""
-        n = round.result.n_accepted
+    def commit(self, round: Round, stats: TextStats) -> None:
+        """Write each going row's accepted drafts and closing token (up to its EOS and max_new_tokens), record the
+        step, and mark the rows that finished `done` (in place, no host read)."""
+        n, going = round.result.n_accepted, ~self.done
+        self.step += 1
         slots = torch.arange(round.emitted.shape[1], device=n.device)
         count = torch.minimum(n + 1, self.max_new_tokens - self.generated)
         finished = count == self.max_new_tokens - self.generated
@@ -86,16 +92,24 @@ class TextRows:
             is_eos = torch.isin(round.emitted, self.eos) & (slots < count[:, None])
             count = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, count)
             finished |= is_eos.any(-1)
+        count = torch.where(going, count, 0)
         positions = self.lengths[:, None] + slots
         keep_old = slots >= count[:, None]
         self.tokens.scatter_(1, positions, torch.where(keep_old, self.tokens.gather(1, positions), round.emitted))
-        self.committed_at.scatter_(1, positions, self.committed_at.gather(1, positions).masked_fill(~keep_old, step))
+        self.committed_at.scatter_(1, positions, torch.where(keep_old, self.committed_at.gather(1, positions),
+                                                             self.step))
         self.drafted.scatter_(1, positions, self.drafted.gather(1, positions) | (~keep_old & (slots < n[:, None])))
-        self.count = count  # what this step committed, for drafters that learn from it
+        self.count.copy_(count)  # what this step committed, for drafters that learn from it
         self.lengths += count
         self.generated += count
-        stats.record_step(round.result, round.drafted, self.rows)
-        return finished
+        stats.record_step(round.result, round.drafted, self.rows, active=going)
+        self.done |= finished & going
+
+    def progress(self) -> tuple[bool, int]:
+        """(every row done, the fewest new tokens of a going row; max_new_tokens when none goes): one host read."""
+        fewest = torch.where(self.done, self.max_new_tokens, self.generated).min()
+        done, fewest = torch.stack([self.done.all().long(), fewest]).tolist()
+        return bool(done), fewest
 
     def show(self, on_step: StepHook, step: int) -> bool:
         """Hand every row so far to the caller's hook (`speculative_generate`'s `on_step`); whether it says stop."""
@@ -104,20 +118,21 @@ class TextRows:
         ids = new_ids(so_far, self.prompt_lengths, counts, self.max_new_tokens, self.pad_token_id)
         return bool(on_step(step, int(counts.min()), {"generated_ids": ids, "new_tokens": counts}))
 
-    def retire(self, finished: torch.Tensor) -> torch.Tensor | None:
-        """Write the finished rows out; the batch positions that go on ([B'] long), None when none leaves."""
-        done = finished.tolist()  # host read: which rows leave the batch
+    def retire(self) -> torch.Tensor | None:
+        """Write the done rows out; the batch positions that go on ([B'] long), None when none leaves."""
+        done = self.done.tolist()  # host read: which rows leave the batch
         if not any(done):
             return None
         for final, live in zip(self.final, (self.tokens, self.generated, self.committed_at, self.drafted),
                                strict=True):
-            final[self.rows[finished]] = live[finished]
-        return torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.long, device=finished.device)
+            final[self.rows[self.done]] = live[self.done]
+        return torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.long, device=self.done.device)
 
     def select(self, index: torch.Tensor) -> None:
         """Keep only batch positions `index` ([B'] long), in that order."""
         self.tokens, self.lengths, self.generated = self.tokens[index], self.lengths[index], self.generated[index]
         self.committed_at, self.drafted, self.rows = self.committed_at[index], self.drafted[index], self.rows[index]
+        self.count, self.done = self.count[index], self.done[index]
 
     def output(self, input_ids: torch.Tensor, stats: TextStats) -> torch.Tensor:
         """[B, T + N]: the prompts as given, then each row's new tokens, padded to the longest row (N); the stats'

@@ -24,14 +24,37 @@ class TextStats(SpecStats):
     tree_acceptance: float | None = None
     tree_alpha_star: float | None = None
     child_acceptance: tuple[float, ...] | None = None
-    _tree_nodes: list = field(default_factory=list, repr=False)
+    _tree_sums: torch.Tensor | None = field(default=None, repr=False)  # [4] float64, see record_tree_walk
+    _child_counts: torch.Tensor | None = field(default=None, repr=False)  # [2, K] long: accepted, seen per rank
+    _star_measured: bool = field(default=True, repr=False)
 
     def record_tree_walk(self, node_acceptance: torch.Tensor, node_alpha_star: torch.Tensor | None,
-                         node_children: torch.Tensor, accepted_rank: torch.Tensor) -> None:
+                         node_children: torch.Tensor, accepted_rank: torch.Tensor,
+                         max_children: int | None = None) -> None:
         """[B, D] each, at every inner node a walk visited: the rule's acceptance probability, the ceiling alpha*
-        (NaN elsewhere; None when not measured), the node's children and the rank of the one accepted (-1: none)."""
-        self._tree_nodes.append((node_acceptance.flatten(), None if node_alpha_star is None else
-                                 node_alpha_star.flatten(), node_children.flatten(), accepted_rank.flatten()))
+        (NaN elsewhere; None when not measured), the node's children and the rank of the one accepted (-1: none).
+        max_children: what bounds node_children (the tree's branching; None: read from it, a host read).
+        Accumulates on the device, in place (a captured step replays it): the sum and count of the acceptance at
+        inner nodes, the sum of alpha* there and its NaNs, and per rank k the nodes that accepted their k-th child
+        and those that have one."""
+        device = node_acceptance.device
+        K = int(node_children.max()) if max_children is None else max_children
+        if self._tree_sums is None:
+            self._tree_sums = torch.zeros(4, dtype=torch.float64, device=device)
+        if self._child_counts is None or self._child_counts.shape[1] < K:
+            old, self._child_counts = self._child_counts, torch.zeros(2, K, dtype=torch.long, device=device)
+            if old is not None:
+                self._child_counts[:, : old.shape[1]] = old
+        rule = node_acceptance.double()
+        inner = ~rule.isnan()
+        star = rule.new_zeros(()) if node_alpha_star is None else node_alpha_star.double()
+        self._star_measured &= node_alpha_star is not None
+        self._tree_sums += torch.stack([torch.where(inner, rule, 0).sum(), inner.sum(),
+                                        torch.where(inner & ~star.isnan(), star, 0).sum(),
+                                        (inner & star.isnan()).sum()])
+        ranks = torch.arange(self._child_counts.shape[1], device=device)
+        self._child_counts[0] += (accepted_rank.flatten()[:, None] == ranks).sum(0)
+        self._child_counts[1] += (node_children.flatten()[:, None] > ranks).sum(0)
 
     def as_dict(self) -> dict:
         """`SpecStats.as_dict` and, for trees, the figures above (child_acceptance: what a positional tree is built
@@ -46,14 +69,10 @@ class TextStats(SpecStats):
         return {**base, **tree, "timings_s": timings}
 
     def finalize(self) -> None:
-        if self._tree_nodes:
-            rule, star, children, rank = (torch.cat(t).cpu() if all(x is not None for x in t) else None
-                                          for t in zip(*self._tree_nodes, strict=True))
-            self._tree_nodes.clear()
-            inner = ~rule.isnan()
-            self.tree_acceptance = float(rule[inner].double().mean()) if inner.any() else None
-            known = star is not None and inner.any() and not star[inner].isnan().any()
-            self.tree_alpha_star = float(star[inner].double().mean()) if known else None
-            ranks = range(int(children.max())) if children.numel() else range(0)
-            self.child_acceptance = tuple(float((rank == k).sum() / (children > k).sum()) for k in ranks) or None
+        if self._tree_sums is not None:
+            (rule, inner, star, unknown), (hits, seen) = self._tree_sums.tolist(), self._child_counts.tolist()
+            self._tree_sums = self._child_counts = None
+            self.tree_acceptance = rule / inner if inner else None
+            self.tree_alpha_star = star / inner if inner and self._star_measured and not unknown else None
+            self.child_acceptance = tuple(hit / count for hit, count in zip(hits, seen, strict=True) if count) or None
         super().finalize()

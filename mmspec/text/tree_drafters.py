@@ -69,9 +69,18 @@ class TreeStep:
     def __init__(self, drafter: TreeDrafter, rule: str | None, ceiling: bool):
         self.drafter, self.rule, self.ceiling = drafter, rule, ceiling
         self.lookahead = drafter.shape.depth  # the most draft tokens a step writes past a row's end
+        # the most tokens a forward writes past a row's committed ones: a level's window and the nodes before it
+        self.window = drafter.shape.nodes + drafter.shape.depth + 2
 
-    def start(self, rows: TextRows, vocab_size: int) -> None:
-        self.drafter.start(rows, vocab_size)
+    @property
+    def capturable(self) -> bool:
+        return self.drafter.capturable
+
+    def capture_key(self) -> tuple:
+        return self.drafter.capture_key(), self.rule, self.ceiling
+
+    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
+        self.drafter.start(rows, vocab_size, capacity)
 
     def __call__(self, target, state, rows: TextRows, sampling: SamplingConfig, generator: Generators,
                  timer: PhaseTimer) -> Round:
@@ -84,7 +93,8 @@ class TreeStep:
     def observe(self, round: Round, rows: TextRows, stats: TextStats) -> None:
         self.drafter.observe(rows.tokens, rows.lengths - rows.count, round.laws, rows.count)
         walk = round.walk
-        stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star, walk.node_children, walk.accepted_rank)
+        stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star, walk.node_children, walk.accepted_rank,
+                               self.drafter.shape.branching)
 
     def select(self, index: torch.Tensor) -> None:
         self.drafter.select(index)
@@ -153,7 +163,9 @@ class StandDrafter(TreeDrafter):
             raise ValueError(f"backoff must be in (0, 1] (weight of each shorter context), got {backoff!r}")
         self.shape, self.max_ngram, self.top, self.backoff = shape, max_ngram, top, backoff
 
-    def start(self, rows: TextRows, vocab_size: int) -> None:
+    capturable = False  # its memory grows by the committed tokens, and it reads the host for the prompt's
+
+    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
         batch_size, device = rows.batch_size, rows.tokens.device
         self.vocabulary = vocab_size
         self.keys = torch.zeros(batch_size, 0, self.max_ngram, dtype=torch.long, device=device)

@@ -24,8 +24,8 @@ def test_drafter_tokens_follow_the_q_it_returns(drafter_kind, sampling):
     N = 20_000
     tokens = torch.tensor([[3, 4, 5, 6]]).repeat(N, 1)
     rows = rows_of(tokens, torch.full((N,), 4))
-    drafter.start(rows, 16)
-    draft = drafter.propose(rows, torch.full((N,), 2), sampling, torch.Generator().manual_seed(0))
+    drafter.start(rows, 16, capacity=8)
+    draft = drafter.propose(rows, torch.full((N,), 2), 2, sampling, torch.Generator().manual_seed(0))
     assert draft.q.shape == (N, 2, 16)
     q1 = draft.q[0, 0].double()
     torch.testing.assert_close(draft.q[:, 0].double(), q1.expand(N, 16))  # same context, same law
@@ -46,15 +46,15 @@ def test_ngram_drafter_is_deterministic_and_copies_latest_match():
     drafter = NGramDrafter(max_ngram=2)
     tokens = torch.tensor([[1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 0, 0], [7, 8, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
     lengths = torch.tensor([10, 3])
-    draft = drafter.propose(rows_of(tokens, lengths), torch.tensor([3, 3]), SamplingConfig(), None)
+    draft = drafter.propose(rows_of(tokens, lengths), torch.tensor([3, 3]), 3, SamplingConfig(), None)
     assert draft.q is None
     assert draft.tokens[0].tolist() == [5, 6, 1] and draft.lengths.tolist() == [3, 0]  # latest "1 2" is followed by 5 6 1
 
 
 def test_ngram_draft_is_cut_at_the_sequence_end():
     tokens = torch.tensor([[4, 5, 6, 4, 5, 0]])
-    draft = NGramDrafter(max_ngram=2).propose(rows_of(tokens, torch.tensor([5])), torch.tensor([4]), SamplingConfig(),
-                                              None)
+    draft = NGramDrafter(max_ngram=2).propose(rows_of(tokens, torch.tensor([5])), torch.tensor([4]), 4,
+                                              SamplingConfig(), None)
     assert draft.lengths.tolist() == [3] and draft.tokens[0, :3].tolist() == [6, 4, 5]  # 3 known tokens, budget 4
 
 
@@ -82,8 +82,8 @@ def test_confidence_stop_shortens_drafts():
     tokens = torch.tensor([[3, 4, 5]]).repeat(8, 1)
     drafter = ModelDrafter(draft_model, confidence_threshold=0.99)
     rows = rows_of(tokens, torch.full((8,), 3))
-    drafter.start(rows, 48)
-    draft = drafter.propose(rows, torch.full((8,), 5), SamplingConfig(), torch.Generator().manual_seed(0))
+    drafter.start(rows, 48, capacity=12)
+    draft = drafter.propose(rows, torch.full((8,), 5), 5, SamplingConfig(), torch.Generator().manual_seed(0))
     assert draft.lengths.tolist() == [1] * 8  # a random tiny model is never 99% sure
     with pytest.raises(ValueError, match="confidence_threshold"):
         ModelDrafter(draft_model, confidence_threshold=1.5)

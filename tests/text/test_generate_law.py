@@ -10,7 +10,7 @@ break one piece of the algorithm and must be rejected by the same test.
 import pytest
 import torch
 
-from mmspec.adapters import causal_lm
+from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.core import drafting
 from mmspec.core.rules import exact
 from mmspec.text import speculative_generate
@@ -95,8 +95,9 @@ MUTATIONS = {  # (module, attribute, replacement)
     "resample_from_p": (exact, "residual_law", lambda p, q: p),
     "accept_always": (exact, "accept_probability", lambda p_x, q_x: torch.ones_like(p_x)),  # HF #28508
     "off_by_one_bonus": (drafting, "verify", off_by_one_bonus),
-    # the caches keep rejected tokens (no per-row rollback of the target and the draft model)
-    "no_cache_rollback": (causal_lm, "truncate", lambda state, keep: None),
+    # the caches keep rejected tokens: every row rolls back only as far as the row that kept the most
+    "no_per_row_rollback": (StaticCausalLMAdapter, "rollback", lambda adapter, state, keep: state.lengths.copy_(
+        torch.minimum(state.lengths, state.prompt_lengths + state.rows(keep).max()))),
 }
 
 

@@ -9,7 +9,7 @@ the same tree attention as the target. Mutation companions must be rejected by t
 
 import pytest
 
-from mmspec.adapters.causal_lm import CausalLMAdapter
+from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.core import multidraft, tree_verify
 from mmspec.core.tree_shape import TreeShape
 from mmspec.text import speculative_generate
@@ -62,7 +62,7 @@ def siblings_not_renormalised(p, q):
 
 
 MUTATIONS = {  # name: (config, module, attribute, replacement)
-    "keeps_rejected_branch_kv": ("rsd_k2", CausalLMAdapter, "keep_path", keep_rejected_branches),
+    "keeps_rejected_branch_kv": ("rsd_k2", StaticCausalLMAdapter, "keep_path", keep_rejected_branches),
     "residual_not_renormalised_across_siblings": ("rsd_k2", multidraft, "residual_law", siblings_not_renormalised),
     "without_replacement_children_verified_as_iid": (
         "rsd_k3_topk", tree_verify, "check_rule", lambda scheme, rule: "specinfer"),

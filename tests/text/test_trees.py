@@ -75,7 +75,7 @@ def test_tree_shape_refuses_bad_settings():
 
 def test_stand_memory_returns_the_stored_laws_of_the_matching_context():
     drafter = StandDrafter(TreeShape(4, 2, 1, 2), max_ngram=2, top=2, backoff=1e-6)
-    drafter.start(rows_of(torch.tensor([[1, 2, 3, 1, 2]]), torch.tensor([5])), vocab_size=6)
+    drafter.start(rows_of(torch.tensor([[1, 2, 3, 1, 2]]), torch.tensor([5])), vocab_size=6, capacity=8)
     tokens = torch.tensor([[1, 2, 3, 1, 2, 0, 0, 0]])
     drafter._store_unseen(tokens, torch.tensor([5]))  # the prompt: one-hot entries
     law = drafter.law(torch.tensor([[[1, 2]]]), 6)[0, 0]  # "1 2" was followed by 3
@@ -97,7 +97,7 @@ def test_tree_drafter_q_is_the_law_its_root_children_are_drawn_from():
     drafter = ModelTreeDrafter(model, TreeShape(3, 1, 1, 3))
     tokens = torch.tensor([[1, 2, 3]]).expand(20_000, 3).contiguous()
     rows = rows_of(tokens, torch.full((20_000,), 3))
-    drafter.start(rows, 8)
+    drafter.start(rows, 8, capacity=12)
     tree = drafter.propose(rows, SamplingConfig(), torch.Generator().manual_seed(0))
     root_children = tree.tokens[tree.parent == -1]
     assert chi_square_p_value(torch.bincount(root_children, minlength=8), tree.q[0, 0].double()) > 1e-4
