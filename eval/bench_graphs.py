@@ -27,8 +27,11 @@ break is a host read or a data-dependent shape, which no CUDA graph can hold; `m
   (`mmspec.continuous.graphs`); an iteration is an encoder-decoder pass (target or draft); fullgraph: one chain;
 - frame_ar / frame: the embedded next-frame world (mmspec/zoo/nextframe_shapes), 24 frames at 10 % action changes,
   sequential and `FrameSpeculation(frames=4)`; the captured part is a block's Euler steps; latency per frame, an
-  iteration is a model forward; fullgraph: one block's Euler steps.
-The text loop (`NOT_CAPTURED`) is listed with what keeps it from a graph so far.
+  iteration is a model forward; fullgraph: one block's Euler steps;
+- text_ar / text_model / text_tree / text_ngram: the embedded pair (mmspec/zoo/pycode), a held-out prompt per call,
+  TEXT_NEW_TOKENS new tokens at T = 0, batch 1: transformers' `generate` with its KV cache (not captured), and
+  `speculative_generate` with the draft model's chains of 4, its dynamic trees and prompt lookup; the captured part
+  is the whole step (`speculative_generate(graphs=StepGraphs(...))`); an iteration is a target forward.
 """
 
 from __future__ import annotations
@@ -61,13 +64,10 @@ METHODS = {
     "pjd": {"decoding": "pjd", "window": 8, "rows": 2},
 }
 WIDTHS = {"ar": 1, "sjd": 16, "mc_sjd": 16, "draft": 3, "pjd": None, "sjd_tree": None, "draft_tree": None}
-NOT_CAPTURED = {
-    "text_model": "speculative_generate reads which rows finished after every step and narrows the batch; "
-                  "transformers' dynamic cache grows by shape",
-    "text_tree": "as text_model",
-    "text_ngram": "as text_model; the n-gram lookup runs on the host",
-}
-LOOPS = ("mar_head", "mar_speculative", "frame_ar", "frame")
+LOOPS = ("mar_head", "mar_speculative", "frame_ar", "frame", "text_ar", "text_model", "text_tree", "text_ngram")
+AR_OF = {"mar_head": ("mar_head", "mar_speculative"), "frame_ar": ("frame_ar", "frame"),
+         "text_ar": ("text_ar", "text_model", "text_tree", "text_ngram")}
+TEXT_NEW_TOKENS = 128
 
 
 def call(pipe, device, options, batch, start):
@@ -164,13 +164,14 @@ def measure_loops(device: torch.device, captured: bool, calls: int) -> dict:
     """LOOPS at batch 1 (see the module docstring): latency (per call; per frame for the frame rows), speedup vs
     the loop's own AR, host reads per iteration, and fullgraph (traced with the eager steps)."""
     results = {}
-    for method, run in (*_mar_runs(device, captured).items(), *_frame_runs(device, captured).items()):
+    runs = {**_mar_runs(device, captured), **_frame_runs(device, captured), **_text_runs(device, captured)}
+    for method, run in runs.items():
         try:
             results[method] = _measure_loop(device, run, captured, calls)
         except RuntimeError as error:
             print(f"{method} ({'captured' if captured else 'eager'}) failed: {str(error).splitlines()[0]}", flush=True)
             results[method] = {"error": str(error).splitlines()[0]}
-    for ar, methods in (("mar_head", ("mar_head", "mar_speculative")), ("frame_ar", ("frame_ar", "frame"))):
+    for ar, methods in AR_OF.items():
         for method in methods:
             if "latency_s" in results[method] and "latency_s" in results[ar]:
                 results[method]["speedup_vs_ar"] = round(results[ar]["latency_s"] / results[method]["latency_s"], 3)
@@ -193,8 +194,9 @@ def _measure_loop(device, run, captured: bool, calls: int) -> dict:
         reads, iterations = reads + counted.count, iterations + done
     row = {"latency_s": statistics.median(latencies), "iterations": iterations / calls,
            "host_reads_per_iteration": round(reads / iterations, 3)}
-    if not captured:
-        ok, reason = run(0, True)[2]
+    traced = None if captured else run(0, True)[2]
+    if traced is not None:
+        ok, reason = traced
         row.update({"fullgraph": ok, **({} if ok else {"break": reason})})
     return row
 
@@ -260,6 +262,43 @@ def _frame_runs(device, captured: bool) -> dict:
     return {"frame_ar": runner(AR()), "frame": runner(FrameSpeculation(frames=4))}
 
 
+def _text_runs(device, captured: bool) -> dict:
+    from mmspec.core.capture import StepGraphs
+    from mmspec.text import speculative_generate
+    from mmspec.text.ar import generate_ar
+    from mmspec.text.drafters import ModelDrafter, NGramDrafter
+    from mmspec.text.tree_drafters import ModelTreeDrafter
+    from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
+    from mmspec.zoo.text_corpus import held_out_prompts
+
+    target, tokenizer = load_causal_lm(TEXT_TARGET, dtype=torch.float32)
+    draft, _ = load_causal_lm(TEXT_DRAFT, dtype=torch.float32)
+    target, draft = target.to(device), draft.to(device)
+    prompts = held_out_prompts(4)
+    common = dict(max_new_tokens=TEXT_NEW_TOKENS, temperature=0.0, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id)
+    graphs = StepGraphs(cuda=True) if captured else None  # kept across calls: later calls replay
+
+    def encoded(seed: int):
+        enc = tokenizer([prompts[seed % len(prompts)]], return_tensors="pt").to(device)
+        return enc["input_ids"], enc["attention_mask"]
+
+    def ar(seed: int, trace: bool):
+        _, stats = generate_ar(target, *encoded(seed), generator=seeded(device, [seed])[0], **common)
+        return int(stats.new_tokens.max()), 1, None
+
+    def ours(make_drafter):
+        def run(seed: int, trace: bool):
+            with trace_checks() if trace else contextlib.nullcontext() as checks:
+                _, stats = speculative_generate(target, *encoded(seed), drafter=make_drafter(), graphs=graphs,
+                                                generator=seeded(device, [seed])[0], **common)
+            return stats.target_forwards - stats.prefill_forwards, 1, checks[0] if trace else None
+        return run
+
+    return {"text_ar": ar, "text_model": ours(lambda: ModelDrafter(draft)),
+            "text_tree": ours(lambda: ModelTreeDrafter(draft)), "text_ngram": ours(lambda: NGramDrafter())}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_arguments(parser, dtype=False)
@@ -284,7 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"graphs: skipped, CUDA graphs need a CUDA device (--device {args.device})", flush=True)
     report = {**machine(device), "command": "python -m mmspec.eval.bench_graphs " + " ".join(
         sys.argv[1:] if argv is None else argv), "batch_sizes": list(batch_sizes), "prompts": prompts,
-        "modes": {}, "not_captured": NOT_CAPTURED}
+        "modes": {}}
     pipe.disable_cuda_graphs()
     report["methods"] = traced(pipe, device, texts[0])
     print("fullgraph: " + ", ".join(f"{m} {r['fullgraph']}" for m, r in report["methods"].items()), flush=True)
@@ -307,7 +346,9 @@ def main(argv: list[str] | None = None) -> dict:
             + (f", fullgraph {r['fullgraph']}" if "fullgraph" in r else "") + ")" for m, r in loops.items()),
             flush=True)
     if "graphs" in report["modes"]:
-        for ar, methods in (("mar_head", ("mar_head", "mar_speculative")), ("frame_ar", ("frame_ar", "frame"))):
+        for ar, methods in AR_OF.items():
+            if ar == "text_ar":  # transformers' generate, not captured: speedup_vs_ar is the only ratio
+                continue
             graphed = report["loops"]["graphs"][ar].get("latency_s")
             for mode in modes:
                 for method in methods:

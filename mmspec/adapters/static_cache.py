@@ -98,6 +98,7 @@ class StaticCausalLMAdapter(CausalLMAdapter):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1, got {capacity!r}")
         self.capacity = capacity
+        self.cache_keyword = cache_keyword(self.backbone)  # read once: a traced step does not call inspect
 
     def prefill_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, batch_size: int,
                      cfg: bool) -> tuple[StaticCausalLMState, Logits | None]:
@@ -184,7 +185,6 @@ class StaticCausalLMAdapter(CausalLMAdapter):
         dtype = self.model.dtype if isinstance(getattr(self.model, "dtype", None), torch.dtype) else torch.float32
         mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(
             ~allowed, torch.finfo(dtype).min)
-        backbone = self.backbone
-        return backbone(**inputs, attention_mask=mask[:, None], position_ids=positions, use_cache=True,
-                        **{cache_keyword(backbone): state.cache})
+        return self.backbone(**inputs, attention_mask=mask[:, None], position_ids=positions, use_cache=True,
+                             **{self.cache_keyword: state.cache})
 

@@ -43,8 +43,6 @@ def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, loo
     if attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
                          f"{tuple(input_ids.shape)}")
-    if attention_mask is not None and not bool((attention_mask.sum(-1) > 0).all()):
-        raise ValueError("every row of attention_mask needs at least one prompt token")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     vocab = target.config.vocab_size
@@ -64,12 +62,12 @@ def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, loo
 def stop_tokens(target, eos_token_id, pad_token_id: int | None, device) -> tuple[torch.Tensor | None, int]:
     """(eos, pad): the EOS ids as a [E] long tensor (None: rows stop at max_new_tokens only) and the pad id: the
     caller's, else the target's generation config's, else the first EOS (else 0)."""
-    eos = None if eos_token_id is None else torch.tensor(
-        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
+    ids = None if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    eos = None if ids is None else torch.tensor(ids, device=device)
     if pad_token_id is None:
         pad_token_id = getattr(getattr(target, "generation_config", None), "pad_token_id", None)
     if pad_token_id is None:
-        pad_token_id = 0 if eos is None else int(eos[0])
+        pad_token_id = 0 if ids is None else ids[0]
     return eos, pad_token_id
 
 
@@ -162,8 +160,11 @@ def speculative_generate(
     inner = drafter.step(acceptance, draft_length, tree_rule, measure_ceiling)
     check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, inner.lookahead, eos_token_id, generator)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+    shortest, longest = torch.stack([mask.sum(-1).min(), mask.sum(-1).max()]).tolist()  # one host read
+    if shortest < 1:
+        raise ValueError("every row of attention_mask needs at least one prompt token")
     rows = TextRows(input_ids, mask, max_new_tokens, inner.lookahead,
-                    *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device))
+                    *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device), prompt_width=longest)
     stats = TextStats(steps=torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))
     timer, started = PhaseTimer(stats.timings), time.perf_counter()
     capacity = rows.prompt_width + max_new_tokens + inner.window + 1
@@ -182,7 +183,7 @@ def speculative_generate(
     # Finished rows leave an eager batch only where that changes no other row's draws: at temperature 0, or with a
     # generator per row (a shared generator's draws are laid out over the whole batch, as a captured batch keeps it).
     narrows = sampling.greedy or isinstance(generator, (list, tuple))
-    done, fewest = False, 0
+    done, fewest, most, flags = False, 0, 0, []
     try:
         while not done:
             rate = fewest / runner.iterations if runner.iterations else 1.0  # new tokens per iteration, slowest row
@@ -191,17 +192,18 @@ def speculative_generate(
             live = runner.step.rows
             if on_step is not None and live.show(on_step, runner.iterations):
                 live.done.fill_(True)  # the caller stopped every row where it stands
-            done, fewest = live.progress()
+            flags, fewest, longest = live.progress()
+            done, most = all(flags), max(most, longest)
             if narrows and runner.graphs is None and not done:
-                going_on = rows.retire()
+                going_on = rows.retire(flags)
                 if going_on is not None:
                     step.select(going_on)
     finally:
         runner.finish()
 
     # 3. Prompts as given, then each row's new tokens, padded to the longest row.
-    rows.retire()  # every row is done
-    sequences = rows.output(input_ids, stats)
+    rows.retire(flags)  # every row is done
+    sequences = rows.output(input_ids, stats, most)
     stats.timings["total"] = time.perf_counter() - started
     stats.finalize()
     return sequences, stats

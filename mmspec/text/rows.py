@@ -29,15 +29,17 @@ def new_ids(tokens: torch.Tensor, prompt_lengths: torch.Tensor, generated: torch
 
 class TextRows:
     """The rows of a text decoding (see the module docstring). input_ids: [B, T] long prompts, left or right padded;
-    attention_mask: [B, T]; lookahead: the most tokens a step may write past a row's end; eos: [E] long or None."""
+    attention_mask: [B, T]; lookahead: the most tokens a step may write past a row's end; eos: [E] long or None;
+    prompt_width: the longest prompt, when the caller has read it (else one host read)."""
 
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, lookahead: int,
-                 eos: torch.Tensor | None, pad_token_id: int):
+                 eos: torch.Tensor | None, pad_token_id: int, prompt_width: int | None = None):
         B, T = input_ids.shape
         self.max_new_tokens, self.eos, self.pad_token_id = max_new_tokens, eos, pad_token_id
         self.tokens, self.lengths = left_align(input_ids, attention_mask, T + max_new_tokens + lookahead + 1)
         self.prompt_lengths = self.lengths.clone()  # of every row of the batch, finished or not
-        self.prompt_width = int(self.prompt_lengths.max())  # the longest prompt (read once, not in every step)
+        # the longest prompt (read once, not in every step)
+        self.prompt_width = int(self.prompt_lengths.max()) if prompt_width is None else prompt_width
         device = input_ids.device
         self.generated = torch.zeros(B, dtype=torch.long, device=device)
         self.count = torch.zeros(B, dtype=torch.long, device=device)  # what the last step committed per row
@@ -105,11 +107,12 @@ class TextRows:
         stats.record_step(round.result, round.drafted, self.rows, active=going)
         self.done |= finished & going
 
-    def progress(self) -> tuple[bool, int]:
-        """(every row done, the fewest new tokens of a going row; max_new_tokens when none goes): one host read."""
+    def progress(self) -> tuple[list[bool], int, int]:
+        """(each row's done flag, the fewest new tokens of a going row (max_new_tokens when none goes), the most new
+        tokens of a row): one host read."""
         fewest = torch.where(self.done, self.max_new_tokens, self.generated).min()
-        done, fewest = torch.stack([self.done.all().long(), fewest]).tolist()
-        return bool(done), fewest
+        read = torch.cat([self.done.long(), torch.stack([fewest, self.generated.max()])]).tolist()
+        return [bool(flag) for flag in read[:-2]], read[-2], read[-1]
 
     def show(self, on_step: StepHook, step: int) -> bool:
         """Hand every row so far to the caller's hook (`speculative_generate`'s `on_step`); whether it says stop."""
@@ -118,9 +121,9 @@ class TextRows:
         ids = new_ids(so_far, self.prompt_lengths, counts, self.max_new_tokens, self.pad_token_id)
         return bool(on_step(step, int(counts.min()), {"generated_ids": ids, "new_tokens": counts}))
 
-    def retire(self) -> torch.Tensor | None:
-        """Write the done rows out; the batch positions that go on ([B'] long), None when none leaves."""
-        done = self.done.tolist()  # host read: which rows leave the batch
+    def retire(self, done: list[bool]) -> torch.Tensor | None:
+        """Write the done rows out (done: each row's flag, as `progress` read it); the batch positions that go on
+        ([B'] long), None when none leaves."""
         if not any(done):
             return None
         for final, live in zip(self.final, (self.tokens, self.generated, self.committed_at, self.drafted),
@@ -134,14 +137,14 @@ class TextRows:
         self.committed_at, self.drafted, self.rows = self.committed_at[index], self.drafted[index], self.rows[index]
         self.count, self.done = self.count[index], self.done[index]
 
-    def output(self, input_ids: torch.Tensor, stats: TextStats) -> torch.Tensor:
-        """[B, T + N]: the prompts as given, then each row's new tokens, padded to the longest row (N); the stats'
-        per-token maps."""
+    def output(self, input_ids: torch.Tensor, stats: TextStats, N: int) -> torch.Tensor:
+        """[B, T + N]: the prompts as given, then each row's new tokens, padded to the longest row (N: its new
+        tokens, as `progress` read them); the stats' per-token maps."""
         tokens, generated, committed_at, drafted = self.final
-        N = int(generated.max())
         index = self.prompt_lengths[:, None] + torch.arange(N, device=tokens.device)
         real = torch.arange(N, device=tokens.device) < generated[:, None]
-        stats.acceptance_map = torch.where(real, committed_at.gather(1, index), -1).cpu()
-        stats.from_draft = (real & drafted.gather(1, index)).cpu()
+        maps = torch.stack([torch.where(real, committed_at.gather(1, index), -1), real & drafted.gather(1, index)])
+        acceptance_map, from_draft = maps.cpu()  # one transfer
+        stats.acceptance_map, stats.from_draft = acceptance_map, from_draft.bool()
         stats.new_tokens = generated
         return torch.cat([input_ids, new_ids(tokens, self.prompt_lengths, generated, N, self.pad_token_id)], dim=1)

@@ -153,8 +153,9 @@ class MARModel(ModelMixin, ConfigMixin):
 
     `encode_decode(tokens [B, L, C], mask [B, L] bool (True = unknown), class_embedding [B, D], known_tokens)
     -> z [B, L, D_dec]` conditions every position's head; `head(x_t, t, z)` is the diffusion MLP. Generation (masked
-    random order, cosine schedule, CFG) lives in `mmspec.continuous`. `x0_clip` (not in the official models, None = MAR's sampler)
-    is the sampling-time clamp of the head's x_0 prediction (`DiffusionSchedule.x0_clip`) that the pipeline applies.
+    random order, cosine schedule, CFG) lives in `mmspec.continuous`. `x0_clip` (not in the official models, None =
+    MAR's sampler) is the sampling-time clamp of the head's x_0 prediction (`DiffusionSchedule.x0_clip`) that the
+    pipeline applies.
     """
 
     @register_to_config

@@ -1,0 +1,105 @@
+"""Text speculation replayed from captured steps (`speculative_generate(..., graphs=StepGraphs(...))`) decodes what
+the eager steps decode, token for token and stat for stat: the tape replay (a CUDA graph's semantics on a CPU) with
+real transformers models on the fixed-capacity caches, for the draft-model, layer-skip, n-gram and model-tree
+drafters, greedy and sampled (top-k), batch 2 with ragged prompts and an EOS that ends the rows at different steps,
+three calls reusing the captured steps; a step's host reads, its fullgraph trace, and a mutant the replay catches."""
+
+import pytest
+import torch
+
+from mmspec.core.capture import HostReads, StepGraphs, trace_checks
+from mmspec.core.tree_shape import TreeShape
+from mmspec.text import speculative_generate
+from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+from mmspec.text.rows import TextRows
+from mmspec.text.tree_drafters import ModelTreeDrafter
+from tests.conftest import tiny_llama
+
+PROMPTS = torch.tensor([[5, 9, 11, 5, 9, 30, 7, 5, 9], [0, 0, 0, 0, 12, 13, 12, 13, 12]])
+MASK = torch.tensor([[1] * 9, [0, 0, 0, 0, 1, 1, 1, 1, 1]])  # the second prompt left-padded
+EOS = 17
+
+
+@pytest.fixture(scope="module")
+def models():
+    return tiny_llama(num_layers=3, seed=0), tiny_llama(num_layers=1, seed=1)
+
+
+DRAFTERS = {
+    "model": lambda target, draft: ModelDrafter(draft),
+    "layerskip": lambda target, draft: LayerSkipDrafter(target, 1),
+    "ngram": lambda target, draft: NGramDrafter(max_ngram=2),
+    "tree": lambda target, draft: ModelTreeDrafter(draft, TreeShape(nodes=6, branching=2, expand=2, depth=3)),
+}
+SAMPLINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0, top_k=8)}
+
+
+def generate(models, kind, sampling, seed=0, graphs=None, **options):
+    target, draft = models
+    options = {"max_new_tokens": 24, "eos_token_id": EOS, **SAMPLINGS[sampling], **options}
+    return speculative_generate(target, PROMPTS, MASK, drafter=DRAFTERS[kind](target, draft),
+                                generator=torch.Generator().manual_seed(seed), graphs=graphs, **options)
+
+
+def same_stats(replayed, eager) -> bool:
+    return (replayed.target_forwards == eager.target_forwards and replayed.draft_forwards == eager.draft_forwards
+            and replayed.accepted == eager.accepted and replayed.drafted == eager.drafted
+            and torch.equal(replayed.acceptance_map, eager.acceptance_map)
+            and torch.equal(replayed.from_draft, eager.from_draft) and torch.equal(replayed.steps, eager.steps)
+            and replayed.child_acceptance == eager.child_acceptance)
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize("kind", list(DRAFTERS))
+def test_replayed_steps_decode_what_the_eager_steps_decode(models, kind, sampling):
+    graphs = StepGraphs(cuda=False)
+    for seed in (0, 1, 0):  # the later calls replay the steps the first captured
+        eager, eager_stats = generate(models, kind, sampling, seed)
+        replayed, stats = generate(models, kind, sampling, seed, graphs)
+        assert torch.equal(replayed, eager)
+        assert same_stats(stats, eager_stats)
+    assert len(graphs.shells) == 1
+
+
+def test_rows_end_at_their_own_eos_inside_a_block(models):
+    """An EOS early in one row: the row commits nothing after it while the other row goes on (as eager)."""
+    out, stats = generate(models, "ngram", "greedy", graphs=StepGraphs(cuda=False), max_new_tokens=40)
+    new = out[:, PROMPTS.shape[1]:]
+    ended = [(row == EOS).nonzero().flatten()[:1].tolist() for row in new]
+    for row, end in zip(new, ended, strict=True):
+        if end:
+            assert (row[end[0] + 1:] == 0).all()  # padded after the EOS (pad id 0)
+    assert stats.new_tokens.tolist() == [end[0] + 1 if end else 40 for end in ended]
+
+
+class ReassignedCount(TextRows):
+    """Mutation companion: commit rebinds `count` and `generated` to new tensors instead of writing them in place;
+    a replay then keeps adding onto the captured ones, which the hand-back and the next block never see."""
+
+    def commit(self, round, stats):
+        super().commit(round, stats)
+        self.generated = self.generated.clone()
+
+
+def test_a_step_that_reassigns_its_state_is_caught(models, monkeypatch):
+    import mmspec.text.generate as generate_module
+
+    eager, _ = generate(models, "model", "greedy")
+    monkeypatch.setattr(generate_module, "TextRows", ReassignedCount)
+    replayed, _ = generate(models, "model", "greedy", graphs=StepGraphs(cuda=False))
+    assert not torch.equal(replayed, eager)
+
+
+@pytest.mark.parametrize("kind", list(DRAFTERS))
+def test_a_step_reads_no_host_and_traces_whole(models, kind):
+    """Host reads: the prefill's and the output's, and one per block of iterations; the step traces with
+    `torch.compile(fullgraph=True)`."""
+    graphs = StepGraphs(cuda=False)
+    generate(models, kind, "sampled", graphs=graphs)
+    with HostReads() as reads:
+        _, stats = generate(models, kind, "sampled", graphs=graphs, max_new_tokens=64)
+    iterations = stats.target_forwards - stats.prefill_forwards
+    assert reads.count / iterations <= 0.5, (reads.count, iterations)
+    with trace_checks() as checks:
+        generate(models, kind, "sampled")
+    assert checks and checks[0] == (True, ""), checks
