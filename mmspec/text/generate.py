@@ -131,6 +131,7 @@ def speculative_generate(
     generator: Generators = None,
     on_step: StepHook | None = None,
     graphs: StepGraphs | None = None,
+    block: int | None = None,
 ) -> tuple[torch.Tensor, TextStats]:
     """Generate with speculative decoding.
 
@@ -147,7 +148,9 @@ def speculative_generate(
     ends every row where it stands. graphs: replay the steps from these captured steps (`StepGraphs(cuda=True)` on
     a GPU; keep it across calls: a later call with the same settings and batch replays the graphs of the first).
     A step with a host read of its own cannot be captured: the heuristic draft-length schedule, a confidence
-    threshold, and `StandDrafter` run eagerly.
+    threshold, and `StandDrafter` run eagerly. block: the most steps between two reads of the progress, and two
+    calls of `on_step` (None: as many as the rows are expected to need, up to 16; 1: after every step, what a step
+    callback needs).
     Returns (sequences, stats): sequences [B, T + N], the prompts as given then the new tokens (N: the longest row's),
     padded with pad_token_id after each row's EOS (as `generate` does); `stats.acceptance_map` [B, N], the step (1,
     2, ...) that committed each new token, `stats.from_draft` [B, N], whether it was an accepted draft (padding -1 /
@@ -157,6 +160,8 @@ def speculative_generate(
         raise TypeError(f"drafter must be a ChainDrafter or a TreeDrafter (mmspec.text), got {type(drafter).__name__}")
     if graphs is not None and not isinstance(graphs, StepGraphs):
         raise TypeError(f"graphs must be a mmspec.core.capture.StepGraphs, got {type(graphs).__name__}")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+        raise ValueError(f"block must be an int >= 1 or None, got {block!r}")
     inner = drafter.step(acceptance, draft_length, tree_rule, measure_ceiling)
     check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, inner.lookahead, eos_token_id, generator)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -187,8 +192,8 @@ def speculative_generate(
     try:
         while not done:
             rate = fewest / runner.iterations if runner.iterations else 1.0  # new tokens per iteration, slowest row
-            k = 1 if on_step is not None else block_size((max_new_tokens - fewest) / max(rate, 1.0))
-            runner.run(min(k, BLOCK_SIZES[0]))
+            k = block_size((max_new_tokens - fewest) / max(rate, 1.0))
+            runner.run(min(k, block or BLOCK_SIZES[0]))
             live = runner.step.rows
             if on_step is not None and live.show(on_step, runner.iterations):
                 live.done.fill_(True)  # the caller stopped every row where it stands

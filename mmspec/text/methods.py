@@ -2,7 +2,10 @@
 `TextSpeculation(drafter=...)`, speculative decoding with a drafter by name. Every text component runs the same way:
 
     component.run(target, draft, input_ids, attention_mask, *, max_new_tokens, temperature, top_k, top_p,
-                  eos_token_id, pad_token_id, generator, on_step) -> (sequences [B, T + N], TextStats)
+                  eos_token_id, pad_token_id, generator, on_step, graphs, block) -> (sequences [B, T + N], TextStats)
+
+(graphs, block: how a speculative decoding's steps replay and how often it reads its progress,
+`speculative_generate`; AR runs transformers' `generate`, which takes neither.)
 
 The settings live here, without torch (the CLI's flags come from them); running imports the engine.
 """
@@ -45,7 +48,7 @@ class AR(TextDecoding):
 
     name: ClassVar[str] = "ar"
 
-    def run(self, target, draft, input_ids, attention_mask=None, **options):
+    def run(self, target, draft, input_ids, attention_mask=None, graphs=None, block=None, **options):
         from mmspec.text.ar import generate_ar
 
         return generate_ar(target, input_ids, attention_mask, **options)
@@ -142,7 +145,7 @@ class TextSpeculation(TextDecoding):
     def run(self, target, draft, input_ids, attention_mask=None, **options):
         """`speculative_generate(target, input_ids, attention_mask, ...)` with this drafter, draft length schedule
         and acceptance; `options` are its sampling and stopping arguments (max_new_tokens, temperature, top_k, top_p,
-        eos_token_id, pad_token_id, generator, on_step)."""
+        eos_token_id, pad_token_id, generator, on_step) and how its steps run (graphs, block)."""
         from mmspec.text.drafters import DraftLengthSchedule
         from mmspec.text.generate import speculative_generate
 

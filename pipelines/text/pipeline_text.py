@@ -16,6 +16,7 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import BaseOutput
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mmspec.core.capture import StepGraphs
 from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
@@ -88,6 +89,14 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                              f"{target.config.vocab_size}")
         self.register_modules(target=target, tokenizer=tokenizer, draft=draft)
         self.decoding = decoding
+        self.step_graphs: StepGraphs | None = None  # `enable_cuda_graphs`
+
+    def graph_stores(self, on: bool) -> None:
+        """A speculative decoding's whole step — drafting, the target's forward, verification, commit, rollback —
+        up to 16 steps per graph, on fixed-capacity caches (`speculative_generate(graphs=...)`), captured on a
+        decoding's first call and replayed by later calls with the same settings and batch. AR (transformers'
+        `generate`) is not captured."""
+        self.step_graphs = StepGraphs(cuda=True) if on else None
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, draft: str | Path | PreTrainedModel | None = None,
@@ -236,10 +245,13 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")  # as generate needs
         ids, mask = encoded["input_ids"].to(self.target.device), encoded["attention_mask"].to(self.target.device)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        self.replays_graphs()
         with self.progress_bar(total=max_new_tokens) as progress:
             on_step = self.step_hook(callback_on_step_end, names, progress)
-            sequences, stats = decoding.run(self.target, self.draft, ids, mask, on_step=on_step, eos_token_id=eos,
-                                            pad_token_id=pad, generator=generator, **sampling)
+            sequences, stats = decoding.run(
+                self.target, self.draft, ids, mask, on_step=on_step, eos_token_id=eos, pad_token_id=pad,
+                generator=generator, graphs=self.step_graphs, block=None if callback_on_step_end is None else 1,
+                **sampling)
         if chosen_by is not None:
             stats.chosen_by = chosen_by
             if not self._interrupt:

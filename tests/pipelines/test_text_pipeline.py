@@ -177,3 +177,24 @@ def test_clear_errors(pipe):
     assert "model" not in SpeculativeTextPipeline(pipe.target, pipe.tokenizer).methods
     with pytest.raises(ValueError, match="callback_on_step_end_tensor_inputs"):
         pipe("x = 1", callback_on_step_end=lambda *a: None, callback_on_step_end_tensor_inputs=["latents"])
+
+
+def test_replayed_steps_through_the_pipeline_and_cuda_graphs_refused_on_a_cpu(pipe):
+    """The pipeline hands its `step_graphs` to a speculative decoding (a CUDA pipeline makes them itself; tape
+    graphs here run the same replay path): the text does not change, with a step callback (one step per block) or
+    without."""
+    from mmspec.core.capture import StepGraphs
+
+    call = dict(decoding="speculative", drafter="model", max_new_tokens=24, temperature=1.0)
+    eager = pipe(PROMPTS, generator=torch.Generator().manual_seed(3), **call).texts
+    steps = []
+    pipe.step_graphs = StepGraphs(cuda=False)
+    try:
+        for callback in (None, lambda p, step, n, tensors: steps.append(step) or tensors):
+            out = pipe(PROMPTS, generator=torch.Generator().manual_seed(3), callback_on_step_end=callback, **call)
+            assert out.texts == eager
+        assert steps == list(range(1, len(steps) + 1)) and pipe.step_graphs.shells
+    finally:
+        pipe.step_graphs = None
+    with pytest.raises(ValueError, match=r"enable_cuda_graphs needs the pipeline on a CUDA device"):
+        pipe.enable_cuda_graphs()
