@@ -39,6 +39,7 @@ import torch
 from transformers import DynamicCache
 
 from mmspec.adapters.causal_lm import cache_keyword
+from mmspec.core.capture import StepGraphs
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.tree_growth import TreeShape
@@ -120,8 +121,11 @@ def sampling_kwargs(temperature: float) -> dict:
 
 def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[float, tuple[float, ...]]):
     """name -> fn(encoded batch, temperature, seed) -> (sequences, stats or None); tree methods also take
-    ceiling=True (alpha* at the visited nodes). rates: the draft's positional acceptance at each temperature."""
+    ceiling=True (alpha* at the visited nodes). rates: the draft's positional acceptance at each temperature. On
+    CUDA our decodings replay their steps from CUDA graphs (one store for the run: each method's first, untimed call
+    captures), as a `SpeculativeTextPipeline` on CUDA does; transformers' methods run as they are."""
     common = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    graphs = StepGraphs(cuda=True) if target.device.type == "cuda" else None
 
     def hf(**extra):
         def run(enc, temperature, seed):
@@ -133,7 +137,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         def run(enc, temperature, seed):
             sequences, stats = speculative_generate(
                 target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(), temperature=temperature,
-                draft_length=schedule(), generator=seeded(target.device, [seed])[0], **common,
+                draft_length=schedule(), generator=seeded(target.device, [seed])[0], graphs=graphs, **common,
             )
             return sequences, stats
         return run
@@ -142,7 +146,8 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         def run(enc, temperature, seed, ceiling=False):
             sequences, stats = speculative_generate(
                 target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(temperature),
-                temperature=temperature, measure_ceiling=ceiling, generator=seeded(target.device, [seed])[0], **common,
+                temperature=temperature, measure_ceiling=ceiling, generator=seeded(target.device, [seed])[0],
+                graphs=graphs, **common,
             )
             return sequences, stats
         run.tree = True

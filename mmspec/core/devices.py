@@ -41,6 +41,8 @@ def torch_build() -> tuple[str, str | None] | None:
 def parse_device(name: str) -> torch.device:
     """The torch device `--device` names ("auto": CUDA when present, else the CPU); a ValueError naming the flag for
     a name torch does not know or a device this machine lacks."""
+    if not re.fullmatch(r"auto|cpu(:\d+)?|cuda(:\d+)?", name):  # refused without importing torch
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
     build = torch_build()
     if build is not None and build[1] is None and re.fullmatch(r"cuda(:\d+)?", name):  # a CPU build: no import
         raise ValueError(f"--device {name}: no CUDA device here (torch {build[0]}, CUDA not built in)")
@@ -48,12 +50,7 @@ def parse_device(name: str) -> torch.device:
 
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"--device {name}: no CUDA device here (torch {torch.__version__}, "

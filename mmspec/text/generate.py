@@ -33,6 +33,8 @@ from mmspec.text.drafters import Drafter, DraftLengthSchedule
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
+PROMPT_SLOTS = 64  # the buffers' room for the prompts is a multiple of it
+
 
 def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, lookahead, eos_token_id,
                  generator) -> None:
@@ -168,12 +170,14 @@ def speculative_generate(
     shortest, longest = torch.stack([mask.sum(-1).min(), mask.sum(-1).max()]).tolist()  # one host read
     if shortest < 1:
         raise ValueError("every row of attention_mask needs at least one prompt token")
+    slots = -(-input_ids.shape[1] // PROMPT_SLOTS) * PROMPT_SLOTS  # prompts of nearby lengths share a captured step
     rows = TextRows(input_ids, mask, max_new_tokens, inner.lookahead,
-                    *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device), prompt_width=longest)
+                    *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device), prompt_width=longest,
+                    prompt_slots=slots)
     stats = TextStats(steps=torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))
     timer, started = PhaseTimer(stats.timings), time.perf_counter()
-    capacity = rows.prompt_width + max_new_tokens + inner.window + 1
-    key = ("text", inner.capture_key(), sampling, tuple(input_ids.shape), capacity)
+    capacity = slots + max_new_tokens + inner.window + 1
+    key = ("text", inner.capture_key(), sampling, input_ids.shape[0], slots, max_new_tokens, capacity)
 
     # 1. Prefill the target with all but each row's last prompt token (that one is scored with the first draft).
     model = as_static_model(target, capacity)

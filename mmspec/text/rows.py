@@ -30,13 +30,17 @@ def new_ids(tokens: torch.Tensor, prompt_lengths: torch.Tensor, generated: torch
 class TextRows:
     """The rows of a text decoding (see the module docstring). input_ids: [B, T] long prompts, left or right padded;
     attention_mask: [B, T]; lookahead: the most tokens a step may write past a row's end; eos: [E] long or None;
-    prompt_width: the longest prompt, when the caller has read it (else one host read)."""
+    prompt_width: the longest prompt, when the caller has read it (else one host read); prompt_slots: the buffers'
+    room for the prompts (default T; a caller rounds it up so that prompts of nearby lengths give a step the same
+    shapes)."""
 
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, lookahead: int,
-                 eos: torch.Tensor | None, pad_token_id: int, prompt_width: int | None = None):
+                 eos: torch.Tensor | None, pad_token_id: int, prompt_width: int | None = None,
+                 prompt_slots: int | None = None):
         B, T = input_ids.shape
-        self.max_new_tokens, self.eos, self.pad_token_id = max_new_tokens, eos, pad_token_id
-        self.tokens, self.lengths = left_align(input_ids, attention_mask, T + max_new_tokens + lookahead + 1)
+        self.max_new_tokens, self.lookahead, self.eos, self.pad_token_id = max_new_tokens, lookahead, eos, pad_token_id
+        width = max(T, prompt_slots or T) + max_new_tokens + lookahead + 1
+        self.tokens, self.lengths = left_align(input_ids, attention_mask, width)
         self.prompt_lengths = self.lengths.clone()  # of every row of the batch, finished or not
         # the longest prompt (read once, not in every step)
         self.prompt_width = int(self.prompt_lengths.max()) if prompt_width is None else prompt_width
@@ -67,8 +71,9 @@ class TextRows:
 
     @property
     def seq(self) -> torch.Tensor:
-        """[B, S'] long, the model view: each row's tokens after its prefill (its last prompt token first)."""
-        width = self.tokens.shape[1] - self.prompt_width + 1
+        """[B, S'] long, the model view: each row's tokens after its prefill (its last prompt token first), as far as
+        a step may write (S' does not depend on the prompts' lengths)."""
+        width = self.max_new_tokens + self.lookahead + 2
         index = self.offsets[:, None] + torch.arange(width, device=self.tokens.device)
         return self.tokens.gather(1, index.clamp(max=self.tokens.shape[1] - 1))
 

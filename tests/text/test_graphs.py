@@ -103,3 +103,17 @@ def test_a_step_reads_no_host_and_traces_whole(models, kind):
     with trace_checks() as checks:
         generate(models, kind, "sampled")
     assert checks and checks[0] == (True, ""), checks
+
+
+def test_prompts_of_nearby_lengths_share_a_captured_step(models):
+    """The step's shapes depend on the prompts' room (a multiple of 64 slots), not on their lengths: a shorter batch
+    replays the step the first captured, and decodes what it decodes eagerly."""
+    target, draft = models
+    graphs = StepGraphs(cuda=False)
+    for width in (9, 6):
+        ids, mask = PROMPTS[:, -width:], MASK[:, -width:]
+        runs = [speculative_generate(target, ids, mask, drafter=ModelDrafter(draft), max_new_tokens=16,
+                                     temperature=1.0, generator=torch.Generator().manual_seed(5), graphs=captured)[0]
+                for captured in (None, graphs)]
+        assert torch.equal(runs[1], runs[0])
+    assert len(graphs.shells) == 1
