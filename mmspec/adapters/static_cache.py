@@ -183,8 +183,7 @@ class StaticCausalLMAdapter(CausalLMAdapter):
             allowed = slots[None, None, :] <= positions[:, :, None]
         state.cache.write = positions if write is None else write
         dtype = self.model.dtype if isinstance(getattr(self.model, "dtype", None), torch.dtype) else torch.float32
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device).masked_fill_(
-            ~allowed, torch.finfo(dtype).min)
+        mask = torch.where(allowed, torch.zeros((), dtype=dtype, device=positions.device), torch.finfo(dtype).min)
         return self.backbone(**inputs, attention_mask=mask[:, None], position_ids=positions, use_cache=True,
                              **{self.cache_keyword: state.cache})
 

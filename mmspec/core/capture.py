@@ -245,14 +245,18 @@ class StepRunner:
         self.user_generators = _generators(getattr(step, "generator", None))
         self.iterations = 0
         self.shell: Shell | None = None
+        self.traced = False  # `trace_checks`: this decoding's iteration was traced
 
     def run(self, k: int) -> None:
-        if _TRACE_CHECKS and self.iterations == 0 and k >= 2:  # the first iteration eager, the second traced
-            self._eager(1)
-            self._trace_check()
-            if k == 2:
+        if _TRACE_CHECKS and not self.traced:  # the first iteration eager, the second traced
+            if self.iterations == 0:
+                self._eager(1)
+                k -= 1
+            if k:
+                self._trace_check()
+                self.traced, k = True, k - 1
+            if not k:
                 return
-            k -= 2
         if self.graphs is None or self.iterations == 0:
             self._eager(k if self.graphs is None else 1)
             if self.graphs is not None and k > 1:

@@ -10,9 +10,8 @@ With temperature 0 the greedy rule is used, which gives token-for-token the targ
 The models run on fixed-capacity caches rolled back in place (`mmspec.adapters.static_cache`), and a step
 (`TextStep`) keeps its whole state in tensors it updates in place, with no host read: the loop drives it in blocks of
 iterations with one read of the progress per block (`mmspec.core.capture.StepRunner`). Rows that finish inside a
-block commit nothing more; between blocks an eager loop writes them out and drops them from the batch, so the
-remaining rows' steps get cheaper (where that changes no other row's draws: at temperature 0 or with a generator per
-row). With `graphs` (a `mmspec.core.capture.StepGraphs`: CUDA graphs, or their CPU
+block commit nothing more. An eager batch of several rows reads its progress after every step instead, and writes
+its finished rows out and drops them from the batch, so the remaining rows' steps get cheaper. With `graphs` (a `mmspec.core.capture.StepGraphs`: CUDA graphs, or their CPU
 tape) a block replays one captured graph and the batch keeps its shape until every row is done.
 """
 
@@ -34,6 +33,7 @@ from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
 PROMPT_SLOTS = 64  # the buffers' room for the prompts is a multiple of it
+FIRST_RATE = 4  # new tokens per step guessed for a decoding's first block
 
 
 def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, lookahead, eos_token_id,
@@ -150,7 +150,10 @@ def speculative_generate(
     ends every row where it stands. graphs: replay the steps from these captured steps (`StepGraphs(cuda=True)` on
     a GPU; keep it across calls: a later call with the same settings and batch replays the graphs of the first).
     A step with a host read of its own cannot be captured: the heuristic draft-length schedule, a confidence
-    threshold, and `StandDrafter` run eagerly. block: the most steps between two reads of the progress, and two
+    threshold, and `StandDrafter` run eagerly. A captured batch keeps its rows until every one is done, where an
+    eager one drops the finished ones: with a generator per row (or at temperature 0) both decode the same tokens;
+    with one generator shared by the rows, the draws after a row finishes are laid out differently (both exact).
+    block: the most steps between two reads of the progress, and two
     calls of `on_step` (None: as many as the rows are expected to need, up to 16; 1: after every step, what a step
     callback needs).
     Returns (sequences, stats): sequences [B, T + N], the prompts as given then the new tokens (N: the longest row's),
@@ -170,7 +173,9 @@ def speculative_generate(
     shortest, longest = torch.stack([mask.sum(-1).min(), mask.sum(-1).max()]).tolist()  # one host read
     if shortest < 1:
         raise ValueError("every row of attention_mask needs at least one prompt token")
-    slots = -(-input_ids.shape[1] // PROMPT_SLOTS) * PROMPT_SLOTS  # prompts of nearby lengths share a captured step
+    slots = input_ids.shape[1]
+    if graphs is not None:  # prompts of nearby lengths share a captured step
+        slots = -(-slots // PROMPT_SLOTS) * PROMPT_SLOTS
     rows = TextRows(input_ids, mask, max_new_tokens, inner.lookahead,
                     *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device), prompt_width=longest,
                     prompt_slots=slots)
@@ -189,21 +194,23 @@ def speculative_generate(
     # 2. Draft, verify, commit, roll back, in blocks of iterations with one read of the progress per block.
     step = TextStep(inner, drafter, model, state, rows, sampling, generator, stats, timer)
     runner = StepRunner(step, stats, timer, graphs if inner.capturable else None, key)
-    # Finished rows leave an eager batch only where that changes no other row's draws: at temperature 0, or with a
-    # generator per row (a shared generator's draws are laid out over the whole batch, as a captured batch keeps it).
-    narrows = sampling.greedy or isinstance(generator, (list, tuple))
+    # An eager batch of several rows reads its progress after every step and drops its finished rows at once (the
+    # others' steps get cheaper); a single row, or a captured batch, reads it once per block.
+    narrows = runner.graphs is None and input_ids.shape[0] > 1
     done, fewest, most, flags = False, 0, 0, []
     try:
         while not done:
-            rate = fewest / runner.iterations if runner.iterations else 1.0  # new tokens per iteration, slowest row
+            # new tokens per step of the slowest row; before any, a guess that keeps the first block of a short decoding
+            # from running far past its end (a step commits up to lookahead + 1)
+            rate = fewest / runner.iterations if runner.iterations else min(inner.lookahead + 1, FIRST_RATE)
             k = block_size((max_new_tokens - fewest) / max(rate, 1.0))
-            runner.run(min(k, block or BLOCK_SIZES[0]))
+            runner.run(1 if narrows else min(k, block or BLOCK_SIZES[0]))
             live = runner.step.rows
             if on_step is not None and live.show(on_step, runner.iterations):
                 live.done.fill_(True)  # the caller stopped every row where it stands
             flags, fewest, longest = live.progress()
             done, most = all(flags), max(most, longest)
-            if narrows and runner.graphs is None and not done:
+            if narrows and not done:
                 going_on = rows.retire(flags)
                 if going_on is not None:
                     step.select(going_on)

@@ -48,6 +48,7 @@ class TextRows:
         self.generated = torch.zeros(B, dtype=torch.long, device=device)
         self.count = torch.zeros(B, dtype=torch.long, device=device)  # what the last step committed per row
         self.done = torch.zeros(B, dtype=torch.bool, device=device)  # rows that finished (EOS or max_new_tokens)
+        self.stepped = torch.ones(B, dtype=torch.bool, device=device)  # rows the last step committed for
         self.step = torch.zeros((), dtype=torch.long, device=device)  # verification steps so far
         self.rows = torch.arange(B, device=device)  # batch position -> output row
         self.committed_at = torch.full_like(self.tokens, -1)  # verification step that committed each position
@@ -91,6 +92,7 @@ class TextRows:
         """Write each going row's accepted drafts and closing token (up to its EOS and max_new_tokens), record the
         step, and mark the rows that finished `done` (in place, no host read)."""
         n, going = round.result.n_accepted, ~self.done
+        self.stepped.copy_(going)
         self.step += 1
         slots = torch.arange(round.emitted.shape[1], device=n.device)
         count = torch.minimum(n + 1, self.max_new_tokens - self.generated)
@@ -140,7 +142,7 @@ class TextRows:
         """Keep only batch positions `index` ([B'] long), in that order."""
         self.tokens, self.lengths, self.generated = self.tokens[index], self.lengths[index], self.generated[index]
         self.committed_at, self.drafted, self.rows = self.committed_at[index], self.drafted[index], self.rows[index]
-        self.count, self.done = self.count[index], self.done[index]
+        self.count, self.done, self.stepped = self.count[index], self.done[index], self.stepped[index]
 
     def output(self, input_ids: torch.Tensor, stats: TextStats, N: int) -> torch.Tensor:
         """[B, T + N]: the prompts as given, then each row's new tokens, padded to the longest row (N: its new

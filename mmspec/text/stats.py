@@ -30,10 +30,11 @@ class TextStats(SpecStats):
 
     def record_tree_walk(self, node_acceptance: torch.Tensor, node_alpha_star: torch.Tensor | None,
                          node_children: torch.Tensor, accepted_rank: torch.Tensor,
-                         max_children: int | None = None) -> None:
+                         max_children: int | None = None, active: torch.Tensor | None = None) -> None:
         """[B, D] each, at every inner node a walk visited: the rule's acceptance probability, the ceiling alpha*
         (NaN elsewhere; None when not measured), the node's children and the rank of the one accepted (-1: none).
-        max_children: what bounds node_children (the tree's branching; None: read from it, a host read).
+        max_children: what bounds node_children (the tree's branching; None: read from it, a host read); active:
+        [B] bool, the rows whose walk counts (default all: a row that had finished still walks in a captured batch).
         Accumulates on the device, in place (a captured step replays it): the sum and count of the acceptance at
         inner nodes, the sum of alpha* there and its NaNs, and per rank k the nodes that accepted their k-th child
         and those that have one."""
@@ -46,15 +47,17 @@ class TextStats(SpecStats):
             if old is not None:
                 self._child_counts[:, : old.shape[1]] = old
         rule = node_acceptance.double()
-        inner = ~rule.isnan()
+        counted = torch.ones_like(rule, dtype=torch.bool) if active is None else active[:, None].expand_as(rule)
+        inner = ~rule.isnan() & counted
         star = rule.new_zeros(()) if node_alpha_star is None else node_alpha_star.double()
         self._star_measured &= node_alpha_star is not None
         self._tree_sums += torch.stack([torch.where(inner, rule, 0).sum(), inner.sum(),
                                         torch.where(inner & ~star.isnan(), star, 0).sum(),
                                         (inner & star.isnan()).sum()])
         ranks = torch.arange(self._child_counts.shape[1], device=device)
-        self._child_counts[0] += (accepted_rank.flatten()[:, None] == ranks).sum(0)
-        self._child_counts[1] += (node_children.flatten()[:, None] > ranks).sum(0)
+        counted = counted.flatten()[:, None]
+        self._child_counts[0] += ((accepted_rank.flatten()[:, None] == ranks) & counted).sum(0)
+        self._child_counts[1] += ((node_children.flatten()[:, None] > ranks) & counted).sum(0)
 
     def as_dict(self) -> dict:
         """`SpecStats.as_dict` and, for trees, the figures above (child_acceptance: what a positional tree is built

@@ -94,7 +94,7 @@ class TreeStep:
         self.drafter.observe(rows.tokens, rows.lengths - rows.count, round.laws, rows.count)
         walk = round.walk
         stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star, walk.node_children, walk.accepted_rank,
-                               self.drafter.shape.branching)
+                               self.drafter.shape.branching, rows.stepped)
 
     def select(self, index: torch.Tensor) -> None:
         self.drafter.select(index)

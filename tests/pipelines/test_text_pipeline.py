@@ -186,12 +186,16 @@ def test_replayed_steps_through_the_pipeline_and_cuda_graphs_refused_on_a_cpu(pi
     from mmspec.core.capture import StepGraphs
 
     call = dict(decoding="speculative", drafter="model", max_new_tokens=24, temperature=1.0)
-    eager = pipe(PROMPTS, generator=torch.Generator().manual_seed(3), **call).texts
+
+    def generators():  # one per prompt: an eager batch drops its finished rows, a captured one keeps them
+        return [torch.Generator().manual_seed(3 + row) for row in range(len(PROMPTS))]
+
+    eager = pipe(PROMPTS, generator=generators(), **call).texts
     steps = []
     pipe.step_graphs = StepGraphs(cuda=False)
     try:
         for callback in (None, lambda p, step, n, tensors: steps.append(step) or tensors):
-            out = pipe(PROMPTS, generator=torch.Generator().manual_seed(3), callback_on_step_end=callback, **call)
+            out = pipe(PROMPTS, generator=generators(), callback_on_step_end=callback, **call)
             assert out.texts == eager
         assert steps == list(range(1, len(steps) + 1)) and pipe.step_graphs.shells
     finally:

@@ -2,7 +2,9 @@
 the eager steps decode, token for token and stat for stat: the tape replay (a CUDA graph's semantics on a CPU) with
 real transformers models on the fixed-capacity caches, for the draft-model, layer-skip, n-gram and model-tree
 drafters, greedy and sampled (top-k), batch 2 with ragged prompts and an EOS that ends the rows at different steps,
-three calls reusing the captured steps; a step's host reads, its fullgraph trace, and a mutant the replay catches."""
+three calls reusing the captured steps (a generator per row: an eager batch drops its finished rows, a captured one
+keeps them, and per-row streams do not depend on the batch); a step's host reads, its fullgraph trace, and a mutant
+the replay catches."""
 
 import pytest
 import torch
@@ -37,12 +39,15 @@ SAMPLINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0, t
 def generate(models, kind, sampling, seed=0, graphs=None, **options):
     target, draft = models
     options = {"max_new_tokens": 24, "eos_token_id": EOS, **SAMPLINGS[sampling], **options}
-    return speculative_generate(target, PROMPTS, MASK, drafter=DRAFTERS[kind](target, draft),
-                                generator=torch.Generator().manual_seed(seed), graphs=graphs, **options)
+    generators = [torch.Generator().manual_seed(seed + 100 * row) for row in range(PROMPTS.shape[0])]
+    return speculative_generate(target, PROMPTS, MASK, drafter=DRAFTERS[kind](target, draft), generator=generators,
+                                graphs=graphs, **options)
 
 
 def same_stats(replayed, eager) -> bool:
-    return (replayed.target_forwards == eager.target_forwards and replayed.draft_forwards == eager.draft_forwards
+    """The same counts, except that a captured batch may run a few steps past its end (a block runs between two reads
+    of the progress) where an eager batch of several rows reads it after every step."""
+    return (replayed.target_forwards >= eager.target_forwards and replayed.draft_forwards >= eager.draft_forwards
             and replayed.accepted == eager.accepted and replayed.drafted == eager.drafted
             and torch.equal(replayed.acceptance_map, eager.acceptance_map)
             and torch.equal(replayed.from_draft, eager.from_draft) and torch.equal(replayed.steps, eager.steps)
@@ -113,7 +118,8 @@ def test_prompts_of_nearby_lengths_share_a_captured_step(models):
     for width in (9, 6):
         ids, mask = PROMPTS[:, -width:], MASK[:, -width:]
         runs = [speculative_generate(target, ids, mask, drafter=ModelDrafter(draft), max_new_tokens=16,
-                                     temperature=1.0, generator=torch.Generator().manual_seed(5), graphs=captured)[0]
+                                     temperature=1.0, generator=[torch.Generator().manual_seed(5 + row) for row in
+                                                                 range(2)], graphs=captured)[0]
                 for captured in (None, graphs)]
         assert torch.equal(runs[1], runs[0])
     assert len(graphs.shells) == 1
