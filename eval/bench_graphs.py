@@ -22,14 +22,15 @@ Per method: `fullgraph`, whether its step traces whole with `torch.compile(fullg
 break is a host read or a data-dependent shape, which no CUDA graph can hold; `mmspec.core.capture.trace_checks`).
 
 `loops` does the same for the two other captured loops, at batch 1 (`LOOPS`):
-- mar_head / mar_speculative: the embedded MAR (mmspec/zoo/mar_shapes), 64 steps of 100 diffusion steps, AR and
+- mar_head / mar_speculative: the embedded MAR (mmspec/zoo/mar_shapes), 64 steps of 100 diffusion steps
+  (`--num-iter`, `--diffusion-steps`), AR and
   exact speculative decoding; the captured part is the diffusion head's reverse chain of a step's tokens
   (`mmspec.continuous.graphs`); an iteration is an encoder-decoder pass (target or draft); fullgraph: one chain;
 - frame_ar / frame: the embedded next-frame world (mmspec/zoo/nextframe_shapes), 24 frames at 10 % action changes,
   sequential and `FrameSpeculation(frames=4)`; the captured part is a block's Euler steps; latency per frame, an
   iteration is a model forward; fullgraph: one block's Euler steps;
 - text_ar / text_model / text_tree / text_ngram: the embedded pair (mmspec/zoo/pycode), a held-out prompt per call,
-  TEXT_NEW_TOKENS new tokens at T = 0, batch 1: transformers' `generate` with its KV cache (not captured), and
+  128 new tokens (`--new-tokens`) at T = 0, batch 1: transformers' `generate` with its KV cache (not captured), and
   `speculative_generate` with the draft model's chains of 4, its dynamic trees and prompt lookup; the captured part
   is the whole step (`speculative_generate(graphs=StepGraphs(...))`); an iteration is a target forward.
 """
@@ -67,7 +68,6 @@ WIDTHS = {"ar": 1, "sjd": 16, "mc_sjd": 16, "draft": 3, "pjd": None, "sjd_tree":
 LOOPS = ("mar_head", "mar_speculative", "frame_ar", "frame", "text_ar", "text_model", "text_tree", "text_ngram")
 AR_OF = {"mar_head": ("mar_head", "mar_speculative"), "frame_ar": ("frame_ar", "frame"),
          "text_ar": ("text_ar", "text_model", "text_tree", "text_ngram")}
-TEXT_NEW_TOKENS = 128
 
 
 def call(pipe, device, options, batch, start):
@@ -154,17 +154,19 @@ def traced(pipe, device, prompt: str) -> dict:
     return found
 
 
-MAR_CALL = dict(num_iter=64, num_diffusion_steps=100, guidance_scale=3.0, output_type="latent")
+MAR_CALL = dict(guidance_scale=3.0, output_type="latent")
 MAR_DECODINGS = {"mar_head": {"decoding": "ar"},
                  "mar_speculative": {"decoding": "speculative", "gamma": 16, "prefill_ratio": 0.05}}
 FRAMES, FRAME_CHANGE, FRAME_STEPS = 24, 0.1, 4
 
 
-def measure_loops(device: torch.device, captured: bool, calls: int) -> dict:
+def measure_loops(device: torch.device, captured: bool, calls: int, num_iter: int = 64, diffusion_steps: int = 100,
+                  new_tokens: int = 128) -> dict:
     """LOOPS at batch 1 (see the module docstring): latency (per call; per frame for the frame rows), speedup vs
     the loop's own AR, host reads per iteration, and fullgraph (traced with the eager steps)."""
     results = {}
-    runs = {**_mar_runs(device, captured), **_frame_runs(device, captured), **_text_runs(device, captured)}
+    runs = {**_mar_runs(device, captured, num_iter, diffusion_steps), **_frame_runs(device, captured),
+            **_text_runs(device, captured, new_tokens)}
     for method, run in runs.items():
         try:
             results[method] = _measure_loop(device, run, captured, calls)
@@ -201,7 +203,7 @@ def _measure_loop(device, run, captured: bool, calls: int) -> dict:
     return row
 
 
-def _mar_runs(device, captured: bool) -> dict:
+def _mar_runs(device, captured: bool, num_iter: int, diffusion_steps: int) -> dict:
     from mmspec.continuous.diffusion import DiffusionSchedule, sample_trajectory
     from mmspec.pipelines.mar import MARPipeline
     from mmspec.zoo import MAR_C2I
@@ -213,7 +215,7 @@ def _mar_runs(device, captured: bool) -> dict:
 
     def chain_traces() -> tuple[bool, str]:
         """One step's reverse chain (two tokens, CFG) through `compiles_fullgraph`."""
-        schedule = DiffusionSchedule.cosine(MAR_CALL["num_diffusion_steps"], x0_clip=model.config.x0_clip)
+        schedule = DiffusionSchedule.cosine(diffusion_steps, x0_clip=model.config.x0_clip)
         z = torch.randn(2, model.config.decoder_embed_dim, device=device)
         x_T = torch.randn(2, model.config.token_dim, device=device)
         noise = torch.randn(schedule.num_steps, *x_T.shape, device=device)
@@ -222,7 +224,8 @@ def _mar_runs(device, captured: bool) -> dict:
 
     def runner(options):
         def run(seed: int, trace: bool):
-            stats = pipe([seed % 10], generator=seeded(device, [1000 + seed]), **MAR_CALL, **options).stats
+            stats = pipe([seed % 10], generator=seeded(device, [1000 + seed]), num_iter=num_iter,
+                         num_diffusion_steps=diffusion_steps, **MAR_CALL, **options).stats
             return stats.target_forwards + stats.draft_forwards, 1, chain_traces() if trace else None
         return run
 
@@ -262,7 +265,7 @@ def _frame_runs(device, captured: bool) -> dict:
     return {"frame_ar": runner(AR()), "frame": runner(FrameSpeculation(frames=4))}
 
 
-def _text_runs(device, captured: bool) -> dict:
+def _text_runs(device, captured: bool, new_tokens: int) -> dict:
     from mmspec.core.capture import StepGraphs
     from mmspec.text import speculative_generate
     from mmspec.text.ar import generate_ar
@@ -275,7 +278,7 @@ def _text_runs(device, captured: bool) -> dict:
     draft, _ = load_causal_lm(TEXT_DRAFT, dtype=torch.float32)
     target, draft = target.to(device), draft.to(device)
     prompts = held_out_prompts(4)
-    common = dict(max_new_tokens=TEXT_NEW_TOKENS, temperature=0.0, eos_token_id=tokenizer.eos_token_id,
+    common = dict(max_new_tokens=new_tokens, temperature=0.0, eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id)
     graphs = StepGraphs(cuda=True) if captured else None  # kept across calls: later calls replay
 
@@ -305,12 +308,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="2 prompts at batch 1 only")
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts per batch size (default 8)")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=None, help="default 1 4 (--quick: 1)")
+    parser.add_argument("--num-iter", type=int, default=64, help="MAR steps of the MAR loops (default 64)")
+    parser.add_argument("--diffusion-steps", type=int, default=100, help="diffusion steps per MAR token (default 100)")
+    parser.add_argument("--new-tokens", type=int, default=128, help="new tokens of the text loops (default 128)")
     parser.add_argument("--json", default=None, help="write the report here")
     args = parser.parse_args(argv)
     batch_sizes = tuple(args.batch_sizes or ((1,) if args.quick else (1, 4)))
     prompts = args.prompts or (2 if args.quick else 8)
     if min(batch_sizes) < 1 or prompts < max(batch_sizes):
         parser.error(f"--batch-sizes must be positive and at most --prompts ({prompts}), got {list(batch_sizes)}")
+    for flag, value in (("--num-iter", args.num_iter), ("--diffusion-steps", args.diffusion_steps),
+                        ("--new-tokens", args.new_tokens)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if args.num_iter > 64:
+        parser.error(f"--num-iter must be at most the embedded MAR's 64 tokens, got {args.num_iter}")
     device = resolve_device(parser, args.device)
 
     from mmspec.pipelines.auto import AutoARImagePipeline
@@ -339,7 +351,8 @@ def main(argv: list[str] | None = None) -> dict:
                 + ")" for m, r in results.items()), flush=True)
     report["loops"] = {}
     for mode in modes:
-        loops = report["loops"][mode] = measure_loops(device, mode == "graphs", 1 if args.quick else 3)
+        loops = report["loops"][mode] = measure_loops(device, mode == "graphs", 1 if args.quick else 3, args.num_iter,
+                                                      args.diffusion_steps, args.new_tokens)
         print(f"{mode} loops: " + ", ".join(f"{m} failed" if "error" in r else
             f"{m} {r['latency_s'] * 1000:.1f} ms ({r['speedup_vs_ar']:.2f}x its AR, "
             f"{r['host_reads_per_iteration']:.2f} host reads / iteration"

@@ -56,7 +56,7 @@ elif [ "$tier" = smoke ]; then
         [bench_image]="--quick --prompts 1"
         [bench_continuous]="--quick --images-bs1 1 --images-bs8 2 --num-iter 8 --diffusion-steps 10 --no-fd"
         [bench_video]="--quick --episodes 1 --frames 8 --change-probs 0.1"
-        [bench_graphs]="--quick --prompts 1"
+        [bench_graphs]="--quick --prompts 1 --num-iter 8 --diffusion-steps 10 --new-tokens 32"
         [quality]="--quick --num-prompts 2 --ar-seed-sets 2 --methods ar sjd"
         [cost_model]="--quick --models llamagen-b --batch-sizes 1 --windows 1 2 4 --prompts 1 --repeats 1"
     )
