@@ -182,9 +182,8 @@ def measure_loops(device: torch.device, captured: bool, calls: int, num_iter: in
 
 def _measure_loop(device, run, captured: bool, calls: int) -> dict:
     """run(seed, trace) -> (iterations, units the latency is per, fullgraph or None): timed `calls` times after
-    warm-up calls (two when captured: a shape's first call runs eagerly, its second captures)."""
-    for seed in range(2 if captured else 1):
-        run(seed, False)
+    warm-up calls (two when captured: a shape's first call runs eagerly, its second captures; an eager one traces)."""
+    traced = [run(seed, not captured)[2] for seed in range(2 if captured else 1)][0]
     latencies, reads, iterations = [], 0, 0
     for seed in range(calls):
         synchronize(device)
@@ -196,7 +195,6 @@ def _measure_loop(device, run, captured: bool, calls: int) -> dict:
         reads, iterations = reads + counted.count, iterations + done
     row = {"latency_s": statistics.median(latencies), "iterations": iterations / calls,
            "host_reads_per_iteration": round(reads / iterations, 3)}
-    traced = None if captured else run(0, True)[2]
     if traced is not None:
         ok, reason = traced
         row.update({"fullgraph": ok, **({} if ok else {"break": reason})})

@@ -48,8 +48,23 @@ class Prompt:
     attention_mask: torch.Tensor | None = None
 
 
+class CFGRows:
+    """The cache rows of a state's `batch_size` samples: with `cfg`, rows [B, 2B) are their unconditional twins."""
+
+    batch_size: int
+    cfg: bool
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, ...] for every cache row: again for the unconditional twins with CFG (both see the same tokens)."""
+        return torch.cat([x, x]) if self.cfg else x
+
+    def sample_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """The cache rows of samples `index` ([B'] long): theirs, then their twins' with CFG."""
+        return torch.cat([index, index + self.batch_size]) if self.cfg else index
+
+
 @dataclass
-class CausalLMState:
+class CausalLMState(CFGRows):
     """Decoding state of a causal LM over a batch with ragged per-row lengths.
 
     cache: the transformers cache (None before the first forward). slot_mask: [R, S] bool, which cache slots hold a
@@ -69,10 +84,6 @@ class CausalLMState:
     def lengths(self) -> torch.Tensor:
         """[R] long, the tokens each cache row holds (prompt included)."""
         return self.slot_mask.sum(-1)
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, ...] for every cache row: again for the unconditional twins with CFG (both see the same tokens)."""
-        return torch.cat([x, x]) if self.cfg else x
 
 
 class CausalLMAdapter:
@@ -173,7 +184,7 @@ class CausalLMAdapter:
 
     def select_rows(self, state: CausalLMState, index: torch.Tensor) -> None:
         """Keep only the samples `index` ([B'] long), in that order (with their unconditional twins)."""
-        rows = torch.cat([index, index + state.batch_size]) if state.cfg else index
+        rows = state.sample_rows(index)
         state.slot_mask, state.prompt_lengths = state.slot_mask[rows], state.prompt_lengths[rows]
         state.batch_size = index.shape[0]
         if state.cache is not None:

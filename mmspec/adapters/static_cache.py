@@ -1,6 +1,6 @@
 """`StaticCausalLMAdapter`: a transformers causal LM on a KV cache of fixed capacity that it rolls back in place, so
 that a decoding step running it holds no host read and no data-dependent shape, and a CUDA graph can replay it
-(`mmspec.core.capture`; the text loop uses it when it captures, `mmspec.text.generate`).
+(`mmspec.core.capture`; the text loop runs its target and draft models on it, `mmspec.text.generate`).
 
 Every cache row is left-aligned: row r holds its tokens at slots [0, lengths[r]), so a token's slot is its position.
 A window of W tokens is written at slots lengths[r] .. lengths[r] + W - 1 of its own row (`SlotCache.write`: one
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from mmspec.adapters.causal_lm import CausalLMAdapter, cache_keyword, left_align
+from mmspec.adapters.causal_lm import CausalLMAdapter, CFGRows, cache_keyword, left_align
 from mmspec.core.model import Logits
 
 
@@ -72,7 +72,7 @@ class SlotCache(Cache):
 
 
 @dataclass
-class StaticCausalLMState:
+class StaticCausalLMState(CFGRows):
     """cache: the `SlotCache`; lengths: [R] long, the slots each row holds (its next window's first slot);
     prompt_lengths: [R] long, what the prefill left (`rollback` keeps tokens after it); tree_start: [R] long, the
     first slot of the tree being drafted or verified; batch_size: B samples; cfg: rows [B, 2B) are their twins."""
@@ -83,10 +83,6 @@ class StaticCausalLMState:
     tree_start: torch.Tensor
     batch_size: int
     cfg: bool = False
-
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x [B, ...] for every cache row: again for the unconditional twins with CFG (both see the same tokens)."""
-        return torch.cat([x, x]) if self.cfg else x
 
 
 class StaticCausalLMAdapter(CausalLMAdapter):
@@ -136,8 +132,7 @@ class StaticCausalLMAdapter(CausalLMAdapter):
             state.tree_start.copy_(state.lengths)
         start = state.tree_start[:, None]  # [R, 1]
         write = start + P + torch.arange(T, device=tokens.device)  # [R, T]
-        slots = torch.arange(self.capacity, device=tokens.device)
-        relative = slots - start  # [R, S]: the slot's index in the tree
+        relative = torch.arange(self.capacity, device=tokens.device) - start  # [R, S]: the slot's index in the tree
         in_tree = (relative >= 0) & (relative < P + T)
         ancestors = state.rows(visible.expand(B, T, P + T)).gather(
             2, relative.clamp(0, P + T - 1)[:, None, :].expand(R, T, -1))  # [R, T, S]
@@ -167,7 +162,7 @@ class StaticCausalLMAdapter(CausalLMAdapter):
 
     def select_rows(self, state: StaticCausalLMState, index: torch.Tensor) -> None:
         """Keep only the samples `index` ([B'] long), in that order (with their twins): new, smaller buffers."""
-        rows = torch.cat([index, index + state.batch_size]) if state.cfg else index
+        rows = state.sample_rows(index)
         state.lengths, state.prompt_lengths = state.lengths[rows], state.prompt_lengths[rows]
         state.tree_start, state.batch_size = state.tree_start[rows], index.shape[0]
         for layer in state.cache.layers:
@@ -178,12 +173,15 @@ class StaticCausalLMAdapter(CausalLMAdapter):
                write: torch.Tensor | None = None, **inputs):
         """One forward of a window at `positions` [R, W], written at slots `write` (default: the positions) and
         attending where `allowed` [R, W, S] (default: every slot up to its own position)."""
-        slots = torch.arange(self.capacity, device=positions.device)
         if allowed is None:
-            allowed = slots[None, None, :] <= positions[:, :, None]
+            allowed = torch.arange(self.capacity, device=positions.device) <= positions[:, :, None]
         state.cache.write = positions if write is None else write
         dtype = self.model.dtype if isinstance(getattr(self.model, "dtype", None), torch.dtype) else torch.float32
         mask = torch.where(allowed, torch.zeros((), dtype=dtype, device=positions.device), torch.finfo(dtype).min)
         return self.backbone(**inputs, attention_mask=mask[:, None], position_ids=positions, use_cache=True,
                              **{self.cache_keyword: state.cache})
 
+
+def as_static_model(model, capacity: int):
+    """A transformers causal LM on a `StaticCausalLMAdapter` of `capacity` slots; an adapter as it is."""
+    return StaticCausalLMAdapter(model, capacity) if isinstance(model, torch.nn.Module) else model

@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-from mmspec.adapters.static_cache import StaticCausalLMAdapter
+from mmspec.adapters.static_cache import as_static_model
 from mmspec.core.drafting import ModelProposer, Round, chain_round
 from mmspec.core.drafts import Draft
 from mmspec.core.model import Logits
@@ -81,7 +81,7 @@ class WithDraftModel:
         return 0 if self.proposer is None else self.proposer.forwards
 
     def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
-        model = StaticCausalLMAdapter(self.model, capacity) if isinstance(self.model, torch.nn.Module) else self.model
+        model = as_static_model(self.model, capacity)
         state, _ = model.prefill(rows.prompt)
         self.proposer = ModelProposer(model, state, rows.batch_size, rows.tokens.device)
 

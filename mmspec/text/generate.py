@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from mmspec.adapters.static_cache import StaticCausalLMAdapter
+from mmspec.adapters.static_cache import as_static_model
 from mmspec.core.capture import BLOCK_SIZES, StepGraphs, StepRunner, block_size
 from mmspec.core.component import StepHook
 from mmspec.core.probs import SamplingConfig
@@ -72,11 +72,6 @@ def stop_tokens(target, eos_token_id, pad_token_id: int | None, device) -> tuple
     if pad_token_id is None:
         pad_token_id = 0 if ids is None else ids[0]
     return eos, pad_token_id
-
-
-def as_static_model(model, capacity: int):
-    """A transformers causal LM on a `StaticCausalLMAdapter` of `capacity` slots; an adapter as it is."""
-    return StaticCausalLMAdapter(model, capacity) if isinstance(model, torch.nn.Module) else model
 
 
 class TextStep:

@@ -147,9 +147,9 @@ class FrameSession:
         """The actions' values as Python ints (nested as given; a tensor is read once), checked."""
         values = actions.tolist() if isinstance(actions, torch.Tensor) else actions
         flat = list(_flatten(values))
-        if any(isinstance(a, (bool, float)) or not isinstance(a, int) for a in flat):
-            kind = actions.dtype if isinstance(actions, torch.Tensor) else type(next(
-                a for a in flat if isinstance(a, (bool, float)) or not isinstance(a, int))).__name__
+        wrong = [a for a in flat if isinstance(a, bool) or not isinstance(a, int)]
+        if wrong:
+            kind = actions.dtype if isinstance(actions, torch.Tensor) else type(wrong[0]).__name__
             raise TypeError(f"{name} must be integers, got {kind}")
         if any(not 0 <= a < self.num_actions for a in flat):
             raise ValueError(f"{name} must be in [0, {self.num_actions}) (the model's action space), got "
@@ -169,7 +169,7 @@ class FrameSession:
             raise ValueError("this session is closed; start a new one")
         B = len(self.seeds)
         values = self._check_actions(actions, "actions")
-        values = tuple(values) if isinstance(values, list) else (values,) * B
+        values = tuple(values) if isinstance(values, list) else (values,)
         if len(values) not in (1, B):
             raise ValueError(f"actions must be an int or one per row ({B}), got {len(values)}")
         return self._run(self._step, values * B if len(values) == 1 else values)
