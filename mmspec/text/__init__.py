@@ -18,6 +18,7 @@ _EXPORTS = {
     "LayerSkipDrafter": "mmspec.text.drafters",
     "ModelDrafter": "mmspec.text.drafters",
     "NGramDrafter": "mmspec.text.drafters",
+    "NoDrafter": "mmspec.text.drafters",
     "early_exit_view": "mmspec.text.drafters",
     "LayerSkipTreeDrafter": "mmspec.text.tree_drafters",
     "ModelTreeDrafter": "mmspec.text.tree_drafters",

@@ -101,11 +101,14 @@ class ChainDrafter(Drafter):
         if tree_rule is not None or measure_ceiling:
             raise ValueError("tree_rule and measure_ceiling apply to tree drafters (ModelTreeDrafter, StandDrafter, "
                              "...)")
+        return ChainStep(self, self.schedule(draft_length), rule_from(acceptance, "text"))
+
+    def schedule(self, draft_length: int | DraftLengthSchedule | None) -> DraftLengthSchedule:
+        """The draft-length schedule for `speculative_generate`'s draft_length (None: 4 tokens a step)."""
         draft_length = 4 if draft_length is None else draft_length
         if isinstance(draft_length, bool) or not isinstance(draft_length, (int, DraftLengthSchedule)):
             raise TypeError(f"draft_length must be an int or a DraftLengthSchedule, got {type(draft_length).__name__}")
-        schedule = DraftLengthSchedule(draft_length) if isinstance(draft_length, int) else draft_length
-        return ChainStep(self, schedule, rule_from(acceptance, "text"))
+        return DraftLengthSchedule(draft_length) if isinstance(draft_length, int) else draft_length
 
 
 class ChainStep:
@@ -229,6 +232,20 @@ class NGramDrafter(ChainDrafter):
         return Draft(tokens=tokens.gather(1, index), lengths=torch.minimum(available, budget).clamp(min=0))
 
 
+class NoDrafter(ChainDrafter):
+    """Drafts nothing: each step scores the row's last token alone and samples the next, which is AR decoding
+    through the speculative loop (its fixed-capacity cache and, on a GPU, its captured steps). It is the graphed AR
+    baseline that text speedups on CUDA are measured against."""
+
+    def propose(self, rows, budget, width, sampling, generator) -> Draft:
+        return Draft(tokens=rows.tokens[:, :0], lengths=torch.zeros_like(budget))
+
+    def schedule(self, draft_length) -> DraftLengthSchedule:
+        if draft_length is not None and (isinstance(draft_length, DraftLengthSchedule) or draft_length != 0):
+            raise ValueError(f"NoDrafter drafts nothing: draft_length must be None or 0, got {draft_length!r}")
+        return DraftLengthSchedule.none()
+
+
 class DraftLengthSchedule:
     """Per-row draft budgets. "constant": always `length`. "heuristic" (HF `num_assistant_tokens_schedule`): +2 after a
     fully accepted draft, else -1, never below 1 or above `max_length`. budget: [B] long after `reset`.
@@ -242,6 +259,13 @@ class DraftLengthSchedule:
         self.length, self.kind = length, kind
         self.max_length = length if kind == "constant" else max(max_length, length)
         self.budget: torch.Tensor | None = None
+
+    @classmethod
+    def none(cls) -> DraftLengthSchedule:
+        """No drafts at all (`NoDrafter`): a constant length of 0."""
+        schedule = cls()
+        schedule.length = schedule.max_length = 0
+        return schedule
 
     def reset(self, batch_size: int, device: torch.device) -> None:
         self.budget = torch.full((batch_size,), self.length, dtype=torch.long, device=device)

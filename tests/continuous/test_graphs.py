@@ -3,6 +3,8 @@ sampler decodes, token for token: the tape replay (a CUDA graph's semantics on a
 batch 2, AR and speculative decoding, several calls reusing the captured chains; and a chain that forgets to copy
 an input in is caught."""
 
+import copy
+
 import pytest
 import torch
 
@@ -22,14 +24,12 @@ def pair():
 
 def decode(decoding, pair, seeds=SEEDS, graphs=None):
     target, draft = pair
-    return decoding.run(target, draft, seeds, 8, DiffusionSchedule.cosine(6, x0_clip=4.0), LABELS, 3.0,
-                        temperature=0.9, graphs=graphs)
+    return decoding.run(target, draft, seeds.to(target.device), 8, DiffusionSchedule.cosine(6, x0_clip=4.0),
+                        LABELS.to(target.device), 3.0, temperature=0.9, graphs=graphs)
 
 
-@pytest.mark.parametrize("decoding", [AR(), ContinuousSpeculation(gamma=3, prefill_ratio=0.25)],
-                         ids=["ar", "speculative"])
-def test_replayed_chains_decode_what_the_eager_sampler_decodes(pair, decoding):
-    graphs = SamplerGraphs(cuda=False)
+def replays_match_eager(pair, decoding, cuda=False) -> None:
+    graphs = SamplerGraphs(cuda=cuda)
     for seeds in (SEEDS, SEEDS + 7, SEEDS):  # the second and third calls replay the chains the first captured
         eager, eager_stats = decode(decoding, pair, seeds)
         replayed, stats = decode(decoding, pair, seeds, graphs)
@@ -37,6 +37,21 @@ def test_replayed_chains_decode_what_the_eager_sampler_decodes(pair, decoding):
         assert (stats.target_forwards, stats.draft_forwards, stats.accepted) == (
             eager_stats.target_forwards, eager_stats.draft_forwards, eager_stats.accepted)
     assert graphs.captured  # plan [1, 1, 1, 2, 3, 2, 3, 3] at batch 2: chains of 2, 4 and 6 tokens
+
+
+DECODINGS = pytest.mark.parametrize("decoding", [AR(), ContinuousSpeculation(gamma=3, prefill_ratio=0.25)],
+                                    ids=["ar", "speculative"])
+
+
+@DECODINGS
+def test_replayed_chains_decode_what_the_eager_sampler_decodes(pair, decoding):
+    replays_match_eager(pair, decoding)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@DECODINGS
+def test_cuda_graphs_decode_what_the_eager_sampler_decodes_on_cuda(pair, decoding):
+    replays_match_eager(tuple(copy.deepcopy(model).cuda() for model in pair), decoding, cuda=True)
 
 
 class StaleNoise(SamplerGraphs):

@@ -6,6 +6,8 @@ three calls reusing the captured steps (a generator per row: an eager batch drop
 keeps them, and per-row streams do not depend on the batch); a step's host reads, its fullgraph trace, and a mutant
 the replay catches."""
 
+import copy
+
 import pytest
 import torch
 
@@ -38,10 +40,11 @@ SAMPLINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0, t
 
 def generate(models, kind, sampling, seed=0, graphs=None, **options):
     target, draft = models
+    device = target.device
     options = {"max_new_tokens": 24, "eos_token_id": EOS, **SAMPLINGS[sampling], **options}
-    generators = [torch.Generator().manual_seed(seed + 100 * row) for row in range(PROMPTS.shape[0])]
-    return speculative_generate(target, PROMPTS, MASK, drafter=DRAFTERS[kind](target, draft), generator=generators,
-                                graphs=graphs, **options)
+    generators = [torch.Generator(device).manual_seed(seed + 100 * row) for row in range(PROMPTS.shape[0])]
+    return speculative_generate(target, PROMPTS.to(device), MASK.to(device), drafter=DRAFTERS[kind](target, draft),
+                                generator=generators, graphs=graphs, **options)
 
 
 def same_stats(replayed, eager) -> bool:
@@ -54,16 +57,27 @@ def same_stats(replayed, eager) -> bool:
             and replayed.child_acceptance == eager.child_acceptance)
 
 
-@pytest.mark.parametrize("sampling", list(SAMPLINGS))
-@pytest.mark.parametrize("kind", list(DRAFTERS))
-def test_replayed_steps_decode_what_the_eager_steps_decode(models, kind, sampling):
-    graphs = StepGraphs(cuda=False)
+def replays_match_eager(models, kind, sampling, cuda=False) -> None:
+    graphs = StepGraphs(cuda=cuda)
     for seed in (0, 1, 0):  # the later calls replay the steps the first captured
         eager, eager_stats = generate(models, kind, sampling, seed)
         replayed, stats = generate(models, kind, sampling, seed, graphs)
         assert torch.equal(replayed, eager)
         assert same_stats(stats, eager_stats)
     assert len(graphs.shells) == 1
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize("kind", list(DRAFTERS))
+def test_replayed_steps_decode_what_the_eager_steps_decode(models, kind, sampling):
+    replays_match_eager(models, kind, sampling)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize("kind", list(DRAFTERS))
+def test_cuda_graphs_decode_what_the_eager_steps_decode_on_cuda(models, kind, sampling):
+    replays_match_eager(tuple(copy.deepcopy(m).cuda() for m in models), kind, sampling, cuda=True)
 
 
 def test_rows_end_at_their_own_eos_inside_a_block(models):

@@ -3,27 +3,43 @@ emit, frame for frame: the tape replay (a CUDA graph's semantics on a CPU), fram
 pipelined context passes, batch 2, actions that change (rollbacks) and a window that fills and evicts; and a replay
 that bakes the block's first frame in at capture is caught."""
 
+import copy
+
 import pytest
 import torch
 
 from mmspec.core.capture import HostReads
 from mmspec.video import FrameSession, FrameSpeculation
 from mmspec.video.methods import AR
-from tests.video.test_speculation import action_sequence, model, run  # noqa: F401  (model: a fixture)
+from tests.video.test_speculation import action_sequence, context_frames, model, run  # noqa: F401  (model: a fixture)
 
 DECODINGS = [AR(), FrameSpeculation(frames=3), FrameSpeculation(frames=2, context="pipelined"),
              FrameSpeculation.strict()]
 
 
-@pytest.mark.parametrize("decoding", DECODINGS, ids=["ar", "eager_context", "pipelined", "strict"])
-def test_replayed_euler_steps_emit_what_the_eager_steps_emit(model, decoding):  # noqa: F811
+def replays_match_eager(model, decoding, graphs="tape") -> None:  # noqa: F811
     actions = action_sequence(14)
-    eager, eager_session = run(model, actions, decoding)
-    replayed, session = run(model, actions, decoding, graphs="tape")
+    context = context_frames().to(model.device)
+    eager, eager_session = run(model, actions, decoding, context)
+    replayed, session = run(model, actions, decoding, context, graphs=graphs)
     assert torch.equal(replayed, eager)
     assert session.graphs.captured  # later blocks of a shape replay
     counted = {key: value for key, value in vars(session.stats).items() if key != "timings"}
     assert counted == {key: value for key, value in vars(eager_session.stats).items() if key != "timings"}
+
+
+DECODING_IDS = ["ar", "eager_context", "pipelined", "strict"]
+
+
+@pytest.mark.parametrize("decoding", DECODINGS, ids=DECODING_IDS)
+def test_replayed_euler_steps_emit_what_the_eager_steps_emit(model, decoding):  # noqa: F811
+    replays_match_eager(model, decoding)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+@pytest.mark.parametrize("decoding", DECODINGS, ids=DECODING_IDS)
+def test_cuda_graphs_emit_what_the_eager_steps_emit_on_cuda(model, decoding):  # noqa: F811
+    replays_match_eager(copy.deepcopy(model).cuda(), decoding, graphs="cuda")
 
 
 class BakedFirstFrame(FrameSession):
