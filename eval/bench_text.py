@@ -201,7 +201,9 @@ def calibrate(target, draft, tokenizer, prompts: list[str], temperature: float, 
 def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repeats) -> Row:
     device = counter.device
     encoded = [tokenizer(b, return_tensors="pt", padding=True).to(device) for b in batches(prompts, batch_size)]
-    fn(encoded[0], temperature, seed=12345)  # warm-up
+    # warm-up; on CUDA on every batch, so that each prompt length's and block size's steps are captured before timing
+    for enc in encoded if device.type == "cuda" else encoded[:1]:
+        fn(enc, temperature, seed=12345)
     times, tokens, forwards, taus = [], 0, 0, []  # tokens, forwards: summed over the repeats
     for repeat in range(repeats):
         counter.count = 0
