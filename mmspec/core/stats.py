@@ -159,14 +159,15 @@ class SpecStats(DecodingStats):
         else:
             self.steps.index_add_(0, rows, took.long())
         n, lengths = result.n_accepted, draft_lengths
-        taking = torch.ones_like(n) if active is None else active.long()
         if self._counts is None or self._counts.hist.shape[0] < result.accept_mask.shape[1] + 1:
             self._counts = _Counts.new(result.accept_mask.shape[1] + 1, n.device, self._counts)
         counts, excess = self._counts, result.excess_acceptance
+        taking = torch.ones_like(n) if active is None else active.long()
         counts.hist.scatter_add_(0, n.clamp(max=counts.hist.shape[0] - 1), taking)
-        counts.totals += torch.stack([(lengths * taking).sum(), (n * taking).sum(),
-                                      (torch.minimum(n + 1, lengths) * taking).sum()])
-        counts.longest.copy_(torch.maximum(counts.longest, (lengths * taking).max()))
+        # [3, B']: the drafted, accepted and tested positions of each entry (zero for one that took no part)
+        taken = torch.stack([lengths, n, torch.minimum(n + 1, lengths)]) * taking
+        counts.totals += taken.sum(1)
+        torch.maximum(counts.longest, taken[0].max(), out=counts.longest)
         if excess is None:
             counts.lossy = False
         else:

@@ -151,7 +151,7 @@ class JacobiStep:
         # mod L never overwrites a live one. Gumbel vectors are keyed by (row seed, position, id), not stored.
         with opening.timer("draft"):
             self.rows = Commits(opening, L, stats)
-            self.laws = Ring(torch.zeros(B, L, V, dtype=dtype, device=device))
+            self.laws = Ring.zeros(B, L, V, dtype, device)
             self.seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
             self.span = DraftSpan.of(opening.forced, opening.N, L, V, device)
             self.ahead = opening.first_law.clone()  # [B, V] the law past each row's last window (init="lookahead")
@@ -296,18 +296,28 @@ class DraftSpan:
 
 @dataclass(frozen=True)
 class Ring:
-    """Per-row V-wide rows kept for a sliding span of positions: buffer [B, R, V] holds position i in slot i mod R,
-    so any R consecutive positions coexist. Reads and writes take absolute positions [B, W], W <= R."""
+    """Per-row V-wide rows kept for a sliding span of R positions: buffer [B, R + 1, V] holds position i in slot
+    i mod R, so any R consecutive positions coexist; slot R is scratch, where the rows a write masks off land (a write
+    is one scatter, with no read of the rows it keeps). Reads and writes take absolute positions [B, W], W <= R."""
 
     buffer: torch.Tensor
 
+    @classmethod
+    def zeros(cls, batch_size: int, span: int, V: int, dtype: torch.dtype, device: torch.device) -> Ring:
+        return cls(torch.zeros(batch_size, span + 1, V, dtype=dtype, device=device))
+
+    @property
+    def span(self) -> int:
+        return self.buffer.shape[1] - 1
+
     def read(self, positions: torch.Tensor) -> torch.Tensor:
         """[B, W, V], the rows at `positions`."""
-        return self.buffer.gather(1, _rows(positions % self.buffer.shape[1], self.buffer.shape[-1]))
+        return self.buffer.gather(1, _rows(positions % self.span, self.buffer.shape[-1]))
 
     def write(self, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor) -> None:
-        """Store values [B, W, V] at `positions` where `where` [B, W] (broadcastable) holds, in place."""
-        write_at(self.buffer, positions % self.buffer.shape[1], values, where)
+        """Store values [B, W, V] at `positions` where `where` [B, W] (bool, broadcastable) holds, in place."""
+        slots = torch.where(where, positions % self.span, self.span)
+        self.buffer.scatter_(1, _rows(slots, self.buffer.shape[-1]), values.expand(*slots.shape, -1))
 
 
 def gumbel(seeds: torch.Tensor, positions: torch.Tensor, V: int, dtype: torch.dtype) -> torch.Tensor:

@@ -54,7 +54,7 @@ class RowWindowStep:
         B, device, dtype = opening.first_token.shape[0], opening.first_token.device, opening.dtype
         with opening.timer("draft"):
             self.rows = RowCommits(opening, W, stats, height, width)
-            self.laws = Ring(torch.zeros(B, R * width + 2 * W, V, dtype=dtype, device=device))  # all live drafts
+            self.laws = Ring.zeros(B, R * width + 2 * W, V, dtype, device)  # all live drafts
             self.seeds = sample_seeds(generator, B).to(device) if self.coupling == "gumbel" else None
             self.span = DraftSpan.of(opening.forced, N, W, V, device)
             self.drafted = torch.zeros(B, N + W, dtype=torch.bool, device=device)

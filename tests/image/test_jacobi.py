@@ -193,7 +193,7 @@ def test_initial_drafts_of_free_positions_are_never_structure_tokens(init):
     assert span.last_free_at(torch.tensor([3, 4, 7, 15])).tolist() == [2, 4, 6, 15]  # 15: scratch past the image
     seq = torch.zeros(2, N + L, dtype=torch.long)
     seq[:, :4] = torch.tensor([1, 2, 3, 4])  # the first row committed, closed by its end-of-line
-    ring = Ring(torch.zeros(2, L, V, dtype=torch.float64))  # the laws of the live window, slot = position mod L
+    ring = Ring.zeros(2, L, V, torch.float64, torch.device("cpu"))  # the laws of the live window, slot = position mod L
     positions = torch.arange(4, 10).expand(2, -1)
     ahead = torch.tensor([[0.1, 0.05, 0.05, 0.0, 0.8], [0.0, 0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
     drafted = (torch.arange(N + L) < 4).expand(2, -1)
