@@ -46,8 +46,14 @@ from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.tree_growth import TreeShape
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.text import speculative_generate
-from mmspec.text.drafters import (DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter,
-                                  early_exit_view)
+from mmspec.text.drafters import (
+    DraftLengthSchedule,
+    LayerSkipDrafter,
+    ModelDrafter,
+    NGramDrafter,
+    NoDrafter,
+    early_exit_view,
+)
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
 from mmspec.zoo.text_corpus import held_out_prompts
@@ -136,7 +142,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
             return target.generate(**enc, **common, **sampling_kwargs(temperature), **extra), None
         return run
 
-    def ours(make_drafter, schedule=lambda: DraftLengthSchedule(DRAFT_LENGTH)):  # schedule None: the drafter's own
+    def ours(make_drafter, schedule=lambda: DraftLengthSchedule(DRAFT_LENGTH)):  # None: the drafter's own
         def run(enc, temperature, seed):
             sequences, stats = speculative_generate(
                 target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(), temperature=temperature,

@@ -94,8 +94,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     def graph_stores(self, on: bool) -> None:
         """A speculative decoding's whole step — drafting, the target's forward, verification, commit, rollback —
         up to 16 steps per graph, on fixed-capacity caches (`speculative_generate(graphs=...)`), captured on a
-        decoding's first call and replayed by later calls with the same settings and batch. AR (transformers'
-        `generate`) is not captured."""
+        decoding's first call and replayed by later calls with the same settings and batch. AR runs the same loop
+        drafting nothing (`mmspec.text.NoDrafter`), captured too, where it is transformers' `generate` without."""
         self.step_graphs = StepGraphs(cuda=True) if on else None
 
     @classmethod

@@ -198,6 +198,8 @@ def test_replayed_steps_through_the_pipeline_and_cuda_graphs_refused_on_a_cpu(pi
             out = pipe(PROMPTS, generator=generators(), callback_on_step_end=callback, **call)
             assert out.texts == eager
         assert steps == list(range(1, len(steps) + 1)) and pipe.step_graphs.shells
+        greedy = dict(max_new_tokens=24, temperature=0.0)  # AR replays its own loop, drafting nothing
+        assert pipe(PROMPTS, decoding="ar", **greedy).texts == pipe(PROMPTS, decoding="speculative", **greedy).texts
     finally:
         pipe.step_graphs = None
     with pytest.raises(ValueError, match=r"enable_cuda_graphs needs the pipeline on a CUDA device"):

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from mmspec.text import speculative_generate
-from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
+from mmspec.core.capture import StepGraphs
+from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter
 from tests.conftest import tiny_llama
 from tests.text.table_lm import TableLM, random_table
 
@@ -36,6 +37,23 @@ def test_greedy_equals_target_generate(tiny_target, tiny_draft, drafter_name, ba
     )
     assert torch.equal(out, expected)
     assert stats.target_forwards <= 24 + 1
+
+
+@pytest.mark.parametrize("graphs", [None, StepGraphs(cuda=False)], ids=["eager", "replayed"])
+def test_no_drafter_is_ar_through_the_loop(tiny_target, graphs):
+    """NoDrafter: one target forward and one token per step, what transformers' greedy `generate` decodes (ragged
+    batch), eagerly or replayed (the graphed AR of a GPU); a draft length is refused."""
+    ids, mask = prompts(4)
+    expected = tiny_target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
+                                    pad_token_id=0)
+    for _ in range(2):  # the second call replays the steps the first captured
+        out, stats = speculative_generate(tiny_target, ids, mask, drafter=NoDrafter(), max_new_tokens=16,
+                                          temperature=0, eos_token_id=tiny_target.config.eos_token_id,
+                                          pad_token_id=0, graphs=graphs)
+        assert torch.equal(out, expected)
+        assert stats.drafted == 0 and stats.target_forwards >= 16 + 1
+    with pytest.raises(ValueError, match="NoDrafter drafts nothing: draft_length must be None or 0, got 2"):
+        speculative_generate(tiny_target, ids, mask, drafter=NoDrafter(), draft_length=2)
 
 
 def test_eos_stops_each_row_on_its_own():

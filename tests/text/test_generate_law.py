@@ -14,7 +14,7 @@ from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.core import drafting
 from mmspec.core.rules import exact
 from mmspec.text import speculative_generate
-from mmspec.text.drafters import DraftLengthSchedule, ModelDrafter, NGramDrafter
+from mmspec.text.drafters import DraftLengthSchedule, ModelDrafter, NGramDrafter, NoDrafter
 from tests.law import chi_square_p_value as law_p_value
 from tests.text.table_lm import TableLM, exact_joint_law, random_table
 
@@ -57,7 +57,7 @@ def run_and_test(drafter_kind, draft_length, temperature, top_k, seed=0):
     """Min p-value over the two prompts."""
     target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
     drafter = {"model": lambda: ModelDrafter(draft), "ngram": lambda: NGramDrafter(max_ngram=2),
-               "adaptive": lambda: ModelDrafter(draft, confidence_threshold=0.3)}[drafter_kind]()
+               "adaptive": lambda: ModelDrafter(draft, confidence_threshold=0.3), "none": NoDrafter}[drafter_kind]()
     return law_test(target, drafter, temperature, top_k, seed, draft_length=draft_length)
 
 
@@ -68,6 +68,7 @@ CONFIGS = [
     ("model", 4, 1.0, 2),
     ("ngram", 3, 1.0, 0),
     ("adaptive", DraftLengthSchedule(3, kind="heuristic", max_length=5), 1.0, 3),
+    ("none", None, 0.8, 2),  # AR through the loop (the graphed AR baseline on a GPU)
 ]
 
 
@@ -77,7 +78,7 @@ CONFIGS = [
 def test_speculative_generate_matches_exact_joint_law(drafter_kind, draft_length, temperature, top_k):
     p_value, stats = run_and_test(drafter_kind, draft_length, temperature, top_k)
     assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
-    if drafter_kind != "ngram":
+    if drafter_kind not in ("ngram", "none"):
         assert stats.accepted > 0 and stats.accepted < stats.drafted  # both branches of the rule were exercised
 
 
