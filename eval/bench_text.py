@@ -73,6 +73,10 @@ OPT_TREE_SHAPE = TreeShape(nodes=16, branching=4, expand=4, depth=8, scheme="det
 CHAINS = ("ours_model", "ours_model_len8", "ours_model_len16")  # the draft model's chains at batch 1
 TREES = ("ours_tree", "ours_tree_n30", "ours_tree_full30")  # the draft model's trees at batch 1
 BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
+METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ours_ar", "ours_model", "ours_ngram",
+                "ours_layerskip", "ours_adaptive", "ours_model_len1", "ours_model_len2", "ours_model_len8",
+                "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
+                "ours_tree_n14", "ours_tree_n6")  # `make_methods`' keys
 AR_METHODS = ("ar", "ours_ar")  # transformers' generate; ours, drafting nothing (graphed on CUDA)
 BATCH8 = ("ar", "ours_ar", "ours_model", "ours_tree", *BATCH8_ONLY)
 
@@ -133,7 +137,8 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
     ceiling=True (alpha* at the visited nodes). rates: the draft's positional acceptance at each temperature. On
     CUDA our decodings replay their steps from CUDA graphs (one store for the run: each method's first, untimed call
     captures), as a `SpeculativeTextPipeline` on CUDA does; transformers' methods run as they are."""
-    common = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    common = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id)
     graphs = StepGraphs(cuda=True) if target.device.type == "cuda" else None
 
     def hf(**extra):
@@ -259,44 +264,51 @@ def format_table(rows: list[Row]) -> str:
 
 
 def summary(rows: list[Row]) -> dict:
-    def tps(method, bs, t):
-        return next(r.tokens_per_second for r in rows if (r.method, r.batch_size, r.temperature) == (method, bs, t))
+    """The summary ratios; one whose methods did not run (`--methods`) is left out."""
+    by = {(r.method, r.batch_size, r.temperature): r for r in rows}
 
-    def best_ours(bs, t):
-        return max(r.tokens_per_second for r in rows if r.method.startswith("ours") and r.method not in AR_METHODS
-                   and (r.batch_size, r.temperature) == (bs, t))
+    def tps(method, bs, t):
+        return by[method, bs, t].tokens_per_second  # KeyError: it did not run
 
     def per_forward(method, bs, t):
-        return next(r.new_tokens / r.target_forwards for r in rows if (r.method, r.batch_size, r.temperature) ==
-                    (method, bs, t))
+        return by[method, bs, t].new_tokens / by[method, bs, t].target_forwards
+
+    def best_ours(bs, t):
+        return max(tps(m, b, T) for m, b, T in by if m.startswith("ours") and m not in AR_METHODS and (b, T) == (bs, t))
 
     def best(methods, t):
         return max(per_forward(method, 1, t) for method in methods)
 
-    best_hf_assisted_t1 = max(tps("hf_assisted", 1, 1.0), tps("hf_assisted_len4", 1, 1.0))
     # the rule against its ceiling on the binary tree: alpha* of 3 or more children drawn without replacement is not
     # computed on this vocabulary (`tree_verify.alpha_star`)
-    binary_t1 = next(r for r in rows if (r.method, r.batch_size, r.temperature) == ("ours_tree_full30", 1, 1.0))
-    return {
-        "tree_over_chain_tokens_per_forward_t1_bs1": best(TREES, 1.0) / best(CHAINS, 1.0),
-        "tree_over_chain_tokens_per_forward_t0_bs1": best(TREES, 0.0) / best(CHAINS, 0.0),
-        "positional_over_full_tree_tokens_per_forward_t1_bs1": (per_forward("ours_tree_n30", 1, 1.0) /
-                                                                per_forward("ours_tree_full30", 1, 1.0)),
-        "tree_rule_acceptance_t1_bs1": binary_t1.tree_acceptance,
-        "tree_alpha_star_t1_bs1": binary_t1.tree_alpha_star,
-        "stand_tokens_per_forward_t1_bs1": per_forward("ours_stand", 1, 1.0),
-        "hf_prompt_lookup_tokens_per_forward_t1_bs1": per_forward("hf_prompt_lookup", 1, 1.0),
-        "ours_vs_hf_assisted_bs1": best_ours(1, 1.0) / best_hf_assisted_t1,
-        "ours_bs8_vs_ar_bs8": best_ours(8, 1.0) / tps("ar", 8, 1.0),
-        "ours_bs8_vs_ar_bs8_greedy": best_ours(8, 0.0) / tps("ar", 8, 0.0),
-        "ours_model_len4_bs8_vs_ar_bs8": tps("ours_model", 8, 1.0) / tps("ar", 8, 1.0),
+    ratios = {
+        "tree_over_chain_tokens_per_forward_t1_bs1": lambda: best(TREES, 1.0) / best(CHAINS, 1.0),
+        "tree_over_chain_tokens_per_forward_t0_bs1": lambda: best(TREES, 0.0) / best(CHAINS, 0.0),
+        "positional_over_full_tree_tokens_per_forward_t1_bs1": lambda: (per_forward("ours_tree_n30", 1, 1.0) /
+                                                                        per_forward("ours_tree_full30", 1, 1.0)),
+        "tree_rule_acceptance_t1_bs1": lambda: by["ours_tree_full30", 1, 1.0].tree_acceptance,
+        "tree_alpha_star_t1_bs1": lambda: by["ours_tree_full30", 1, 1.0].tree_alpha_star,
+        "stand_tokens_per_forward_t1_bs1": lambda: per_forward("ours_stand", 1, 1.0),
+        "hf_prompt_lookup_tokens_per_forward_t1_bs1": lambda: per_forward("hf_prompt_lookup", 1, 1.0),
+        "ours_vs_hf_assisted_bs1": lambda: best_ours(1, 1.0) / max(tps("hf_assisted", 1, 1.0),
+                                                                   tps("hf_assisted_len4", 1, 1.0)),
+        "ours_bs8_vs_ar_bs8": lambda: best_ours(8, 1.0) / tps("ar", 8, 1.0),
+        "ours_bs8_vs_ar_bs8_greedy": lambda: best_ours(8, 0.0) / tps("ar", 8, 0.0),
+        "ours_model_len4_bs8_vs_ar_bs8": lambda: tps("ours_model", 8, 1.0) / tps("ar", 8, 1.0),
         # against the faster AR (graphed on CUDA): the speeds the GPU goals name, at T = 0 and batch 1
-        "ours_ar_vs_ar_t0_bs1": tps("ours_ar", 1, 0.0) / tps("ar", 1, 0.0),
-        "ours_model_vs_best_ar_t0_bs1": tps("ours_model", 1, 0.0) / best_ar(rows, 1, 0.0),
-        "best_tree_vs_best_chain_speed_t0_bs1": (max(tps(m, 1, 0.0) for m in TREES) /
-                                                 max(tps(m, 1, 0.0) for m in CHAINS)),
-        "ours_ngram_vs_hf_prompt_lookup_t0_bs1": tps("ours_ngram", 1, 0.0) / tps("hf_prompt_lookup", 1, 0.0),
+        "ours_ar_vs_ar_t0_bs1": lambda: tps("ours_ar", 1, 0.0) / tps("ar", 1, 0.0),
+        "ours_model_vs_best_ar_t0_bs1": lambda: tps("ours_model", 1, 0.0) / best_ar(rows, 1, 0.0),
+        "best_tree_vs_best_chain_speed_t0_bs1": lambda: (max(tps(m, 1, 0.0) for m in TREES) /
+                                                         max(tps(m, 1, 0.0) for m in CHAINS)),
+        "ours_ngram_vs_hf_prompt_lookup_t0_bs1": lambda: tps("ours_ngram", 1, 0.0) / tps("hf_prompt_lookup", 1, 0.0),
     }
+    found = {}
+    for name, ratio in ratios.items():
+        try:
+            found[name] = ratio()
+        except KeyError:
+            pass
+    return found
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -308,6 +320,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompts", type=int, default=None, help="prompts at batch 1 (default 16, --quick 4; batch "
                                                                   "8 decodes at least 8)")
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per prompt (default 128, --quick 64)")
+    parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                        help="these methods only (default: all; the AR baselines always run): "
+                             + ", ".join(METHOD_NAMES))
     add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
     device = resolve_device(parser, args.device)
@@ -316,6 +331,10 @@ def main(argv: list[str] | None = None) -> dict:
     n_prompts, max_new_tokens = args.prompts or n_prompts, args.new_tokens or max_new_tokens
     if n_prompts < 1 or max_new_tokens < 1:
         parser.error(f"--prompts and --new-tokens must be >= 1, got {n_prompts} and {max_new_tokens}")
+    unknown = sorted(set(args.methods or ()) - set(METHOD_NAMES))
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
+    chosen = set(METHOD_NAMES if args.methods is None else (*AR_METHODS, *args.methods))
     target, tokenizer = load_causal_lm(args.target)
     draft, _ = load_causal_lm(args.draft)
     target, draft = target.to(device), draft.to(device)
@@ -332,19 +351,21 @@ def main(argv: list[str] | None = None) -> dict:
     with torch.no_grad():
         for temperature in (0.0, 1.0):
             for name, fn in methods.items():
-                if name in BATCH8_ONLY:
+                if name in BATCH8_ONLY or name not in chosen:
                     continue
                 if name == "ours_opt_tree" and temperature > 0:  # deterministic children: built for greedy
                     continue
                 rows.append(measure(name, fn, prompts[:n_prompts], tokenizer, counter, 1, temperature, repeats))
                 print(f"{name} bs=1 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
-            for name in BATCH8:
-                rows.append(measure(name, methods[name], prompts[: max(n_prompts, 8)], tokenizer, counter, 8, temperature, repeats))
+            for name in (name for name in BATCH8 if name in chosen):
+                rows.append(measure(name, methods[name], prompts[: max(n_prompts, 8)], tokenizer, counter, 8,
+                                    temperature, repeats))
                 print(f"{name} bs=8 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
     table, ratios = format_table(rows), summary(rows)
     target_latency = forward_latency(target)
     ratios["draft_target_cost_ratio"] = forward_latency(draft) / target_latency
-    ratios["layerskip_target_cost_ratio"] = forward_latency(early_exit_view(target, target.config.early_exit_layer)) / target_latency
+    early_exit = early_exit_view(target, target.config.early_exit_layer)
+    ratios["layerskip_target_cost_ratio"] = forward_latency(early_exit) / target_latency
     print(table)
     print(json.dumps(ratios, indent=2))
     if args.json:

@@ -7,7 +7,8 @@
 #   bash eval/gpu_suite.sh --device cpu --quick --out DIR    # the smoke test run by tests/eval/test_gpu_suite.py
 #
 # Options: --device DEVICE (default cuda), --quick (the smallest settings of each benchmark: a smoke test, about two
-# minutes on 2 CPU cores), --short (each benchmark's own --quick settings; the cost model at every real shape),
+# minutes on 2 CPU cores), --short (each benchmark's own --quick settings, but bench_graphs, bench_text and
+# bench_continuous sized so that the three take about 7.5 minutes on one H100; the cost model at every real shape),
 # --only NAME[,NAME] (these benchmarks; environment.json keeps the other benchmarks' runs from earlier calls), --out DIR
 # (default eval/results/gpu), --python PYTHON (default python3). The full run is sized for under 25 minutes on one
 # H100-class GPU; it and --short also draw docs/images/cost_model_<device>.png. Nothing is written when a benchmark
@@ -25,7 +26,7 @@ while [ $# -gt 0 ]; do
         --only) only="${2:?--only needs a value}"; shift 2 ;;
         --out) out="${2:?--out needs a value}"; shift 2 ;;
         --python) python="${2:?--python needs a value}"; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -47,8 +48,12 @@ declare -A settings=(  # the full run; --short and --quick below
     [quality]="--quick --methods ar sjd tree lantern gsd draft pjd"
     [cost_model]="--dtype bfloat16"
 )
-if [ "$tier" = short ]; then
-    for name in bench_text bench_image bench_continuous bench_video bench_graphs; do settings[$name]="--quick"; done
+if [ "$tier" = short ]; then  # bench_graphs, bench_text and bench_continuous: about 7.5 minutes on one H100
+    for name in bench_image bench_video; do settings[$name]="--quick"; done
+    settings[bench_graphs]="--prompts 8 --batch-sizes 1 8 --num-iter 16 --new-tokens 64"
+    settings[bench_text]="--quick --methods hf_prompt_lookup ours_model ours_model_len8 ours_model_len16 ours_ngram \
+ours_tree ours_tree_n30 ours_tree_full30"
+    settings[bench_continuous]="--quick --no-fd --methods ar exact draft"
     settings[cost_model]="--dtype bfloat16 --batch-sizes 1 4 --prompts 4 --repeats 10"
 elif [ "$tier" = smoke ]; then
     settings=(
