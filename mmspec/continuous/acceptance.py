@@ -42,7 +42,9 @@ class TrajectoryBlock:
     (the target's from its one pass over the block); noise(attempts [m], rows [m]) -> (x_T [m, C], noise [S, m, C]):
     keyed noise of a target trajectory (attempt 0: the draft's own noise); final_noise(attempts, rows) -> [m, C]:
     keyed standard normals of a final-step proposal; uniform: keyed uniforms (attempt 0 tests the draft); the
-    residual's budget (max_tries, proposals_per_round)."""
+    residual's budget (max_tries, proposals_per_round); target_chain(x_T [m, C], noise [S, m, C], rows [m]) ->
+    the target head's trajectories of those rows, as `sample_trajectory(target_head, ...)` draws them (None: it; a
+    decoding passes one that replays the chains from graphs, `mmspec.continuous.graphs`)."""
 
     draft: Trajectory
     draft_head: DiffusionHead
@@ -54,6 +56,13 @@ class TrajectoryBlock:
     uniform: Uniforms
     max_tries: int = 100
     proposals_per_round: int = 8
+    target_chain: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Trajectory] | None = None
+
+    def sample_target(self, x_T: torch.Tensor, noise: torch.Tensor, rows: torch.Tensor) -> Trajectory:
+        """The target head's reverse chains from x_T [m, C] with noise [S, m, C] for tokens `rows` [m]."""
+        if self.target_chain is not None:
+            return self.target_chain(x_T, noise, rows)
+        return sample_trajectory(self.target_head, self.schedule, x_T, noise, self.temperature, rows=rows)
 
 
 @runtime_checkable
@@ -129,12 +138,13 @@ def residual_sample(propose: Proposal, uniform: Uniforms, rows: torch.Tensor, di
 def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_head: DiffusionHead,
                         schedule: DiffusionSchedule, temperature: float,
                         target_noise: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                        uniform: Uniforms, max_tries: int = 100,
-                        proposals_per_round: int = 8) -> ContinuousVerifyResult:
+                        uniform: Uniforms, max_tries: int = 100, proposals_per_round: int = 8,
+                        target_chain: Callable[..., Trajectory] | None = None) -> ContinuousVerifyResult:
     """Exact verification of n drafted tokens.
 
     draft: the draft head's trajectories (x [S + 1, n, C] with the Gaussians they were drawn from);
-    target_noise(attempts [m], rows [m]) -> (x_T [m, C], noise [S, m, C]): fresh keyed noise for residual proposals.
+    target_noise(attempts [m], rows [m]) -> (x_T [m, C], noise [S, m, C]): fresh keyed noise for residual proposals;
+    target_chain: draws their trajectories (`TrajectoryBlock.target_chain`; None: `sample_trajectory`).
     The target head scores the draft trajectories in one batched call; kept drafts output mu_p(x_1); rejected ones
     draw target trajectories until one passes the residual test.
     """
@@ -152,7 +162,8 @@ def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_hea
 
     def propose(attempts: torch.Tensor, pending: torch.Tensor):
         x_T, noise = target_noise(attempts, pending)
-        proposal = sample_trajectory(target_head, schedule, x_T, noise, temperature, rows=pending)
+        proposal = (sample_trajectory(target_head, schedule, x_T, noise, temperature, rows=pending)
+                    if target_chain is None else target_chain(x_T, noise, pending))
         mean_q, log_std_q = score_trajectory(draft_head, schedule, proposal.x, rows=pending)
         return (proposal.token, trajectory_log_density(proposal.x, proposal.mean, proposal.log_std, temperature),
                 trajectory_log_density(proposal.x, mean_q, log_std_q, temperature))
@@ -167,4 +178,5 @@ def verify_trajectories(draft: Trajectory, draft_head: DiffusionHead, target_hea
 def verify_block(block: TrajectoryBlock) -> ContinuousVerifyResult:
     """The exact rule on a block (`verify_trajectories`)."""
     return verify_trajectories(block.draft, block.draft_head, block.target_head, block.schedule, block.temperature,
-                               block.noise, block.uniform, block.max_tries, block.proposals_per_round)
+                               block.noise, block.uniform, block.max_tries, block.proposals_per_round,
+                               block.target_chain)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.continuous.acceptance import TrajectoryBlock, TrajectoryTest, verify_block
-from mmspec.continuous.diffusion import DiffusionSchedule
+from mmspec.continuous.diffusion import DiffusionSchedule, Trajectory
 from mmspec.continuous.graphs import SamplerGraphs, sample
 from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.component import StepHook
@@ -192,6 +192,16 @@ class SpeculativeSteps:
         self.context, self.context_known = state.unknown.clone(), state.known
         return True
 
+    def target_chain(self, z: torch.Tensor, z_uncond: torch.Tensor | None, cfg: torch.Tensor):
+        """The target head's reverse chains of given rows of the block (conditions z, z_uncond [n, D], guidance
+        cfg [n]), replayed from the sampler graphs when the decoding has them (one graph per row count)."""
+        graphs = self.draft.graphs
+
+        def chain(x_T: torch.Tensor, noise: torch.Tensor, rows: torch.Tensor) -> Trajectory:
+            return sample(self.target, z[rows], None if z_uncond is None else z_uncond[rows], cfg[rows],
+                          self.schedule, x_T, noise, self.temperature, graphs)
+        return chain
+
     def verify(self, state: MARState) -> None:
         """One target pass over the block's positions (conditioned on the tokens known before the block), then
         per-token accept / resample; writes the kept tokens into the state."""
@@ -206,7 +216,8 @@ class SpeculativeSteps:
             return torch.cat([b[key].view(B, b["positions"].shape[1], *b[key].shape[1:]) for b in block],
                              1).flatten(0, 1)
 
-        cfg = torch.cat([torch.full(b["positions"].shape, b["cfg"]) for b in block], dim=1).reshape(-1)
+        cfg = torch.cat([torch.full(b["positions"].shape, b["cfg"], device=positions.device) for b in block],
+                        dim=1).reshape(-1)
         draft_trajectory = type(block[0]["trajectory"])(
             *(torch.cat([getattr(b["trajectory"], f).view(-1, B, b["positions"].shape[1], C) for b in block], 2)
               .flatten(1, 2) for f in ("x", "mean", "log_std")))
@@ -219,7 +230,8 @@ class SpeculativeSteps:
             noise=lambda attempts, rows: _noise(row_seeds[rows], flat[rows], self.schedule, C, attempts),
             final_noise=lambda attempts, rows: keyed_normal(row_seeds[rows], NOISE, flat[rows], -1, attempts, dim=C),
             uniform=lambda attempts, rows: keyed_uniform(row_seeds[rows], UNIFORM, flat[rows], attempts),
-            max_tries=self.speculation.max_tries, proposals_per_round=self.speculation.proposals_per_round)
+            max_tries=self.speculation.max_tries, proposals_per_round=self.speculation.proposals_per_round,
+            target_chain=self.target_chain(z, z_uncond, cfg))
         result = verify_block(trajectories) if self.test is None else self.test.verify_block(trajectories)
         tokens.scatter_(1, positions[..., None].expand(-1, -1, C), result.tokens.view(B, n_blk, C).to(tokens.dtype))
         stats.drafted += result.accepted.numel()

@@ -38,11 +38,8 @@ class Paper(AcceptanceRule):
         `verify_paper`."""
         import torch
 
-        from mmspec.continuous.diffusion import sample_trajectory
-
         rows = torch.arange(block.draft.x.shape[1], device=block.draft.x.device)
-        aligned = sample_trajectory(block.target_head, block.schedule, *block.noise(torch.zeros_like(rows), rows),
-                                    block.temperature)
+        aligned = block.sample_target(*block.noise(torch.zeros_like(rows), rows), rows)
         return verify_paper(block.draft, aligned, block.temperature, block.uniform, block.final_noise,
                             max_tries=block.max_tries, proposals_per_round=block.proposals_per_round)
 

@@ -1,7 +1,7 @@
 """The diffusion head's reverse chain replayed from a graph (`mmspec.continuous.graphs`) decodes what the eager
 sampler decodes, token for token: the tape replay (a CUDA graph's semantics on a CPU) with a real MAR head, CFG,
-batch 2, AR and speculative decoding, several calls reusing the captured chains; and a chain that forgets to copy
-an input in is caught."""
+batch 2, AR and speculative decoding (its draft chains and its verifications' residual proposals), several calls
+reusing the captured chains; and a chain that forgets to copy an input in is caught."""
 
 import copy
 
@@ -28,7 +28,7 @@ def decode(decoding, pair, seeds=SEEDS, graphs=None):
                         LABELS.to(target.device), 3.0, temperature=0.9, graphs=graphs)
 
 
-def replays_match_eager(pair, decoding, cuda=False) -> None:
+def replays_match_eager(pair, decoding, cuda=False) -> SamplerGraphs:
     graphs = SamplerGraphs(cuda=cuda)
     for seeds in (SEEDS, SEEDS + 7, SEEDS):  # the second and third calls replay the chains the first captured
         eager, eager_stats = decode(decoding, pair, seeds)
@@ -37,6 +37,7 @@ def replays_match_eager(pair, decoding, cuda=False) -> None:
         assert (stats.target_forwards, stats.draft_forwards, stats.accepted) == (
             eager_stats.target_forwards, eager_stats.draft_forwards, eager_stats.accepted)
     assert graphs.captured  # plan [1, 1, 1, 2, 3, 2, 3, 3] at batch 2: chains of 2, 4 and 6 tokens
+    return graphs
 
 
 DECODINGS = pytest.mark.parametrize("decoding", [AR(), ContinuousSpeculation(gamma=3, prefill_ratio=0.25)],
@@ -45,7 +46,9 @@ DECODINGS = pytest.mark.parametrize("decoding", [AR(), ContinuousSpeculation(gam
 
 @DECODINGS
 def test_replayed_chains_decode_what_the_eager_sampler_decodes(pair, decoding):
-    replays_match_eager(pair, decoding)
+    graphs = replays_match_eager(pair, decoding)
+    if isinstance(decoding, ContinuousSpeculation):  # the verifications' residual proposals: 8 target chains a row
+        assert any(key[0] == id(pair[0]) and key[1][0] >= 8 for key in graphs.captured)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

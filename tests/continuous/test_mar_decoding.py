@@ -63,11 +63,12 @@ def test_pass_counts_and_every_token_written_once(pair, num_iter, gamma, prefill
 
 
 class Spy:
-    """Wraps a MAR: records the known-token mask of every encoder-decoder pass and the rows of every head."""
+    """Wraps a MAR: records the known-token mask of every encoder-decoder pass and the rows of the first head made
+    after it (a verification's residual proposals make heads of their own rows later)."""
 
     def __init__(self, model):
         self.model, self.config, self.device, self.dtype = model, model.config, model.device, model.dtype
-        self.masks, self.head_rows = [], []
+        self.masks, self.head_rows = [], {}
 
     def class_embedding(self, labels, batch_size):
         return self.model.class_embedding(labels, batch_size)
@@ -77,7 +78,7 @@ class Spy:
         return self.model.encode_decode(tokens, unknown, class_embedding, known_tokens)
 
     def diffusion_head(self, z, z_uncond=None, guidance_scale=1.0):
-        self.head_rows.append(z.shape[0])
+        self.head_rows.setdefault(len(self.masks) - 1, z.shape[0])
         return self.model.diffusion_head(z, z_uncond, guidance_scale)
 
 
