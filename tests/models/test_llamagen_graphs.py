@@ -97,8 +97,8 @@ class KeptPadding(WindowGraphs):
     """Mutant: a reused cache is emptied but keeps the previous decoding's padding (key_valid)."""
 
     def cache(self, rows, device=None, dtype=None, extra_slots=0):
-        reused = self.kept is not None and self.key == (rows, self.key[1], dtype, extra_slots)
-        padding = self.kept.key_valid.clone() if reused else None
+        key = (rows, torch.device(device or self.transformer.device), dtype or self.transformer.dtype, extra_slots)
+        padding = self.stores[key][0].key_valid.clone() if key in self.stores else None
         cache = super().cache(rows, device, dtype, extra_slots)
         if padding is not None:
             cache.key_valid.copy_(padding)
@@ -107,6 +107,16 @@ class KeptPadding(WindowGraphs):
 
 def test_a_kept_cache_that_keeps_its_padding_is_caught():
     assert not graphed_decodes_match_eager(KeptPadding)
+
+
+def test_calls_that_alternate_settings_keep_each_settings_cache_and_graphs():
+    """AR, then SJD with a wider window, then AR again (a comparison, the demo): each setting's cache and captured
+    steps are kept, not captured again."""
+    graphs = WindowGraphs(tiny_transformer(seed=0), capture=False)
+    ar_cache = graphs.cache(2, extra_slots=1)
+    ar_steps = graphs.steps
+    assert graphs.cache(2, extra_slots=32) is not ar_cache and graphs.steps is not ar_steps
+    assert graphs.cache(2, extra_slots=1) is ar_cache and graphs.steps is ar_steps
 
 
 class ReassigningStep(JacobiStep):

@@ -4,9 +4,10 @@ graphs.
 On a GPU a small model's forward at batch 1 is bound by kernel launches, not FLOPs: the embedded 6 M-parameter model
 takes 4 ms per forward on an H100 whatever the window. gpt-fast's answer is a static KV cache written by slot index
 and one captured graph per input shape; `KVCache` already is such a cache (rollback lowers `lengths` in place), so a
-window of W tokens after the cached prefix is one shape per W. `WindowGraphs` keeps one cache per transformer, hands
-it to one decoding at a time, and captures the window forward (embedding, blocks, head) for each W on its first use;
-replaying it launches one graph. The capacity check and `max_length` (host-side) stay outside the graph.
+window of W tokens after the cached prefix is one shape per W. `WindowGraphs` keeps a cache per transformer and
+setting (rows, slots), hands it to one decoding at a time, and captures the window forward (embedding, blocks, head)
+for each W on its first use; replaying it launches one graph. The capacity check and `max_length` (host-side) stay
+outside the graph.
 
 Its `steps` (`mmspec.core.capture.StepGraphs`) hold the decoding steps captured whole on this cache: the window
 forward, verification, redraft, commit and rollback of K iterations in one graph (the decode loop replays them; inside
@@ -17,43 +18,54 @@ CUDA graph's semantics (what the CPU tests check).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from mmspec.core.capture import StepGraphs
 from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer, check_window_fits
 
 WARMUP = 2  # eager runs on a side stream before a capture (the allocator and lazy kernel loading settle)
+KEPT_CACHES = 4  # caches (with their graphs) a WindowGraphs keeps, one per rows / slots / dtype / device
 
 
 class WindowGraphs:
-    """`cache(rows, ...)` hands out the kept cache, emptied (a new one, and new graphs, when its rows, slots, dtype or
-    device change): one decoding at a time uses it. `__call__(tokens [R, W] long)` appends a window to that cache and
-    returns its logits [R, W, V] float32, as `transformer.forward_window(transformer.tok_embeddings(tokens), cache)`
-    does, replaying W's graph. capture=False runs the same static-buffer steps eagerly (the path CPU tests take)."""
+    """`cache(rows, ...)` hands out a kept cache, emptied: one decoding at a time uses it. Caches are kept per
+    (rows, device, dtype, slots), up to `KEPT_CACHES` (least recently used dropped first, with their graphs), so that
+    calls that alternate settings (AR, then SJD with a wider window, as a comparison or the demo runs them) replay
+    their graphs instead of capturing them again. `__call__(tokens [R, W] long)` appends a window to the cache in use
+    and returns its logits [R, W, V] float32, as `transformer.forward_window(transformer.tok_embeddings(tokens),
+    cache)` does, replaying W's graph. capture=False runs the same static-buffer steps eagerly (the path CPU tests
+    take)."""
 
     capture_static = True  # kept across decodings: not a step's state
 
     def __init__(self, transformer: LlamaGenTransformer, capture: bool = True):
         self.transformer, self.capture = transformer, capture
-        self.kept: KVCache | None = None
-        self.key: tuple | None = None
+        self.kept: KVCache | None = None  # the cache in use, its window graphs and its captured steps
         self.windows: dict[int, tuple[torch.cuda.CUDAGraph | None, torch.Tensor, torch.Tensor | None]] = {}
         self.steps = StepGraphs(cuda=capture)
+        self.stores: OrderedDict[tuple, tuple[KVCache, dict, StepGraphs]] = OrderedDict()
 
     def cache(self, rows: int, device=None, dtype=None, extra_slots: int = 0) -> KVCache:
-        """The kept cache, empty, for `rows` rows (arguments as `LlamaGenTransformer.new_cache`)."""
+        """A kept cache, empty, for `rows` rows (arguments as `LlamaGenTransformer.new_cache`)."""
         device = torch.device(device or self.transformer.device)
         key = (rows, device, dtype or self.transformer.dtype, extra_slots)
-        if key != self.key:
-            if self.capture and device.type != "cuda":
-                raise ValueError(f"CUDA graphs need the model on a CUDA device, got {device}")
-            self.kept, self.key, self.windows = self.transformer.new_cache(rows, device, dtype, extra_slots), key, {}
-            self.kept.capture_static = True  # one cache for every decoding: a captured step's shell shares it
-            self.steps = StepGraphs(cuda=self.capture)  # its graphs wrote the cache that goes
-        else:
+        if key in self.stores:
+            self.stores.move_to_end(key)
+            self.kept, self.windows, self.steps = self.stores[key]
             self.kept.lengths.zero_()
             self.kept.key_valid.fill_(True)
             self.kept.max_length = 0
+            return self.kept
+        if self.capture and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, got {device}")
+        self.kept, self.windows = self.transformer.new_cache(rows, device, dtype, extra_slots), {}
+        self.kept.capture_static = True  # one cache for every decoding: a captured step's shell shares it
+        self.steps = StepGraphs(cuda=self.capture)  # its graphs read and write this cache
+        self.stores[key] = (self.kept, self.windows, self.steps)
+        while len(self.stores) > KEPT_CACHES:
+            self.stores.popitem(last=False)
         return self.kept
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
