@@ -68,9 +68,7 @@ def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: Sampli
     decoding.check_model(model)
     opening = open_decoding(model, condition, sampling, generator, stats, decoding.max_window, decoding)
     step = decoding.step(model, opening, sampling, generator, stats)
-    graphs = getattr(getattr(model, "graphs", None), "steps", None)
-    key = (type(decoding), decoding.describe(), sampling, opening.first_token.shape[0], opening.dtype, opening.N)
-    runner = StepRunner(step, stats, opening.timer, graphs, key)
+    runner = StepRunner(step, stats, opening.timer, step_graphs(model), step_key(decoding, sampling, opening))
     try:
         progress = runner.step.progress()
         yield progress
@@ -82,6 +80,16 @@ def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: Sampli
             yield progress
     finally:  # also when the caller stops early (closes this generator): count what was committed
         runner.finish()
+
+
+def step_graphs(model: DiscreteImageModel):
+    """The model's captured steps for the decoding it has just opened (`model.graphs.steps`), or None (eager)."""
+    return getattr(getattr(model, "graphs", None), "steps", None)
+
+
+def step_key(decoding, sampling: SamplingConfig, opening: Opening) -> tuple:
+    """What makes two decodings' steps replayable by the same captured graphs."""
+    return type(decoding), decoding.describe(), sampling, opening.first_token.shape[0], opening.dtype, opening.N
 
 
 def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None]:

@@ -12,7 +12,9 @@ policy predicts the seconds of one batch of B images decoded with window W as
   CFG rows included) followed by the logits processing of its W positions, measured at the middle of the image
   (`measure_cost_curve`), plus what the iteration spends outside that forward — drafting, verification, redraft,
   commit, bookkeeping — measured on the candidate's own step (`measure_overheads`, which also times the prefill that
-  every decoding pays once). Both are measured once per model,
+  every decoding pays once). On a model with captured steps (a pipeline on CUDA) cost(W, B) is instead one
+  iteration of the candidate's whole step replayed from its graph, forward included (`measure_replayed_iterations`):
+  eager launches would misprice both the forward and the kernels around it. All are measured once per model,
   device, batch size and CFG setting and cached on disk (`mmspec.core.measured.MeasurementCache`), keyed and
   checked by fingerprints of the model and of the device, so a curve measured elsewhere is never reused;
 - c(W, B): the step compression (image tokens per batch forward, prefill excluded; a batch runs until its slowest row
@@ -34,16 +36,24 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from mmspec.core.measured import MeasurementCache, device_fingerprint, median_seconds, modules_fingerprint
+from mmspec.core.capture import StepRunner
+from mmspec.core.measured import (
+    MeasurementCache,
+    device_fingerprint,
+    median_seconds,
+    modules_fingerprint,
+    synchronize,
+)
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
-from mmspec.image.loop import open_decoding
+from mmspec.image.loop import open_decoding, step_graphs, step_key
 from mmspec.image.methods.ar import AR
 from mmspec.image.methods.base import ImageDecoding
 from mmspec.image.methods.sjd import SJD
@@ -132,6 +142,37 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
         step()  # untimed
         overheads[candidate_name(candidate)] = max(0.0, median_seconds(step, device, repeats) - alone)
     return overheads
+
+
+@torch.inference_mode()
+def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
+                                block: int = 8, repeats: int = REPEATS) -> dict[str, float]:
+    """Median seconds of one iteration of each candidate's whole step (1: AR's) as a decoding on a model with
+    captured steps runs it: blocks of `block` iterations replayed from the model's step graphs, with the read of the
+    progress that follows each block; timed on `repeats` decodings after an untimed one (whose block captures the
+    graphs the pipeline's own decodings then replay). Under "prefill": the seconds of opening a decoding. On a GPU a
+    window forward and the kernels around it are then costed as one graph runs them, not as eager launches."""
+    device = model_device(model)
+    seconds = {"prefill": median_seconds(lambda: open_decoding(model, condition, sampling, None, SpecStats()),
+                                         device, repeats, warmup=1)}
+    for candidate in candidates:
+        decoding = AR() if candidate == 1 else candidate_sjd(candidate)
+        times = []
+        for _ in range(1 + repeats):
+            stats = SpecStats()
+            opening = open_decoding(model, condition, sampling, None, stats, decoding.max_window, decoding)
+            step = decoding.step(model, opening, sampling, None, stats)
+            runner = StepRunner(step, stats, opening.timer, step_graphs(model), step_key(decoding, sampling, opening))
+            runner.run(1)  # a decoding's first iteration runs eagerly
+            runner.run(block)
+            synchronize(device)
+            began = time.perf_counter()
+            runner.run(block)
+            runner.step.progress()
+            times.append((time.perf_counter() - began) / block)
+            runner.finish()
+        seconds[candidate_name(candidate)] = statistics.median(times[1:])
+    return seconds
 
 
 def candidate_name(candidate: int | tuple[int, int, int]) -> str:
@@ -253,6 +294,21 @@ class DecodingPolicy:
         self._fresh.add(key)
         return overheads
 
+    def replayed_iterations(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
+                            candidates) -> tuple[dict[str, float], bool]:
+        """(seconds per replayed iteration of each candidate, `measure_replayed_iterations`, and whether they were
+        measured now), cached like the cost curves."""
+        model_print, device_print = model_fingerprint(model), device_fingerprint(model_device(model))
+        key = self.curve_key(batch_size, sampling) + " replayed"
+        wanted = {"prefill", *(candidate_name(c) for c in candidates)}
+        saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
+        if saved is not None and set(saved) >= wanted:
+            return saved, False
+        seconds = measure_replayed_iterations(model, condition, sampling, candidates)
+        self.cache.put(model_print, device_print, key, seconds)
+        self._fresh.add(key)
+        return seconds, True
+
     def prior_compression(self, window: int | tuple[int, int, int], batch_size: int) -> float:
         """c(W, B) of the embedded model: the prior at the smallest measured batch size >= B (the largest if none),
         linear in W between measured windows; for a frontier tree (W, K, D), its own measured c."""
@@ -284,31 +340,40 @@ class DecodingPolicy:
 
     def predict(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig) -> Choice:
         """The decoding of least predicted time for this model, device, batch size and CFG setting, now."""
-        curve, measured = self.cost_curve(model, condition, batch_size, sampling)
         N = model.grid[0] * model.grid[1]
         trees = self.trees(batch_size) if "tree" in getattr(model, "capabilities", ()) else []
         candidates = {c: candidate_sjd(c) for c in (*self.windows, *trees)}
-        outside = self.overheads(model, condition, batch_size, sampling, (1, *candidates))
-        ar_seconds = outside["prefill"] + N * (curve[1] + outside["1"])
-        seconds = {c: outside["prefill"] + N / self.compression(c, batch_size) * (cost_at(curve, sjd.forward_width)
-                                                                                  + outside[candidate_name(c)])
-                   for c, sjd in candidates.items()}
+        iteration, prefill, measured = self.iteration_costs(model, condition, batch_size, sampling, candidates)
+        seconds = {c: prefill + N / self.compression(c, batch_size) * iteration[c] for c in candidates}
         best = min(seconds, key=seconds.get)
-        decoding, speedup = candidates[best], ar_seconds / seconds[best]
+        decoding, speedup = candidates[best], (prefill + N * iteration[1]) / seconds[best]
         source = "measured now" if measured else "cached"
         name = f"sjd window {decoding.window}"
         if decoding.tree:
             name += f" with a {decoding.tree_width} x {decoding.tree_depth} frontier tree"
         if speedup >= self.margin:
-            width = decoding.forward_width
+            replayed = ", replayed from graphs" if step_graphs(model) is not None else ""
             reason = (f"auto: {name} predicted {speedup:.2f}x AR at batch {batch_size} (an iteration with its "
-                      f"{width}-token forward costs "
-                      f"{(cost_at(curve, width) + outside[candidate_name(best)]) / (curve[1] + outside['1']):.1f} AR "
-                      f"steps here, cost curve {source})")
+                      f"{decoding.forward_width}-token forward costs {iteration[best] / iteration[1]:.1f} AR steps "
+                      f"here{replayed}, cost curve {source})")
             return Choice(decoding, decoding.window, speedup, reason)
         reason = (f"auto: ar, no window pays at batch {batch_size} (best: {name} predicted "
                   f"{speedup:.2f}x < {self.margin}x; cost curve {source})")
         return Choice(AR(), 1, 1.0, reason)
+
+    def iteration_costs(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
+                        candidates: dict) -> tuple[dict, float, bool]:
+        """(seconds of one iteration of AR (key 1) and of each candidate, seconds of opening a decoding, whether
+        anything was measured now). A model with captured steps (a pipeline on CUDA) times them replayed; else the
+        cost curve's forward plus the step's overhead outside it, timed eagerly."""
+        if step_graphs(model) is not None:
+            replayed, measured = self.replayed_iterations(model, condition, batch_size, sampling, (1, *candidates))
+            return ({c: replayed[candidate_name(c)] for c in (1, *candidates)}, replayed["prefill"], measured)
+        curve, measured = self.cost_curve(model, condition, batch_size, sampling)
+        outside = self.overheads(model, condition, batch_size, sampling, (1, *candidates))
+        iteration = {c: cost_at(curve, 1 if c == 1 else sjd.forward_width) + outside[candidate_name(c)]
+                     for c, sjd in {1: None, **candidates}.items()}
+        return iteration, outside["prefill"], measured
 
     def record(self, choice: Choice, batch_size: int, stats) -> None:
         """Fold the observed step compression of a finished run of `choice` into the acceptance estimate."""

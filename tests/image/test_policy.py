@@ -67,6 +67,26 @@ def test_a_flat_cost_curve_picks_a_wide_window_and_a_compute_bound_one_picks_ar(
     assert choice.window == 1 and choice.decoding.name == "ar" and "no window pays" in choice.reason
 
 
+def test_with_captured_steps_the_policy_times_replayed_iterations(tmp_path, pipe):
+    """A model with captured steps (tape graphs here, CUDA graphs on a GPU) is priced by its replayed iterations,
+    cached under their own key; the decoding chosen then replays the graphs the measurement captured."""
+    from mmspec.models.llamagen.graphs import WindowGraphs
+
+    graphs = WindowGraphs(pipe.transformer, capture=False)
+    adapter = LlamaGenAdapter(pipe.transformer, pipe.vqvae, graphs)
+    condition = pipe.encode_prompt(["a red circle"])
+    cache = MeasurementCache("cost_curves", tmp_path)
+    policy = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4), tree_prior={})
+    choice = policy.choose(adapter, condition, 1, CFG)
+    saved = cache.get(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), "B=1 cfg replayed")
+    assert set(saved) == {"prefill", "1", "2", "4"} and all(seconds > 0 for seconds in saved.values())
+    assert cache.get(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), "B=1 cfg") is None
+    if choice.window > 1:
+        assert "replayed from graphs" in choice.reason
+    # each candidate's steps, captured while measuring, on the cache of its window (AR's, W 2's, W 4's)
+    assert len(graphs.stores) == 3 and all(steps.shells for _, _, steps in graphs.stores.values())
+
+
 def test_a_frontier_tree_is_chosen_where_its_extra_tokens_cost_little(tmp_path, adapter, pipe):
     """With a tree prior of 3.6 tokens per forward at window 16 (20 nodes) against the chain's 3.0: on a flat curve
     the tree wins; where each token costs (a CPU) the chain's 16 tokens beat the tree's 20. An adapter without
