@@ -86,7 +86,9 @@ def model_fingerprint(model: DiscreteImageModel) -> dict:
                                vocab_size=model.vocab_size)
 
 
-@torch.inference_mode()
+# no_grad, not inference_mode, in the measurements: a model with captured steps keeps its caches and graphs across
+# calls, and a tensor made in inference mode cannot be written outside it
+@torch.no_grad()
 def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingConfig,
                        windows=(1, *WINDOWS), repeats: int = REPEATS) -> dict[int, float]:
     """Median seconds of one target forward of a W-token window plus the processing of its W logits, per W, for the
@@ -114,7 +116,7 @@ def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingC
     return {W: statistics.median(times[1:]) for W, times in seconds.items()}
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
                       repeats: int = REPEATS) -> dict[str, float]:
     """Median seconds per iteration that each candidate's step (1: AR's) spends beyond its forward: the step's time,
@@ -144,7 +146,7 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
     return overheads
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
                                 block: int = 8, repeats: int = REPEATS) -> dict[str, float]:
     """Median seconds of one iteration of each candidate's whole step (1: AR's) as a decoding on a model with

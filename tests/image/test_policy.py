@@ -9,6 +9,7 @@ import torch
 
 from mmspec.core.measured import MeasurementCache, device_fingerprint
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.stats import SpecStats
 from mmspec.image.policy import (
     TREES,
     WINDOWS,
@@ -85,6 +86,13 @@ def test_with_captured_steps_the_policy_times_replayed_iterations(tmp_path, pipe
         assert "replayed from graphs" in choice.reason
     # each candidate's steps, captured while measuring, on the cache of its window (AR's, W 2's, W 4's)
     assert len(graphs.stores) == 3 and all(steps.shells for _, _, steps in graphs.stores.values())
+
+    def decoded(model):  # the chosen decoding, on the caches the measurement left (writable outside it)
+        with torch.no_grad():
+            steps = list(choice.decoding.run(model, condition, CFG, torch.Generator().manual_seed(0), SpecStats()))
+        return steps[-1].tokens
+
+    assert torch.equal(decoded(adapter), decoded(LlamaGenAdapter(pipe.transformer, pipe.vqvae)))
 
 
 def test_a_frontier_tree_is_chosen_where_its_extra_tokens_cost_little(tmp_path, adapter, pipe):
