@@ -1,7 +1,7 @@
 """Text speculation replayed from captured steps (`speculative_generate(..., graphs=StepGraphs(...))`) decodes what
 the eager steps decode, token for token and stat for stat: the tape replay (a CUDA graph's semantics on a CPU) with
 real transformers models on the fixed-capacity caches, for the draft-model, layer-skip, n-gram and model-tree
-drafters, greedy and sampled (top-k), batch 2 with ragged prompts and an EOS that ends the rows at different steps,
+drafters and none (graphed AR), greedy and sampled (top-k), batch 2 with ragged prompts and an EOS that ends the rows at different steps,
 three calls reusing the captured steps (a generator per row: an eager batch drops its finished rows, a captured one
 keeps them, and per-row streams do not depend on the batch); a step's host reads, its fullgraph trace, and a mutant
 the replay catches."""
@@ -14,7 +14,7 @@ import torch
 from mmspec.core.capture import HostReads, StepGraphs, trace_checks
 from mmspec.core.tree_shape import TreeShape
 from mmspec.text import speculative_generate
-from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import ModelTreeDrafter
 from tests.conftest import tiny_llama
@@ -34,6 +34,7 @@ DRAFTERS = {
     "layerskip": lambda target, draft: LayerSkipDrafter(target, 1),
     "ngram": lambda target, draft: NGramDrafter(max_ngram=2),
     "tree": lambda target, draft: ModelTreeDrafter(draft, TreeShape(nodes=6, branching=2, expand=2, depth=3)),
+    "none": lambda target, draft: NoDrafter(),  # graphed AR
 }
 SAMPLINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0, top_k=8)}
 
