@@ -1,10 +1,10 @@
-"""Text speculation replayed from captured steps (`speculative_generate(..., graphs=StepGraphs(...))`) decodes what
-the eager steps decode, token for token and stat for stat: the tape replay (a CUDA graph's semantics on a CPU) with
-real transformers models on the fixed-capacity caches, for the draft-model, layer-skip, n-gram and model-tree
-drafters and none (graphed AR), greedy and sampled (top-k), batch 2 with ragged prompts and an EOS that ends the rows at different steps,
-three calls reusing the captured steps (a generator per row: an eager batch drops its finished rows, a captured one
-keeps them, and per-row streams do not depend on the batch); a step's host reads, its fullgraph trace, and a mutant
-the replay catches."""
+"""Text speculation replayed from captured steps (`speculative_generate(..., graphs=StepGraphs(...))`) decodes what the
+eager steps decode, token for token and stat for stat: the tape replay (a CUDA graph's semantics on a CPU) with real
+transformers models on the fixed-capacity caches, for the draft-model, layer-skip, n-gram and model-tree drafters and
+none (graphed AR), greedy and sampled (top-k), batch 2 with ragged prompts and an EOS that ends the rows at different
+steps, three calls reusing the captured steps (a generator per row: an eager batch drops its finished rows, a
+captured one keeps them, and per-row streams do not depend on the batch); a step's host reads, its fullgraph trace,
+and a mutant the replay catches."""
 
 import copy
 
