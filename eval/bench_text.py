@@ -334,7 +334,6 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(args.methods or ()) - set(METHOD_NAMES))
     if unknown:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
-    chosen = set(METHOD_NAMES if args.methods is None else (*AR_METHODS, *args.methods))
     target, tokenizer = load_causal_lm(args.target)
     draft, _ = load_causal_lm(args.draft)
     target, draft = target.to(device), draft.to(device)
@@ -347,6 +346,7 @@ def main(argv: list[str] | None = None) -> dict:
         rates = {t: calibrate(target, draft, tokenizer, calibration, t, max_new_tokens) for t in (0.0, 1.0)}
     print("positional acceptance (k-th child):", {t: [round(r, 3) for r in rate] for t, rate in rates.items()})
     methods = make_methods(target, draft, tokenizer, max_new_tokens, rates)
+    chosen = set(methods if args.methods is None else (*AR_METHODS, *args.methods))
     rows = []
     with torch.no_grad():
         for temperature in (0.0, 1.0):

@@ -125,10 +125,9 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
     commit and bookkeeping, and what the forward loses to the work around it. Under "prefill": the seconds of opening
     a decoding (the condition's prefill and token 0), which every decoding pays once."""
     device = model_device(model)
-    overheads = {"prefill": median_seconds(lambda: open_decoding(model, condition, sampling, None, SpecStats()),
-                                           device, repeats, warmup=1)}
+    overheads = {"prefill": measure_prefill(model, condition, sampling, repeats)}
     for candidate in candidates:
-        decoding = AR() if candidate == 1 else candidate_sjd(candidate)
+        decoding = candidate_decoding(candidate)
         stats = SpecStats()
         opening = open_decoding(model, condition, sampling, None, stats, decoding.max_window, decoding)
         rows = opening.first_token.shape[0]
@@ -155,10 +154,9 @@ def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: 
     graphs the pipeline's own decodings then replay). Under "prefill": the seconds of opening a decoding. On a GPU a
     window forward and the kernels around it are then costed as one graph runs them, not as eager launches."""
     device = model_device(model)
-    seconds = {"prefill": median_seconds(lambda: open_decoding(model, condition, sampling, None, SpecStats()),
-                                         device, repeats, warmup=1)}
+    seconds = {"prefill": measure_prefill(model, condition, sampling, repeats)}
     for candidate in candidates:
-        decoding = AR() if candidate == 1 else candidate_sjd(candidate)
+        decoding = candidate_decoding(candidate)
         times = []
         for _ in range(1 + repeats):
             stats = SpecStats()
@@ -175,6 +173,12 @@ def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: 
             runner.finish()
         seconds[candidate_name(candidate)] = statistics.median(times[1:])
     return seconds
+
+
+def measure_prefill(model: DiscreteImageModel, condition, sampling: SamplingConfig, repeats: int) -> float:
+    """Median seconds of opening a decoding (the condition's prefill and token 0), which every decoding pays once."""
+    return median_seconds(lambda: open_decoding(model, condition, sampling, None, SpecStats()), model_device(model),
+                          repeats, warmup=1)
 
 
 def candidate_name(candidate: int | tuple[int, int, int]) -> str:
@@ -199,6 +203,11 @@ def load_tree_prior(path: Path = PRIOR_FILE) -> dict[int, dict[tuple[int, int, i
     saved = json.loads(path.read_text()).get("tree_compression", {})
     return {int(B): {tuple(int(x) for x in key.split("x")): float(c) for key, c in row.items()}
             for B, row in saved.items()}
+
+
+def candidate_decoding(candidate: int | tuple[int, int, int]) -> ImageDecoding:
+    """What a measured candidate runs: AR for 1, else `candidate_sjd`."""
+    return AR() if candidate == 1 else candidate_sjd(candidate)
 
 
 def candidate_sjd(candidate: int | tuple[int, int, int]) -> SJD:
@@ -373,8 +382,8 @@ class DecodingPolicy:
             return ({c: replayed[candidate_name(c)] for c in (1, *candidates)}, replayed["prefill"], measured)
         curve, measured = self.cost_curve(model, condition, batch_size, sampling)
         outside = self.overheads(model, condition, batch_size, sampling, (1, *candidates))
-        iteration = {c: cost_at(curve, 1 if c == 1 else sjd.forward_width) + outside[candidate_name(c)]
-                     for c, sjd in {1: None, **candidates}.items()}
+        widths = {1: 1, **{c: sjd.forward_width for c, sjd in candidates.items()}}  # of each one's forward
+        iteration = {c: cost_at(curve, width) + outside[candidate_name(c)] for c, width in widths.items()}
         return iteration, outside["prefill"], measured
 
     def record(self, choice: Choice, batch_size: int, stats) -> None:
