@@ -109,8 +109,8 @@ class LlamaGenPipeline(ARImagePipeline):
         """The decoding loop's graphs (`mmspec.models.llamagen.graphs.WindowGraphs`): each decoding's whole step —
         window forward, verification, redraft, commit, rollback — K iterations per graph, captured on a decoding's
         first call and replayed by later calls with the same settings and batch (on a GPU a small model's step is
-        bound by kernel launches, and the host then reads the progress once per K iterations). The pipeline keeps one
-        KV cache per transformer, so one call runs at a time."""
+        bound by kernel launches, and the host then reads the progress once per K iterations). The pipeline keeps its
+        KV caches (one per transformer and setting, `WindowGraphs`) across calls, so one call runs at a time."""
         self.window_graphs = {name: WindowGraphs(model) for name, model in
                               (("transformer", self.transformer), ("draft_transformer", self.draft_transformer))
                               if model is not None} if on else {}
