@@ -21,10 +21,12 @@ _EXPORTS = {
     "AR": "mmspec.image.methods.ar",
     "SJD": "mmspec.image.methods.sjd",
     "DraftModel": "mmspec.image.methods.draft",
+    "DraftHeads": "mmspec.image.methods.heads",
     "PJD": "mmspec.image.methods.pjd",
     "ContinuousSpeculation": "mmspec.continuous.methods",
     "FrameSpeculation": "mmspec.video.methods",
     "TextSpeculation": "mmspec.text.methods",
+    "TextDraftHeads": "mmspec.text.methods",
     # acceptance rules: acceptance=Lantern(k=100, delta=0.1)
     "Exact": "mmspec.core.rules.exact",
     "Lantern": "mmspec.core.rules.lantern",
@@ -47,6 +49,8 @@ _EXPORTS = {
     "SpeculativeTextPipeline": "mmspec.pipelines.text",
     # the pipelines' components: saved pipelines name them ["mmspec", class name] in model_index.json
     "LlamaGenTransformer": "mmspec.models.llamagen.gpt",
+    "EagleHead": "mmspec.models.heads",
+    "HydraHead": "mmspec.models.heads",
     "LlamaGenVQModel": "mmspec.models.llamagen.vq",
     "MARModel": "mmspec.models.mar.model",
     "KLAutoencoder": "mmspec.models.mar.vae",

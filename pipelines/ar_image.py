@@ -60,10 +60,11 @@ class ARImagePipeline(MMSpecPipeline):
         return None
 
     def with_drafter(self, decoding: DecodingComponent) -> DecodingComponent:
-        """`decoding` with the pipeline's draft adapter in its runtime `drafter` field where it has one unset."""
+        """`decoding` with the pipeline's draft adapter in its runtime `drafter` field, or its draft head in its
+        `head` field (`with_head`), where it has one unset."""
         if "drafter" in {f.name for f in dataclasses.fields(decoding)} and decoding.drafter is None:
             return dataclasses.replace(decoding, drafter=self.draft_adapter())
-        return decoding
+        return self.with_head(decoding)
 
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
         """`pipe.decoding` is `"auto"` (the default; see `decoding_policy`) or a component (`SJD(window=16)`,

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -75,6 +76,13 @@ class MMSpecPipeline(DiffusionPipeline):
 
     def graph_stores(self, on: bool) -> None:
         """Make (on) or drop the pipeline's captured graphs; a pipeline without any has nothing to do."""
+
+    def with_head(self, decoding: DecodingComponent) -> DecodingComponent:
+        """`decoding` with the pipeline's draft head of its `kind` (`eagle_head`, `hydra_head`) in its runtime `head`
+        field where it has one unset (`DraftHeads`, `TextDraftHeads`)."""
+        if getattr(decoding, "head", "absent") is None:
+            return dataclasses.replace(decoding, head=getattr(self, f"{decoding.kind}_head", None))
+        return decoding
 
     @property
     def decoding(self) -> DecodingComponent | str:

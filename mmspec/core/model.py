@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 CAPABILITIES = {
     "tree": ("forward_tree", "keep_path"),  # tree attention over draft nodes, then keep the accepted path
     "segments": ("forward_segments", "commit_segments"),  # scattered windows that see the committed tokens only
+    "features": ("feature_readout",),  # the embedding and LM head whose input a feature head reads
 }
 
 
@@ -95,6 +96,9 @@ class CausalModel(Protocol):
     #       its segment up to itself. The state's kept lengths are not used.
     #   commit_segments(state, keep [B, T] bool): after forward_segments, keep the kept tokens' keys/values at their
     #       positions, where later segment tokens see them.
+    # "features" (draft heads on the target's features, `mmspec.core.head_drafting`):
+    #   feature_readout() -> (embedding, lm_head): the modules that embed the adapter's token ids and turn the
+    #       target's features (its LM head's input, which every forward feeds it) into logits over them.
 
 
 def require(model: Any, capabilities: frozenset[str] | set[str], what: str) -> None:

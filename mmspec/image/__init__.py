@@ -12,6 +12,7 @@ _EXPORTS = {
     "COUPLINGS": "mmspec.image.methods.sjd",
     "INITS": "mmspec.image.methods.sjd",
     "DraftModel": "mmspec.image.methods.draft",
+    "DraftHeads": "mmspec.image.methods.heads",
     "ImageDecoding": "mmspec.image.methods.base",
     "get_decoding": "mmspec.image.methods",
     "DecodeStep": "mmspec.image.loop",

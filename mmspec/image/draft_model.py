@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from mmspec.core.drafting import ChainSpeculation, ModelProposer, TreeSpeculation
+from mmspec.core.head_drafting import FeatureTap, HeadProposer
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
@@ -51,18 +52,22 @@ class DraftStep:
 
     def __init__(self, decoding, model: DiscreteImageModel, opening: Opening, sampling: SamplingConfig,
                  generator: Generators, stats: SpecStats):
-        drafter = decoding.drafter
         self.model, self.opening, self.sampling, self.generator, self.stats = model, opening, sampling, generator, stats
         if decoding.tree:
             self.speculation = TreeSpeculation(TreeShape.full(decoding.draft_length, decoding.tree_width))
         else:
             self.speculation = ChainSpeculation(decoding.draft_length, opening.test)
-        with opening.timer("draft"):
-            state, _ = drafter.prefill(opening.condition, cfg=sampling.guidance_scale != 1.0,
-                                       max_window=decoding.forward_width + decoding.draft_length + 1)
-        stats.draft_forwards += 1
-        self.proposer = ModelProposer(drafter, state, opening.first_token.shape[0], opening.first_token.device)
         self.rows = Commits(opening, decoding.forward_width, stats)
+        with opening.timer("draft"):
+            self.proposer = self.open_proposer(decoding)
+        stats.draft_forwards += 1
+
+    def open_proposer(self, decoding) -> ModelProposer:
+        """The drafter's proposer, its model prefilled with the condition (one draft forward)."""
+        opening = self.opening
+        state, _ = decoding.drafter.prefill(opening.condition, cfg=self.sampling.guidance_scale != 1.0,
+                                            max_window=decoding.forward_width + decoding.draft_length + 1)
+        return ModelProposer(decoding.drafter, state, opening.first_token.shape[0], opening.first_token.device)
 
     def progress(self) -> DecodeStep:
         return self.rows.progress()
@@ -95,3 +100,24 @@ class DraftStep:
             rows.write(round.emitted[:, :-1], round.result, round.drafted)
         with timer("target"):
             self.model.rollback(self.opening.state, rows.committed - 1)  # x_{c-1} opens the target's next window
+
+
+class HeadStep(DraftStep):
+    """`DraftStep` with a feature head (`DraftHeads(...)`) in the draft model's place: the head reads the target's
+    features (`mmspec.core.head_drafting.HeadProposer`), first the prefill's at the last condition slot, paired with
+    image token 0."""
+
+    def open_proposer(self, decoding) -> HeadProposer:
+        opening, head = self.opening, decoding.head
+        embedding, lm_head = self.model.feature_readout()
+        head.bind(embedding, lm_head)
+        tap = FeatureTap.of(lm_head)
+        first = opening.first_token
+        B, cfg = first.shape[0], self.sampling.guidance_scale != 1.0
+        rows = 2 * B if cfg else B
+        session = head.session(rows, self.rows.seq.shape[1] + decoding.forward_width + 2, B, cfg, first.device)
+        proposer = HeadProposer(session, tap, B, first.device, getattr(head, "num_heads", None))
+        proposer.prefill(session.rows(first[:, None]), tap.features[:, -1:],
+                         torch.zeros(rows, 1, dtype=torch.long, device=first.device),
+                         torch.ones(rows, 1, dtype=torch.bool, device=first.device))
+        return proposer

@@ -11,6 +11,9 @@ from mmspec.core.lazy import lazy_exports
 _EXPORTS = {
     "AR": "mmspec.text.methods",
     "TextSpeculation": "mmspec.text.methods",
+    "TextDraftHeads": "mmspec.text.methods",
+    "HeadDrafter": "mmspec.text.head_drafters",
+    "HeadTreeDrafter": "mmspec.text.head_drafters",
     "TextDecoding": "mmspec.text.methods",
     "ChainDrafter": "mmspec.text.drafters",
     "DraftLengthSchedule": "mmspec.text.drafters",

@@ -17,6 +17,7 @@ from diffusers.image_processor import VaeImageProcessor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mmspec.core.component import DecodingComponent
+from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.graphs import WindowGraphs
@@ -37,6 +38,9 @@ class LlamaGenPipeline(ARImagePipeline):
             GPT (the embedded model uses a small T5 encoder; LlamaGen's FLAN-T5-XL plugs in the same way).
         draft_transformer ([`LlamaGenTransformer`], *optional*): a small t2i GPT over the same codes and text states,
             the drafter of `decoding="draft"`.
+        eagle_head ([`EagleHead`], *optional*), hydra_head ([`HydraHead`], *optional*): draft heads on the
+            transformer's own features, the drafters of `decoding="heads"` (`DraftHeads(kind=...)`), trained by
+            `python -m mmspec.zoo.train_heads`.
 
     Called as every `ARImagePipeline` (see its `__call__`).
 
@@ -54,7 +58,7 @@ class LlamaGenPipeline(ARImagePipeline):
     """
 
     model_cpu_offload_seq = "text_encoder->transformer->vqvae"
-    _optional_components = ["draft_transformer"]
+    _optional_components = ["draft_transformer", "eagle_head", "hydra_head"]
     default_guidance_scale = 3.0
     default_top_k = 0
     checkpoint_files = "t2i_*.pt"
@@ -64,16 +68,19 @@ class LlamaGenPipeline(ARImagePipeline):
     tokenizer: PreTrainedTokenizerBase
     text_encoder: PreTrainedModel
     draft_transformer: LlamaGenTransformer | None
+    eagle_head: EagleHead | None
+    hydra_head: HydraHead | None
 
     def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, tokenizer: PreTrainedTokenizerBase,
                  text_encoder: PreTrainedModel, draft_transformer: LlamaGenTransformer | None = None,
+                 eagle_head: EagleHead | None = None, hydra_head: HydraHead | None = None,
                  decoding: DecodingComponent | str | dict = "auto"):
         super().__init__()
         for name, model in (("transformer", transformer), ("draft_transformer", draft_transformer)):
             if model is not None and model.config.model_type != "t2i":
                 raise ValueError(f"LlamaGenPipeline needs a t2i {name}, got model_type={model.config.model_type!r}")
         self.register_modules(transformer=transformer, vqvae=vqvae, tokenizer=tokenizer, text_encoder=text_encoder,
-                              draft_transformer=draft_transformer)
+                              draft_transformer=draft_transformer, eagle_head=eagle_head, hydra_head=hydra_head)
         self.decoding = decoding
         self.window_graphs: dict[str, WindowGraphs] = {}  # `enable_cuda_graphs`
         self.image_processor = VaeImageProcessor(vae_scale_factor=vqvae.downsample_factor, do_normalize=True)

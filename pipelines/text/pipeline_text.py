@@ -20,6 +20,7 @@ from mmspec.core.capture import StepGraphs
 from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
+from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS
@@ -77,17 +78,19 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         ```
     """
 
-    _optional_components = ["draft"]
+    _optional_components = ["draft", "eagle_head", "hydra_head"]
     modality = "text"
     _callback_tensor_inputs = ["generated_ids", "new_tokens"]
 
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 draft: PreTrainedModel | None = None, decoding: DecodingComponent | str | dict = "auto"):
+                 draft: PreTrainedModel | None = None, eagle_head: EagleHead | None = None,
+                 hydra_head: HydraHead | None = None, decoding: DecodingComponent | str | dict = "auto"):
         super().__init__()
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft vocabulary size {draft.config.vocab_size} does not match the target's "
                              f"{target.config.vocab_size}")
-        self.register_modules(target=target, tokenizer=tokenizer, draft=draft)
+        self.register_modules(target=target, tokenizer=tokenizer, draft=draft, eagle_head=eagle_head,
+                              hydra_head=hydra_head)
         self.decoding = decoding
         self.step_graphs: StepGraphs | None = None  # `enable_cuda_graphs`
 
@@ -103,7 +106,9 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                         **kwargs) -> SpeculativeTextPipeline:
         """A folder saved by `save_pretrained` (`model_index.json`), or a target causal LM — a zoo name
         ("pycode/target") or a transformers folder with its tokenizer — with `draft` (a zoo name, a folder or a
-        model; optional). `dtype` defaults to float32 for a bare causal LM (the zoo stores float16)."""
+        model; optional). `dtype` defaults to float32 for a bare causal LM (the zoo stores float16). A bare causal
+        LM's draft heads are loaded from `eagle_head/` and `hydra_head/` beside its folder where they exist (the
+        embedded `pycode/` ships both), or given as `eagle_head=` / `hydra_head=` (a folder or a head)."""
         path = Path(resolve_model(pretrained_model_name_or_path, argument="target"))
         if isinstance(draft, (str, Path)):
             draft = load_causal_lm(resolve_model(draft, argument="draft"), dtype=kwargs.get("dtype"))[0]
@@ -112,6 +117,13 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         if (path / "model_index.json").is_file() or not (path / "config.json").is_file():
             return super().from_pretrained(path, **kwargs)
         target, tokenizer = load_causal_lm(path, dtype=kwargs.pop("dtype", None))
+        for kind, head_class in (("eagle", EagleHead), ("hydra", HydraHead)):
+            head = kwargs.get(f"{kind}_head", path.parent / f"{kind}_head")
+            if isinstance(head, (str, Path)):
+                found = (Path(head) / "config.json").is_file()
+                if not found and f"{kind}_head" in kwargs:
+                    raise ValueError(f"{kind}_head: no saved head in {head}")
+                kwargs[f"{kind}_head"] = head_class.from_pretrained(head).float() if found else None
         return cls(target, tokenizer, **kwargs)
 
     @property
@@ -141,7 +153,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                 raise ValueError(f"decoding={value!r} names drafter {value!r}; drafter={settings['drafter']!r} "
                                  "contradicts it")
             value, settings = "speculative", {**settings, "drafter": value}
-        return component_from(value, self.modality, names=("auto", "ar", "speculative", *DRAFTERS), **settings)
+        return component_from(value, self.modality, names=("auto", "ar", "speculative", "heads", *DRAFTERS), **settings)
 
     def auto_candidates(self, settings: dict) -> dict[str, DecodingComponent]:
         """What `"auto"` chooses between: `AR()` and every chain drafter of `methods` that reads all of `settings` (a
@@ -248,7 +260,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         self.replays_graphs()
         with self.progress_bar(total=max_new_tokens) as progress:
             on_step = self.step_hook(callback_on_step_end, names, progress)
-            sequences, stats = decoding.run(
+            sequences, stats = self.with_head(decoding).run(
                 self.target, self.draft, ids, mask, on_step=on_step, eos_token_id=eos, pad_token_id=pad,
                 generator=generator, graphs=self.step_graphs, block=None if callback_on_step_end is None else 1,
                 **sampling)

@@ -27,7 +27,7 @@ class TableState:
 
 
 class TableImageModel:
-    capabilities = frozenset({"tree", "segments"})
+    capabilities = frozenset({"tree", "segments", "features"})
 
     def __init__(self, grid=(2, 3), vocab_size=4, prompts=2, forced_tokens=None, seed=0, scale=1.5):
         self.grid, self.vocab_size = grid, vocab_size
@@ -38,6 +38,21 @@ class TableImageModel:
         g = torch.Generator().manual_seed(seed)
         self.table = torch.randn(prompts + 1, int(self.offsets[-1]) + V ** (self.N - 1), V, generator=g,
                                  dtype=torch.float64) * scale  # row `prompts` = unconditional
+        # draft heads read the logit rows as features (conditional rows, then their unconditional twins) through an
+        # identity LM head
+        self.embedding = torch.nn.Embedding(V, V, dtype=torch.float64)
+        self.lm_head = torch.nn.Linear(V, V, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.eye(V, dtype=torch.float64))
+
+    def feature_readout(self):
+        return self.embedding, self.lm_head
+
+    def _read_out(self, logits: Logits) -> Logits:
+        rows = logits.cond if logits.uncond is None else torch.cat([logits.cond, logits.uncond])
+        rows = self.lm_head(rows)
+        B = logits.cond.shape[0]
+        return Logits(rows[:B], None if logits.uncond is None else rows[B:])
 
     def codes(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Table row of the prefix tokens[b, :lengths[b, w]] for lengths [B, W]; prefixes longer than N - 1 only
@@ -53,6 +68,9 @@ class TableImageModel:
         return self.logits_of(state.tokens, state.prompts, lengths, state.cfg)
 
     def logits_of(self, tokens: torch.Tensor, prompts: torch.Tensor, lengths: torch.Tensor, cfg: bool) -> Logits:
+        return self._read_out(self._table_rows(tokens, prompts, lengths, cfg))
+
+    def _table_rows(self, tokens: torch.Tensor, prompts: torch.Tensor, lengths: torch.Tensor, cfg: bool) -> Logits:
         code = self.codes(tokens, lengths)
         return Logits(self.table[prompts[:, None], code], self.table[-1][code] if cfg else None)
 
@@ -60,9 +78,10 @@ class TableImageModel:
         """Logits [B, T, V] of T queries per row, query t reading the first lengths[b, t] tokens of its own sequence
         sequences[b, t] (tree nodes and PJD's segment tokens each see a prefix of their own)."""
         B, T = lengths.shape
-        logits = self.logits_of(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T),
-                                lengths.reshape(B * T, 1), state.cfg)
-        return Logits(logits.cond.view(B, T, -1), None if logits.uncond is None else logits.uncond.view(B, T, -1))
+        logits = self._table_rows(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T),
+                                  lengths.reshape(B * T, 1), state.cfg)
+        return self._read_out(Logits(logits.cond.view(B, T, -1),
+                                     None if logits.uncond is None else logits.uncond.view(B, T, -1)))
 
     def prefill(self, condition: torch.Tensor, cfg: bool, max_window: int = 1):
         B = condition.shape[0]

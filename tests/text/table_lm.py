@@ -20,6 +20,19 @@ class TableLM(torch.nn.Module):
         assert table.shape == (V + 1, V + 1, V), "table: [V + 1, V + 1, V], index V = no token"
         self.table = table
         self.config = PretrainedConfig(num_hidden_layers=1, vocab_size=V, max_position_embeddings=1024)
+        # an embedding and an LM head for draft heads: the feature is the logit row padded to an even width (rotary
+        # pairs), and the head reads its first V entries back exactly
+        width = V + V % 2
+        self.embed_tokens = torch.nn.Embedding(V, width, dtype=torch.float64)
+        self.lm_head = torch.nn.Linear(width, V, bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.eye(V, width, dtype=torch.float64))
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def get_output_embeddings(self):
+        return self.lm_head
 
     def forward(self, input_ids, attention_mask, position_ids=None, past_key_values=None, use_cache=True):
         V = self.table.shape[-1]
@@ -44,6 +57,7 @@ class TableLM(torch.nn.Module):
             return torch.where(hit.any(-1), history.gather(1, idx), NONE)
         prev1, prev2 = last(0), last(1)
         logits = self.table[prev2.clamp(min=0) + (prev2 < 0) * V, prev1.clamp(min=0) + (prev1 < 0) * V]
+        logits = self.lm_head(torch.nn.functional.pad(logits, (0, self.lm_head.in_features - V)))
         return type("Output", (), {"logits": logits})()
 
 

@@ -5,7 +5,7 @@ imports torch."""
 from mmspec.core.component import component_from
 
 # isort: off
-from mmspec.image.methods import ar, sjd, draft, pjd  # noqa: F401  registers the built-in methods, in this order
+from mmspec.image.methods import ar, sjd, draft, heads, pjd  # noqa: F401  registers the built-in methods, in this order
 # isort: on
 from mmspec.image.methods.base import ImageDecoding
 

@@ -44,7 +44,7 @@ class LlamaGenAdapter:
     """graphs: the transformer's `WindowGraphs` (CUDA graphs): its cache holds the state of one decoding at a time,
     and `forward`'s windows replay its graphs; None = a fresh cache per prefill, eager forwards."""
 
-    capabilities = frozenset({"tree", "segments"})
+    capabilities = frozenset({"tree", "segments", "features"})
     capture_static = True  # weights and graphs, not a decoding's state (`mmspec.core.capture.state_tensors`)
 
     def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, graphs: WindowGraphs | None = None):
@@ -147,6 +147,11 @@ class LlamaGenAdapter:
         rows = torch.cat([index, index + state.batch_size]) if state.cfg else index
         state.cache.select(rows)
         state.batch_size = index.shape[0]
+
+    def feature_readout(self) -> tuple[torch.nn.Embedding, torch.nn.Linear]:
+        """The token embedding and the output head (whose input, after the final norm, is the feature a draft head
+        reads)."""
+        return self.transformer.tok_embeddings, self.transformer.output
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vqvae.decode(tokens, self.grid)

@@ -1,0 +1,169 @@
+"""Drafting with a head on the target's own features (EAGLE, Hydra: `mmspec.models.heads`), for every modality.
+
+A head has no model of its own to run ahead: it reads the feature the target computed for each committed token (the
+input of the target's LM head, caught by a `FeatureTap`) and drafts from it. `HeadProposer` offers the draft-model
+proposer's two calls (`chain`, `tree`; `mmspec.core.drafting.ModelProposer`), so the draft-model steps of text and
+images verify its drafts unchanged.
+
+A round for a row with c committed tokens (model-view indices, the row's last token at c - 1):
+    catch up  the tokens committed since the last round (indices kept .. c - 1) are re-read with the features of the
+              target's last forward, which scored [x_{kept-1}, drafts] (after a tree: its accepted path's nodes,
+              found by their tokens), so drafted positions never keep the head's own guesses; the prediction at
+              x_{c-1} gives the law of the first draft                                         (one head call)
+    draft     one head call per depth: a chain, or a tree grown by `grow_tree` (EAGLE-2's dynamic trees, fixed
+              trees), each token drawn from its processed law q, which the draft carries
+The head's session (`mmspec.models.heads.HeadSession`) keeps its own state: the EAGLE layer's KV cache, Hydra's root
+feature. Shapes: B samples, R cache rows (2B with classifier-free guidance), d the feature width, V the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from mmspec.core.drafting import DraftLaw
+from mmspec.core.drafts import Draft
+from mmspec.core.model import Logits
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.rng import Generators, inverse_cdf, uniform
+from mmspec.core.tree_growth import grow_tree, shape_for
+from mmspec.core.tree_shape import TreeShape
+from mmspec.core.trees import DraftTree
+
+
+class FeatureTap:
+    """The input of a target's LM head at its last call ([R, W, d], `features`): one forward pre-hook per head
+    module, shared by every drafter that reads it (`FeatureTap.of`)."""
+
+    def __init__(self, lm_head: torch.nn.Module):
+        self.features: torch.Tensor | None = None
+        self.handle = lm_head.register_forward_pre_hook(self._keep)
+
+    def _keep(self, module, inputs) -> None:
+        self.features = inputs[0]
+
+    @classmethod
+    def of(cls, lm_head: torch.nn.Module) -> FeatureTap:
+        """The tap on `lm_head`, made on first use."""
+        tap = lm_head.__dict__.get("_feature_tap")
+        if tap is None:
+            tap = lm_head.__dict__["_feature_tap"] = cls(lm_head)
+        return tap
+
+
+class HeadProposer:
+    """Drafts chains and trees with a head `session` (`mmspec.models.heads.HeadSession`) for B rows, from the
+    features `tap` caught of the target's forwards. After `prefill`, each `chain` / `tree` call is one round."""
+
+    def __init__(self, session: Any, tap: FeatureTap, batch_size: int, device: torch.device, max_depth: int | None):
+        self.session, self.tap, self.max_depth = session, tap, max_depth
+        self.kept = torch.ones(batch_size, dtype=torch.long, device=device)  # model-view tokens read with features
+        self.forwards = 0  # head calls of the rounds so far (the stats' draft_forwards)
+        # the last tree's (tokens, parent, real) [B, N] and depth: its accepted path's features are read next round
+        self.last_tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.tree_depth = 0
+        self.opening: Logits | None = None  # the prefill's law of the first draft, until the first round
+        self.selected: torch.Tensor | None = None  # samples kept since the target's last forward
+
+    def prefill(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                valid: torch.Tensor) -> None:
+        """The pairs (token, feature before it) up to the last committed token (model-view index 0, the last
+        column): tokens [R, T], features [R, T, d], rotary positions [R, T], valid [R, T] bool (not counted in
+        `forwards`, as a draft model's prefill is not)."""
+        self.opening = self.session.prefill(tokens, features, positions, valid)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only rows `index` ([B'] long): finished rows left the batch."""
+        self.session.select(index)
+        self.kept = self.kept[index]
+        if self.last_tree is not None:
+            self.last_tree = tuple(x[index] for x in self.last_tree)
+        self.selected = index if self.selected is None else self.selected[index]
+
+    def _check_depth(self, depth: int) -> None:
+        if self.max_depth is not None and depth > self.max_depth:
+            raise ValueError(f"this head drafts at most {self.max_depth} tokens a round; asked for {depth}")
+
+    def _root(self, seq: torch.Tensor, committed: torch.Tensor) -> Logits:
+        """Catch up with the tokens committed since the last round; the law after each row's last one [B, 1, V]."""
+        if self.opening is not None:
+            root, self.opening = self.opening, None
+            return root
+        features = self.tap.features
+        if self.selected is not None:
+            features, self.selected = features[self.session.sample_rows(self.selected)], None
+        if self.last_tree is not None:
+            features = self._path_features(features, seq)
+        W = features.shape[1]
+        tokens = seq.gather(1, (self.kept[:, None] + torch.arange(W, device=seq.device)).clamp(max=seq.shape[1] - 1))
+        self.forwards += 1
+        root = self.session.catch_up(self.session.rows(tokens), features, self.kept, committed)
+        self.kept.copy_(committed)
+        return root
+
+    def _path_features(self, features: torch.Tensor, seq: torch.Tensor) -> torch.Tensor:
+        """features [R, N + 1, d] of a tree round's target forward ([x_{c-1}, nodes]) -> [R, D + 1, d]: the root's,
+        then those of the accepted nodes (found by their committed tokens; siblings with equal tokens have equal
+        features), the root's again past the path (those positions are not committed)."""
+        (tokens, parents, real), B = self.last_tree, seq.shape[0]
+        parent = torch.full((B,), -1, dtype=torch.long, device=seq.device)
+        alive = torch.ones(B, dtype=torch.bool, device=seq.device)
+        columns = [torch.zeros_like(parent)]
+        for depth in range(self.tree_depth):
+            token = seq.gather(1, (self.kept + depth).clamp(max=seq.shape[1] - 1)[:, None])
+            match = real & (parents == parent[:, None]) & (tokens == token)
+            alive = alive & match.any(-1)
+            node = match.long().argmax(-1)
+            columns.append(torch.where(alive, node + 1, 0))
+            parent = torch.where(alive, node, -2)
+        index = self.session.rows(torch.stack(columns, 1))
+        return features.gather(1, index[..., None].expand(-1, -1, features.shape[-1]))
+
+    def chain(self, seq: torch.Tensor, committed: torch.Tensor, length: int, law: DraftLaw,
+              sampling: SamplingConfig, generator: Generators, budget: torch.Tensor | None = None) -> Draft:
+        """`length` (G) draft tokens after each row's committed tokens seq[b, :committed[b]] (seq: [B, S] long,
+        committed: [B] long), token i drawn from its law with the i-th of G uniforms per row; budget: [B] long,
+        the drafts each row wants (default G; the draft's `lengths`)."""
+        self._check_depth(length)
+        B, device = committed.shape[0], committed.device
+        root = self._root(seq, committed)
+        self.last_tree = None
+        self.session.begin_round(committed, seq.shape[1])
+        q = law(root, torch.zeros(B, 1, dtype=torch.long, device=device), sampling)  # [B, 1, V]
+        draws = uniform((B, length), generator, device, q.dtype)
+        tokens, laws = [inverse_cdf(q, draws[:, :1])], [q]
+        paths = torch.full((B, 1, length), -1, dtype=torch.long, device=device)
+        for i in range(1, length):  # node i - 1 is the chain's i-th draft; its path is nodes 0 .. i - 1
+            paths[:, :, i - 1] = i - 1
+            self.forwards += 1
+            logits = self.session.expand(torch.full((B, 1), i - 1, device=device), paths.clone(), torch.cat(tokens, 1),
+                                         torch.ones(B, 1, dtype=torch.bool, device=device))
+            q = law(logits, torch.full((B, 1), i, device=device), sampling)
+            tokens.append(inverse_cdf(q, draws[:, i : i + 1]))
+            laws.append(q)
+        self.session.end_round()
+        lengths = torch.full((B,), length, dtype=torch.long, device=device) if budget is None else budget.clamp(
+            max=length)
+        return Draft(torch.cat(tokens, 1), lengths, torch.cat(laws, 1))
+
+    def tree(self, seq: torch.Tensor, committed: torch.Tensor, shape: TreeShape, law: DraftLaw,
+             sampling: SamplingConfig, generator: Generators) -> DraftTree:
+        """A tree of `shape` after each row's committed tokens (seq, committed as in `chain`). At temperature 0 the
+        children are the top tokens of the temperature-1 law (deterministic)."""
+        self._check_depth(shape.depth)
+        B = committed.shape[0]
+        root = self._root(seq, committed)
+        self.session.begin_round(committed, seq.shape[1])
+        law_sampling = dataclasses.replace(sampling, temperature=1.0) if sampling.greedy else sampling
+
+        def expand(nodes, paths, node_tokens, valid):
+            self.forwards += 1
+            return law(self.session.expand(nodes, paths, node_tokens, valid), (paths >= 0).sum(-1), law_sampling)
+
+        root_law = law(root, torch.zeros(B, 1, dtype=torch.long, device=seq.device), law_sampling)[:, 0]
+        tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator)
+        self.session.end_round()
+        self.last_tree, self.tree_depth = (tree.tokens, tree.parent, tree.real), shape.depth
+        return tree

@@ -1,0 +1,73 @@
+"""`DraftHeads(...)`: speculative decoding with a draft head on the target's own features (EAGLE, Hydra), chains or
+full trees, exact or (chains) relaxed. The settings; the step is `mmspec.image.draft_model.HeadStep`, on the
+feature-head proposer every modality shares (`mmspec.core.head_drafting`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from mmspec.core.registry import register_decoding
+from mmspec.core.rules.base import AcceptanceRule
+from mmspec.core.rules.exact import Exact
+from mmspec.core.settings import runtime, setting
+from mmspec.image.methods.base import ImageDecoding, TreeWidth
+
+HEAD_KINDS = ("eagle", "hydra")  # the heads a pipeline ships (`eagle_head`, `hydra_head`)
+
+
+@register_decoding
+@dataclass(frozen=True)
+class DraftHeads(TreeWidth, ImageDecoding):
+    """Speculative decoding with a head that drafts from the target's own features (EAGLE: one decoder layer; Hydra:
+    sequentially dependent MLP heads), batched, with per-row acceptance. head: the head itself (pipelines supply
+    the `kind` they ship, so it is not saved)."""
+
+    name: ClassVar[str] = "heads"
+    kind: str = setting("eagle", "which head drafts: 'eagle' (one decoder layer over the target's features) or "
+                        "'hydra' (sequentially dependent MLP heads, at most their number of tokens)",
+                        choices=HEAD_KINDS)
+    draft_length: int = setting(4, "tokens drafted per target forward (the tree's depth with tree_width > 1)", low=1)
+    acceptance: AcceptanceRule = Exact()
+    tree_width: int = setting(1, "children per node of the head's tree, draft_length deep, all scored in one target "
+                              "forward (exact; 1 = a chain)", low=1)
+    head: Any = runtime()
+
+    def check(self) -> None:
+        self.check_tree()
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return super().capabilities | {"features"}
+
+    def check_model(self, model) -> None:
+        """A head of this kind, trained on this target's vocabulary, and a target that hands out its features (which
+        are tapped from here on)."""
+        if self.head is None:
+            raise ValueError(f"decoding='heads' needs a draft head: load a pipeline that has a {self.kind}_head, or "
+                             f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}> to DraftHeads")
+        limit = getattr(self.head, "num_heads", None)
+        if limit is not None and self.draft_length > limit:
+            raise ValueError(f"draft_length: this Hydra head drafts at most {limit} tokens, got {self.draft_length}")
+        if self.head.config.vocab_size != model.vocab_size:
+            raise ValueError(f"the head was trained for {self.head.config.vocab_size} image tokens; the target has "
+                             f"{model.vocab_size}")
+        if getattr(model, "graphs", None) is not None:
+            raise ValueError("decoding='heads' reads the target's features from eager forwards: run it with the "
+                             "CUDA graphs off (pipe.disable_cuda_graphs())")
+        super().check_model(model)
+        from mmspec.core.head_drafting import FeatureTap
+
+        FeatureTap.of(model.feature_readout()[1])  # before the prefill, whose features the head starts from
+
+    @property
+    def forward_width(self) -> int:
+        """Tokens one target forward scores per row: the last committed token and the chain's or tree's drafts."""
+        if not self.tree:
+            return 1 + self.draft_length
+        return 1 + sum(self.tree_width**depth for depth in range(1, self.draft_length + 1))
+
+    def step(self, model, opening, sampling, generator, stats):
+        from mmspec.image.draft_model import HeadStep
+
+        return HeadStep(self, model, opening, sampling, generator, stats)

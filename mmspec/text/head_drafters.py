@@ -1,0 +1,114 @@
+"""Text drafters that draft with a head on the target's own features (EAGLE, Hydra; `mmspec.models.heads`):
+`HeadDrafter` drafts chains, `HeadTreeDrafter` dynamic or fixed trees, both through the feature-head proposer every
+modality shares (`mmspec.core.head_drafting.HeadProposer`), so the chain and tree steps verify them as they verify
+a draft model's.
+
+The head reads the target's feature at every committed token: after the target's prefill, the prompt's (each token
+paired with the feature before it), then each round the features of the target's last verification forward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mmspec.core.head_drafting import FeatureTap, HeadProposer
+from mmspec.core.tree_shape import TreeShape
+from mmspec.core.trees import DraftTree
+from mmspec.text.drafters import ChainDrafter, text_law
+from mmspec.text.rows import TextRows
+from mmspec.text.tree_drafters import DYNAMIC_TREE, TreeDrafter
+
+
+def bind_head(head, target) -> None:
+    """Read the head's tokens and features through `target`'s (a transformers causal LM) embedding and LM head."""
+    head.bind(target.get_input_embeddings(), target.get_output_embeddings())
+
+
+class WithHead:
+    """For the drafters that draft with a head: `attach(target, head)` binds it to the target, and each batch gets
+    a session of the head, prefilled with the prompt's features."""
+
+    def attach(self, target, head) -> None:
+        if not isinstance(target, torch.nn.Module):
+            raise TypeError(f"a head drafter needs the target transformers model, got {type(target).__name__}")
+        bind_head(head, target)
+        self.head, self.target = head, target
+        self.vocab_size = head.config.vocab_size
+        self.tap = FeatureTap.of(target.get_output_embeddings())
+        self.proposer: HeadProposer | None = None
+
+    @property
+    def forwards(self) -> int:
+        return 0 if self.proposer is None else self.proposer.forwards
+
+    def capture_key(self) -> tuple:
+        return type(self), type(self.head), next(self.head.parameters()).data_ptr(), getattr(self, "shape", None)
+
+    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
+        B, device = rows.batch_size, rows.tokens.device
+        n = rows.offsets  # prompt tokens in the prefill: pairs (x_{j+1}, f_j) for j < n
+        width = rows.prompt_width - 1
+        if width == 0:  # one-token prompts: no feature before x_0 (a zero feature stands for it)
+            tokens, positions = rows.last[:, None], torch.zeros(B, 1, dtype=torch.long, device=device)
+            features = torch.zeros(B, 1, self.head.config.feature_size, device=device)
+            valid = torch.ones(B, 1, dtype=torch.bool, device=device)
+        else:
+            j = torch.arange(width, device=device) - (width - n)[:, None]  # right-aligned: the last pair is x_{n}
+            valid = j >= 0
+            tokens = rows.tokens.gather(1, (j + 1).clamp(min=0))
+            features = self.tap.features.gather(1, j.clamp(min=0)[..., None].expand(-1, -1,
+                                                                                   self.tap.features.shape[-1]))
+            positions = j + 1
+        nodes = getattr(getattr(self, "shape", None), "nodes", rows.lookahead)
+        session = self.head.session(B, tokens.shape[1] + rows.seq.shape[1] + nodes + 2, B, False, device)
+        session.offsets = n.clone()
+        self.proposer = HeadProposer(session, self.tap, B, device, self.max_depth)
+        self.proposer.prefill(tokens, features, positions, valid)
+
+    @property
+    def max_depth(self) -> int | None:
+        return getattr(self.head, "num_heads", None)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.proposer.select(index)
+
+
+class HeadDrafter(WithHead, ChainDrafter):
+    """Chains from a feature head (EAGLE: any length; Hydra: at most its number of heads), each token drawn from the
+    head's processed law q. target: the transformers causal LM the head was trained on; head: an `EagleHead` or
+    `HydraHead`."""
+
+    capturable = False  # its first round reads the prefill's law, the others catch up: two shapes of step
+
+    def __init__(self, target, head):
+        self.attach(target, head)
+
+    def schedule(self, draft_length):
+        schedule = super().schedule(draft_length)
+        if self.max_depth is not None and schedule.max_length > self.max_depth:
+            raise ValueError(f"draft_length: this Hydra head drafts at most {self.max_depth} tokens, got "
+                             f"{schedule.max_length}")
+        return schedule
+
+    @torch.no_grad()
+    def propose(self, rows, budget, width, sampling, generator):
+        return self.proposer.chain(rows.seq, rows.committed, width, text_law, sampling, generator, budget)
+
+
+class HeadTreeDrafter(WithHead, TreeDrafter):
+    """Trees from a feature head: EAGLE-2's dynamic trees by default (`shape`: any `TreeShape`, depth at most a
+    Hydra head's number of heads)."""
+
+    capturable = False
+
+    def __init__(self, target, head, shape: TreeShape = DYNAMIC_TREE):
+        if not isinstance(shape, TreeShape):
+            raise TypeError(f"shape must be a TreeShape, got {type(shape).__name__}")
+        self.attach(target, head)
+        if self.max_depth is not None and shape.depth > self.max_depth:
+            raise ValueError(f"shape: this Hydra head drafts at most {self.max_depth} levels, got depth {shape.depth}")
+        self.shape = shape
+
+    @torch.no_grad()
+    def propose(self, rows, sampling, generator) -> DraftTree:
+        return self.proposer.tree(rows.seq, rows.committed, self.shape, text_law, sampling, generator)

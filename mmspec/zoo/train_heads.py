@@ -1,0 +1,355 @@
+"""Train draft heads (`EagleHead`, `HydraHead`) for a target by distillation from the target's own samples.
+
+    python -m mmspec.zoo.train_heads --target pycode/target        # the embedded text target: both kinds
+    python -m mmspec.zoo.train_heads --target shapes               # the embedded text-to-image model
+    python -m mmspec.zoo.train_heads --target path/to/my-lm --prompts prompts.txt --out-dir my-heads
+
+1. Samples: the target continues prompts at temperature 1 (text: `--prompts`, a file or a folder of .txt files with
+   one prompt a line, else 32-token windows of the code corpus; images: captions, `--prompts` or the shapes world's
+   training captions, decoded with the pipeline's own guidance). They are kept in `--work-dir` and reused.
+2. Training: each batch of samples is re-read by the frozen target (teacher forcing), which gives every position's
+   feature (the input of its LM head) and law p (both classifier-free-guidance rows for images). A head is trained on
+   soft cross-entropy to p plus `--feature-weight` x SmoothL1 to the target's features, with uniform noise of
+   `--noise` on the features it reads (they are its own predictions when it drafts):
+   - EAGLE: unrolled `--unroll` extra steps (EAGLE-3's training-time test), step s reading its own step s - 1
+     predictions and attending to the true pairs before the drafted span plus its own diagonal, as drafting at depth
+     s + 1 does; step losses weighted 0.8^s.
+   - Hydra: every head k on every position at once (head k reads the true tokens after the root).
+3. Held-out acceptance on samples kept out of training: per depth, alpha = E[sum min(p, q)] (the acceptance of a
+   sampled draft at T = 1) and the top-1 agreement (greedy), written to `training_metrics.json` beside the head.
+
+The heads are saved as `eagle_head/` and `hydra_head/` in `--out-dir` (default: the target's pipeline folder,
+`pycode/` or `shapes/` for the embedded ones), where the pipelines load them. Checkpoints in `--work-dir` let an
+interrupted run resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from mmspec.core.head_drafting import FeatureTap
+from mmspec.models.heads import HEAD_KINDS, EagleHead, HydraHead
+from mmspec.zoo import ZOO_DIR, resolve_model
+from mmspec.zoo.training import save_stage, train_loop
+
+logger = logging.getLogger(__name__)
+DEPTH_DECAY = 0.8  # EAGLE-3's weight of unrolled step s: 0.8^s
+
+
+class TextTeacher:
+    """A transformers causal LM as the teacher of text heads; samples are [n, T] token sequences."""
+
+    positions_kind = "1d"
+
+    def __init__(self, name: str):
+        from mmspec.zoo import load_causal_lm
+
+        self.model, self.tokenizer = load_causal_lm(name)
+        self.model.requires_grad_(False)
+        self.embedding, self.lm_head = self.model.get_input_embeddings(), self.model.get_output_embeddings()
+        self.tap = FeatureTap.of(self.lm_head)
+        config = self.model.config
+        self.feature_size, self.vocab_size = config.hidden_size, config.vocab_size
+        self.n_head, self.ffn_hidden = config.num_attention_heads, config.intermediate_size
+
+    def prompts(self, path: str | None, n: int, generator: torch.Generator) -> torch.Tensor:
+        """[n, 32] prompt tokens: windows of the user's prompts or of the code corpus's training files."""
+        if path is not None:
+            texts = read_prompts(path)
+        else:
+            from mmspec.zoo.text_corpus import corpus_files, read_texts
+
+            texts = read_texts(corpus_files("train")[:400])
+        ids = [i for text in texts for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        stream = torch.tensor(ids)
+        if stream.numel() < 64:
+            raise ValueError(f"--prompts: {path} holds {stream.numel()} tokens; need at least 64")
+        starts = torch.randint(0, stream.numel() - 32, (n,), generator=generator)
+        return stream[starts[:, None] + torch.arange(32)]
+
+    @torch.no_grad()
+    def sample(self, prompts: torch.Tensor, new_tokens: int, generator: torch.Generator) -> torch.Tensor:
+        from mmspec.text import speculative_generate
+        from mmspec.text.drafters import NoDrafter
+
+        out, _ = speculative_generate(self.model, prompts, drafter=NoDrafter(), max_new_tokens=new_tokens,
+                                      temperature=1.0, eos_token_id=None, generator=generator)
+        return out
+
+    @torch.no_grad()
+    def pairs(self, samples: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(tokens [R, L], features before them [R, L, d], target features [R, L, d], target laws [R, L, V],
+        positions [R, L]) of the pairs (x_{j+1}, f_j)."""
+        logits = self.model(input_ids=samples).logits.float()
+        f = self.tap.features.float()
+        T = samples.shape[1]
+        return (samples[:, 1:], f[:, :-1], f[:, 1:], logits[:, 1:].softmax(-1),
+                torch.arange(1, T).expand(samples.shape[0], -1))
+
+
+class ImageTeacher:
+    """A LlamaGen text-to-image pipeline as the teacher of image heads; samples are [n, N] image tokens with their
+    caption index, the pairs cover the conditional rows and their unconditional twins."""
+
+    positions_kind = "2d"
+
+    def __init__(self, name: str):
+        from mmspec.pipelines.llamagen import LlamaGenPipeline
+
+        self.pipe = LlamaGenPipeline.from_pretrained(str(resolve_model(name, "--target")))
+        self.pipe.set_progress_bar_config(disable=True)
+        transformer = self.transformer = self.pipe.transformer.float().requires_grad_(False)
+        self.pipe.text_encoder.float()
+        self.embedding, self.lm_head = transformer.tok_embeddings, transformer.output
+        self.tap = FeatureTap.of(self.lm_head)
+        c = transformer.config
+        self.feature_size, self.vocab_size, self.n_head = c.dim, c.vocab_size, c.n_head
+        self.ffn_hidden, self.grid_size = transformer.layers[0].feed_forward.w1.out_features, c.grid_size
+        self.captions: list[str] = []
+
+    def prompts(self, path: str | None, n: int, generator: torch.Generator) -> torch.Tensor:
+        """Caption indices [n]: the user's captions, or the shapes world's training captions."""
+        if path is not None:
+            self.captions = read_prompts(path)
+        else:
+            from mmspec.zoo.shapes import scene
+
+            self.captions = [scene(i, "train", 8)[1] for i in range(n)]
+        return torch.randint(0, len(self.captions), (n,), generator=generator)
+
+    @torch.no_grad()
+    def sample(self, prompts: torch.Tensor, new_tokens: int, generator: torch.Generator) -> torch.Tensor:
+        captions = [self.captions[i] for i in prompts.tolist()]
+        tokens = self.pipe(captions, decoding="ar", output_type="latent", generator=generator).images
+        return torch.cat([prompts[:, None], tokens.cpu()], 1)  # the caption index, then the image tokens
+
+    @torch.no_grad()
+    def pairs(self, samples: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        captions, tokens = [self.captions[i] for i in samples[:, 0].tolist()], samples[:, 1:]
+        condition = self.pipe.encode_prompt(captions)
+        B, N = tokens.shape
+        rows = torch.cat([tokens, tokens])
+        states = torch.cat([condition.states, condition.states])
+        mask = torch.cat([condition.mask, condition.mask])
+        drop = torch.arange(2 * B) >= B  # the unconditional twins
+        logits = self.transformer(rows, states, mask, drop)  # column i: the law of token i
+        f = self.tap.features.float()  # column i: the feature before token i
+        return (rows[:, :-1], f[:, :-1], f[:, 1:], logits[:, 1:].softmax(-1),
+                torch.arange(N - 1).expand(2 * B, -1))
+
+
+def read_prompts(path: str) -> list[str]:
+    """One prompt a non-empty line, of a file or of every .txt file in a folder (sorted)."""
+    source = Path(path)
+    files = sorted(source.glob("*.txt")) if source.is_dir() else [source]
+    if not files or not all(f.is_file() for f in files):
+        raise ValueError(f"--prompts must be a text file or a folder of .txt files, got {path}")
+    prompts = [line for f in files for line in f.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"--prompts: {path} holds no prompt")
+    return prompts
+
+
+def build_head(kind: str, teacher) -> torch.nn.Module:
+    if kind == "eagle":
+        return EagleHead(feature_size=teacher.feature_size, vocab_size=teacher.vocab_size, n_head=teacher.n_head,
+                         ffn_hidden=teacher.ffn_hidden, positions=teacher.positions_kind,
+                         grid_size=getattr(teacher, "grid_size", 16))
+    return HydraHead(feature_size=teacher.feature_size, vocab_size=teacher.vocab_size, num_heads=4,
+                     hidden=2 * teacher.feature_size)
+
+
+def soft_cross_entropy(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[...]: -sum p log softmax(logits)."""
+    return -(p * logits.log_softmax(-1)).sum(-1)
+
+
+def eagle_steps(head: EagleHead, batch: tuple, unroll: int, noise: float):
+    """The head's predictions [R, L, d] at each unrolled step 0 .. unroll (step s valid from column s on)."""
+    tokens, features, _, _, positions = batch
+    R, L = tokens.shape
+    c = head.config
+    if noise:
+        features = features + noise * (2 * torch.rand_like(features) - 1)
+    cache = tuple(torch.zeros(R, c.n_head, (unroll + 1) * L, c.feature_size // c.n_head) for _ in range(2))
+    column = torch.arange(L)
+    slot_step, slot_column = torch.arange((unroll + 1) * L) // L, torch.arange((unroll + 1) * L) % L
+    outputs = []
+    for s in range(unroll + 1):
+        # column i at step s drafts depth s + 1: it sees the true pairs up to i - s, then steps 1..s on the diagonal
+        seen = ((slot_step == 0) & (slot_column[None, :] <= column[:, None] - s)) | (
+            (slot_step >= 1) & (slot_step <= s) & (slot_column[None, :] == column[:, None] - s + slot_step))
+        seen |= (slot_step == s) & (slot_column[None, :] == column[:, None])  # itself
+        hidden = head(tokens, features, positions, seen[None, None].expand(R, 1, L, -1), cache,
+                      (s * L + column).expand(R, L))
+        outputs.append(hidden)
+        cache = tuple(x.clone() for x in cache)  # the next step writes its keys beside these, not over them
+        features = torch.cat([features[:, :1], hidden[:, :-1]], 1)  # step s + 1 reads step s's predictions
+    return outputs
+
+
+def hydra_steps(head: HydraHead, batch: tuple, noise: float):
+    """Head k's predictions [R, L - k, d] (column i: root = the feature before token i, then tokens i .. i + k)."""
+    tokens, features, _, _, _ = batch
+    if noise:
+        features = features + noise * (2 * torch.rand_like(features) - 1)
+    L = tokens.shape[1]
+    return [head(features[:, : L - k], tokens.unfold(1, k + 1, 1)) for k in range(head.num_heads)]
+
+
+def depth_losses(head, batch, predictions, feature_weight: float) -> list[torch.Tensor]:
+    """Per depth d (index of `predictions`): the mean soft CE to the target's law plus `feature_weight` x SmoothL1
+    to its feature, over the columns that depth predicts."""
+    _, _, target_features, p, _ = batch
+    losses = []
+    for d, hidden in enumerate(aligned(head, predictions)):
+        ce = soft_cross_entropy(p[:, d:], head.logits(hidden)).mean()
+        losses.append(ce + feature_weight * F.smooth_l1_loss(hidden.float(), target_features[:, d:]))
+    return losses
+
+
+def aligned(head, predictions: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Depth d's predictions for the labels of columns d.. (EAGLE's step d is valid from column d on; Hydra's head
+    d predicts, at column i, the label of column i + d)."""
+    if isinstance(head, EagleHead):
+        return [hidden[:, d:] for d, hidden in enumerate(predictions)]
+    return predictions
+
+
+def predictions_of(head, batch, args, training: bool):
+    noise = args.noise if training else 0.0
+    if isinstance(head, EagleHead):
+        return eagle_steps(head, batch, args.unroll, noise)
+    return hydra_steps(head, batch, noise)
+
+
+@torch.no_grad()
+def held_out_metrics(head, teacher, samples: torch.Tensor, args) -> dict:
+    """Per depth: alpha (E sum min(p, q), T = 1) and top-1 agreement, on held-out samples."""
+    head.eval()
+    alpha, top1, count = None, None, 0
+    for start in range(0, len(samples), args.batch_size):
+        batch = teacher.pairs(samples[start : start + args.batch_size])
+        predictions = predictions_of(head, batch, args, training=False)
+        p = batch[3]
+        rows = []
+        for d, hidden in enumerate(aligned(head, predictions)):
+            q, pd = head.logits(hidden).softmax(-1), p[:, d:]
+            rows.append((torch.minimum(pd, q).sum(-1).mean().item(),
+                         (pd.argmax(-1) == q.argmax(-1)).float().mean().item()))
+        a, t = torch.tensor(rows).T
+        alpha = a if alpha is None else alpha + a
+        top1 = t if top1 is None else top1 + t
+        count += 1
+    return {"held_out_alpha_by_depth": [round(x, 4) for x in (alpha / count).tolist()],
+            "held_out_top1_by_depth": [round(x, 4) for x in (top1 / count).tolist()],
+            "held_out_samples": len(samples)}
+
+
+def load_samples(teacher, args, work: Path) -> torch.Tensor:
+    """The target's samples, generated once (in batches, with a progress bar) and kept in the work folder."""
+    path = work / "samples.pt"
+    if path.exists():
+        return torch.load(path)
+    generator = torch.Generator().manual_seed(args.seed)
+    prompts = teacher.prompts(args.prompts, args.samples, generator)
+    batches = []
+    for start in tqdm(range(0, args.samples, args.sample_batch), desc="target samples"):
+        batches.append(teacher.sample(prompts[start : start + args.sample_batch], args.new_tokens, generator))
+    samples = torch.cat(batches)
+    torch.save(samples, path)
+    if isinstance(teacher, ImageTeacher):
+        (work / "captions.json").write_text(json.dumps(teacher.captions))
+    return samples
+
+
+def default_out_dir(target: str) -> Path:
+    """The embedded targets' pipeline folder (pycode/, shapes/); else the target's own folder."""
+    path = Path(resolve_model(target, "--target"))
+    return path.parent if path.parent == ZOO_DIR / "pycode" else path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", required=True, help="a zoo name (pycode/target, shapes) or a local folder: a "
+                        "transformers causal LM, or a LlamaGen pipeline")
+    parser.add_argument("--kinds", nargs="+", choices=HEAD_KINDS, default=list(HEAD_KINDS))
+    parser.add_argument("--prompts", default=None, help="a text file, or a folder of .txt files, one prompt a line")
+    parser.add_argument("--samples", type=int, default=None, help="target samples to distil from (default: 1536 "
+                        "text, 768 images)")
+    parser.add_argument("--held-out", type=int, default=64, help="samples kept out of training for the metrics")
+    parser.add_argument("--new-tokens", type=int, default=160, help="text: tokens each sample continues its prompt")
+    parser.add_argument("--sample-batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--unroll", type=int, default=2, help="EAGLE: unrolled drafting steps after the first")
+    parser.add_argument("--feature-weight", type=float, default=1.0)
+    parser.add_argument("--noise", type=float, default=0.1)
+    parser.add_argument("--out-dir", default=None)
+    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    for name in ("samples", "held_out", "new_tokens", "sample_batch", "steps", "batch_size"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.prompts is not None and not Path(args.prompts).exists():
+        parser.error(f"--prompts: no such file or folder: {args.prompts}")
+    try:
+        path = Path(resolve_model(args.target, "--target"))
+    except ValueError as error:
+        parser.error(str(error))
+    image = (path / "model_index.json").exists()
+    args.samples = args.samples or (768 if image else 1536)
+    if args.held_out >= args.samples:
+        parser.error(f"--held-out ({args.held_out}) must be below --samples ({args.samples})")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    teacher = ImageTeacher(args.target) if image else TextTeacher(args.target)
+    name = path.name if path.name != "target" else path.parent.name
+    work = Path(args.work_dir or Path.home() / ".cache" / "mmspec" / "train_heads" / name)
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    samples = load_samples(teacher, args, work)
+    if image and not teacher.captions:
+        teacher.captions = json.loads((work / "captions.json").read_text())
+    sampling_seconds = time.perf_counter() - started
+    train, held_out = samples[: -args.held_out], samples[-args.held_out :]
+    out_dir = Path(args.out_dir) if args.out_dir else default_out_dir(args.target)
+
+    def batch_fn(generator):
+        return train[torch.randint(0, len(train), (args.batch_size,), generator=generator)]
+
+    for kind in args.kinds:
+        head = build_head(kind, teacher)
+        head.bind(teacher.embedding, teacher.lm_head)
+
+        def loss(model, batch_samples):
+            batch = teacher.pairs(batch_samples)
+            losses = depth_losses(model, batch, predictions_of(model, batch, args, training=True),
+                                  args.feature_weight)
+            total = sum(DEPTH_DECAY**d * x for d, x in enumerate(losses))
+            return total, losses[0]
+
+        seconds = train_loop(f"{kind}_head", head, steps=args.steps, lr=args.lr, loss_fn=loss, batch_fn=batch_fn,
+                             work_dir=work, seed=args.seed + HEAD_KINDS.index(kind), device=args.device)
+        metrics = held_out_metrics(head, teacher, held_out, args)
+        metrics.update({"target": args.target, "training_samples": len(train),
+                        "target_sampling_s": round(sampling_seconds, 1), "unroll": args.unroll if kind == "eagle"
+                        else None, "feature_weight": args.feature_weight, "noise": args.noise})
+        save_stage(head.half(), out_dir / f"{kind}_head", metrics, args.steps, args.batch_size, seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""Feature-head drafting for images (`DraftHeads`: EAGLE, Hydra): its output law equals AR sampling's with CFG, top-k
+and a forced position (the harness of test_jacobi_law.py: a table model whose features are its logit rows; trees on
+200,001 rows), mutation companions, and greedy equivalence and per-row reproducibility on a real (tiny) LlamaGen."""
+
+import pytest
+import torch
+
+from mmspec.core import head_drafting
+from mmspec.core.probs import SamplingConfig
+from mmspec.image import AR, DraftHeads
+from mmspec.models.heads import EagleHead, HydraHead
+from tests.image.test_draft_model import TREE_GROUPS, decode, llamagen
+from tests.image.test_jacobi_law import ALPHA, V, assert_exact, decode_rows, law_checks
+from tests.text.test_head_drafters import law_of_previous_depth
+
+
+def head(kind: str, width: int = V, vocab: int = V, seed: int = 0):
+    torch.manual_seed(seed)
+    if kind == "eagle":
+        return EagleHead(feature_size=width, vocab_size=vocab, n_head=1, ffn_hidden=8, positions="2d",
+                         grid_size=3).double().eval()
+    return HydraHead(feature_size=width, vocab_size=vocab, num_heads=3, hidden=8).double().eval()
+
+
+@pytest.mark.parametrize("kind,draft_length", [("eagle", 2), ("eagle", 5), ("hydra", 3)])
+def test_head_chains_match_the_exact_law(kind, draft_length):
+    tokens, stats, model = decode_rows(DraftHeads(kind, draft_length, head=head(kind)))
+    assert_exact(tokens, model)
+    assert 0 < stats.accepted < stats.drafted
+
+
+@pytest.mark.parametrize("kind", ["eagle", "hydra"])
+def test_head_trees_match_the_exact_law(kind):
+    tokens, stats, model = decode_rows(DraftHeads(kind, 2, tree_width=2, head=head(kind)), groups=TREE_GROUPS)
+    assert_exact(tokens, model)
+    assert 0 < stats.accepted < stats.drafted
+
+
+def test_stale_laws_are_rejected(monkeypatch):
+    monkeypatch.setattr(head_drafting.HeadProposer, "chain", law_of_previous_depth(head_drafting.HeadProposer.chain))
+    tokens, _, model = decode_rows(DraftHeads("eagle", 3, head=head("eagle")))
+    assert min(law_checks(tokens, model).values()) < ALPHA
+
+
+def tiny_head(kind):
+    target = llamagen(0).transformer
+    c = target.config
+    if kind == "eagle":
+        made = EagleHead(feature_size=c.dim, vocab_size=c.vocab_size, n_head=c.n_head, ffn_hidden=32,
+                         positions="2d", grid_size=c.grid_size)
+    else:
+        made = HydraHead(feature_size=c.dim, vocab_size=c.vocab_size, num_heads=4, hidden=32)
+    return made.double()
+
+
+@pytest.mark.parametrize("kind,tree_width", [("eagle", 1), ("eagle", 2), ("hydra", 1), ("hydra", 2)])
+def test_greedy_head_decoding_equals_greedy_ar(kind, tree_width):
+    sampling = SamplingConfig(temperature=0, guidance_scale=2.0)
+    target = llamagen(0)
+    ar, _ = decode(AR(), target, 3, sampling, None)
+    spec, stats = decode(DraftHeads(kind, 3, tree_width=tree_width, head=tiny_head(kind)), target, 3, sampling, None)
+    assert torch.equal(ar, spec)
+    assert stats.draft_forwards > 0
+
+
+def test_rows_do_not_depend_on_the_rest_of_the_batch():
+    sampling = SamplingConfig(temperature=1.0, guidance_scale=2.0)
+    target, decoding = llamagen(0), DraftHeads("eagle", 3, head=tiny_head("eagle"))
+    seeds = [5, 6, 7]
+    together, _ = decode(decoding, target, 3, sampling, [torch.Generator().manual_seed(s) for s in seeds])
+    alone, _ = decode(decoding, target, 1, sampling, [torch.Generator().manual_seed(seeds[0])])
+    assert torch.equal(together[:1], alone)
+
+
+def test_draft_heads_refuse_what_they_cannot_run():
+    model = llamagen(0)
+    with pytest.raises(ValueError, match="needs a draft head: load a pipeline that has a hydra_head"):
+        DraftHeads("hydra").check_model(model)
+    with pytest.raises(ValueError, match="draft_length: this Hydra head drafts at most 4 tokens, got 5"):
+        DraftHeads("hydra", 5, head=tiny_head("hydra")).check_model(model)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        DraftHeads("medusa")
+    with pytest.raises(ValueError, match="tree_width > 1 .* acceptance must be Exact"):
+        DraftHeads(tree_width=2, acceptance="lantern")
