@@ -35,6 +35,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import DynamicCache
@@ -45,6 +46,7 @@ from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.tree_growth import TreeShape
 from mmspec.eval.devices import machine, seeded, write_json
+from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import (
     DraftLengthSchedule,
@@ -54,8 +56,9 @@ from mmspec.text.drafters import (
     NoDrafter,
     early_exit_view,
 )
+from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
-from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
+from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm, resolve_model
 from mmspec.zoo.text_corpus import held_out_prompts
 
 DRAFT_LENGTH = 4
@@ -76,7 +79,9 @@ BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
 METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ours_ar", "ours_model", "ours_ngram",
                 "ours_layerskip", "ours_adaptive", "ours_model_len1", "ours_model_len2", "ours_model_len8",
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
-                "ours_tree_n14", "ours_tree_n6")  # `make_methods`' keys
+                "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree")  # `make_methods`' keys
+HEADS = ("ours_eagle", "ours_hydra", "ours_eagle_tree")  # drafts from heads on the target's features
+HEAD_TREE = TreeShape(nodes=16, branching=2, expand=4, depth=4)  # EAGLE-2's dynamic tree, 16 nodes
 AR_METHODS = ("ar", "ours_ar")  # transformers' generate; ours, drafting nothing (graphed on CUDA)
 BATCH8 = ("ar", "ours_ar", "ours_model", "ours_tree", *BATCH8_ONLY)
 
@@ -122,6 +127,41 @@ def forward_latency(model, context: int = 64, repeats: int = 50) -> float:
                           after=lambda: cache.crop(-1))
 
 
+def load_heads(target_name: str, target) -> dict:
+    """The target's draft heads, saved beside its folder (`eagle_head/`, `hydra_head/`: the embedded pycode/ ships
+    both), on its device."""
+    folder = Path(resolve_model(target_name, "--target")).parent
+    heads = {}
+    for kind, head_class in (("eagle", EagleHead), ("hydra", HydraHead)):
+        if not (folder / f"{kind}_head" / "config.json").is_file():
+            raise SystemExit(f"no {kind}_head beside {target_name}: train one with python -m mmspec.zoo.train_heads "
+                             f"--target {target_name}")
+        heads[kind] = head_class.from_pretrained(folder / f"{kind}_head").float().to(target.device).eval()
+    return heads
+
+
+@torch.no_grad()
+def head_token_latency(target, head, context: int = 64, repeats: int = 50) -> float:
+    """Median seconds of one drafted token of an EAGLE head at batch 1 after `context` tokens (one head call and
+    its readout through the target's LM head), the cost `forward_latency` gives for a model."""
+    HeadDrafter(target, head)  # binds the head to the target's embedding and LM head
+    d, device = head.config.feature_size, target.device
+    session = head.session(1, context + 8, 1, False, device)
+    positions = torch.arange(context, device=device)[None]
+    session.prefill(torch.zeros(1, context, dtype=torch.long, device=device), torch.randn(1, context, d, device=device),
+                    positions, torch.ones(1, context, dtype=torch.bool, device=device))
+    session.begin_round(torch.ones(1, dtype=torch.long, device=device), context - 1)
+    nodes, paths = torch.zeros(1, 1, dtype=torch.long, device=device), torch.zeros(1, 1, 1, dtype=torch.long,
+                                                                                  device=device)
+
+    def one_token():
+        session.fed = session.fed[:, :0]
+        session.node_hidden = session.node_hidden[:, :0]
+        session.expand(nodes, paths, nodes, nodes.bool())
+
+    return median_seconds(one_token, device, repeats)
+
+
 def batches(prompts: list[str], batch_size: int) -> list[list[str]]:
     return [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
 
@@ -132,11 +172,12 @@ def sampling_kwargs(temperature: float) -> dict:
     return dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
 
 
-def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[float, tuple[float, ...]]):
+def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[float, tuple[float, ...]], heads: dict):
     """name -> fn(encoded batch, temperature, seed) -> (sequences, stats or None); tree methods also take
     ceiling=True (alpha* at the visited nodes). rates: the draft's positional acceptance at each temperature. On
     CUDA our decodings replay their steps from CUDA graphs (one store for the run: each method's first, untimed call
-    captures), as a `SpeculativeTextPipeline` on CUDA does; transformers' methods run as they are."""
+    captures), as a `SpeculativeTextPipeline` on CUDA does; transformers' methods run as they are. heads: the
+    target's draft heads by kind ("eagle", "hydra")."""
     common = dict(max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                   eos_token_id=tokenizer.eos_token_id)
     graphs = StepGraphs(cuda=True) if target.device.type == "cuda" else None
@@ -194,6 +235,9 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_opt_tree": tree(lambda t: ModelTreeDrafter(draft, OPT_TREE_SHAPE)),
         "ours_stand": tree(lambda t: StandDrafter()),
         **{name: positional(nodes) for name, nodes in SMALL_TREES.items()},
+        "ours_eagle": ours(lambda: HeadDrafter(target, heads["eagle"])),
+        "ours_hydra": ours(lambda: HeadDrafter(target, heads["hydra"])),
+        "ours_eagle_tree": tree(lambda t: HeadTreeDrafter(target, heads["eagle"], HEAD_TREE)),
     }
 
 
@@ -301,6 +345,10 @@ def summary(rows: list[Row]) -> dict:
         "best_tree_vs_best_chain_speed_t0_bs1": lambda: (max(tps(m, 1, 0.0) for m in TREES) /
                                                          max(tps(m, 1, 0.0) for m in CHAINS)),
         "ours_ngram_vs_hf_prompt_lookup_t0_bs1": lambda: tps("ours_ngram", 1, 0.0) / tps("hf_prompt_lookup", 1, 0.0),
+        "heads_over_draft_model_tokens_per_forward_t1_bs1": lambda: best(HEADS, 1.0) / per_forward("ours_model", 1,
+                                                                                                    1.0),
+        "heads_speedup_vs_ar_t0_bs1": lambda: max(tps(m, 1, 0.0) for m in HEADS) / best_ar(rows, 1, 0.0),
+        "heads_speedup_vs_ar_t1_bs1": lambda: max(tps(m, 1, 1.0) for m in HEADS) / best_ar(rows, 1, 1.0),
     }
     found = {}
     for name, ratio in ratios.items():
@@ -337,6 +385,7 @@ def main(argv: list[str] | None = None) -> dict:
     target, tokenizer = load_causal_lm(args.target)
     draft, _ = load_causal_lm(args.draft)
     target, draft = target.to(device), draft.to(device)
+    heads = load_heads(args.target, target)
     tokenizer.padding_side = "left"
     counter = ForwardCounter(target)
     calibration_prompts = 2 if args.quick else 8
@@ -345,7 +394,7 @@ def main(argv: list[str] | None = None) -> dict:
     with torch.no_grad():
         rates = {t: calibrate(target, draft, tokenizer, calibration, t, max_new_tokens) for t in (0.0, 1.0)}
     print("positional acceptance (k-th child):", {t: [round(r, 3) for r in rate] for t, rate in rates.items()})
-    methods = make_methods(target, draft, tokenizer, max_new_tokens, rates)
+    methods = make_methods(target, draft, tokenizer, max_new_tokens, rates, heads)
     chosen = set(methods if args.methods is None else (*AR_METHODS, *args.methods))
     rows = []
     with torch.no_grad():
@@ -366,6 +415,7 @@ def main(argv: list[str] | None = None) -> dict:
     ratios["draft_target_cost_ratio"] = forward_latency(draft) / target_latency
     early_exit = early_exit_view(target, target.config.early_exit_layer)
     ratios["layerskip_target_cost_ratio"] = forward_latency(early_exit) / target_latency
+    ratios["heads_draft_cost_ratio"] = head_token_latency(target, heads["eagle"]) / target_latency
     print(table)
     print(json.dumps(ratios, indent=2))
     if args.json:
