@@ -150,13 +150,12 @@ def head_token_latency(target, head, context: int = 64, repeats: int = 50) -> fl
     positions = torch.arange(context, device=device)[None]
     session.prefill(torch.zeros(1, context, dtype=torch.long, device=device), torch.randn(1, context, d, device=device),
                     positions, torch.ones(1, context, dtype=torch.bool, device=device))
-    session.begin_round(torch.ones(1, dtype=torch.long, device=device), context - 1)
+    committed = torch.ones(1, dtype=torch.long, device=device)
     nodes, paths = torch.zeros(1, 1, dtype=torch.long, device=device), torch.zeros(1, 1, 1, dtype=torch.long,
                                                                                   device=device)
 
-    def one_token():
-        session.fed = session.fed[:, :0]
-        session.node_hidden = session.node_hidden[:, :0]
+    def one_token():  # a round of one draft: the root's first child
+        session.begin_round(committed, 1)
         session.expand(nodes, paths, nodes, nodes.bool())
 
     return median_seconds(one_token, device, repeats)

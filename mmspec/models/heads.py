@@ -27,6 +27,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from mmspec.adapters.causal_lm import CFGRows
 from mmspec.core.model import Logits
 from mmspec.models.llamagen.gpt import TransformerBlock, rope_table_2d
 
@@ -124,10 +125,10 @@ class HydraHead(TargetReadout, ModelMixin, ConfigMixin):
         return root + self.mlps[k](torch.cat([root, self.embed(tokens).flatten(-2)], -1))
 
     def session(self, rows: int, capacity: int, batch_size: int, cfg: bool, device) -> HydraSession:
-        return HydraSession(self, rows, batch_size, cfg, device)
+        return HydraSession(self, batch_size, cfg, device)
 
 
-class HeadSession:
+class HeadSession(CFGRows):
     """A head drafting for one batch (`mmspec.core.head_drafting.HeadProposer` drives it).
 
     prefill(tokens [R, T], features [R, T, d], positions [R, T], valid [R, T]) -> Logits [B, 1, V]: the pairs before
@@ -145,14 +146,8 @@ class HeadSession:
         self.head, self.batch_size, self.cfg = head, batch_size, cfg
         self.offsets = torch.zeros(batch_size, dtype=torch.long, device=device)
 
-    def rows(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x, x]) if self.cfg else x
-
     def split(self, logits: torch.Tensor) -> Logits:
         return Logits.from_rows(logits, self.batch_size, self.cfg)
-
-    def sample_rows(self, index: torch.Tensor) -> torch.Tensor:
-        return torch.cat([index, index + self.batch_size]) if self.cfg else index
 
     def select(self, index: torch.Tensor) -> None:
         self.offsets = self.offsets[index]
@@ -254,7 +249,7 @@ class EagleSession(HeadSession):
 class HydraSession(HeadSession):
     """Hydra heads over one batch: a round needs only the feature before the last committed token."""
 
-    def __init__(self, head: HydraHead, rows: int, batch_size: int, cfg: bool, device):
+    def __init__(self, head: HydraHead, batch_size: int, cfg: bool, device):
         super().__init__(head, batch_size, cfg, device)
         self.root_feature: torch.Tensor | None = None  # [R, d]
         self.last: torch.Tensor | None = None  # [R] the last committed token

@@ -75,3 +75,18 @@ class TreeWidth:
         if self.tree and not isinstance(self.acceptance, Exact):
             raise ValueError(f"tree_width > 1 is verified by exact tree rules: acceptance must be Exact(), got "
                              f"{self.acceptance.describe()}")
+
+
+class DraftedTree(TreeWidth):
+    """For the decodings whose drafter proposes a chain of `draft_length` tokens or, with `tree_width` > 1, the full
+    tree of that depth (a draft model, a draft head)."""
+
+    def check(self) -> None:
+        self.check_tree()
+
+    @property
+    def forward_width(self) -> int:
+        """Tokens one target forward scores per row: the last committed token and the chain's or tree's drafts."""
+        if not self.tree:
+            return 1 + self.draft_length
+        return 1 + sum(self.tree_width**depth for depth in range(1, self.draft_length + 1))

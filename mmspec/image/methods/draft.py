@@ -11,12 +11,12 @@ from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting
-from mmspec.image.methods.base import ImageDecoding, TreeWidth
+from mmspec.image.methods.base import DraftedTree, ImageDecoding
 
 
 @register_decoding
 @dataclass(frozen=True)
-class DraftModel(TreeWidth, ImageDecoding):
+class DraftModel(DraftedTree, ImageDecoding):
     """Speculative decoding with a draft image model, batched, with per-row acceptance. drafter: the draft model's
     adapter (same grid and image vocabulary as the target); pipelines supply their own, so it is not saved."""
 
@@ -26,9 +26,6 @@ class DraftModel(TreeWidth, ImageDecoding):
     tree_width: int = setting(1, "children per node of the draft model's tree, draft_length deep, all scored in one "
                               "target forward (exact; 1 = a chain)", low=1)
     drafter: Any = runtime()
-
-    def check(self) -> None:
-        self.check_tree()
 
     def check_model(self, model) -> None:
         """The target and the drafter: the drafter shares the target's image tokens; trees need both to have them."""
@@ -43,13 +40,6 @@ class DraftModel(TreeWidth, ImageDecoding):
                 f"{self.drafter.vocab_size}; target grid {model.grid}, vocab_size {model.vocab_size}")
         super().check_model(model)
         require(self.drafter, self.capabilities, "DraftModel(tree_width > 1)'s drafter")
-
-    @property
-    def forward_width(self) -> int:
-        """Tokens one target forward scores per row: the last committed token and the chain's or tree's drafts."""
-        if not self.tree:
-            return 1 + self.draft_length
-        return 1 + sum(self.tree_width**depth for depth in range(1, self.draft_length + 1))
 
     def step(self, model, opening, sampling, generator, stats):
         from mmspec.image.draft_model import DraftStep

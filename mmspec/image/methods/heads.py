@@ -11,14 +11,14 @@ from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting
-from mmspec.image.methods.base import ImageDecoding, TreeWidth
+from mmspec.image.methods.base import DraftedTree, ImageDecoding
 
 HEAD_KINDS = ("eagle", "hydra")  # the heads a pipeline ships (`eagle_head`, `hydra_head`)
 
 
 @register_decoding
 @dataclass(frozen=True)
-class DraftHeads(TreeWidth, ImageDecoding):
+class DraftHeads(DraftedTree, ImageDecoding):
     """Speculative decoding with a head that drafts from the target's own features (EAGLE: one decoder layer; Hydra:
     sequentially dependent MLP heads), batched, with per-row acceptance. head: the head itself (pipelines supply
     the `kind` they ship, so it is not saved)."""
@@ -32,9 +32,6 @@ class DraftHeads(TreeWidth, ImageDecoding):
     tree_width: int = setting(1, "children per node of the head's tree, draft_length deep, all scored in one target "
                               "forward (exact; 1 = a chain)", low=1)
     head: Any = runtime()
-
-    def check(self) -> None:
-        self.check_tree()
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -59,13 +56,6 @@ class DraftHeads(TreeWidth, ImageDecoding):
         from mmspec.core.head_drafting import FeatureTap
 
         FeatureTap.of(model.feature_readout()[1])  # before the prefill, whose features the head starts from
-
-    @property
-    def forward_width(self) -> int:
-        """Tokens one target forward scores per row: the last committed token and the chain's or tree's drafts."""
-        if not self.tree:
-            return 1 + self.draft_length
-        return 1 + sum(self.tree_width**depth for depth in range(1, self.draft_length + 1))
 
     def step(self, model, opening, sampling, generator, stats):
         from mmspec.image.draft_model import HeadStep
