@@ -218,14 +218,26 @@ def check_image_decoding(args) -> DecodingComponent | None:
                  (*fields, *rule_fields("image"), "acceptance"))
 
 
+def text_readers(name: str) -> list[str]:
+    """The `mmspec text --method`s that read setting `name`: TextSpeculation's drafters that read it, and the other
+    text decodings that have it (by name)."""
+    readers = []
+    for owner in decoding_fields("text", skip=("drafter",))[name]:
+        if owner == TextSpeculation.name:
+            only = specs(TextSpeculation)[name].only
+            readers += specs(TextSpeculation)["drafter"].choices if only is None else only["drafter"]
+        else:
+            readers.append(owner)
+    return readers
+
+
 def check_text_decoding(args) -> dict:
-    """The settings of `mmspec text`'s flags, for its `--method`: a drafter (TextSpeculation), "ar", or "auto" (the
-    settings narrow its candidates to the drafters that read them)."""
+    """The settings of `mmspec text`'s flags, for its `--method`: a drafter (TextSpeculation), another text decoding
+    by name ("heads"), "ar", or "auto" (the settings narrow its candidates to the drafters that read them)."""
     settings, flats = given_settings(args, "text", skip=("drafter",))
     drafters = specs(TextSpeculation)["drafter"].choices
     for name in settings:
-        only = specs(TextSpeculation)[name].only
-        readers = drafters if only is None else only["drafter"]
+        readers = text_readers(name)
         if args.method not in (*readers, "auto"):
             raise UsageError(f"{flag(name)} applies to --method {' / '.join(readers)} (or auto) only")
     if args.acceptance is not None and args.method == "ar":
@@ -233,9 +245,11 @@ def check_text_decoding(args) -> dict:
     if args.method == "auto" and args.acceptance not in (None, "exact"):
         raise UsageError(f"--acceptance {args.acceptance} needs a named --method (auto chooses among the exact ones)")
     settings = {**settings, "acceptance": args.acceptance, **flats}
+    names = (*decoding_fields("text"), *rule_fields("text"), "acceptance")
     if args.method in drafters:
-        built("text", "speculative", {**settings, "drafter": args.method}, args.temperature,
-              (*decoding_fields("text"), *rule_fields("text"), "acceptance"))
+        built("text", "speculative", {**settings, "drafter": args.method}, args.temperature, names)
+    elif args.method not in ("auto", "ar"):
+        built("text", args.method, settings, args.temperature, names)
     return settings
 
 
@@ -455,9 +469,12 @@ def build_parser() -> Parser:
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")
     drafters = specs(TextSpeculation)["drafter"].choices
-    text.add_argument("--method", choices=("auto", *drafters, "ar"), default="auto",
+    others = [name for name in decodings("text") if name not in ("ar", TextSpeculation.name)]
+    text.add_argument("--method", choices=("auto", *drafters, *others, "ar"), default="auto",
                       help="'auto': the fastest exact method here (each one timed on first use, cached); a drafter: "
-                           f"{specs(TextSpeculation)['drafter'].help}; or 'ar' for the plain target")
+                           f"{specs(TextSpeculation)['drafter'].help}; "
+                           + "; ".join(f"'{name}': {decodings('text')[name].__doc__.split('. ')[0]}" for name in others)
+                           + "; or 'ar' for the plain target")
     text.add_argument("--target", default=TEXT_TARGET, help="zoo name or transformers folder of the target")
     text.add_argument("--draft", default=TEXT_DRAFT,
                       help="zoo name or transformers folder of the draft (--method model / tree)")

@@ -41,14 +41,15 @@ def table_rows() -> list[tuple[str, str, tuple[str, ...]]]:
 
 # two more rows of the same kind that the README's table (at its length limit) leaves out
 TREE_ROWS = [('mmspec text "x = 1" --method tree --draft-length 3',
-              "mmspec text: error: --draft-length applies to --method model / ngram / layerskip (or auto) only", ()),
+              "mmspec text: error: --draft-length applies to --method model / ngram / layerskip / heads (or auto) "
+              "only", ()),
              ('mmspec text "x = 1" --method stand --acceptance typical',
               ("mmspec text: error: --acceptance typical is for chain drafters; --method stand is verified by exact "
                "tree rules"), ()),
              ("mmspec generate x --decoding draft --tree-width 2 --tree-depth 3",
               "mmspec generate: error: --tree-depth applies to --decoding sjd only", ()),
              ("mmspec generate x --decoding pjd --tree-width 2",
-              "mmspec generate: error: --tree-width applies to --decoding sjd / draft only", ())]
+              "mmspec generate: error: --tree-width applies to --decoding sjd / draft / heads only", ())]
 ROWS = table_rows()
 
 

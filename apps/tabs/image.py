@@ -145,8 +145,9 @@ class ImageTab:
         self.pipe, self.preview_interval = pipe, preview_interval
         self.vocab_size = pipe.transformer.config.vocab_size
         self.num_tokens = pipe.num_timesteps
-        available = [name for name in decodings("image") if name != "ar"
-                     and (name != "draft" or pipe.draft_transformer is not None)]
+        # the decodings this pipeline can run: it supplies their runtime parts (a draft model, a draft head)
+        available = [name for name, cls in decodings("image").items() if name != "ar"
+                     and not pipe.with_drafter(cls()).unsupplied()]
         self.methods = [("auto: the fastest exact decoding here", "auto")] + [
             (f"{decodings('image')[name].__name__} ({name})", name) for name in available]
         self.controls = setting_controls()

@@ -4,6 +4,7 @@ accepted draft tokens highlighted by the target forward that accepted them, and 
 from __future__ import annotations
 
 import html
+import inspect
 import time
 
 import gradio as gr
@@ -11,7 +12,9 @@ import torch
 
 from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
 from mmspec.apps.tabs.settings import Control, decoding_controls
+from mmspec.core.registry import decodings
 from mmspec.core.settings import specs
+from mmspec.text.kinds import DRAFTERS
 from mmspec.text.methods import TextSpeculation
 
 # one background per forward, cycled, so that neighbouring forwards' accepted drafts are told apart
@@ -35,6 +38,10 @@ def highlight_pieces(pieces) -> str:
             + "".join(spans) + "</pre>")
 
 
+def first_sentence(cls) -> str:
+    return " ".join(inspect.getdoc(cls).split(". ")[0].split())
+
+
 class TextTab:
     """Text completion with a `SpeculativeTextPipeline`."""
 
@@ -45,10 +52,11 @@ class TextTab:
         speculative = [m for m in pipe.methods if m != "ar"]
         if not speculative:
             raise ValueError("the text pipeline offers no speculative method")
-        # each drafter's label is its part of the `drafter` setting's help ("'ngram': prompt lookup")
+        # each drafter's label is its part of the `drafter` setting's help ("'ngram': prompt lookup"); another
+        # decoding's is its docstring's first sentence
         described = dict(part.split(": ", 1) for part in specs(TextSpeculation)["drafter"].help.split("; "))
         self.methods = [("auto: the fastest exact method here", "auto")] + [
-            (f"{m}: {described[repr(m)]}", m) for m in speculative]
+            (f"{m}: {described.get(repr(m)) or first_sentence(decodings('text')[m])}", m) for m in speculative]
         self.controls = self.text_controls()
 
     @staticmethod
@@ -58,10 +66,12 @@ class TextTab:
         return decoding_controls("text", fields_skipped=("drafter", "acceptance"))
 
     @staticmethod
-    def reads(control: Control, drafter: str) -> bool:
-        """Whether `drafter` reads the control's setting (auto: none, it chooses)."""
-        only = control.spec.only
-        return drafter != "auto" and (only is None or drafter in only["drafter"])
+    def reads(control: Control, method: str) -> bool:
+        """Whether `method` (a drafter, or a decoding's name) reads the control's setting (auto: none, it chooses)."""
+        if method in DRAFTERS:
+            only = control.spec.only
+            return control.owner == "speculative" and (only is None or method in only["drafter"])
+        return control.owner == method
 
     def build(self) -> None:
         gr.Markdown(

@@ -141,6 +141,10 @@ class Settings:
         """The names of the saved fields, in order: the settings and any other field that is not `runtime()`."""
         return [f.name for f in dataclasses.fields(cls) if not f.metadata.get(RUNTIME)]
 
+    def unsupplied(self) -> list[str]:
+        """The names of the `runtime()` fields still unset (what a caller has to supply before it runs)."""
+        return [f.name for f in dataclasses.fields(self) if f.metadata.get(RUNTIME) and getattr(self, f.name) is None]
+
     def reads(self, field: str) -> bool:
         """Whether this object reads setting `field` as it is set up (a setting `only` read under some values of
         another is not read under the others)."""

@@ -168,21 +168,22 @@ class TextSpeculation(TextDecoding):
 @register_decoding
 @dataclass(frozen=True)
 class TextDraftHeads(TextDecoding):
-    """Speculative decoding with a head on the target's own features: EAGLE (one decoder layer, chains of any length
-    or EAGLE-2's dynamic trees) or Hydra (sequentially dependent MLP heads, at most their number of tokens a round).
-    head: the head itself (pipelines supply the `kind` they ship: `eagle_head`, `hydra_head`; not saved)."""
+    """Speculative decoding with a draft head on the target's own features (EAGLE or Hydra). EAGLE: one decoder
+    layer, chains of any length or EAGLE-2's dynamic trees; Hydra: sequentially dependent MLP heads, at most their
+    number of tokens a round. head: the head itself (pipelines supply the `kind` they ship: `eagle_head`,
+    `hydra_head`; not saved)."""
 
     name: ClassVar[str] = "heads"
     kind: str = setting("eagle", "which head drafts: 'eagle' (one decoder layer over the target's features) or "
                         "'hydra' (sequentially dependent MLP heads)", choices=("eagle", "hydra"))
-    draft_length: int = setting(4, "tokens drafted per target forward (the tree's depth with tree_nodes > 0)", low=1)
-    tree_nodes: int = setting(0, "nodes of the head's dynamic tree (EAGLE-2: the most probable paths expanded), "
-                              "all scored in one target forward; 0 = a chain", low=0)
+    draft_length: int = setting(4, "tokens drafted per target forward (the tree's depth with tree_size > 0)", low=1)
+    tree_size: int = setting(0, "nodes of the head's dynamic tree (EAGLE-2: the most probable paths expanded), all "
+                             "scored in one target forward; 0 = a chain", low=0)
     acceptance: AcceptanceRule = Exact()
     head: Any = runtime()
 
     def check(self) -> None:
-        if self.tree_nodes and not self.acceptance.lossless:
+        if self.tree_size and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chains; trees are verified by exact rules")
 
     def make_drafter(self, target: Any):
@@ -191,15 +192,15 @@ class TextDraftHeads(TextDecoding):
         if self.head is None:
             raise ValueError(f"decoding='heads' needs a draft head: load a pipeline that has a {self.kind}_head, or "
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}>")
-        if self.tree_nodes:
-            return HeadTreeDrafter(target, self.head, TreeShape(nodes=self.tree_nodes, depth=self.draft_length))
+        if self.tree_size:
+            return HeadTreeDrafter(target, self.head, TreeShape(nodes=self.tree_size, depth=self.draft_length))
         return HeadDrafter(target, self.head)
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):
         """`speculative_generate` with this head's drafter (`draft` is not read)."""
         from mmspec.text.generate import speculative_generate
 
-        if not self.tree_nodes:
+        if not self.tree_size:
             options["draft_length"] = self.draft_length
         return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target),
                                     acceptance=self.acceptance, **options)

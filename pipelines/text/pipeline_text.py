@@ -128,12 +128,14 @@ class SpeculativeTextPipeline(MMSpecPipeline):
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The drafters this pipeline can run, and "ar" (`"model"` and `"tree"` need a draft, `"layerskip"` an exit
-        layer in the target's config)."""
+        """The drafters this pipeline can run, "heads" where it has an EAGLE head (the default kind), and "ar"
+        (`"model"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config)."""
         unavailable = {"model", "tree"} if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
-        return tuple(m for m in (*DRAFTERS, "ar") if m not in unavailable)
+        if self.eagle_head is None:
+            unavailable.add("heads")
+        return tuple(m for m in (*DRAFTERS, "heads", "ar") if m not in unavailable)
 
     @property
     def decoding_policy(self) -> TextDecodingPolicy:

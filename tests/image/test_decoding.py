@@ -69,9 +69,9 @@ def test_cfg_off_runs_no_unconditional_rows():
 
 def test_get_decoding_names_the_choices():
     assert isinstance(get_decoding("ar"), AR)
-    assert set(decodings("image")) == {"ar", "sjd", "draft", "pjd"}
+    assert set(decodings("image")) == {"ar", "sjd", "draft", "heads", "pjd"}
     for name in ("jacobi", "auto"):  # "auto" is a pipeline's choice, not a component
-        with pytest.raises(ValueError, match=r"decoding must be one of \('ar', 'sjd', 'draft', 'pjd'\)"):
+        with pytest.raises(ValueError, match=r"decoding must be one of \('ar', 'sjd', 'draft', 'heads', 'pjd'\)"):
             get_decoding(name)
     with pytest.raises(ValueError, match=r"'ar'.*does not take \['window'\]"):
         get_decoding("ar", window=4)

@@ -152,7 +152,7 @@ def test_sampling_is_reproducible_per_generator(pipe):
 
 
 def test_clear_errors(pipe):
-    with pytest.raises(ValueError, match=r"decoding must be one of \('auto', 'ar', 'speculative', 'model'"):
+    with pytest.raises(ValueError, match=r"decoding must be one of \('auto', 'ar', 'speculative', 'heads', 'model'"):
         pipe("x = 1", decoding="beam")
     with pytest.raises(ValueError, match="not both"):
         pipe("x = 1", decoding="ngram", method="ngram")
