@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from mmspec.core.head_drafting import FeatureTap
 from mmspec.models.heads import HEAD_KINDS, EagleHead, HydraHead
-from mmspec.zoo import ZOO_DIR, resolve_model
+from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model
 from mmspec.zoo.training import save_stage, train_loop
 
 logger = logging.getLogger(__name__)
@@ -49,10 +49,8 @@ class TextTeacher:
 
     positions_kind = "1d"
 
-    def __init__(self, name: str):
-        from mmspec.zoo import load_causal_lm
-
-        self.model, self.tokenizer = load_causal_lm(name)
+    def __init__(self, model, tokenizer=None):
+        self.model, self.tokenizer = model, tokenizer
         self.model.requires_grad_(False)
         self.embedding, self.lm_head = self.model.get_input_embeddings(), self.model.get_output_embeddings()
         self.tap = FeatureTap.of(self.lm_head)
@@ -316,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--held-out ({args.held_out}) must be below --samples ({args.samples})")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    teacher = ImageTeacher(args.target) if image else TextTeacher(args.target)
+    teacher = ImageTeacher(args.target) if image else TextTeacher(*load_causal_lm(args.target))
     name = path.name if path.name != "target" else path.parent.name
     work = Path(args.work_dir or Path.home() / ".cache" / "mmspec" / "train_heads" / name)
     work.mkdir(parents=True, exist_ok=True)

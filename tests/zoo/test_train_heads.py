@@ -1,0 +1,87 @@
+"""The head trainer: its unrolled training steps give the laws drafting gives (EAGLE's training-time test, Hydra's
+heads), on the same prefix, so what is trained is what drafts; and the command runs end to end on the embedded
+target (a few samples and steps) and writes the held-out metrics beside the heads."""
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from mmspec.core.head_drafting import HeadProposer
+from mmspec.models.heads import EagleHead, HydraHead
+from mmspec.text import speculative_generate
+from mmspec.text.head_drafters import HeadDrafter
+from mmspec.zoo import train_heads
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=256)
+    return LlamaForCausalLM(config).eval()
+
+
+def drafted_laws(target, head, prompt, monkeypatch):
+    """(sequence [1, T], [(last committed absolute position, q [2, V] of the round's two drafts, drafts [2])])."""
+    rounds = []
+    chain = HeadProposer.chain
+
+    def recording(self, seq, committed, *args, **kwargs):
+        draft = chain(self, seq, committed, *args, **kwargs)
+        rounds.append((int(committed[0]), draft.q[0].clone(), draft.tokens[0].clone()))
+        return draft
+
+    monkeypatch.setattr(HeadProposer, "chain", recording)
+    out, _ = speculative_generate(target, prompt, drafter=HeadDrafter(target, head), max_new_tokens=24,
+                                  temperature=1.0, draft_length=2, generator=torch.Generator().manual_seed(0))
+    P = prompt.shape[1]
+    return out, [(P - 2 + c, q, d) for c, q, d in rounds]  # model view c - 1 sits at absolute P - 1 + c - 1
+
+
+@pytest.mark.parametrize("kind", ["eagle", "hydra"])
+def test_training_steps_give_the_drafting_laws(tiny_llama, kind, monkeypatch):
+    torch.manual_seed(1)
+    head = (EagleHead(feature_size=32, vocab_size=32, n_head=4, ffn_hidden=48) if kind == "eagle" else
+            HydraHead(feature_size=32, vocab_size=32, num_heads=2, hidden=48)).eval()
+    prompt = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(2))
+    sequence, rounds = drafted_laws(tiny_llama, head, prompt, monkeypatch)
+    teacher = train_heads.TextTeacher(tiny_llama)
+    batch = teacher.pairs(sequence)
+    with torch.no_grad():
+        if kind == "eagle":
+            predictions = train_heads.eagle_steps(head, batch, unroll=1, noise=0.0)
+            laws = [head.logits(hidden).softmax(-1)[0] for hidden in predictions]  # step s, column i
+        else:
+            predictions = train_heads.hydra_steps(head, batch, noise=0.0)
+            laws = [head.logits(hidden).softmax(-1)[0] for hidden in predictions]  # head k, column i
+    checked_second = 0
+    for last, q, drafts in rounds:
+        column = last - 1  # the pair of the last committed token
+        torch.testing.assert_close(q[0], laws[0][column], atol=1e-5, rtol=1e-4)
+        if last + 1 < sequence.shape[1] and sequence[0, last + 1] == drafts[0]:  # the first draft was kept
+            # EAGLE: step 1 reads its step-0 prediction at the column before; Hydra: head 1 at the same root
+            torch.testing.assert_close(q[1], laws[1][column + 1 if kind == "eagle" else column], atol=1e-5,
+                                       rtol=1e-4)
+            checked_second += 1
+    assert len(rounds) > 3 and checked_second > 0
+
+
+def test_the_command_trains_and_saves_both_heads(tmp_path):
+    train_heads.main(["--target", "pycode/target", "--samples", "6", "--held-out", "2", "--new-tokens", "8",
+                      "--sample-batch", "3", "--steps", "1", "--batch-size", "2", "--out-dir", str(tmp_path / "out"),
+                      "--work-dir", str(tmp_path / "work")])
+    for kind, head_class, depths in (("eagle", EagleHead, 3), ("hydra", HydraHead, 4)):
+        folder = tmp_path / "out" / f"{kind}_head"
+        metrics = json.loads((folder / "training_metrics.json").read_text())
+        assert len(metrics["held_out_alpha_by_depth"]) == depths
+        assert all(0 < a <= 1 for a in metrics["held_out_alpha_by_depth"])
+        head_class.from_pretrained(folder)
+
+
+def test_bad_arguments_fail_before_any_model_loads(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_heads.main(["--target", "pycode/target", "--held-out", "10", "--samples", "10"])
+    assert exit_info.value.code == 2
+    assert "--held-out (10) must be below --samples (10)" in capsys.readouterr().err
