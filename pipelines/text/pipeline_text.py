@@ -123,7 +123,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                 found = (Path(head) / "config.json").is_file()
                 if not found and f"{kind}_head" in kwargs:
                     raise ValueError(f"{kind}_head: no saved head in {head}")
-                kwargs[f"{kind}_head"] = head_class.from_pretrained(head).float() if found else None
+                kwargs[f"{kind}_head"] = head_class.from_pretrained(head).to(target.dtype) if found else None
         return cls(target, tokenizer, **kwargs)
 
     @property
