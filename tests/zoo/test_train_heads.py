@@ -6,21 +6,13 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmspec.core.head_drafting import HeadProposer
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
 from mmspec.text.head_drafters import HeadDrafter
 from mmspec.zoo import train_heads
-
-
-@pytest.fixture(scope="module")
-def tiny_llama():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=256)
-    return LlamaForCausalLM(config).eval()
+from tests.text.test_head_drafters import tiny_llama  # noqa: F401  (the fixture)
 
 
 def drafted_laws(target, head, prompt, monkeypatch):
@@ -41,10 +33,10 @@ def drafted_laws(target, head, prompt, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["eagle", "hydra"])
-def test_training_steps_give_the_drafting_laws(tiny_llama, kind, monkeypatch):
+def test_training_steps_give_the_drafting_laws(tiny_llama, kind, monkeypatch):  # noqa: F811
     torch.manual_seed(1)
-    head = (EagleHead(feature_size=32, vocab_size=32, n_head=4, ffn_hidden=48) if kind == "eagle" else
-            HydraHead(feature_size=32, vocab_size=32, num_heads=2, hidden=48)).eval()
+    head = (EagleHead(feature_size=32, vocab_size=64, n_head=4, ffn_hidden=48) if kind == "eagle" else
+            HydraHead(feature_size=32, vocab_size=64, num_heads=2, hidden=48)).eval()
     prompt = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(2))
     sequence, rounds = drafted_laws(tiny_llama, head, prompt, monkeypatch)
     teacher = train_heads.TextTeacher(tiny_llama)
