@@ -30,7 +30,7 @@ from mmspec.core.registry import decodings, rules
 from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
-from mmspec.text.methods import TextSpeculation
+from mmspec.text.methods import TextDraftHeads, TextSpeculation
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")  # what `mmspec generate --out` writes
@@ -236,10 +236,12 @@ def check_text_decoding(args) -> dict:
     by name ("heads"), "ar", or "auto" (the settings narrow its candidates to the drafters that read them)."""
     settings, flats = given_settings(args, "text", skip=("drafter",))
     drafters = specs(TextSpeculation)["drafter"].choices
+    auto_reads = set(specs(TextSpeculation)) | TextDraftHeads.auto_settings
     for name in settings:
         readers = text_readers(name)
-        if args.method not in (*readers, "auto"):
-            raise UsageError(f"{flag(name)} applies to --method {' / '.join(readers)} (or auto) only")
+        if args.method not in readers and (args.method != "auto" or name not in auto_reads):
+            auto = " (or auto)" if name in auto_reads else ""
+            raise UsageError(f"{flag(name)} applies to --method {' / '.join(readers)}{auto} only")
     if args.acceptance is not None and args.method == "ar":
         raise UsageError("--acceptance applies to a drafter's --method (or auto) only")
     if args.method == "auto" and args.acceptance not in (None, "exact"):

@@ -39,7 +39,7 @@ def table_rows() -> list[tuple[str, str, tuple[str, ...]]]:
     return rows
 
 
-# two more rows of the same kind that the README's table (at its length limit) leaves out
+# more rows of the same kind that the README's table (at its length limit) leaves out
 TREE_ROWS = [('mmspec text "x = 1" --method tree --draft-length 3',
               "mmspec text: error: --draft-length applies to --method model / ngram / layerskip / heads (or auto) "
               "only", ()),
@@ -48,6 +48,8 @@ TREE_ROWS = [('mmspec text "x = 1" --method tree --draft-length 3',
                "tree rules"), ()),
              ("mmspec generate x --decoding draft --tree-width 2 --tree-depth 3",
               "mmspec generate: error: --tree-depth applies to --decoding sjd only", ()),
+             ('mmspec text "x = 1" --kind hydra',  # auto runs the EAGLE head's chain, it cannot pick the kind
+              "mmspec text: error: --kind applies to --method heads only", ()),
              ("mmspec generate x --decoding pjd --tree-width 2",
               "mmspec generate: error: --tree-width applies to --decoding sjd / draft / heads only", ())]
 ROWS = table_rows()

@@ -174,6 +174,7 @@ class TextDraftHeads(TextDecoding):
     `hydra_head`; not saved)."""
 
     name: ClassVar[str] = "heads"
+    auto_settings: ClassVar[frozenset] = frozenset({"draft_length", "acceptance"})  # what `"auto"` passes it
     kind: str = setting("eagle", "which head drafts: 'eagle' (one decoder layer over the target's features) or "
                         "'hydra' (sequentially dependent MLP heads)", choices=("eagle", "hydra"))
     draft_length: int = setting(4, "tokens drafted per target forward (the tree's depth with tree_size > 0)", low=1)

@@ -6,17 +6,21 @@
 
 1. Samples: the target continues prompts at temperature 1 (text: `--prompts`, a file or a folder of .txt files with
    one prompt a line, else 32-token windows of the code corpus; images: captions, `--prompts` or the shapes world's
-   training captions, decoded with the pipeline's own guidance). They are kept in `--work-dir` and reused.
+   training captions, decoded with the pipeline's own guidance). They are kept in `--work-dir` and reused; a run
+   asking for more `--samples` than are kept generates only the rest.
 2. Training: each batch of samples is re-read by the frozen target (teacher forcing), which gives every position's
    feature (the input of its LM head) and law p (both classifier-free-guidance rows for images). A head is trained on
    soft cross-entropy to p plus `--feature-weight` x SmoothL1 to the target's features, with uniform noise of
-   `--noise` on the features it reads (they are its own predictions when it drafts):
+   `--noise` on the features it reads (they are its own predictions when it drafts), and for images plus the soft
+   cross-entropy of its guided law to the target's guided law (the law decoding accepts against; guidance
+   multiplies the rows' errors):
    - EAGLE: unrolled `--unroll` extra steps (EAGLE-3's training-time test), step s reading its own step s - 1
      predictions and attending to the true pairs before the drafted span plus its own diagonal, as drafting at depth
      s + 1 does; step losses weighted 0.8^s.
    - Hydra: every head k on every position at once (head k reads the true tokens after the root).
 3. Held-out acceptance on samples kept out of training: per depth, alpha = E[sum min(p, q)] (the acceptance of a
-   sampled draft at T = 1) and the top-1 agreement (greedy), written to `training_metrics.json` beside the head.
+   sampled draft at T = 1) and the top-1 agreement (greedy), and for images the guided laws' alpha, written to
+   `training_metrics.json` beside the head.
 
 The heads are saved as `eagle_head/` and `hydra_head/` in `--out-dir` (default: the target's pipeline folder,
 `pycode/` or `shapes/` for the embedded ones), where the pipelines load them. Checkpoints in `--work-dir` let an
@@ -26,10 +30,10 @@ interrupted run resume.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +46,22 @@ from mmspec.zoo.training import save_stage, train_loop
 
 logger = logging.getLogger(__name__)
 DEPTH_DECAY = 0.8  # EAGLE-3's weight of unrolled step s: 0.8^s
+CAPTION_POOL = 8192  # the shapes world's training captions image samples are drawn for
+
+
+class Pairs(NamedTuple):
+    """A teacher-forced batch of R rows and L pairs (x_{j+1}, f_j). tokens [R, L]; features [R, L, d]: the target's
+    feature before each token; target_features [R, L, d]: the feature after it (what the head predicts); laws
+    [R, L, V]: the target's law of the next token; positions [R, L]; guided_laws [R / 2, L, V] or None: images only,
+    the law the decoding samples, classifier-free guidance over the conditional rows [0, R/2) and their
+    unconditional twins [R/2, R)."""
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    target_features: torch.Tensor
+    laws: torch.Tensor
+    positions: torch.Tensor
+    guided_laws: torch.Tensor | None = None
 
 
 class TextTeacher:
@@ -83,14 +103,12 @@ class TextTeacher:
         return out
 
     @torch.no_grad()
-    def pairs(self, samples: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(tokens [R, L], features before them [R, L, d], target features [R, L, d], target laws [R, L, V],
-        positions [R, L]) of the pairs (x_{j+1}, f_j)."""
+    def pairs(self, samples: torch.Tensor) -> Pairs:
         logits = self.model(input_ids=samples).logits.float()
         f = self.tap.features.float()
         T = samples.shape[1]
-        return (samples[:, 1:], f[:, :-1], f[:, 1:], logits[:, 1:].softmax(-1),
-                torch.arange(1, T).expand(samples.shape[0], -1))
+        return Pairs(samples[:, 1:], f[:, :-1], f[:, 1:], logits[:, 1:].softmax(-1),
+                     torch.arange(1, T).expand(samples.shape[0], -1))
 
 
 class ImageTeacher:
@@ -111,16 +129,18 @@ class ImageTeacher:
         c = transformer.config
         self.feature_size, self.vocab_size, self.n_head = c.dim, c.vocab_size, c.n_head
         self.ffn_hidden, self.grid_size = transformer.layers[0].feed_forward.w1.out_features, c.grid_size
+        self.guidance_scale = self.pipe.default_guidance_scale
         self.captions: list[str] = []
 
     def prompts(self, path: str | None, n: int, generator: torch.Generator) -> torch.Tensor:
-        """Caption indices [n]: the user's captions, or the shapes world's training captions."""
+        """Caption indices [n] into `self.captions`: the user's captions, or the captions of the shapes world's first
+        `CAPTION_POOL` training scenes (a fixed list, so that the caption indices of kept samples stay valid)."""
         if path is not None:
             self.captions = read_prompts(path)
         else:
             from mmspec.zoo.shapes import scene
 
-            self.captions = [scene(i, "train", 8)[1] for i in range(n)]
+            self.captions = [scene(i, "train", 8)[1] for i in range(CAPTION_POOL)]
         return torch.randint(0, len(self.captions), (n,), generator=generator)
 
     @torch.no_grad()
@@ -130,7 +150,7 @@ class ImageTeacher:
         return torch.cat([prompts[:, None], tokens.cpu()], 1)  # the caption index, then the image tokens
 
     @torch.no_grad()
-    def pairs(self, samples: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def pairs(self, samples: torch.Tensor) -> Pairs:
         captions, tokens = [self.captions[i] for i in samples[:, 0].tolist()], samples[:, 1:]
         condition = self.pipe.encode_prompt(captions)
         B, N = tokens.shape
@@ -140,8 +160,16 @@ class ImageTeacher:
         drop = torch.arange(2 * B) >= B  # the unconditional twins
         logits = self.transformer(rows, states, mask, drop)  # column i: the law of token i
         f = self.tap.features.float()  # column i: the feature before token i
-        return (rows[:, :-1], f[:, :-1], f[:, 1:], logits[:, 1:].softmax(-1),
-                torch.arange(N - 1).expand(2 * B, -1))
+        logits = logits[:, 1:].float()
+        return Pairs(rows[:, :-1], f[:, :-1], f[:, 1:], logits.softmax(-1), torch.arange(N - 1).expand(2 * B, -1),
+                     guided(logits, self.guidance_scale).softmax(-1))
+
+
+def guided(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """[R / 2, ..., V]: the guided logits of the conditional rows (the first half of [R, ..., V]) and their
+    unconditional twins, combined as the decoding combines them (`mmspec.core.probs`)."""
+    conditional, unconditional = logits.chunk(2)
+    return unconditional + (conditional - unconditional) * scale
 
 
 def read_prompts(path: str) -> list[str]:
@@ -170,9 +198,9 @@ def soft_cross_entropy(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return -(p * logits.log_softmax(-1)).sum(-1)
 
 
-def eagle_steps(head: EagleHead, batch: tuple, unroll: int, noise: float):
+def eagle_steps(head: EagleHead, batch: Pairs, unroll: int, noise: float):
     """The head's predictions [R, L, d] at each unrolled step 0 .. unroll (step s valid from column s on)."""
-    tokens, features, _, _, positions = batch
+    tokens, features, positions = batch.tokens, batch.features, batch.positions
     R, L = tokens.shape
     c = head.config
     if noise:
@@ -194,23 +222,28 @@ def eagle_steps(head: EagleHead, batch: tuple, unroll: int, noise: float):
     return outputs
 
 
-def hydra_steps(head: HydraHead, batch: tuple, noise: float):
+def hydra_steps(head: HydraHead, batch: Pairs, noise: float):
     """Head k's predictions [R, L - k, d] (column i: root = the feature before token i, then tokens i .. i + k)."""
-    tokens, features, _, _, _ = batch
+    tokens, features = batch.tokens, batch.features
     if noise:
         features = features + noise * (2 * torch.rand_like(features) - 1)
     L = tokens.shape[1]
     return [head(features[:, : L - k], tokens.unfold(1, k + 1, 1)) for k in range(head.num_heads)]
 
 
-def depth_losses(head, batch, predictions, feature_weight: float) -> list[torch.Tensor]:
+def depth_losses(head, batch: Pairs, predictions, feature_weight: float, guidance_scale: float | None = None
+                 ) -> list[torch.Tensor]:
     """Per depth d (index of `predictions`): the mean soft CE to the target's law plus `feature_weight` x SmoothL1
-    to its feature, over the columns that depth predicts."""
-    _, _, target_features, p, _ = batch
+    to its feature, over the columns that depth predicts. With guidance (images), plus the soft CE of the head's
+    guided law to the target's: the law that decoding accepts against, where guidance multiplies the rows' errors."""
     losses = []
     for d, hidden in enumerate(aligned(head, predictions)):
-        ce = soft_cross_entropy(p[:, d:], head.logits(hidden)).mean()
-        losses.append(ce + feature_weight * F.smooth_l1_loss(hidden.float(), target_features[:, d:]))
+        logits = head.logits(hidden)
+        loss = soft_cross_entropy(batch.laws[:, d:], logits).mean()
+        loss = loss + feature_weight * F.smooth_l1_loss(hidden.float(), batch.target_features[:, d:])
+        if batch.guided_laws is not None:
+            loss = loss + soft_cross_entropy(batch.guided_laws[:, d:], guided(logits, guidance_scale)).mean()
+        losses.append(loss)
     return losses
 
 
@@ -231,42 +264,43 @@ def predictions_of(head, batch, args, training: bool):
 
 @torch.no_grad()
 def held_out_metrics(head, teacher, samples: torch.Tensor, args) -> dict:
-    """Per depth: alpha (E sum min(p, q), T = 1) and top-1 agreement, on held-out samples."""
+    """Per depth, on held-out samples: alpha (E sum min(p, q), the acceptance of a draft sampled at T = 1) and the
+    top-1 agreement (greedy), per cache row; for images also alpha of the guided laws, which decoding sees."""
     head.eval()
-    alpha, top1, count = None, None, 0
+    sums = []
     for start in range(0, len(samples), args.batch_size):
         batch = teacher.pairs(samples[start : start + args.batch_size])
-        predictions = predictions_of(head, batch, args, training=False)
-        p = batch[3]
         rows = []
-        for d, hidden in enumerate(aligned(head, predictions)):
-            q, pd = head.logits(hidden).softmax(-1), p[:, d:]
-            rows.append((torch.minimum(pd, q).sum(-1).mean().item(),
-                         (pd.argmax(-1) == q.argmax(-1)).float().mean().item()))
-        a, t = torch.tensor(rows).T
-        alpha = a if alpha is None else alpha + a
-        top1 = t if top1 is None else top1 + t
-        count += 1
-    return {"held_out_alpha_by_depth": [round(x, 4) for x in (alpha / count).tolist()],
-            "held_out_top1_by_depth": [round(x, 4) for x in (top1 / count).tolist()],
+        for d, hidden in enumerate(aligned(head, predictions_of(head, batch, args, training=False))):
+            logits, p = head.logits(hidden).float(), batch.laws[:, d:]
+            row = [torch.minimum(p, logits.softmax(-1)).sum(-1).mean(),
+                   (p.argmax(-1) == logits.argmax(-1)).float().mean()]
+            if batch.guided_laws is not None:
+                q = guided(logits, teacher.guidance_scale).softmax(-1)
+                row.append(torch.minimum(batch.guided_laws[:, d:], q).sum(-1).mean())
+            rows.append(row)
+        sums.append(torch.tensor(rows))
+    means = torch.stack(sums).mean(0).T.tolist()  # [metric][depth]
+    names = ("held_out_alpha_by_depth", "held_out_top1_by_depth", "held_out_guided_alpha_by_depth")
+    return {**{name: [round(x, 4) for x in values] for name, values in zip(names, means)},
             "held_out_samples": len(samples)}
 
 
 def load_samples(teacher, args, work: Path) -> torch.Tensor:
-    """The target's samples, generated once (in batches, with a progress bar) and kept in the work folder."""
+    """`args.samples` target samples, kept in the work folder: generated in batches (with a progress bar, saved after
+    each), and topped up when a later run asks for more than are kept (the ones kept are reused, the new ones come
+    last, so they hold the held-out samples)."""
     path = work / "samples.pt"
-    if path.exists():
-        return torch.load(path)
-    generator = torch.Generator().manual_seed(args.seed)
+    kept = torch.load(path) if path.exists() else None
+    have = 0 if kept is None else len(kept)
+    generator = torch.Generator().manual_seed(args.seed + have)
     prompts = teacher.prompts(args.prompts, args.samples, generator)
-    batches = []
-    for start in tqdm(range(0, args.samples, args.sample_batch), desc="target samples"):
-        batches.append(teacher.sample(prompts[start : start + args.sample_batch], args.new_tokens, generator))
-    samples = torch.cat(batches)
-    torch.save(samples, path)
-    if isinstance(teacher, ImageTeacher):
-        (work / "captions.json").write_text(json.dumps(teacher.captions))
-    return samples
+    batches = [] if kept is None else [kept]
+    for start in tqdm(range(have, args.samples, args.sample_batch), desc="target samples"):
+        stop = min(start + args.sample_batch, args.samples)
+        batches.append(teacher.sample(prompts[start:stop], args.new_tokens, generator))
+        torch.save(torch.cat(batches), path)
+    return torch.cat(batches)[: args.samples]
 
 
 def default_out_dir(target: str) -> Path:
@@ -320,8 +354,6 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     samples = load_samples(teacher, args, work)
-    if image and not teacher.captions:
-        teacher.captions = json.loads((work / "captions.json").read_text())
     sampling_seconds = time.perf_counter() - started
     train, held_out = samples[: -args.held_out], samples[-args.held_out :]
     out_dir = Path(args.out_dir) if args.out_dir else default_out_dir(args.target)
@@ -336,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
         def loss(model, batch_samples):
             batch = teacher.pairs(batch_samples)
             losses = depth_losses(model, batch, predictions_of(model, batch, args, training=True),
-                                  args.feature_weight)
+                                  args.feature_weight, getattr(teacher, "guidance_scale", None))
             total = sum(DEPTH_DECAY**d * x for d, x in enumerate(losses))
             return total, losses[0]
 

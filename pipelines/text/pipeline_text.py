@@ -20,11 +20,12 @@ from mmspec.core.capture import StepGraphs
 from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
+from mmspec.core.settings import specs
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS
-from mmspec.text.methods import TextSpeculation
+from mmspec.text.methods import TextDraftHeads, TextSpeculation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
 
@@ -123,7 +124,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                 found = (Path(head) / "config.json").is_file()
                 if not found and f"{kind}_head" in kwargs:
                     raise ValueError(f"{kind}_head: no saved head in {head}")
-                kwargs[f"{kind}_head"] = head_class.from_pretrained(head).to(target.dtype) if found else None
+                kwargs[f"{kind}_head"] = head_class.from_pretrained(head, torch_dtype=target.dtype) if found else None
         return cls(target, tokenizer, **kwargs)
 
     @property
@@ -158,10 +159,11 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         return component_from(value, self.modality, names=("auto", "ar", "speculative", "heads", *DRAFTERS), **settings)
 
     def auto_candidates(self, settings: dict) -> dict[str, DecodingComponent]:
-        """What `"auto"` chooses between: `AR()` and every chain drafter of `methods` that reads all of `settings` (a
-        setting only some drafters read narrows the choice to them). Tree drafters are named, not auto-chosen: a tree
-        forward scores 30 tokens, which only pays where that forward is nearly free (a GPU), and auto's first call
-        would time them everywhere."""
+        """What `"auto"` chooses between: `AR()`, every chain drafter of `methods` that reads all of `settings` (a
+        setting only some drafters read narrows the choice to them), and the EAGLE head's chain where the pipeline
+        has one and the settings are its own. Tree drafters are named, not auto-chosen: a tree forward scores 16 to
+        30 tokens, which only pays where that forward is nearly free (a GPU), and auto's first call would time them
+        everywhere."""
         given = {key: value for key, value in settings.items() if value is not None}
         if "drafter" in given:
             raise ValueError("decoding='auto' chooses the drafter; name decoding='speculative' to give drafter=")
@@ -169,12 +171,20 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         if not acceptance.lossless:
             raise ValueError(f"decoding='auto' chooses among the exact decodings; name the decoding to use "
                              f"acceptance={acceptance.name!r}")
-        drafters = [m for m in self.methods if m in CHAIN_DRAFTERS and TextSpeculation.accepts(m, given)]
-        if not drafters and set(given) - {"acceptance"}:
+        speculation = set(given) <= set(specs(TextSpeculation))
+        candidates = {m: TextSpeculation(drafter=m, **given) for m in self.methods
+                      if m in CHAIN_DRAFTERS and speculation and TextSpeculation.accepts(m, given)}
+        if "heads" in self.methods and set(given) <= TextDraftHeads.auto_settings:
+            candidates["heads"] = TextDraftHeads(**given)
+        if not candidates and set(given) - {"acceptance"}:
             raise ValueError(f"decoding='auto': no drafter of this pipeline ({', '.join(self.methods)}) takes "
                              f"{sorted(given)}")
-        return {"ar": component_from("ar", self.modality),
-                **{m: TextSpeculation(drafter=m, **given) for m in drafters}}
+        return {"ar": component_from("ar", self.modality), **candidates}
+
+    @property
+    def measured_modules(self) -> dict[str, torch.nn.Module | None]:
+        """The modules whose identity keys `"auto"`'s cached timings."""
+        return {"target": self.target, "draft": self.draft, "eagle_head": self.eagle_head}
 
     def check_inputs(self, prompt) -> list[str]:
         prompts = [prompt] if isinstance(prompt, str) else prompt

@@ -1,17 +1,17 @@
 """`decoding="auto"` of `SpeculativeTextPipeline`: the fastest exact method for the models, device, batch size and
 sampling mode at hand — measured, not guessed.
 
-Text drafters cost different things: a draft model its own forwards, layer skip a share of the target's, prompt
-lookup nothing — but it pays only on text that repeats its context — and every speculative step scores L + 1
-positions where AR scores one, with Python bookkeeping that a small model does not hide. Which one wins depends on
-the machine and the text, so the policy times each drafter the pipeline offers (and AR, the target's own `generate`)
-on the caller's prompts for `CALIBRATION_TOKENS` new tokens, once per models, device, batch size, greedy or
-sampled decoding and settings, keeps the tokens per second on disk (`mmspec.core.measured.MeasurementCache`) and
-picks the fastest; a speculative method must beat AR by `MARGIN`, else AR runs. The tokens per second of each run it chose
-then join that method's figure (the mean of the calibration and the last runs), so a method that stops paying on
-the caller's text loses its place once the choice is reconsidered: a choice holds for its batch size and sampling mode
-for the life of the policy (one per pipeline), so a seed gives the same completion on every call, until
-`reconsider()` or `remeasure()`.
+Text drafters cost different things: a draft model its own forwards, layer skip a share of the target's, an EAGLE
+head one decoder layer, prompt lookup nothing — but it pays only on text that repeats its context — and every
+speculative step scores L + 1 positions where AR scores one, with Python bookkeeping that a small model does not hide.
+Which one wins depends on the machine and the text, so the policy times each drafter the pipeline offers (and AR, the
+target's own `generate`) on the caller's prompts for `CALIBRATION_TOKENS` new tokens, once per models, device, batch
+size, greedy or sampled decoding and settings, keeps the tokens per second on disk
+(`mmspec.core.measured.MeasurementCache`) and picks the fastest; a speculative method must beat AR by `MARGIN`, else
+AR runs. The tokens per second of each run it chose then join that method's figure (the mean of the calibration and
+the last runs), so a method that stops paying on the caller's text loses its place once the choice is reconsidered: a
+choice holds for its batch size and sampling mode for the life of the policy (one per pipeline), so a seed gives the
+same completion on every call, until `reconsider()` or `remeasure()`.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class TextDecodingPolicy:
     def rates(self, pipe, prompts: list[str], candidates: dict[str, DecodingComponent],
               sampling: dict) -> tuple[dict[str, float], bool]:
         """(tokens per second per candidate, whether they were measured now rather than read from the cache)."""
-        model_print = modules_fingerprint({"target": pipe.target, "draft": pipe.draft})
+        model_print = modules_fingerprint(pipe.measured_modules)
         device_print = device_fingerprint(pipe.target.device)
         key = self.key(len(prompts), sampling["temperature"], candidates)
         saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)

@@ -10,6 +10,7 @@ from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_f
 from mmspec.pipelines.text import SpeculativeTextPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.methods import AR as TextAR
+from mmspec.text.methods import TextDraftHeads
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
 
 PROMPTS = ["def fibonacci(n):\n"]
@@ -31,17 +32,19 @@ def candidates(pipe):
 def policy_with_rates(tmp_path, pipe, candidates, rates: dict[str, float]) -> TextDecodingPolicy:
     cache = MeasurementCache("text_methods", tmp_path)
     policy = TextDecodingPolicy(cache=cache)
-    cache.put(modules_fingerprint({"target": pipe.target, "draft": pipe.draft}), device_fingerprint(
+    cache.put(modules_fingerprint(pipe.measured_modules), device_fingerprint(
         torch.device("cpu")), policy.key(1, 0.0, candidates), rates)
     return policy
 
 
 def test_candidates_are_ar_and_the_drafters_that_read_the_settings(pipe, candidates):
     assert candidates == {"ar": TextAR(), "model": TextSpeculation(drafter="model"),
-                          "ngram": TextSpeculation(drafter="ngram"), "layerskip": TextSpeculation(drafter="layerskip")}
+                          "ngram": TextSpeculation(drafter="ngram"), "layerskip": TextSpeculation(drafter="layerskip"),
+                          "heads": TextDraftHeads(kind="eagle")}
     assert {"tree", "stand"} <= set(pipe.methods)  # named, not auto-chosen
     assert set(pipe.auto_candidates({"max_ngram": 4})) == {"ar", "ngram"}  # only prompt lookup reads it
-    assert pipe.auto_candidates({"draft_length": 6})["model"].draft_length == 6
+    longer = pipe.auto_candidates({"draft_length": 6})
+    assert longer["model"].draft_length == longer["heads"].draft_length == 6
     with pytest.raises(ValueError, match="name the decoding to use acceptance='typical'"):
         pipe.auto_candidates({"acceptance": "typical"})
     with pytest.raises(ValueError, match="chooses the drafter"):
@@ -84,7 +87,7 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
     assert again.rates(pipe, PROMPTS, candidates, SAMPLING)[1] is True
     elsewhere = {**device_fingerprint(torch.device("cpu")), "name": "another CPU"}
     other = MeasurementCache("text_methods", tmp_path / "other")
-    model_print = modules_fingerprint({"target": pipe.target, "draft": pipe.draft})
+    model_print = modules_fingerprint(pipe.measured_modules)
     other.put(model_print, elsewhere, again.key(1, 0.0, candidates), {m: 1e9 for m in candidates})
     assert TextDecodingPolicy(cache=other, calibration_tokens=8).rates(pipe, PROMPTS, candidates, SAMPLING)[1] is True
 
