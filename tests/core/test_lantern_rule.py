@@ -112,6 +112,16 @@ def test_per_candidate_tv_is_the_moved_mass_within_budget(setting):
                 assert relaxed[x] <= setting["lam"] * p[x] + 1e-12
 
 
+@pytest.mark.parametrize("setting", SETTINGS, ids=str)
+def test_g_star_by_its_definition_is_the_exact_residual(setting):
+    """G* = norm(max(p - min(q, p(A(.))), 0)) built from every token's neighbourhood mass equals the residual the
+    rule draws from (the exact one: p(A(y)) >= p(y) leaves no term where q > p)."""
+    rule = relaxation(23, **setting)
+    for p, q in law_pairs(12, seed=5):
+        by_definition = residual_law(p[None], q.minimum(relaxed_mass(p, torch.arange(V), rule)[0])[None])
+        assert torch.allclose(relaxed_residual(p[None], q[None], rule), by_definition, atol=1e-15, rtol=0)
+
+
 @pytest.mark.parametrize("limit", [dict(k=0, delta=0.5), dict(k=23, delta=0.0), dict(k=23, lam=1.0)], ids=str)
 def test_lossless_limits_are_the_exact_rule(limit):
     rule = Relaxation(NEIGHBOURS, **limit)

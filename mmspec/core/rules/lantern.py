@@ -5,9 +5,10 @@ Visual AR models spread probability over many interchangeable codes, so the exac
 x is scored with the target mass of A(x): x plus the longest prefix of its nearest codebook neighbours whose summed
 mass stays within the budget (delta, and/or (lam - 1) p(x)); accept with f(x) = min(1, p(A(x))/q(x)); at a
 rejection draw from Cool-SD's residual G* = norm(max(p - q f, 0)) (Li et al., AAAI 2026, arXiv 2601.09212), which is
-the least-distorting one. Not the official code's residual, which zeroes all k + 1 nearest codes and adds distortion.
-What the budget guarantees is per candidate: TV(p, p with A(x) moved onto x) <= delta. The emitted law pi is NOT
-within delta of p; with G*, exactly
+the least-distorting one and, since p(A(x)) >= p(x), equals the exact rule's residual norm(max(p - q, 0)). Not the
+official code's residual, which zeroes all k + 1 nearest codes and adds distortion. What the budget guarantees is
+per candidate: TV(p, p with A(x) moved onto x) <= delta. The emitted law pi is NOT within delta of p; with G*,
+exactly
 
     TV(pi, p) = sum_x [min(q(x), p(A(x))) - p(x)]_+ = alpha_relaxed - alpha_exact <= min(TV(p, q), sum_x N(x)),
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 DEFAULT_DELTA = 0.1  # the official CLI's --lantern_delta, used when neither delta nor lam is given
 DEFAULT_K_MAX = 1000  # the official CLI's --lantern_k: k defaults to min(it, V - 1)
-RELAXED_MASS_CHUNK = 1 << 22  # elements of the [B, V, k] neighbour-mass tensor built at once for the G* residual
 
 
 def check_relaxation(k: int, delta: float | None, lam: float | None, V: int | None = None) -> None:
@@ -159,16 +159,11 @@ def relaxed_mass(p: torch.Tensor, tokens: torch.Tensor, relaxation: Relaxation) 
 def relaxed_residual(p: torch.Tensor, q: torch.Tensor, relaxation: Relaxation) -> torch.Tensor:
     """Cool-SD's G* = norm(max(p - q f, 0)) with f(y) = min(1, p(A(y))/q(y)): p, q [B, V] -> [B, V].
 
-    q f = min(q, p(A(.))), computed that way so that lossless settings give exactly `residual_law(p, q)`. p(A(y)) is
-    needed for every y, built in vocabulary chunks of at most RELAXED_MASS_CHUNK neighbour entries.
+    G* is the exact rule's residual norm(max(p - q, 0)) whatever the neighbourhoods (`relaxation` changes how often a
+    draft is accepted, not what a rejection draws): q f = min(q, p(A(y))) with p(A(y)) >= p(y), so where q <= p,
+    q f = q, and where q > p, q f >= p and the term is 0. No [B, V, k] neighbour masses are needed.
     """
-    import torch
-
-    B, V = p.shape
-    chunk = max(1, RELAXED_MASS_CHUNK // max(1, B * relaxation.k))
-    tokens = torch.arange(V, device=p.device).expand(B, V)
-    mass = torch.cat([relaxed_mass(p, part, relaxation)[0] for part in tokens.split(chunk, dim=1)], 1)
-    return residual_law(p, q.minimum(mass))
+    return residual_law(p, q)
 
 
 def verify_lantern(p: torch.Tensor, draft: Draft, generator: Generators, relaxation: Relaxation) -> VerifyResult:
