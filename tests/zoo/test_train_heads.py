@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mmspec.core.head_drafting import HeadProposer
+from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
 from mmspec.text.head_drafters import HeadDrafter
@@ -70,6 +71,21 @@ def test_the_command_trains_and_saves_both_heads(tmp_path):
         assert len(metrics["held_out_alpha_by_depth"]) == depths
         assert all(0 < a <= 1 for a in metrics["held_out_alpha_by_depth"])
         head_class.from_pretrained(folder)
+    kept = torch.load(tmp_path / "work" / "samples.pt")
+    train_heads.main(["--target", "pycode/target", "--kinds", "hydra", "--samples", "8", "--held-out", "2",
+                      "--new-tokens", "8", "--sample-batch", "3", "--steps", "1", "--batch-size", "2", "--out-dir",
+                      str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")])
+    topped_up = torch.load(tmp_path / "work" / "samples.pt")
+    assert topped_up.shape[0] == 8 and torch.equal(topped_up[:6], kept)  # kept ones reused, two more drawn
+
+
+def test_the_guided_law_trained_is_the_law_decoding_samples():
+    """The image trainer's guided law (its loss and held-out alpha) is the decoding's processed CFG law."""
+    g = torch.Generator().manual_seed(0)
+    conditional, unconditional = torch.randn(2, 3, 5, 16, generator=g)
+    decoded = process_logits(conditional, SamplingConfig(guidance_scale=3.0), unconditional)
+    trained = train_heads.guided(torch.cat([conditional, unconditional]), 3.0).softmax(-1)
+    torch.testing.assert_close(trained, decoded)
 
 
 def test_bad_arguments_fail_before_any_model_loads(tmp_path, capsys):
