@@ -53,12 +53,20 @@ class FeatureTap:
         return tap
 
 
+def check_draft_depth(head: Any, depth: int, argument: str, unit: str = "tokens") -> None:
+    """Raise a `ValueError` naming `argument` when `head` cannot draft `depth` tokens a round, a chain's `tokens` or
+    a tree's `levels` (a Hydra head drafts at most its number of heads; an EAGLE head any number)."""
+    limit = getattr(head, "num_heads", None)
+    if limit is not None and depth > limit:
+        raise ValueError(f"{argument}: this Hydra head drafts at most {limit} {unit}, got {depth}")
+
+
 class HeadProposer:
     """Drafts chains and trees with a head `session` (`mmspec.models.heads.HeadSession`) for B rows, from the
     features `tap` caught of the target's forwards. After `prefill`, each `chain` / `tree` call is one round."""
 
-    def __init__(self, session: Any, tap: FeatureTap, batch_size: int, device: torch.device, max_depth: int | None):
-        self.session, self.tap, self.max_depth = session, tap, max_depth
+    def __init__(self, session: Any, tap: FeatureTap, batch_size: int, device: torch.device):
+        self.session, self.tap = session, tap
         self.kept = torch.ones(batch_size, dtype=torch.long, device=device)  # model-view tokens read with features
         self.forwards = 0  # head calls of the rounds so far (the stats' draft_forwards)
         # the last tree's (tokens, parent, real) [B, N] and depth: its accepted path's features are read next round
@@ -81,10 +89,6 @@ class HeadProposer:
         if self.last_tree is not None:
             self.last_tree = tuple(x[index] for x in self.last_tree)
         self.selected = index if self.selected is None else self.selected[index]
-
-    def _check_depth(self, depth: int) -> None:
-        if self.max_depth is not None and depth > self.max_depth:
-            raise ValueError(f"this head drafts at most {self.max_depth} tokens a round; asked for {depth}")
 
     def _root(self, seq: torch.Tensor, committed: torch.Tensor) -> Logits:
         """Catch up with the tokens committed since the last round; the law after each row's last one [B, 1, V]."""
@@ -126,7 +130,6 @@ class HeadProposer:
         """`length` (G) draft tokens after each row's committed tokens seq[b, :committed[b]] (seq: [B, S] long,
         committed: [B] long), token i drawn from its law with the i-th of G uniforms per row; budget: [B] long,
         the drafts each row wants (default G; the draft's `lengths`)."""
-        self._check_depth(length)
         B, device = committed.shape[0], committed.device
         root = self._root(seq, committed)
         self.last_tree = None
@@ -152,7 +155,6 @@ class HeadProposer:
              sampling: SamplingConfig, generator: Generators) -> DraftTree:
         """A tree of `shape` after each row's committed tokens (seq, committed as in `chain`). At temperature 0 the
         children are the top tokens of the temperature-1 law (deterministic)."""
-        self._check_depth(shape.depth)
         B = committed.shape[0]
         root = self._root(seq, committed)
         self.session.begin_round(committed, seq.shape[1])

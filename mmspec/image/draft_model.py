@@ -116,7 +116,7 @@ class HeadStep(DraftStep):
         B, cfg = first.shape[0], self.sampling.guidance_scale != 1.0
         rows = 2 * B if cfg else B
         session = head.session(rows, self.rows.seq.shape[1] + decoding.forward_width + 2, B, cfg, first.device)
-        proposer = HeadProposer(session, tap, B, first.device, getattr(head, "num_heads", None))
+        proposer = HeadProposer(session, tap, B, first.device)
         proposer.prefill(session.rows(first[:, None]), tap.features[:, -1:],
                          torch.zeros(rows, 1, dtype=torch.long, device=first.device),
                          torch.ones(rows, 1, dtype=torch.bool, device=first.device))

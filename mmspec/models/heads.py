@@ -31,8 +31,6 @@ from mmspec.adapters.causal_lm import CFGRows
 from mmspec.core.model import Logits
 from mmspec.models.llamagen.gpt import TransformerBlock, rope_table_2d
 
-HEAD_KINDS = ("eagle", "hydra")
-
 
 class TargetReadout:
     """The target's frozen token embedding and LM head, shared with a head (never saved with it)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.core.head_drafting import FeatureTap, HeadProposer
+from mmspec.core.head_drafting import FeatureTap, HeadProposer, check_draft_depth
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 from mmspec.text.drafters import ChainDrafter, text_law
@@ -62,12 +62,8 @@ class WithHead:
         nodes = getattr(getattr(self, "shape", None), "nodes", rows.lookahead)
         session = self.head.session(B, tokens.shape[1] + rows.seq.shape[1] + nodes + 2, B, False, device)
         session.offsets = n.clone()
-        self.proposer = HeadProposer(session, self.tap, B, device, self.max_depth)
+        self.proposer = HeadProposer(session, self.tap, B, device)
         self.proposer.prefill(tokens, features, positions, valid)
-
-    @property
-    def max_depth(self) -> int | None:
-        return getattr(self.head, "num_heads", None)
 
     def select(self, index: torch.Tensor) -> None:
         self.proposer.select(index)
@@ -85,9 +81,7 @@ class HeadDrafter(WithHead, ChainDrafter):
 
     def schedule(self, draft_length):
         schedule = super().schedule(draft_length)
-        if self.max_depth is not None and schedule.max_length > self.max_depth:
-            raise ValueError(f"draft_length: this Hydra head drafts at most {self.max_depth} tokens, got "
-                             f"{schedule.max_length}")
+        check_draft_depth(self.head, schedule.max_length, "draft_length")
         return schedule
 
     @torch.no_grad()
@@ -105,8 +99,7 @@ class HeadTreeDrafter(WithHead, TreeDrafter):
         if not isinstance(shape, TreeShape):
             raise TypeError(f"shape must be a TreeShape, got {type(shape).__name__}")
         self.attach(target, head)
-        if self.max_depth is not None and shape.depth > self.max_depth:
-            raise ValueError(f"shape: this Hydra head drafts at most {self.max_depth} levels, got depth {shape.depth}")
+        check_draft_depth(self.head, shape.depth, "shape.depth", "levels")
         self.shape = shape
 
     @torch.no_grad()

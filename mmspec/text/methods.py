@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmspec.core.component import DecodingComponent
+from mmspec.core.head_kinds import HEAD_KINDS
 from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
@@ -176,7 +177,7 @@ class TextDraftHeads(TextDecoding):
     name: ClassVar[str] = "heads"
     auto_settings: ClassVar[frozenset] = frozenset({"draft_length", "acceptance"})  # what `"auto"` passes it
     kind: str = setting("eagle", "which head drafts: 'eagle' (one decoder layer over the target's features) or "
-                        "'hydra' (sequentially dependent MLP heads)", choices=("eagle", "hydra"))
+                        "'hydra' (sequentially dependent MLP heads)", choices=HEAD_KINDS)
     draft_length: int = setting(4, "tokens drafted per target forward (the tree's depth with tree_size > 0)", low=1)
     tree_size: int = setting(0, "nodes of the head's dynamic tree (EAGLE-2: the most probable paths expanded), all "
                              "scored in one target forward; 0 = a chain", low=0)

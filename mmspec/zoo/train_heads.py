@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mmspec.core.head_drafting import FeatureTap
-from mmspec.models.heads import HEAD_KINDS, EagleHead, HydraHead
+from mmspec.core.head_kinds import HEAD_KINDS
+from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model
 from mmspec.zoo.training import save_stage, train_loop
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mmspec.core.head_kinds import HEAD_KINDS
 from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting
 from mmspec.image.methods.base import DraftedTree, ImageDecoding
-
-HEAD_KINDS = ("eagle", "hydra")  # the heads a pipeline ships (`eagle_head`, `hydra_head`)
 
 
 @register_decoding
@@ -43,9 +42,9 @@ class DraftHeads(DraftedTree, ImageDecoding):
         if self.head is None:
             raise ValueError(f"decoding='heads' needs a draft head: load a pipeline that has a {self.kind}_head, or "
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}> to DraftHeads")
-        limit = getattr(self.head, "num_heads", None)
-        if limit is not None and self.draft_length > limit:
-            raise ValueError(f"draft_length: this Hydra head drafts at most {limit} tokens, got {self.draft_length}")
+        from mmspec.core.head_drafting import FeatureTap, check_draft_depth
+
+        check_draft_depth(self.head, self.draft_length, "draft_length")
         if self.head.config.vocab_size != model.vocab_size:
             raise ValueError(f"the head was trained for {self.head.config.vocab_size} image tokens; the target has "
                              f"{model.vocab_size}")
@@ -53,8 +52,6 @@ class DraftHeads(DraftedTree, ImageDecoding):
             raise ValueError("decoding='heads' reads the target's features from eager forwards: run it with the "
                              "CUDA graphs off (pipe.disable_cuda_graphs())")
         super().check_model(model)
-        from mmspec.core.head_drafting import FeatureTap
-
         FeatureTap.of(model.feature_readout()[1])  # before the prefill, whose features the head starts from
 
     def step(self, model, opening, sampling, generator, stats):
