@@ -244,8 +244,8 @@ class ARImagePipeline(MMSpecPipeline):
                 `draft_transformer`) or `AR()` (one token per target forward) — or its name (`decoding="sjd"`).
                 `stats.law` says whether a decoding kept the model's law. `"auto"` is the fastest exact decoding for
                 this model, device and batch size: SJD at the window (or with the frontier tree) a measured cost
-                curve favours, or plain AR when none pays (`mmspec.image.policy`; `stats.chosen_by` says what it
-                chose and why).
+                curve favours, the pipeline's EAGLE head's chain where it pays more, or plain AR when none pays
+                (`mmspec.image.policy`; `stats.chosen_by` says what it chose and why).
             **decoding_settings: the settings of the named decoding as keyword arguments (`decoding="sjd",
                 window=8`), or, without a name, of the pipeline's own component; the acceptance rule
                 (`acceptance=Lantern(k=100, delta=0.1)`, or a registered rule's name with its settings spelled flat:
@@ -273,7 +273,8 @@ class ARImagePipeline(MMSpecPipeline):
         batch_size = len(prompts) * repeat
         choice = None
         if isinstance(decoding, str):  # "auto": the policy chooses now that the condition is encoded
-            choice = self.decoding_policy.choose(adapter, condition, batch_size, sampling)
+            choice = self.decoding_policy.choose(adapter, condition, batch_size, sampling,
+                                                 getattr(self, "eagle_head", None))
             decoding = choice.decoding
         decoder = self.with_drafter(decoding)
 

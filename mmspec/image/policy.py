@@ -25,7 +25,12 @@ policy predicts the seconds of one batch of B images decoded with window W as
 
 The candidates are SJD's chain at every window of `WINDOWS` and SJD-PAC's frontier trees of `TREES` (window W, K
 candidates at D draft positions: one forward scores its T nodes, so its cost is the curve's at T tokens, interpolated
-between measured windows; its compression c is measured like the chains', `tree_compression` in the prior file).
+between measured windows; its compression c is measured like the chains', `tree_compression` in the prior file), and,
+where the pipeline has an EAGLE head with a measured acceptance (its config's `acceptance`, which `train_heads`
+writes), the head's exact chains of `HEAD_LENGTHS` drafts (`HeadChain`): their c follows from the head's held-out
+acceptance per depth (`head_compression`), scaled by what this pipeline's head runs reached, and their iteration
+cost holds the head's drafting, measured on their own step like the rest. A model with captured steps has none: a
+head reads the target's features from eager forwards.
 It picks the candidate of least T and runs it when that is predicted at least `MARGIN` times faster than AR, else AR.
 A choice, once made, holds for that batch size and CFG setting for the life of the policy (one per pipeline), so a
 seed gives the same image on every call; what later runs reach changes the choices made after `reconsider()` (or
@@ -34,10 +39,12 @@ seed gives the same image on every call; what later runs reach changes the choic
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +63,13 @@ from mmspec.core.stats import SpecStats
 from mmspec.image.loop import open_decoding, step_graphs, step_key
 from mmspec.image.methods.ar import AR
 from mmspec.image.methods.base import ImageDecoding
+from mmspec.image.methods.heads import DraftHeads
 from mmspec.image.methods.sjd import SJD
 from mmspec.image.protocol import DiscreteImageModel
 
 WINDOWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows the policy considers (AR is W = 1)
 TREES = ((8, 2, 2), (16, 2, 2), (32, 2, 2))  # the frontier trees it considers: (window, tree_width, tree_depth)
+HEAD_LENGTHS = (1, 2, 3, 4)  # the draft head chains it considers: drafts per round
 MARGIN = 1.1  # predicted speedup SJD must reach to be chosen (the prediction's own error, within 20 % measured)
 HISTORY = 32  # runs the acceptance estimate averages over
 REPEATS = 5  # timed forwards per window (after one untimed), their median is the cost
@@ -70,13 +79,65 @@ SJD_SETTINGS = {"init": "horizontal", "coupling": "maximal"}  # the exact SJD mo
 
 @dataclass(frozen=True)
 class Choice:
-    """What `DecodingPolicy.choose` picked: the decoding, its window (1 = AR), the predicted speedup over AR, and a
-    one-line reason for the stats table."""
+    """What `DecodingPolicy.choose` picked: the decoding, its window (1 = AR; a head's chain: the tokens its forward
+    scores per row), the predicted speedup over AR, a one-line reason for the stats table, and the candidate it ran
+    as (None for AR)."""
 
     decoding: ImageDecoding
     window: int
     predicted_speedup: float
     reason: str
+    candidate: int | tuple[int, int, int] | HeadChain | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class HeadChain:
+    """A policy candidate: exact drafting with the pipeline's EAGLE `head`, `length` drafts a round (`DraftHeads`);
+    `acceptance`: the head's held-out acceptance per draft depth for the sampling at hand (the deepest measured one
+    stands for the depths past it)."""
+
+    head: torch.nn.Module
+    length: int
+    acceptance: tuple[float, ...]
+
+    @property
+    def name(self) -> str:
+        """Its key in the cached measurements, with the head's identity (the model's keys the cache itself)."""
+        return f"eagle L{self.length} {head_digest(self.head)}"
+
+    def decoding(self) -> DraftHeads:
+        return DraftHeads(kind="eagle", draft_length=self.length, head=self.head)
+
+
+def head_digest(head: torch.nn.Module) -> str:
+    """Eight hex digits identifying a head's class, config, size, dtype and device."""
+    described = json.dumps(modules_fingerprint({"head": head}), sort_keys=True)
+    return hashlib.sha256(described.encode()).hexdigest()[:8]
+
+
+def head_compression(acceptance: Sequence[float], length: int) -> float:
+    """Expected tokens per target forward of a chain of `length` drafts whose draft at depth d is accepted with
+    probability acceptance[d - 1] once those before it were (the last value past the list): the expected accepted
+    prefix, 1 + a_1 + a_1 a_2 + ..., counting the token the target adds."""
+    expected, survive = 1.0, 1.0
+    for depth in range(length):
+        survive *= acceptance[min(depth, len(acceptance) - 1)]
+        expected += survive
+    return expected
+
+
+def head_acceptance(head: torch.nn.Module | None, model: DiscreteImageModel,
+                    sampling: SamplingConfig) -> tuple[float, ...] | None:
+    """The acceptance per depth an EAGLE head's config records for this sampling (its guided laws' under
+    classifier-free guidance), or None where it records none or cannot draft for `model` (another vocabulary, a model
+    that hands out no features)."""
+    recorded = None if head is None else getattr(head.config, "acceptance", None)
+    if not recorded or head.config.vocab_size != model.vocab_size:
+        return None
+    if "features" not in getattr(model, "capabilities", ()):
+        return None
+    guided = sampling.guidance_scale != 1.0 and recorded.get("guided_by_depth")
+    return tuple(guided or recorded["by_depth"])
 
 
 def model_fingerprint(model: DiscreteImageModel) -> dict:
@@ -128,6 +189,7 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
     overheads = {"prefill": measure_prefill(model, condition, sampling, repeats)}
     for candidate in candidates:
         decoding = candidate_decoding(candidate)
+        decoding.check_model(model)  # as a decoding's run does (a head taps the target's features here)
         stats = SpecStats()
         opening = open_decoding(model, condition, sampling, None, stats, decoding.max_window, decoding)
         rows = opening.first_token.shape[0]
@@ -181,8 +243,10 @@ def measure_prefill(model: DiscreteImageModel, condition, sampling: SamplingConf
                           repeats, warmup=1)
 
 
-def candidate_name(candidate: int | tuple[int, int, int]) -> str:
-    """A candidate's key in the cached overheads: "W", or "WxKxD" for a frontier tree."""
+def candidate_name(candidate: int | tuple[int, int, int] | HeadChain) -> str:
+    """A candidate's key in the cached overheads: "W", "WxKxD" for a frontier tree, `HeadChain.name` for a head's."""
+    if isinstance(candidate, HeadChain):
+        return candidate.name
     return tree_key(candidate) if isinstance(candidate, tuple) else str(candidate)
 
 
@@ -205,8 +269,10 @@ def load_tree_prior(path: Path = PRIOR_FILE) -> dict[int, dict[tuple[int, int, i
             for B, row in saved.items()}
 
 
-def candidate_decoding(candidate: int | tuple[int, int, int]) -> ImageDecoding:
-    """What a measured candidate runs: AR for 1, else `candidate_sjd`."""
+def candidate_decoding(candidate: int | tuple[int, int, int] | HeadChain) -> ImageDecoding:
+    """What a measured candidate runs: AR for 1, a head's chain, else `candidate_sjd`."""
+    if isinstance(candidate, HeadChain):
+        return candidate.decoding()
     return AR() if candidate == 1 else candidate_sjd(candidate)
 
 
@@ -254,8 +320,9 @@ class DecodingPolicy:
         self.prior = prior if prior is not None else load_prior()
         self.tree_prior = tree_prior if tree_prior is not None else load_tree_prior()
         self.windows, self.margin = tuple(windows), margin
-        # observed / prior excess compression (c - 1) of the last runs auto chose SJD for
+        # observed / prior excess compression (c - 1) of the last runs auto chose SJD for, and a head's chain for
         self.history: deque[float] = deque(maxlen=HISTORY)
+        self.head_history: deque[float] = deque(maxlen=HISTORY)
         self._fresh: set[str] = set()  # curve keys measured since the last remeasure()
         self._remeasure = False
         self._choices: dict[str, Choice] = {}  # (model, batch size, CFG) -> the choice that holds for them
@@ -320,9 +387,13 @@ class DecodingPolicy:
         self._fresh.add(key)
         return seconds, True
 
-    def prior_compression(self, window: int | tuple[int, int, int], batch_size: int) -> float:
+    def prior_compression(self, window: int | tuple[int, int, int] | HeadChain, batch_size: int) -> float:
         """c(W, B) of the embedded model: the prior at the smallest measured batch size >= B (the largest if none),
-        linear in W between measured windows; for a frontier tree (W, K, D), its own measured c."""
+        linear in W between measured windows; for a frontier tree (W, K, D), its own measured c; for a head's chain,
+        what the head's acceptance gives at batch 1 (a batch's slowest row sets its pace: the runs' own record
+        corrects that)."""
+        if isinstance(window, HeadChain):
+            return head_compression(window.acceptance, window.length)
         row = prior_row(self.tree_prior if isinstance(window, tuple) else self.prior, batch_size)
         if window in row or isinstance(window, tuple):
             return row[window]
@@ -332,42 +403,59 @@ class DecodingPolicy:
             return row[below]
         return row[below] + (row[above] - row[below]) * (window - below) / (above - below)
 
-    def compression(self, window: int | tuple[int, int, int], batch_size: int) -> float:
+    def compression(self, window: int | tuple[int, int, int] | HeadChain, batch_size: int) -> float:
         """Predicted c(W, B): the prior's excess over AR scaled by the mean observed / prior ratio of this pipeline's
-        runs, and at most W (a tree's window)."""
-        scale = statistics.fmean(self.history) if self.history else 1.0
-        W = window[0] if isinstance(window, tuple) else window
+        runs of its kind (SJD's, the head's), and at most W (a tree's window, a chain's drafts and one)."""
+        history = self.head_history if isinstance(window, HeadChain) else self.history
+        scale = statistics.fmean(history) if history else 1.0
+        if isinstance(window, HeadChain):
+            W = window.length + 1
+        else:
+            W = window[0] if isinstance(window, tuple) else window
         return min(float(W), 1.0 + (self.prior_compression(window, batch_size) - 1.0) * scale)
 
     def trees(self, batch_size: int) -> list[tuple[int, int, int]]:
         """The frontier trees with a prior at this batch size's row."""
         return sorted(prior_row(self.tree_prior, batch_size)) if self.tree_prior else []
 
-    def choose(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig) -> Choice:
-        key = json.dumps([model_fingerprint(model), self.curve_key(batch_size, sampling)], sort_keys=True)
+    def choose(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
+               head: torch.nn.Module | None = None) -> Choice:
+        """The choice for this model, batch size and CFG setting (and the pipeline's EAGLE `head`, if any): made by
+        `predict` on first call, the same one after."""
+        key = json.dumps([model_fingerprint(model), self.curve_key(batch_size, sampling),
+                          head and head_digest(head)], sort_keys=True)
         if key not in self._choices:
-            self._choices[key] = self.predict(model, condition, batch_size, sampling)
+            self._choices[key] = self.predict(model, condition, batch_size, sampling, head)
         return self._choices[key]
 
-    def predict(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig) -> Choice:
+    def head_chains(self, model: DiscreteImageModel, head: torch.nn.Module | None,
+                    sampling: SamplingConfig) -> list[HeadChain]:
+        """The head's chains of `HEAD_LENGTHS` drafts, where it records its acceptance and can draft for `model`
+        eagerly (none on a model with captured steps)."""
+        acceptance = head_acceptance(head, model, sampling)
+        if acceptance is None or step_graphs(model) is not None:
+            return []
+        return [HeadChain(head, length, acceptance) for length in HEAD_LENGTHS]
+
+    def predict(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
+                head: torch.nn.Module | None = None) -> Choice:
         """The decoding of least predicted time for this model, device, batch size and CFG setting, now."""
         N = model.grid[0] * model.grid[1]
         trees = self.trees(batch_size) if "tree" in getattr(model, "capabilities", ()) else []
-        candidates = {c: candidate_sjd(c) for c in (*self.windows, *trees)}
+        candidates = {c: candidate_decoding(c) for c in (*self.windows, *trees, *self.head_chains(model, head,
+                                                                                                     sampling))}
         iteration, prefill, measured = self.iteration_costs(model, condition, batch_size, sampling, candidates)
         seconds = {c: prefill + N / self.compression(c, batch_size) * iteration[c] for c in candidates}
         best = min(seconds, key=seconds.get)
         decoding, speedup = candidates[best], (prefill + N * iteration[1]) / seconds[best]
         source = "measured now" if measured else "cached"
-        name = f"sjd window {decoding.window}"
-        if decoding.tree:
-            name += f" with a {decoding.tree_width} x {decoding.tree_depth} frontier tree"
+        name = describe(decoding)
         if speedup >= self.margin:
             replayed = ", replayed from graphs" if step_graphs(model) is not None else ""
             reason = (f"auto: {name} predicted {speedup:.2f}x AR at batch {batch_size} (an iteration with its "
                       f"{decoding.forward_width}-token forward costs {iteration[best] / iteration[1]:.1f} AR steps "
                       f"here{replayed}, cost curve {source})")
-            return Choice(decoding, decoding.window, speedup, reason)
+            return Choice(decoding, getattr(decoding, "window", decoding.forward_width), speedup, reason, best)
         reason = (f"auto: ar, no window pays at batch {batch_size} (best: {name} predicted "
                   f"{speedup:.2f}x < {self.margin}x; cost curve {source})")
         return Choice(AR(), 1, 1.0, reason)
@@ -382,18 +470,27 @@ class DecodingPolicy:
             return ({c: replayed[candidate_name(c)] for c in (1, *candidates)}, replayed["prefill"], measured)
         curve, measured = self.cost_curve(model, condition, batch_size, sampling)
         outside = self.overheads(model, condition, batch_size, sampling, (1, *candidates))
-        widths = {1: 1, **{c: sjd.forward_width for c, sjd in candidates.items()}}  # of each one's forward
+        widths = {1: 1, **{c: decoding.forward_width for c, decoding in candidates.items()}}  # of each one's forward
         iteration = {c: cost_at(curve, width) + outside[candidate_name(c)] for c, width in widths.items()}
         return iteration, outside["prefill"], measured
 
     def record(self, choice: Choice, batch_size: int, stats) -> None:
         """Fold the observed step compression of a finished run of `choice` into the acceptance estimate."""
-        if choice.window == 1:
+        if choice.candidate is None:
             return
-        sjd = choice.decoding
-        candidate = (sjd.window, sjd.tree_width, sjd.tree_depth) if sjd.tree else sjd.window
         observed = float(stats.new_tokens.max()) / max(1, stats.target_forwards - stats.prefill_forwards)
-        self.history.append(max(0.0, observed - 1.0) / (self.prior_compression(candidate, batch_size) - 1.0))
+        history = self.head_history if isinstance(choice.candidate, HeadChain) else self.history
+        history.append(max(0.0, observed - 1.0) / (self.prior_compression(choice.candidate, batch_size) - 1.0))
+
+
+def describe(decoding: ImageDecoding) -> str:
+    """A candidate's name in a choice's reason: "sjd window 16 with a 2 x 2 frontier tree", "eagle head, 2 drafts"."""
+    if isinstance(decoding, DraftHeads):
+        return f"{decoding.kind} head, {decoding.draft_length} drafts a round"
+    name = f"sjd window {decoding.window}"
+    if decoding.tree:
+        name += f" with a {decoding.tree_width} x {decoding.tree_depth} frontier tree"
+    return name
 
 
 def model_device(model: DiscreteImageModel) -> torch.device:

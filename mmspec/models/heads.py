@@ -47,8 +47,13 @@ class TargetReadout:
         # plain attributes, not submodules: the target's weights are neither trained nor saved with the head
         self.__dict__["embedding"], self.__dict__["lm_head"] = embedding, lm_head
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype of the head's own weights (read off one: `ModelMixin.dtype` walks them all, on every draft)."""
+        return next(self.parameters()).dtype
+
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.embedding(tokens, self.embedding.weight).to(self.dtype)
+        return F.embedding(tokens, self.embedding.weight).to(self.weight_dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Predicted features [..., d] -> float32 logits [..., V] through the target's LM head (called as a function,
@@ -62,16 +67,22 @@ class EagleHead(TargetReadout, ModelMixin, ConfigMixin):
 
     feature_size: the target's feature width d; vocab_size: its vocabulary; n_head: attention heads of the layer;
     ffn_hidden: its SwiGLU width; positions: "1d" (text, rotary over `max_positions`) or "2d" (images, the
-    `grid_size` x `grid_size` grid's table, as LlamaGen's)."""
+    `grid_size` x `grid_size` grid's table, as LlamaGen's); acceptance: what `mmspec.zoo.train_heads` measured on
+    held-out target samples, {"by_depth": [a_1, a_2, ...]} and for an image head "guided_by_depth" (the guided laws',
+    which decoding accepts against) at "guidance_scale", with a_d = E[sum_x min(p, q)] the probability that a draft
+    drawn from the head's law q at depth d is accepted against the target's p; the image pipelines'
+    `decoding="auto"` predicts the head's chains from it; feature_sampling: FSPAD's feature sampling (Gui et al.
+    2024, arXiv 2408.15562), as we read it: the feature alone does not say which token was drawn from its law, so the
+    fused input also holds the feature sampled by that token's embedding, FC([E(x); f; E(x) * f])."""
 
     @register_to_config
     def __init__(self, feature_size: int = 192, vocab_size: int = 4096, n_head: int = 6, ffn_hidden: int = 512,
                  norm_eps: float = 1e-6, positions: str = "1d", max_positions: int = 2048, grid_size: int = 16,
-                 rope_base: float = 10000.0):
+                 rope_base: float = 10000.0, acceptance: dict | None = None, feature_sampling: bool = False):
         super().__init__()
         if positions not in ("1d", "2d"):
             raise ValueError(f"positions must be '1d' or '2d', got {positions!r}")
-        self.fc = nn.Linear(2 * feature_size, feature_size)
+        self.fc = nn.Linear((3 if feature_sampling else 2) * feature_size, feature_size)
         self.layer = TransformerBlock(feature_size, n_head, n_head, ffn_hidden, norm_eps, 0.0, 0.0)
         head_dim = feature_size // n_head
         if positions == "2d":
@@ -88,7 +99,9 @@ class EagleHead(TargetReadout, ModelMixin, ConfigMixin):
         """Predicted features [R, W, d] of tokens [R, W], each paired with the feature before it (features
         [R, W, d]) at rotary `positions` [R, W]; mask [R, 1, W, S] bool; with `cache` (k, v [R, H, S, D]) the window
         is written at `slots` [R, W] first (training: no cache, S = W)."""
-        x = self.fc(torch.cat([self.embed(tokens), features.to(self.dtype)], -1))
+        embedded, features = self.embed(tokens), features.to(self.weight_dtype)
+        fused = [embedded, features, embedded * features] if self.config.feature_sampling else [embedded, features]
+        x = self.fc(torch.cat(fused, -1))
         rope = self.rope[positions.clamp(0, self.rope.shape[0] - 1)]
         return self.layer(x, rope, mask, cache, slots)
 
@@ -98,10 +111,11 @@ class EagleHead(TargetReadout, ModelMixin, ConfigMixin):
 
 class HydraHead(TargetReadout, ModelMixin, ConfigMixin):
     """Sequentially dependent MLP heads (see the module docstring). num_heads: the most tokens drafted a round;
-    hidden: each head's MLP width."""
+    hidden: each head's MLP width; acceptance: as `EagleHead`'s."""
 
     @register_to_config
-    def __init__(self, feature_size: int = 192, vocab_size: int = 4096, num_heads: int = 4, hidden: int = 512):
+    def __init__(self, feature_size: int = 192, vocab_size: int = 4096, num_heads: int = 4, hidden: int = 512,
+                 acceptance: dict | None = None):
         super().__init__()
         self.mlps = nn.ModuleList(
             nn.Sequential(nn.Linear((k + 2) * feature_size, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
@@ -119,7 +133,7 @@ class HydraHead(TargetReadout, ModelMixin, ConfigMixin):
         if not 0 <= k < self.num_heads:
             raise ValueError(f"a Hydra head of {self.num_heads} heads drafts 1 to {self.num_heads} tokens; asked for "
                              f"head {k}")
-        root = root.to(self.dtype)
+        root = root.to(self.weight_dtype)
         return root + self.mlps[k](torch.cat([root, self.embed(tokens).flatten(-2)], -1))
 
     def session(self, rows: int, capacity: int, batch_size: int, cfg: bool, device) -> HydraSession:

@@ -10,17 +10,19 @@
    asking for more `--samples` than are kept generates only the rest.
 2. Training: each batch of samples is re-read by the frozen target (teacher forcing), which gives every position's
    feature (the input of its LM head) and law p (both classifier-free-guidance rows for images). A head is trained on
-   soft cross-entropy to p plus `--feature-weight` x SmoothL1 to the target's features, with uniform noise of
-   `--noise` on the features it reads (they are its own predictions when it drafts), and for images plus the soft
-   cross-entropy of its guided law to the target's guided law (the law decoding accepts against; guidance
-   multiplies the rows' errors):
+   soft cross-entropy to p plus `--feature-weight` x SmoothL1 to the target's features (to their first
+   `--align-share` of dimensions: FSPAD's partial alignment, which leaves the rest free for the logits), with
+   uniform noise of `--noise` on the features it reads (they are its own predictions when it drafts), and for images
+   plus the soft cross-entropy of its guided law to the target's guided law (the law decoding accepts against;
+   guidance multiplies the rows' errors):
    - EAGLE: unrolled `--unroll` extra steps (EAGLE-3's training-time test), step s reading its own step s - 1
      predictions and attending to the true pairs before the drafted span plus its own diagonal, as drafting at depth
-     s + 1 does; step losses weighted 0.8^s.
+     s + 1 does; step losses weighted 0.8^s. `--feature-sampling`: FSPAD's input combiner (`EagleHead`).
    - Hydra: every head k on every position at once (head k reads the true tokens after the root).
 3. Held-out acceptance on samples kept out of training: per depth, alpha = E[sum min(p, q)] (the acceptance of a
    sampled draft at T = 1) and the top-1 agreement (greedy), and for images the guided laws' alpha, written to
-   `training_metrics.json` beside the head.
+   `training_metrics.json` beside the head; the alphas also go into the head's config (`acceptance`), from which
+   the image pipelines' `decoding="auto"` predicts what the head's chains reach.
 
 The heads are saved as `eagle_head/` and `hydra_head/` in `--out-dir` (default: the target's pipeline folder,
 `pycode/` or `shapes/` for the embedded ones), where the pipelines load them. Checkpoints in `--work-dir` let an
@@ -80,13 +82,16 @@ class TextTeacher:
         self.n_head, self.ffn_hidden = config.num_attention_heads, config.intermediate_size
 
     def prompts(self, path: str | None, n: int, generator: torch.Generator) -> torch.Tensor:
-        """[n, 32] prompt tokens: windows of the user's prompts or of the code corpus's training files."""
+        """[n, 32] prompt tokens: windows of the user's prompts, or of up to n of the code corpus's training files
+        drawn at random (over all of them: a head distilled from a few files' code accepts less elsewhere)."""
         if path is not None:
             texts = read_prompts(path)
         else:
             from mmspec.zoo.text_corpus import corpus_files, read_texts
 
-            texts = read_texts(corpus_files("train")[:400])
+            files = corpus_files("train")
+            picked = torch.randint(0, len(files), (n,), generator=generator).unique().tolist()
+            texts = read_texts([files[i] for i in picked])
         ids = [i for text in texts for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
         stream = torch.tensor(ids)
         if stream.numel() < 64:
@@ -185,13 +190,33 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def build_head(kind: str, teacher) -> torch.nn.Module:
+def build_head(kind: str, teacher, feature_sampling: bool = False) -> torch.nn.Module:
     if kind == "eagle":
         return EagleHead(feature_size=teacher.feature_size, vocab_size=teacher.vocab_size, n_head=teacher.n_head,
                          ffn_hidden=teacher.ffn_hidden, positions=teacher.positions_kind,
-                         grid_size=getattr(teacher, "grid_size", 16))
+                         grid_size=getattr(teacher, "grid_size", 16), feature_sampling=feature_sampling)
     return HydraHead(feature_size=teacher.feature_size, vocab_size=teacher.vocab_size, num_heads=4,
                      hidden=2 * teacher.feature_size)
+
+
+def start_from(head: torch.nn.Module, folder: Path) -> None:
+    """Load the weights of the head saved in `folder` into `head` (same kind and sizes). An EAGLE head with feature
+    sampling started from one without keeps the saved input weights and zero for the sampled feature's, so it starts
+    as the saved head."""
+    saved = type(head).from_pretrained(folder).float().state_dict()
+    own = head.state_dict()
+    if set(saved) != set(own):
+        raise ValueError(f"--init-from: {folder} holds another kind of head")
+    with torch.no_grad():
+        for name, value in saved.items():
+            target = own[name]
+            if name == "fc.weight" and target.shape[1] > value.shape[1] and target.shape[0] == value.shape[0]:
+                target.zero_()[:, : value.shape[1]] = value
+            elif target.shape != value.shape:
+                raise ValueError(f"--init-from: {folder}'s {name} is {tuple(value.shape)}, this head's "
+                                 f"{tuple(target.shape)}")
+            else:
+                target.copy_(value)
 
 
 def soft_cross_entropy(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -232,16 +257,19 @@ def hydra_steps(head: HydraHead, batch: Pairs, noise: float):
     return [head(features[:, : L - k], tokens.unfold(1, k + 1, 1)) for k in range(head.num_heads)]
 
 
-def depth_losses(head, batch: Pairs, predictions, feature_weight: float, guidance_scale: float | None = None
-                 ) -> list[torch.Tensor]:
+def depth_losses(head, batch: Pairs, predictions, feature_weight: float, guidance_scale: float | None = None,
+                 align_share: float = 1.0) -> list[torch.Tensor]:
     """Per depth d (index of `predictions`): the mean soft CE to the target's law plus `feature_weight` x SmoothL1
-    to its feature, over the columns that depth predicts. With guidance (images), plus the soft CE of the head's
-    guided law to the target's: the law that decoding accepts against, where guidance multiplies the rows' errors."""
+    to its feature's first `align_share` of dimensions (FSPAD's partial alignment below 1), over the columns that
+    depth predicts. With guidance (images), plus the soft CE of the head's guided law to the target's: the law that
+    decoding accepts against, where guidance multiplies the rows' errors."""
+    aligned_dims = max(1, round(align_share * batch.target_features.shape[-1]))
     losses = []
     for d, hidden in enumerate(aligned(head, predictions)):
         logits = head.logits(hidden)
         loss = soft_cross_entropy(batch.laws[:, d:], logits).mean()
-        loss = loss + feature_weight * F.smooth_l1_loss(hidden.float(), batch.target_features[:, d:])
+        loss = loss + feature_weight * F.smooth_l1_loss(hidden[..., :aligned_dims].float(),
+                                                        batch.target_features[:, d:, :aligned_dims])
         if batch.guided_laws is not None:
             loss = loss + soft_cross_entropy(batch.guided_laws[:, d:], guided(logits, guidance_scale)).mean()
         losses.append(loss)
@@ -287,6 +315,14 @@ def held_out_metrics(head, teacher, samples: torch.Tensor, args) -> dict:
             "held_out_samples": len(samples)}
 
 
+def recorded_acceptance(metrics: dict, guidance_scale: float | None) -> dict:
+    """The held-out acceptance a head's config keeps (`EagleHead`'s `acceptance`), from `held_out_metrics`."""
+    recorded = {"by_depth": metrics["held_out_alpha_by_depth"]}
+    if guidance_scale is not None:
+        recorded.update(guided_by_depth=metrics["held_out_guided_alpha_by_depth"], guidance_scale=guidance_scale)
+    return recorded
+
+
 def load_samples(teacher, args, work: Path) -> torch.Tensor:
     """`args.samples` target samples, kept in the work folder: generated in batches (with a progress bar, saved after
     each), and topped up when a later run asks for more than are kept (the ones kept are reused, the new ones come
@@ -328,6 +364,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--unroll", type=int, default=2, help="EAGLE: unrolled drafting steps after the first")
     parser.add_argument("--feature-weight", type=float, default=1.0)
     parser.add_argument("--noise", type=float, default=0.1)
+    parser.add_argument("--align-share", type=float, default=1.0, help="the share of feature dimensions the feature "
+                        "loss aligns (FSPAD's partial alignment below 1)")
+    parser.add_argument("--feature-sampling", action="store_true", help="EAGLE: FSPAD's feature sampling, the input "
+                        "FC([E(x); f; E(x) * f])")
+    parser.add_argument("--init-from", default=None, help="a folder with heads to start from (its eagle_head/, "
+                        "hydra_head/: the same sizes; with --feature-sampling on a head without, its extra inputs "
+                        "start at zero)")
     parser.add_argument("--out-dir", default=None)
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -337,6 +380,12 @@ def main(argv: list[str] | None = None) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.init_from is not None:
+        missing = [kind for kind in args.kinds if not (Path(args.init_from) / f"{kind}_head").is_dir()]
+        if missing:
+            parser.error(f"--init-from: {args.init_from} has no {', '.join(f'{k}_head/' for k in missing)}")
+    if not 0 < args.align_share <= 1:
+        parser.error(f"--align-share must be in (0, 1], got {args.align_share}")
     if args.prompts is not None and not Path(args.prompts).exists():
         parser.error(f"--prompts: no such file or folder: {args.prompts}")
     try:
@@ -363,22 +412,27 @@ def main(argv: list[str] | None = None) -> None:
         return train[torch.randint(0, len(train), (args.batch_size,), generator=generator)]
 
     for kind in args.kinds:
-        head = build_head(kind, teacher)
+        head = build_head(kind, teacher, args.feature_sampling)
+        if args.init_from is not None:
+            start_from(head, Path(args.init_from) / f"{kind}_head")
         head.bind(teacher.embedding, teacher.lm_head)
 
         def loss(model, batch_samples):
             batch = teacher.pairs(batch_samples)
             losses = depth_losses(model, batch, predictions_of(model, batch, args, training=True),
-                                  args.feature_weight, getattr(teacher, "guidance_scale", None))
+                                  args.feature_weight, getattr(teacher, "guidance_scale", None), args.align_share)
             total = sum(DEPTH_DECAY**d * x for d, x in enumerate(losses))
             return total, losses[0]
 
         seconds = train_loop(f"{kind}_head", head, steps=args.steps, lr=args.lr, loss_fn=loss, batch_fn=batch_fn,
                              work_dir=work, seed=args.seed + HEAD_KINDS.index(kind), device=args.device)
         metrics = held_out_metrics(head, teacher, held_out, args)
+        head.register_to_config(acceptance=recorded_acceptance(metrics, getattr(teacher, "guidance_scale", None)))
         metrics.update({"target": args.target, "training_samples": len(train),
                         "target_sampling_s": round(sampling_seconds, 1), "unroll": args.unroll if kind == "eagle"
-                        else None, "feature_weight": args.feature_weight, "noise": args.noise})
+                        else None, "feature_weight": args.feature_weight, "noise": args.noise,
+                        "align_share": args.align_share,
+                        "feature_sampling": args.feature_sampling if kind == "eagle" else None})
         save_stage(head.half(), out_dir / f"{kind}_head", metrics, args.steps, args.batch_size, seconds)
 
 

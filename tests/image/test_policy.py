@@ -11,14 +11,18 @@ from mmspec.core.measured import MeasurementCache, device_fingerprint
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.image.policy import (
+    HEAD_LENGTHS,
     TREES,
     WINDOWS,
     DecodingPolicy,
+    HeadChain,
+    head_compression,
     load_prior,
     measure_overheads,
     model_fingerprint,
     tree_key,
 )
+from mmspec.models.heads import EagleHead
 from mmspec.models.llamagen.adapter import LlamaGenAdapter
 
 CFG = SamplingConfig(guidance_scale=3.0)
@@ -39,12 +43,14 @@ def adapter(pipe):
     return LlamaGenAdapter(pipe.transformer, pipe.vqvae)
 
 
-def put_curve(cache, model, curve: dict[int, float], batch_size: int = 1, overhead: float = 0.0) -> None:
-    """`curve` and a flat per-iteration overhead (for AR, every window and the trees) in `cache` for `model`: the
-    policy then measures nothing."""
+def put_curve(cache, model, curve: dict[int, float], batch_size: int = 1, overhead: float = 0.0, head=None) -> None:
+    """`curve` and a flat per-iteration overhead (for AR, every window, the trees and the chains of `head`) in
+    `cache` for `model`: the policy then measures nothing."""
     where = (model_fingerprint(model), device_fingerprint(torch.device("cpu")))
     cache.put(*where, f"B={batch_size} cfg", {str(W): seconds for W, seconds in curve.items()})
     names = [str(W) for W in (1, *WINDOWS)] + [tree_key(tree) for tree in TREES]
+    if head is not None:
+        names += [HeadChain(head, length, ()).name for length in HEAD_LENGTHS]
     cache.put(*where, f"B={batch_size} cfg overhead", {**dict.fromkeys(names, overhead), "prefill": 0.0})
 
 
@@ -238,3 +244,57 @@ def test_the_iteration_overhead_is_part_of_the_prediction_and_measured_on_the_st
     assert heavy.window == lean.window and heavy.predicted_speedup == pytest.approx(lean.predicted_speedup / 2)
     measured = measure_overheads(adapter, condition, CFG, (1, 4, (8, 2, 2)), repeats=2)
     assert set(measured) == {"prefill", "1", "4", "8x2x2"} and all(seconds >= 0 for seconds in measured.values())
+
+
+def eagle_head(adapter, acceptance: dict | None, vocab_size: int | None = None) -> EagleHead:
+    """An (untrained) EAGLE head for the adapter's model, recording `acceptance` as `train_heads` would."""
+    c = adapter.transformer.config
+    torch.manual_seed(0)
+    return EagleHead(feature_size=c.dim, vocab_size=vocab_size or c.vocab_size, n_head=c.n_head, ffn_hidden=32,
+                     positions="2d", grid_size=c.grid_size, acceptance=acceptance).eval()
+
+
+def test_a_head_chain_compresses_by_its_acceptance_per_depth():
+    assert head_compression([0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert head_compression([0.8, 0.5], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.2)  # the last depth's past the list
+    assert head_compression([0.9, 0.1], 1) == pytest.approx(1.9)
+
+
+def test_auto_chooses_the_heads_chain_where_its_acceptance_pays_and_learns_from_its_runs(tmp_path, adapter, pipe):
+    """On a flat cost curve SJD's best is window 16 (prior 3.0 tokens a forward in 16: 2.5x); a head whose guided
+    drafts are accepted 90 % of the time reaches 1 + .9 + .81 + .73 + .66 = 4.1 in 5 (3.9x) and is chosen, through
+    the pipeline too; one accepted 30 % of the time is not, nor one that records no acceptance, nor one of another
+    vocabulary, nor any on a model with captured steps. A run of the chosen (untrained) head accepts far less than it
+    recorded: its own record moves the next choice back to SJD, and leaves SJD's estimate alone."""
+    condition = pipe.encode_prompt(["a red circle"])
+    flat = {1: 1.0, 2: 1.0, 4: 1.05, 8: 1.1, 16: 1.2, 32: 1.5}
+    strong = eagle_head(adapter, {"by_depth": [0.3], "guided_by_depth": [0.9], "guidance_scale": 3.0})
+    cache = MeasurementCache("cost_curves", tmp_path)
+    put_curve(cache, adapter, flat, head=strong)
+    policy = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4, 8, 16, 32), tree_prior={})
+    choice = policy.choose(adapter, condition, 1, CFG, strong)
+    assert choice.decoding.name == "heads" and choice.decoding.draft_length == 4, choice.reason
+    assert choice.decoding.head is strong and choice.window == 5
+    assert "eagle head, 4 drafts a round predicted 3.85x" in choice.reason
+    assert policy.choose(adapter, condition, 1, CFG).decoding.name == "sjd"  # no head, another choice
+
+    weak = eagle_head(adapter, {"by_depth": [0.3], "guided_by_depth": [0.3], "guidance_scale": 3.0})
+    put_curve(cache, adapter, flat, head=weak)
+    assert policy.choose(adapter, condition, 1, CFG, weak).decoding.name == "sjd"
+    acceptance = lambda sampling: {c.acceptance for c in policy.head_chains(adapter, strong, sampling)}  # noqa: E731
+    assert acceptance(CFG) == {(0.9,)} and acceptance(SamplingConfig()) == {(0.3,)}  # without CFG: "by_depth"
+    assert policy.head_chains(adapter, eagle_head(adapter, None), CFG) == []
+    assert policy.head_chains(adapter, eagle_head(adapter, {"by_depth": [0.9]}, vocab_size=7), CFG) == []
+    from mmspec.models.llamagen.graphs import WindowGraphs
+
+    graphed = LlamaGenAdapter(pipe.transformer, pipe.vqvae, WindowGraphs(pipe.transformer, capture=False))
+    assert policy.head_chains(graphed, strong, CFG) == []
+
+    headed = type(pipe)(**{**pipe.components, "eagle_head": strong})
+    headed.set_progress_bar_config(disable=True)
+    headed._decoding_policy = policy
+    out = headed("a red circle", generator=torch.Generator().manual_seed(0), output_type="latent")
+    assert out.stats.chosen_by == choice.reason and out.stats.draft_forwards > 0
+    assert len(policy.head_history) == 1 and not policy.history
+    policy.reconsider()
+    assert policy.choose(adapter, condition, 1, CFG, strong).decoding.name == "sjd"

@@ -18,16 +18,17 @@ from tests.text.table_lm import TableLM, random_table
 from tests.text.test_generate_law import ALPHA, V, law_test
 
 
-def head(kind: str, width: int = V + V % 2, vocab: int = V, seed: int = 0):
+def head(kind: str, width: int = V + V % 2, vocab: int = V, seed: int = 0, **options):
     torch.manual_seed(seed)
     if kind == "eagle":
-        return EagleHead(feature_size=width, vocab_size=vocab, n_head=1, ffn_hidden=8).eval()
+        return EagleHead(feature_size=width, vocab_size=vocab, n_head=1, ffn_hidden=8, **options).eval()
     return HydraHead(feature_size=width, vocab_size=vocab, num_heads=3, hidden=8).eval()
 
 
 CONFIGS = {  # name: (drafter maker, draft_length, temperature, top_k)
     "eagle_chain": (lambda t: HeadDrafter(t, head("eagle")), 3, 1.0, 0),
     "eagle_chain_topk": (lambda t: HeadDrafter(t, head("eagle")), 2, 0.7, 3),
+    "eagle_feature_sampling_chain": (lambda t: HeadDrafter(t, head("eagle", feature_sampling=True)), 3, 1.0, 0),
     "hydra_chain": (lambda t: HeadDrafter(t, head("hydra")), 3, 1.3, 0),
     "eagle_tree": (lambda t: HeadTreeDrafter(t, head("eagle"), TreeShape(6, 2, 2, 3)), None, 1.0, 0),
     "hydra_tree_topk": (lambda t: HeadTreeDrafter(t, head("hydra"), TreeShape(7, 3, 1, 3)), None, 0.8, 3),

@@ -70,7 +70,9 @@ def test_the_command_trains_and_saves_both_heads(tmp_path):
         metrics = json.loads((folder / "training_metrics.json").read_text())
         assert len(metrics["held_out_alpha_by_depth"]) == depths
         assert all(0 < a <= 1 for a in metrics["held_out_alpha_by_depth"])
-        head_class.from_pretrained(folder)
+        # the head keeps its held-out acceptance in its config, where `decoding="auto"` reads it
+        loaded = head_class.from_pretrained(folder)
+        assert loaded.config.acceptance == {"by_depth": metrics["held_out_alpha_by_depth"]}
     kept = torch.load(tmp_path / "work" / "samples.pt")
     train_heads.main(["--target", "pycode/target", "--kinds", "hydra", "--samples", "8", "--held-out", "2",
                       "--new-tokens", "8", "--sample-batch", "3", "--steps", "1", "--batch-size", "2", "--out-dir",
@@ -93,3 +95,40 @@ def test_bad_arguments_fail_before_any_model_loads(tmp_path, capsys):
         train_heads.main(["--target", "pycode/target", "--held-out", "10", "--samples", "10"])
     assert exit_info.value.code == 2
     assert "--held-out (10) must be below --samples (10)" in capsys.readouterr().err
+
+
+def test_partial_alignment_aligns_only_its_share_of_the_feature():
+    """FSPAD's partial alignment: with --align-share 0.5 the target feature's second half does not enter the loss."""
+    torch.manual_seed(0)
+    head = EagleHead(feature_size=8, vocab_size=16, n_head=2, ffn_hidden=8)
+    head.bind(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+    tokens = torch.randint(0, 16, (2, 5))
+    batch = train_heads.Pairs(tokens, torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.rand(2, 5, 16).softmax(-1),
+                              torch.arange(5).expand(2, -1))
+    moved = batch._replace(target_features=torch.cat([batch.target_features[..., :4],
+                                                      batch.target_features[..., 4:] + 5], -1))
+    predictions = train_heads.eagle_steps(head, batch, unroll=1, noise=0.0)
+
+    def losses(b, share):
+        return torch.stack(train_heads.depth_losses(head, b, predictions, 1.0, align_share=share))
+
+    torch.testing.assert_close(losses(batch, 0.5), losses(moved, 0.5))
+    assert (losses(moved, 1.0) > losses(batch, 1.0)).all()
+
+
+def test_a_feature_sampling_head_started_from_a_plain_one_predicts_as_it_does(tmp_path):
+    """--init-from with --feature-sampling: the saved head's weights, zero for the sampled feature's inputs."""
+    torch.manual_seed(0)
+    plain = EagleHead(feature_size=8, vocab_size=16, n_head=2, ffn_hidden=8).eval()
+    plain.save_pretrained(tmp_path / "eagle_head")
+    sampling = EagleHead(feature_size=8, vocab_size=16, n_head=2, ffn_hidden=8, feature_sampling=True).eval()
+    train_heads.start_from(sampling, tmp_path / "eagle_head")
+    tokens, features = torch.randint(0, 16, (2, 5)), torch.randn(2, 5, 8)
+    embedding, lm_head = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16)
+    for head in (plain, sampling):
+        head.bind(embedding, lm_head)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None].expand(2, 1, 5, 5)
+    arguments = (tokens, features, torch.arange(5).expand(2, -1), mask)
+    torch.testing.assert_close(sampling(*arguments), plain(*arguments))
+    with pytest.raises(ValueError, match="holds another kind of head"):
+        train_heads.start_from(HydraHead(feature_size=8, vocab_size=16, num_heads=2, hidden=8), tmp_path / "eagle_head")
