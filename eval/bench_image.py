@@ -17,15 +17,15 @@ Every method decodes the same held-out captions with the same per-image seeds (i
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
 cache, SJD as published (window 16, random init, independent redrafts), our exact modes with their best settings
 (`BEST`, chosen by `--sweep`), the draft GPT's chains and tree (`DRAFT`; exact, counted apart: the summary gives the
-tree's step compression over the best chain's), the draft heads (`HEADS`: EAGLE's chains and tree exact, its chain
-with LANTERN, Hydra; the summary gives the best exact head configuration's step compression over the draft GPT's
-best) and every other registered decoding at its
-defaults (parallel Jacobi decoding: lossy, never counted as the best exact method; a decoding you register,
-`registered_methods`). Columns: target forwards per image, step compression (image tokens per target forward a row took
-part in, the prefill included), median latency of a call, speedup of the median latency against AR at the same batch
-size, and the share of decoding time spent outside the target forward (drafting, verification, bookkeeping). A second
-table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU the window forward is
-compute-bound, which is what caps wall-clock speedup below step compression.
+tree's step compression over the best chain's), the draft heads (`HEADS`: EAGLE's chains and full tree exact, its
+chain with LANTERN, Hydra; and EAGLE's positional tree of HEAD_TREE_NODES nodes, `head_positional_tree`; the summary
+gives the best exact head configuration's step compression over the draft GPT's best) and every other registered
+decoding at its defaults (parallel Jacobi decoding: lossy, never counted as the best exact method; a decoding you
+register, `registered_methods`). Columns: target forwards per image, step compression (image tokens per target forward
+a row took part in, the prefill included), median latency of a call, speedup of the median latency against AR at the
+same batch size, and the share of decoding time spent outside the target forward (drafting, verification,
+bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU the
+window forward is compute-bound, which is what caps wall-clock speedup below step compression.
 """
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ HEADS = {  # draft heads on the target's own features: EAGLE's chains and full t
                       "lantern_k": 100, "lantern_delta": 0.1},
     "heads_hydra": {"decoding": "heads", "kind": "hydra", "draft_length": 3},
 }
+# EAGLE's positional tree (`head_positional_tree`): HEAD_TREE_NODES nodes built for the rates at which the walks of a
+# wide calibration tree (HEAD_CALIBRATION_TREE) accept each child rank, on held-out prompts no method decodes
+HEAD_TREE_NODES = 60
+HEAD_CALIBRATION_TREE = {"decoding": "heads", "kind": "eagle", "draft_length": 3, "tree_width": 4}
 PRESETS = {"sjd_published": PUBLISHED_SJD, **BEST, **DRAFT, **HEADS}  # tuned configurations of registered decodings
 
 
@@ -172,9 +176,18 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def summary(rows: list[Row], costs: dict[int, dict[int, float]]) -> dict:
+def head_positional_tree(pipe, prompts: list[str]) -> dict:
+    """The options of EAGLE's positional tree of HEAD_TREE_NODES nodes, for the child acceptance HEAD_CALIBRATION_TREE
+    reaches on `prompts` (untimed)."""
+    generators = seeded(pipe.device, range(len(prompts)))
+    stats = pipe(prompts, generator=generators, output_type="latent", **HEAD_CALIBRATION_TREE).stats
+    print("EAGLE head's positional acceptance (k-th child):", [round(rate, 3) for rate in stats.child_acceptance])
+    return {"decoding": "heads", "kind": "eagle", "tree_size": HEAD_TREE_NODES, "tree_rates": stats.child_acceptance}
+
+
+def summary(rows: list[Row], costs: dict[int, dict[int, float]], methods: dict[str, dict]) -> dict:
     """The headline figures; `speedup_bound_bs1`: each exact method's step compression / cost of its forward (the
-    speedup a decoding with no overhead outside the forward would reach on this machine)."""
+    speedup a decoding with no overhead outside the forward would reach on this machine). methods: what ran."""
     at = {(r.method, r.batch_size): r for r in rows}
     ours = [r for r in rows if r.method in BEST]
     best_bs1 = max((r for r in ours if r.batch_size == 1), key=lambda r: r.speedup_vs_ar)
@@ -189,18 +202,19 @@ def summary(rows: list[Row], costs: dict[int, dict[int, float]]) -> dict:
         "overhead_share": round(best_bs1.overhead_share, 4),
         "sjd_speedup_vs_ar_bs1": round(at[("sjd_published", 1)].speedup_vs_ar, 3),
         "best_exact_speedup_bound_bs1": round(
-            best_bs1.step_compression / costs[1][tokens_per_forward(METHODS[best_bs1.method])], 3),
-        "speedup_bound_bs1": {r.method: round(r.step_compression / costs[1][tokens_per_forward(METHODS[r.method])], 3)
+            best_bs1.step_compression / costs[1][tokens_per_forward(methods[best_bs1.method])], 3),
+        "speedup_bound_bs1": {r.method: round(r.step_compression / costs[1][tokens_per_forward(methods[r.method])], 3)
                               for r in ours if r.batch_size == 1},
     }
     if ("draft_tree", 1) in at:
         chains = max(at[(name, 1)].step_compression for name in DRAFT if name != "draft_tree")
         result["draft_tree_over_chain_step_compression_bs1"] = round(at[("draft_tree", 1)].step_compression / chains, 3)
     if ("heads", 1) in at:
-        for name in HEADS:
+        heads = [name for name, options in methods.items() if options["decoding"] == "heads"]
+        for name in heads:
             result[f"{name}_step_compression_bs1"] = round(at[(name, 1)].step_compression, 3)
             result[f"{name}_speedup_vs_ar_bs1"] = round(at[(name, 1)].speedup_vs_ar, 3)
-        exact = [name for name in HEADS if HEADS[name].get("acceptance", "exact") == "exact"]
+        exact = [name for name in heads if methods[name].get("acceptance", "exact") == "exact"]
         best_heads, best_draft = (max(at[(name, 1)].step_compression for name in names) for names in (exact, DRAFT))
         result["heads_over_draft_step_compression_bs1"] = round(best_heads / best_draft, 3)  # best exact over best
         result["heads_lantern_over_heads_speed_bs1"] = round(at[("heads_lantern", 1)].speedup_vs_ar /
@@ -339,6 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
     # draft heads read the target's features from eager forwards: a pipeline replaying CUDA graphs refuses them
     methods = {name: options for name, options in METHODS.items()
                if not (pipe.replays_graphs() and options["decoding"] == "heads")}
+    if "heads" in methods:
+        methods["heads_tree_n60"] = head_positional_tree(pipe, held_out_prompts(len(prompts) + 4)[len(prompts):])
     for options in methods.values():  # warm-up
         pipe(prompts[:1], output_type="latent", **options)
     if args.sweep:
@@ -359,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {"model": args.model, "prompts": len(prompts), "repeats": repeats,
               "torch_threads": torch.get_num_threads(), **machine(device), "methods": methods,
               "rows": [vars(r) for r in rows],
-              "window_forward_cost": costs, "summary": summary(rows, costs)}
+              "window_forward_cost": costs, "summary": summary(rows, costs, methods)}
     print(format_table(rows))
     print("\nforward cost of a W-token window relative to W = 1 (CFG, 128 cached tokens):")
     for batch_size, cost in costs.items():

@@ -6,21 +6,22 @@
 
 Prompts come from the held-out split of the corpus. Every method runs on the same target, prompts and seeds, after a
 warm-up, at temperature 0 and 1 (no top-k/top-p): two AR baselines (`target.generate` with its KV cache, and ours,
-`NoDrafter` through our loop and fixed-capacity cache, replayed from CUDA graphs on CUDA), transformers
-assisted generation with the same draft (its defaults, and with our draft length), transformers prompt lookup, and
-ours (model drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees of the draft
-model: the fixed trees of TREE_NODES and 30 nodes built for its measured positional acceptance, the full binary tree
-of 30 nodes, OPT-Tree (T = 0 only: deterministic children); STAND's model-free n-gram memory) at batch 1; AR and ours
-(chains of 4, 2 and 1, the positional tree, which keeps BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and its best
-14 and 6) at batch 8. The summary ratios take the best of ours against the best transformers assisted run (batch 1)
-and against AR (batch 8), the best tree's tokens per forward against the best chain's, and STAND's tokens per
-forward against transformers' prompt lookup.
+`NoDrafter` through our loop and fixed-capacity cache, replayed from CUDA graphs on CUDA), transformers assisted
+generation with the same draft (its defaults, and with our draft length), transformers prompt lookup, and ours
+(model drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees of the draft model:
+the fixed trees of TREE_NODES and 30 nodes built for its measured positional acceptance, the full binary tree of 30
+nodes, OPT-Tree (T = 0 only: deterministic children); STAND's model-free n-gram memory; the draft heads on the
+target's features, `HEADS`) at batch 1; AR and ours (chains of 4, 2 and 1, the positional tree, which keeps
+BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and its best 14 and 6) at batch 8. The summary ratios take the best of
+ours against the best transformers assisted run (batch 1) and against AR (batch 8), the best tree's tokens per
+forward against the best chain's, STAND's tokens per forward against transformers' prompt lookup, and the heads'
+best tokens per forward against the draft model's chain and (at one tree of 30 nodes) its tree.
 
 Positional trees (`TreeShape.positional`, Sequoia's) need the rate at which walks accept a node's k-th child: an
-untimed calibration pass per temperature measures it (`TextStats.child_acceptance`) with the wide CALIBRATION_SHAPE
-on held-out prompts that no method decodes. For tree methods an extra untimed pass measures, at every inner node
-the walks visit, the rule's acceptance probability and alpha*, the best any verifier could reach with the same
-drafts (`mmspec.core.tree_verify`).
+untimed calibration pass per temperature and drafter (the draft model, the EAGLE head) measures it
+(`TextStats.child_acceptance`) with the wide CALIBRATION_SHAPE on held-out prompts that no method decodes. For tree
+methods an extra untimed pass measures, at every inner node the walks visit, the rule's acceptance probability and
+alpha*, the best any verifier could reach with the same drafts (`mmspec.core.tree_verify`).
 
 Target forwards are counted by a forward hook on the target for every method (transformers' included). Columns:
 target forwards per token, tokens per target forward (tau-like, bonus included; both over every repeat, each repeat
@@ -79,9 +80,13 @@ BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
 METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ours_ar", "ours_model", "ours_ngram",
                 "ours_layerskip", "ours_adaptive", "ours_model_len1", "ours_model_len2", "ours_model_len8",
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
-                "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree")  # `make_methods`' keys
-HEADS = ("ours_eagle", "ours_hydra", "ours_eagle_tree")  # drafts from heads on the target's features
-HEAD_TREE = TreeShape(nodes=16, branching=2, expand=4, depth=4)  # EAGLE-2's dynamic tree, 16 nodes
+                "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
+                "ours_eagle_tree_n30")  # `make_methods`' keys
+# Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
+# nodes (HEAD_TREE) and the positional tree of 30 built for the head's own measured acceptance (as "ours_tree_n30" is
+# for the draft model's: the two compare drafters at one tree); the Hydra head's chains.
+HEADS = ("ours_eagle", "ours_hydra", "ours_eagle_tree", "ours_eagle_tree_n30")
+HEAD_TREE = TreeShape(nodes=16, branching=2, expand=4, depth=4)
 AR_METHODS = ("ar", "ours_ar")  # transformers' generate; ours, drafting nothing (graphed on CUDA)
 BATCH8 = ("ar", "ours_ar", "ours_model", "ours_tree", *BATCH8_ONLY)
 
@@ -171,9 +176,11 @@ def sampling_kwargs(temperature: float) -> dict:
     return dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
 
 
-def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[float, tuple[float, ...]], heads: dict):
+def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[float, tuple[float, ...]], heads: dict,
+                 head_rates: dict[float, tuple[float, ...]]):
     """name -> fn(encoded batch, temperature, seed) -> (sequences, stats or None); tree methods also take
-    ceiling=True (alpha* at the visited nodes). rates: the draft's positional acceptance at each temperature. On
+    ceiling=True (alpha* at the visited nodes). rates, head_rates: the draft model's and the EAGLE head's positional
+    acceptance at each temperature. On
     CUDA our decodings replay their steps from CUDA graphs (one store for the run: each method's first, untimed call
     captures), as a `SpeculativeTextPipeline` on CUDA does; transformers' methods run as they are. heads: the
     target's draft heads by kind ("eagle", "hydra")."""
@@ -210,6 +217,9 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
     def positional(nodes, **settings):
         return tree(lambda t: ModelTreeDrafter(draft, TreeShape.positional(nodes, rates[t], **settings)))
 
+    def eagle_tree(shape_at):  # shape_at(temperature) -> TreeShape
+        return tree(lambda t: HeadTreeDrafter(target, heads["eagle"], shape_at(t)))
+
     exit_layer = target.config.early_exit_layer
     return {
         "ar": hf(),
@@ -236,17 +246,18 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         **{name: positional(nodes) for name, nodes in SMALL_TREES.items()},
         "ours_eagle": ours(lambda: HeadDrafter(target, heads["eagle"])),
         "ours_hydra": ours(lambda: HeadDrafter(target, heads["hydra"])),
-        "ours_eagle_tree": tree(lambda t: HeadTreeDrafter(target, heads["eagle"], HEAD_TREE)),
+        "ours_eagle_tree": eagle_tree(lambda t: HEAD_TREE),
+        "ours_eagle_tree_n30": eagle_tree(lambda t: TreeShape.positional(30, head_rates[t])),
     }
 
 
-def calibrate(target, draft, tokenizer, prompts: list[str], temperature: float, max_new_tokens: int,
+def calibrate(target, drafter, tokenizer, prompts: list[str], temperature: float, max_new_tokens: int,
               seed: int = 777) -> tuple[float, ...]:
-    """The draft's positional acceptance at `temperature`: the rate at which walks accept a node's k-th child, k =
-    1 .. 4, over `prompts` decoded with CALIBRATION_SHAPE (untimed)."""
+    """A tree drafter's positional acceptance at `temperature`: the rate at which walks accept a node's k-th child,
+    k = 1 .. 4, over `prompts` decoded with `drafter` (drafting CALIBRATION_SHAPE; untimed)."""
     encoded = tokenizer(prompts, return_tensors="pt", padding=True).to(target.device)
     _, stats = speculative_generate(target, encoded["input_ids"], encoded["attention_mask"],
-                                    drafter=ModelTreeDrafter(draft, CALIBRATION_SHAPE), temperature=temperature,
+                                    drafter=drafter, temperature=temperature,
                                     max_new_tokens=max_new_tokens, generator=seeded(target.device, [seed])[0],
                                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     return stats.child_acceptance
@@ -346,6 +357,8 @@ def summary(rows: list[Row]) -> dict:
         "ours_ngram_vs_hf_prompt_lookup_t0_bs1": lambda: tps("ours_ngram", 1, 0.0) / tps("hf_prompt_lookup", 1, 0.0),
         "heads_over_draft_model_tokens_per_forward_t1_bs1": lambda: best(HEADS, 1.0) / per_forward("ours_model", 1,
                                                                                                     1.0),
+        "heads_over_draft_model_tree_n30_tokens_per_forward_t1_bs1": lambda: (
+            per_forward("ours_eagle_tree_n30", 1, 1.0) / per_forward("ours_tree_n30", 1, 1.0)),
         "heads_speedup_vs_ar_t0_bs1": lambda: max(tps(m, 1, 0.0) for m in HEADS) / best_ar(rows, 1, 0.0),
         "heads_speedup_vs_ar_t1_bs1": lambda: max(tps(m, 1, 1.0) for m in HEADS) / best_ar(rows, 1, 1.0),
     }
@@ -391,9 +404,14 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = held_out_prompts(max(n_prompts, 8) + calibration_prompts)
     prompts, calibration = prompts[:-calibration_prompts], prompts[-calibration_prompts:]
     with torch.no_grad():
-        rates = {t: calibrate(target, draft, tokenizer, calibration, t, max_new_tokens) for t in (0.0, 1.0)}
-    print("positional acceptance (k-th child):", {t: [round(r, 3) for r in rate] for t, rate in rates.items()})
-    methods = make_methods(target, draft, tokenizer, max_new_tokens, rates, heads)
+        rates, head_rates = ({t: calibrate(target, make(), tokenizer, calibration, t, max_new_tokens)
+                              for t in (0.0, 1.0)}
+                             for make in (lambda: ModelTreeDrafter(draft, CALIBRATION_SHAPE),
+                                          lambda: HeadTreeDrafter(target, heads["eagle"], CALIBRATION_SHAPE)))
+    for name, found in (("draft model", rates), ("EAGLE head", head_rates)):
+        print(f"{name}'s positional acceptance (k-th child):", {t: [round(r, 3) for r in rate]
+                                                                for t, rate in found.items()})
+    methods = make_methods(target, draft, tokenizer, max_new_tokens, rates, heads, head_rates)
     chosen = set(methods if args.methods is None else (*AR_METHODS, *args.methods))
     rows = []
     with torch.no_grad():
@@ -421,6 +439,7 @@ def main(argv: list[str] | None = None) -> dict:
         payload = {"config": {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats,
                               "draft_length": DRAFT_LENGTH, "tree_nodes": TREE_NODES, "batch_tokens": BATCH_TOKENS,
                               "child_acceptance": {f"{t:g}": rate for t, rate in rates.items()},
+                              "head_child_acceptance": {f"{t:g}": rate for t, rate in head_rates.items()},
                               "threads": torch.get_num_threads()},
                    **machine(device),
                    "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows], **ratios}

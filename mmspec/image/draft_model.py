@@ -40,7 +40,6 @@ from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
 from mmspec.core.stats import SpecStats
-from mmspec.core.tree_shape import TreeShape
 from mmspec.image.loop import Commits, DecodeStep, Opening
 from mmspec.image.protocol import DiscreteImageModel
 
@@ -54,7 +53,7 @@ class DraftStep:
                  generator: Generators, stats: SpecStats):
         self.model, self.opening, self.sampling, self.generator, self.stats = model, opening, sampling, generator, stats
         if decoding.tree:
-            self.speculation = TreeSpeculation(TreeShape.full(decoding.draft_length, decoding.tree_width))
+            self.speculation = TreeSpeculation(decoding.tree_shape())
         else:
             self.speculation = ChainSpeculation(decoding.draft_length, opening.test)
         self.rows = Commits(opening, decoding.forward_width, stats)
@@ -96,6 +95,10 @@ class DraftStep:
         round = speculation.verify(self.model, self.opening.state, last, draft, self.target_law, self.sampling,
                                    self.generator, timer, limit=rows.draft_lengths(speculation.width))
         self.stats.target_forwards += 1
+        if round.walk is not None:  # a tree's walks: the rates at which they accept each child rank, and more
+            walk = round.walk
+            self.stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star, walk.node_children,
+                                        walk.accepted_rank, speculation.shape.branching, rows.active)
         with timer("verify"):
             rows.write(round.emitted[:, :-1], round.result, round.drafted)
         with timer("target"):

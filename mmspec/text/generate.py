@@ -34,8 +34,6 @@ from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
 PROMPT_SLOTS = 64  # the buffers' room for the prompts is a multiple of it
-FIRST_RATE = 4  # new tokens per step guessed for a decoding's first block
-
 
 def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, lookahead, eos_token_id,
                  generator) -> None:
@@ -196,10 +194,10 @@ def speculative_generate(
     done, fewest, most, flags = False, 0, 0, []
     try:
         while not done:
-            # new tokens per step of the slowest row; before any, a guess that keeps the first block of a short decoding
-            # from running far past its end (a step commits up to lookahead + 1)
-            rate = fewest / runner.iterations if runner.iterations else min(inner.lookahead + 1, FIRST_RATE)
-            k = block_size((max_new_tokens - fewest) / max(rate, 1.0))
+            # a block never runs past the end of the slowest row (each step past it would be a wasted target
+            # forward): a step commits at most lookahead + 1 tokens; rates vary too much along a decoding for its
+            # mean so far to bound the next steps', and a read of the progress costs only a sync
+            k = block_size((max_new_tokens - fewest) / (inner.lookahead + 1))
             runner.run(1 if narrows else min(k, block or BLOCK_SIZES[0]))
             live = runner.step.rows
             if on_step is not None and live.show(on_step, runner.iterations):

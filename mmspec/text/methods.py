@@ -178,15 +178,41 @@ class TextDraftHeads(TextDecoding):
     auto_settings: ClassVar[frozenset] = frozenset({"draft_length", "acceptance"})  # what `"auto"` passes it
     kind: str = setting("eagle", "which head drafts: 'eagle' (one decoder layer over the target's features) or "
                         "'hydra' (sequentially dependent MLP heads)", choices=HEAD_KINDS)
-    draft_length: int = setting(4, "tokens drafted per target forward (the tree's depth with tree_size > 0)", low=1)
-    tree_size: int = setting(0, "nodes of the head's dynamic tree (EAGLE-2: the most probable paths expanded), all "
-                             "scored in one target forward; 0 = a chain", low=0)
+    draft_length: int = setting(4, "tokens drafted per target forward (the dynamic tree's depth with tree_size > 0)",
+                                low=1)
+    tree_size: int = setting(0, "nodes of the head's tree, all scored in one target forward: EAGLE-2's dynamic tree "
+                             "(the most probable paths expanded) or, with tree_rates, the positional one; 0 = a chain",
+                             low=0)
+    tree_rates: tuple[float, ...] | None = setting(
+        None, "the rates at which walks accept a node's k-th child (a tree run's stats.child_acceptance): the fixed "
+        "tree of tree_size nodes built for them, as deep as they make it", kind=tuple)
     acceptance: AcceptanceRule = Exact()
     head: Any = runtime()
 
     def check(self) -> None:
         if self.tree_size and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chains; trees are verified by exact rules")
+        if self.tree_rates is not None:
+            if not self.tree_size:
+                raise ValueError("tree_rates builds a positional tree of tree_size nodes: set tree_size > 0")
+            if self.draft_length != TextDraftHeads.draft_length:
+                raise ValueError("draft_length is the dynamic tree's depth; the positional tree's depth follows from "
+                                 "tree_rates")
+            try:
+                self.tree_shape()
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"tree_rates: {error}") from None
+
+    def reads(self, field: str) -> bool:
+        """draft_length is not read by a positional tree, tree_rates only by one."""
+        unread = {"tree_rates": self.tree_rates is None, "draft_length": self.tree_rates is not None}
+        return not unread.get(field, False) and super().reads(field)
+
+    def tree_shape(self) -> TreeShape:
+        """The head's tree (tree_size > 0): positional with tree_rates, else EAGLE-2's dynamic one."""
+        if self.tree_rates is None:
+            return TreeShape(nodes=self.tree_size, depth=self.draft_length)
+        return TreeShape.positional(self.tree_size, self.tree_rates)
 
     def make_drafter(self, target: Any):
         from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
@@ -195,7 +221,7 @@ class TextDraftHeads(TextDecoding):
             raise ValueError(f"decoding='heads' needs a draft head: load a pipeline that has a {self.kind}_head, or "
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}>")
         if self.tree_size:
-            return HeadTreeDrafter(target, self.head, TreeShape(nodes=self.tree_size, depth=self.draft_length))
+            return HeadTreeDrafter(target, self.head, self.tree_shape())
         return HeadDrafter(target, self.head)
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):

@@ -29,11 +29,15 @@ def test_head_chains_match_the_exact_law(kind, draft_length):
     assert 0 < stats.accepted < stats.drafted
 
 
-@pytest.mark.parametrize("kind", ["eagle", "hydra"])
-def test_head_trees_match_the_exact_law(kind):
-    tokens, stats, model = decode_rows(DraftHeads(kind, 2, tree_width=2, head=head(kind)), groups=TREE_GROUPS)
+@pytest.mark.parametrize("kind,trees", [("eagle", dict(draft_length=2, tree_width=2)),
+                                        ("hydra", dict(draft_length=2, tree_width=2)),
+                                        ("eagle", dict(draft_length=3, tree_size=5)),  # EAGLE-2's dynamic tree
+                                        ("eagle", dict(tree_size=5, tree_rates=(0.6, 0.3)))])  # positional
+def test_head_trees_match_the_exact_law(kind, trees):
+    tokens, stats, model = decode_rows(DraftHeads(kind, head=head(kind), **trees), groups=TREE_GROUPS)
     assert_exact(tokens, model)
     assert 0 < stats.accepted < stats.drafted
+    assert len(stats.child_acceptance) == 2 and 0 < stats.tree_acceptance < 1  # 2 children per node at most
 
 
 def test_stale_laws_are_rejected(monkeypatch):
@@ -53,12 +57,16 @@ def tiny_head(kind):
     return made.double()
 
 
-@pytest.mark.parametrize("kind,tree_width", [("eagle", 1), ("eagle", 2), ("hydra", 1), ("hydra", 2)])
-def test_greedy_head_decoding_equals_greedy_ar(kind, tree_width):
+@pytest.mark.parametrize("kind,settings", [
+    ("eagle", dict(draft_length=3)), ("eagle", dict(draft_length=3, tree_width=2)), ("hydra", dict(draft_length=3)),
+    ("hydra", dict(draft_length=3, tree_width=2)), ("eagle", dict(draft_length=3, tree_size=6)),
+    ("hydra", dict(tree_size=6, tree_rates=(0.5, 0.3, 0.2))),
+])
+def test_greedy_head_decoding_equals_greedy_ar(kind, settings):
     sampling = SamplingConfig(temperature=0, guidance_scale=2.0)
     target = llamagen(0)
     ar, _ = decode(AR(), target, 3, sampling, None)
-    spec, stats = decode(DraftHeads(kind, 3, tree_width=tree_width, head=tiny_head(kind)), target, 3, sampling, None)
+    spec, stats = decode(DraftHeads(kind, head=tiny_head(kind), **settings), target, 3, sampling, None)
     assert torch.equal(ar, spec)
     assert stats.draft_forwards > 0
 
@@ -82,3 +90,15 @@ def test_draft_heads_refuse_what_they_cannot_run():
         DraftHeads("medusa")
     with pytest.raises(ValueError, match="tree_width > 1 .* acceptance must be Exact"):
         DraftHeads(tree_width=2, acceptance="lantern")
+    with pytest.raises(ValueError, match="tree_size > 0 drafts a tree, .* acceptance must be Exact"):
+        DraftHeads(tree_size=8, acceptance="lantern")
+    with pytest.raises(ValueError, match="tree_width sets the full tree; with tree_size"):
+        DraftHeads(tree_size=8, tree_width=2)
+    with pytest.raises(ValueError, match="tree_rates builds a positional tree of tree_size nodes"):
+        DraftHeads(tree_rates=(0.5, 0.2))
+    with pytest.raises(ValueError, match="positional tree's depth follows from tree_rates"):
+        DraftHeads(tree_size=8, tree_rates=(0.5, 0.2), draft_length=2)
+    with pytest.raises(ValueError, match="tree_rates: rates must be probabilities"):
+        DraftHeads(tree_size=8, tree_rates=(0.0, 0.2))
+    with pytest.raises(ValueError, match="tree_rates: this Hydra head drafts at most 4 levels, got 6"):
+        DraftHeads("hydra", tree_size=6, tree_rates=(1.0,), head=tiny_head("hydra")).check_model(model)

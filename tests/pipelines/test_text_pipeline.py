@@ -3,6 +3,7 @@ import torch
 
 from mmspec import AR, TextSpeculation
 from mmspec.pipelines.text import SpeculativeTextPipeline, TextPipelineOutput
+from mmspec.text.methods import TextDraftHeads
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
 
 
@@ -89,6 +90,31 @@ def test_a_positional_tree_from_a_runs_child_acceptance(pipe, tmp_path):
 def test_positional_tree_settings_are_checked(settings, match):
     with pytest.raises((TypeError, ValueError), match=match):
         TextSpeculation(**{"drafter": "tree", **settings})
+
+
+def test_a_positional_head_tree_from_a_dynamic_trees_child_acceptance(pipe):
+    """The EAGLE head's dynamic tree measures its child acceptance; `decoding="heads"` takes it back as tree_rates
+    (the positional tree of tree_size nodes, as deep as the rates make it), greedy-equal to AR."""
+    dynamic = pipe(PROMPTS, decoding="heads", tree_size=12, draft_length=3, temperature=1.0, max_new_tokens=24,
+                   generator=torch.Generator().manual_seed(0))
+    rates = dynamic.stats.child_acceptance
+    assert len(rates) == 2 and rates[0] > 0  # EAGLE-2's tree: 2 children per expanded node
+    decoding = TextDraftHeads(tree_size=12, tree_rates=rates)
+    assert decoding.tree_shape().nodes == 12 and decoding.tree_shape().template is not None
+    assert "tree_rates=" in decoding.describe() and "draft_length=" not in decoding.describe()
+    out = pipe(PROMPTS, decoding=decoding, max_new_tokens=24)
+    assert out.stats.method == decoding.describe() and out.stats.tokens_per_target_forward > 1
+    assert torch.equal(out.sequences, pipe(PROMPTS, decoding=AR(), max_new_tokens=24).sequences)
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(tree_rates=(0.6, 0.2)), "tree_rates builds a positional tree of tree_size nodes"),
+    (dict(tree_size=8, tree_rates=(0.6, 0.2), draft_length=3), "positional tree's depth follows from tree_rates"),
+    (dict(tree_size=8, tree_rates=(1.5,)), "tree_rates: rates must be probabilities"),
+])
+def test_head_tree_settings_are_checked(settings, match):
+    with pytest.raises(ValueError, match=match):
+        TextDraftHeads(**settings)
 
 
 def test_shorthands_and_the_old_method_spelling_name_the_same_component(pipe):

@@ -31,6 +31,8 @@ CONFIGS = {  # name: (drafter maker, draft_length, temperature, top_k)
     "eagle_feature_sampling_chain": (lambda t: HeadDrafter(t, head("eagle", feature_sampling=True)), 3, 1.0, 0),
     "hydra_chain": (lambda t: HeadDrafter(t, head("hydra")), 3, 1.3, 0),
     "eagle_tree": (lambda t: HeadTreeDrafter(t, head("eagle"), TreeShape(6, 2, 2, 3)), None, 1.0, 0),
+    "eagle_positional_tree": (lambda t: HeadTreeDrafter(t, head("eagle"), TreeShape.positional(6, (0.6, 0.3, 0.2))),
+                              None, 1.0, 0),
     "hydra_tree_topk": (lambda t: HeadTreeDrafter(t, head("hydra"), TreeShape(7, 3, 1, 3)), None, 0.8, 3),
 }
 

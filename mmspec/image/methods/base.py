@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from mmspec.core.component import DecodingComponent
 from mmspec.core.model import require
 from mmspec.core.rules.exact import Exact
+from mmspec.core.tree_shape import TreeShape
 
 if TYPE_CHECKING:
     from mmspec.core.probs import SamplingConfig
@@ -78,15 +79,17 @@ class TreeWidth:
 
 
 class DraftedTree(TreeWidth):
-    """For the decodings whose drafter proposes a chain of `draft_length` tokens or, with `tree_width` > 1, the full
-    tree of that depth (a draft model, a draft head)."""
+    """For the decodings whose drafter proposes a chain of `draft_length` tokens or a tree (`tree_shape`: with
+    `tree_width` > 1, the full tree of that depth), a draft model or a draft head."""
 
     def check(self) -> None:
         self.check_tree()
 
+    def tree_shape(self) -> TreeShape:
+        """The tree a round drafts (tree decodings): every node tree_width children, draft_length levels."""
+        return TreeShape.full(self.draft_length, self.tree_width)
+
     @property
     def forward_width(self) -> int:
         """Tokens one target forward scores per row: the last committed token and the chain's or tree's drafts."""
-        if not self.tree:
-            return 1 + self.draft_length
-        return 1 + sum(self.tree_width**depth for depth in range(1, self.draft_length + 1))
+        return 1 + (self.tree_shape().nodes if self.tree else self.draft_length)
