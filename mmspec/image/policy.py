@@ -406,13 +406,17 @@ class DecodingPolicy:
     def compression(self, window: int | tuple[int, int, int] | HeadChain, batch_size: int) -> float:
         """Predicted c(W, B): the prior's excess over AR scaled by the mean observed / prior ratio of this pipeline's
         runs of its kind (SJD's, the head's), and at most W (a tree's window, a chain's drafts and one)."""
-        history = self.head_history if isinstance(window, HeadChain) else self.history
+        history = self.history_of(window)
         scale = statistics.fmean(history) if history else 1.0
         if isinstance(window, HeadChain):
             W = window.length + 1
         else:
             W = window[0] if isinstance(window, tuple) else window
         return min(float(W), 1.0 + (self.prior_compression(window, batch_size) - 1.0) * scale)
+
+    def history_of(self, candidate: int | tuple[int, int, int] | HeadChain) -> deque[float]:
+        """The observed / prior ratios of this pipeline's runs of the candidate's kind: a head's chains, or SJD."""
+        return self.head_history if isinstance(candidate, HeadChain) else self.history
 
     def trees(self, batch_size: int) -> list[tuple[int, int, int]]:
         """The frontier trees with a prior at this batch size's row."""
@@ -479,12 +483,13 @@ class DecodingPolicy:
         if choice.candidate is None:
             return
         observed = float(stats.new_tokens.max()) / max(1, stats.target_forwards - stats.prefill_forwards)
-        history = self.head_history if isinstance(choice.candidate, HeadChain) else self.history
-        history.append(max(0.0, observed - 1.0) / (self.prior_compression(choice.candidate, batch_size) - 1.0))
+        prior = self.prior_compression(choice.candidate, batch_size)
+        self.history_of(choice.candidate).append(max(0.0, observed - 1.0) / (prior - 1.0))
 
 
 def describe(decoding: ImageDecoding) -> str:
-    """A candidate's name in a choice's reason: "sjd window 16 with a 2 x 2 frontier tree", "eagle head, 2 drafts"."""
+    """A candidate's name in a choice's reason: "sjd window 16 with a 2 x 2 frontier tree", "eagle head, 2 drafts a
+    round"."""
     if isinstance(decoding, DraftHeads):
         return f"{decoding.kind} head, {decoding.draft_length} drafts a round"
     name = f"sjd window {decoding.window}"
