@@ -11,7 +11,9 @@ sampler that sharpens the law (prefers likely tokens) pushes u towards 0, one th
 `method.json` the sampling settings): the mean of u (0.5 under exactness, with its standard error), the mean over
 the first and the last quarter of the positions, and the Kolmogorov-Smirnov test of all u against uniform. This
 tests each conditional given the image's own prefix, N times per image, so a few dozen images already test
-thousands of draws, where an image-level test of the joint law (`quality`'s permutation test) has one per image.
+thousands of draws, where an image-level test of the joint law (`quality`'s permutation test) has one per image;
+and the correlation of u at neighbouring positions (0 under exactness), which catches randomness reused across
+positions, which uniform u alone would not.
 LlamaGen pipelines (a teacher-forced forward).
 """
 
@@ -68,12 +70,19 @@ def pit_values(pipe, prompts: list[str], tokens: torch.Tensor, sampling: Samplin
 
 
 def summary(u: np.ndarray) -> dict:
+    """The figures of u [images, N]. lag1_correlation: of u at neighbouring positions of an image (0 under
+    exactness, with its standard error 1 / sqrt(pairs)): uniform u at every position can still come from a sampler
+    that reuses its randomness across positions, which keeps each conditional and breaks the joint law."""
     quarter = u.shape[1] // 4
+    centred = u - 0.5
+    pairs = centred[:, 1:] * centred[:, :-1]
     return {"images": u.shape[0], "draws": u.size, "mean_u": round(float(u.mean()), 4),
             "standard_error": round(float(u.std() / np.sqrt(u.size)), 4),
             "mean_u_first_quarter": round(float(u[:, :quarter].mean()), 4),
             "mean_u_last_quarter": round(float(u[:, -quarter:].mean()), 4),
-            "ks_p": float(kstest(u.ravel(), "uniform").pvalue)}
+            "ks_p": float(kstest(u.ravel(), "uniform").pvalue),
+            "lag1_correlation": round(float(12 * pairs.mean()), 4),  # var(u) = 1 / 12 under exactness
+            "lag1_standard_error": round(float(1 / np.sqrt(pairs.size)), 4)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -104,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
         r = report[str(folder)]
         print(f"{folder}: {r['images']} images, mean u {r['mean_u']:.4f} ± {r['standard_error']:.4f} (exact: 0.5), "
               f"first / last quarter {r['mean_u_first_quarter']:.4f} / {r['mean_u_last_quarter']:.4f}, "
-              f"KS p {r['ks_p']:.3g}", flush=True)
+              f"KS p {r['ks_p']:.3g}, lag-1 correlation {r['lag1_correlation']:+.4f} ± {r['lag1_standard_error']:.4f}",
+              flush=True)
     if args.json:
         write_json(args.json, report)
     return report

@@ -1,9 +1,11 @@
-"""`mmspec.eval.calibration`: the randomized PIT of exact samples (AR, SJD, SJD with a frontier tree) under the
-model's conditional laws is uniform, and a sampler that sharpens the law (temperature 0.7 read as 1) is caught; the
-command reads a sample store and refuses a folder that is not one before any model loads."""
+"""`mmspec.eval.calibration`: the randomized PIT of exact samples (AR, SJD, SJD with a frontier tree) under the model's
+conditional laws is uniform and serially uncorrelated, a sampler that sharpens the law (temperature 0.7 read as 1)
+and one that reuses its randomness across positions are caught; the command reads a sample store and refuses a folder
+that is not one before any model loads."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,6 +42,18 @@ def test_exact_samples_are_calibrated(pipe, options):
     assert u.shape == (8, 256) and ((0 <= u) & (u <= 1)).all()
     report = summary(u)
     assert abs(report["mean_u"] - 0.5) < 4 * report["standard_error"] and report["ks_p"] > 1e-3, report
+    assert abs(report["lag1_correlation"]) < 4 * report["lag1_standard_error"], report
+
+
+def test_randomness_reused_across_positions_is_caught():
+    """Mutation: every second draw repeats the one before. Each u is still uniform (KS passes), the joint law is
+    not: the lag-1 correlation (about 0.5 here) catches it, and independent draws pass."""
+    independent = np.random.default_rng(0).random((64, 256))
+    reused = independent.copy()
+    reused[:, 1::2] = reused[:, ::2]
+    fair, broken = summary(independent), summary(reused)
+    assert abs(fair["lag1_correlation"]) < 4 * fair["lag1_standard_error"], fair
+    assert broken["ks_p"] > 1e-3 and broken["lag1_correlation"] > 40 * broken["lag1_standard_error"], broken
 
 
 def test_a_sharpening_sampler_is_caught(pipe):
