@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmspec.core.component import DecodingComponent
-from mmspec.core.head_kinds import HEAD_KINDS
+from mmspec.core.head_kinds import HEAD_KINDS, check_head_tree, head_tree
 from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
@@ -192,16 +192,7 @@ class TextDraftHeads(TextDecoding):
     def check(self) -> None:
         if self.tree_size and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chains; trees are verified by exact rules")
-        if self.tree_rates is not None:
-            if not self.tree_size:
-                raise ValueError("tree_rates builds a positional tree of tree_size nodes: set tree_size > 0")
-            if self.draft_length != TextDraftHeads.draft_length:
-                raise ValueError("draft_length is the dynamic tree's depth; the positional tree's depth follows from "
-                                 "tree_rates")
-            try:
-                self.tree_shape()
-            except (TypeError, ValueError) as error:
-                raise ValueError(f"tree_rates: {error}") from None
+        check_head_tree(self.tree_size, self.draft_length, self.tree_rates, TextDraftHeads.draft_length)
 
     def reads(self, field: str) -> bool:
         """draft_length is not read by a positional tree, tree_rates only by one."""
@@ -210,9 +201,7 @@ class TextDraftHeads(TextDecoding):
 
     def tree_shape(self) -> TreeShape:
         """The head's tree (tree_size > 0): positional with tree_rates, else EAGLE-2's dynamic one."""
-        if self.tree_rates is None:
-            return TreeShape(nodes=self.tree_size, depth=self.draft_length)
-        return TreeShape.positional(self.tree_size, self.tree_rates)
+        return head_tree(self.tree_size, self.draft_length, self.tree_rates)
 
     def make_drafter(self, target: Any):
         from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter

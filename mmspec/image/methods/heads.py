@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mmspec.core.head_kinds import HEAD_KINDS
+from mmspec.core.head_kinds import HEAD_KINDS, check_head_tree, head_tree
 from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
@@ -57,16 +57,7 @@ class DraftHeads(DraftedTree, ImageDecoding):
         if self.tree_size and self.tree_width > 1:
             raise ValueError("tree_width sets the full tree; with tree_size the tree is the dynamic (or, with "
                              "tree_rates, the positional) one")
-        if self.tree_rates is not None:
-            if not self.tree_size:
-                raise ValueError("tree_rates builds a positional tree of tree_size nodes: set tree_size > 0")
-            if self.draft_length != DraftHeads.draft_length:
-                raise ValueError("draft_length is the dynamic tree's depth; the positional tree's depth follows from "
-                                 "tree_rates")
-            try:
-                self.tree_shape()
-            except (TypeError, ValueError) as error:
-                raise ValueError(f"tree_rates: {error}") from None
+        check_head_tree(self.tree_size, self.draft_length, self.tree_rates, DraftHeads.draft_length)
 
     def reads(self, field: str) -> bool:
         """Of the tree settings, those of the tree that runs (draft_length: not by a positional tree)."""
@@ -76,10 +67,8 @@ class DraftHeads(DraftedTree, ImageDecoding):
 
     def tree_shape(self) -> TreeShape:
         """The head's tree: positional with tree_rates, EAGLE-2's dynamic one with tree_size, else the full one."""
-        if self.tree_rates is not None:
-            return TreeShape.positional(self.tree_size, self.tree_rates)
         if self.tree_size:
-            return TreeShape(nodes=self.tree_size, depth=self.draft_length)
+            return head_tree(self.tree_size, self.draft_length, self.tree_rates)
         return super().tree_shape()
 
     def check_model(self, model) -> None:
