@@ -16,16 +16,16 @@ acceptance prior of the policy (a count of forwards, not a timing: it does not d
 Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
 temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
 cache, SJD as published (window 16, random init, independent redrafts), our exact modes with their best settings
-(`BEST`, chosen by `--sweep`), the draft GPT's chains and tree (`DRAFT`; exact, counted apart: the summary gives the
-tree's step compression over the best chain's), the draft heads (`HEADS`: EAGLE's chains and full tree exact, its
-chain with LANTERN, Hydra; and EAGLE's positional tree of HEAD_TREE_NODES nodes, `head_positional_tree`; the summary
-gives the best exact head configuration's step compression over the draft GPT's best) and every other registered
-decoding at its defaults (parallel Jacobi decoding: lossy, never counted as the best exact method; a decoding you
-register, `registered_methods`). Columns: target forwards per image, step compression (image tokens per target forward
-a row took part in, the prefill included), median latency of a call, speedup of the median latency against AR at the
-same batch size, and the share of decoding time spent outside the target forward (drafting, verification,
-bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1: on a CPU the
-window forward is compute-bound, which is what caps wall-clock speedup below step compression.
+(`BEST`, chosen by `--sweep`), the draft GPT's chains and full tree (`DRAFT`; exact, counted apart: the summary gives
+the full tree's step compression over the best chain's), the draft heads (`HEADS`: EAGLE's chains and full tree exact,
+its chain with LANTERN, Hydra; and the positional trees of POSITIONAL_NODES nodes of both drafters, `positional_tree`;
+the summary gives the best exact head configuration's step compression over the draft GPT's best) and every other
+registered decoding at its defaults (parallel Jacobi decoding: lossy, never counted as the best exact method; a
+decoding you register, `registered_methods`). Columns: target forwards per image, step compression (image tokens per
+target forward a row took part in, the prefill included), median latency of a call, speedup of the median latency
+against AR at the same batch size, and the share of decoding time spent outside the target forward (drafting,
+verification, bookkeeping). A second table gives the cost of one target forward of a W-token window relative to W = 1:
+on a CPU the window forward is compute-bound, which is what caps wall-clock speedup below step compression.
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ HEADS = {  # draft heads on the target's own features: EAGLE's chains and full t
                       "lantern_k": 100, "lantern_delta": 0.1},
     "heads_hydra": {"decoding": "heads", "kind": "hydra", "draft_length": 3},
 }
-# EAGLE's positional tree (`head_positional_tree`): HEAD_TREE_NODES nodes built for the rates at which the walks of a
-# wide calibration tree (HEAD_CALIBRATION_TREE) accept each child rank, on held-out prompts no method decodes
-HEAD_TREE_NODES = 60
-HEAD_CALIBRATION_TREE = {"decoding": "heads", "kind": "eagle", "draft_length": 3, "tree_width": 4}
+# The positional trees of the draft GPT and the EAGLE head (`positional_tree`): POSITIONAL_NODES nodes built for the
+# rates at which the walks of the drafter's wide calibration tree (CALIBRATION_TREE) accept each child rank, on
+# held-out prompts no method decodes: "draft_tree_n60" and "heads_tree_n60" compare the two drafters at one tree
+POSITIONAL_NODES = 60
+CALIBRATION_TREE = {"draft_length": 3, "tree_width": 4}
+POSITIONAL = {"draft_tree_n60": {"decoding": "draft"}, "heads_tree_n60": {"decoding": "heads", "kind": "eagle"}}
 PRESETS = {"sjd_published": PUBLISHED_SJD, **BEST, **DRAFT, **HEADS}  # tuned configurations of registered decodings
 
 
@@ -176,13 +178,14 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def head_positional_tree(pipe, prompts: list[str]) -> dict:
-    """The options of EAGLE's positional tree of HEAD_TREE_NODES nodes, for the child acceptance HEAD_CALIBRATION_TREE
-    reaches on `prompts` (untimed)."""
+def positional_tree(pipe, drafter: dict, prompts: list[str]) -> dict:
+    """The options of `drafter`'s (a `POSITIONAL` entry's) positional tree of POSITIONAL_NODES nodes, for the child
+    acceptance its CALIBRATION_TREE reaches on `prompts` (untimed)."""
     generators = seeded(pipe.device, range(len(prompts)))
-    stats = pipe(prompts, generator=generators, output_type="latent", **HEAD_CALIBRATION_TREE).stats
-    print("EAGLE head's positional acceptance (k-th child):", [round(rate, 3) for rate in stats.child_acceptance])
-    return {"decoding": "heads", "kind": "eagle", "tree_size": HEAD_TREE_NODES, "tree_rates": stats.child_acceptance}
+    stats = pipe(prompts, generator=generators, output_type="latent", **drafter, **CALIBRATION_TREE).stats
+    print(f"{drafter['decoding']}'s positional acceptance (k-th child):",
+          [round(rate, 3) for rate in stats.child_acceptance])
+    return {**drafter, "tree_size": POSITIONAL_NODES, "tree_rates": stats.child_acceptance}
 
 
 def summary(rows: list[Row], costs: dict[int, dict[int, float]], methods: dict[str, dict]) -> dict:
@@ -207,7 +210,7 @@ def summary(rows: list[Row], costs: dict[int, dict[int, float]], methods: dict[s
                               for r in ours if r.batch_size == 1},
     }
     if ("draft_tree", 1) in at:
-        chains = max(at[(name, 1)].step_compression for name in DRAFT if name != "draft_tree")
+        chains = max(at[(name, 1)].step_compression for name in DRAFT if "tree" not in name)
         result["draft_tree_over_chain_step_compression_bs1"] = round(at[("draft_tree", 1)].step_compression / chains, 3)
     if ("heads", 1) in at:
         heads = [name for name, options in methods.items() if options["decoding"] == "heads"]
@@ -215,7 +218,8 @@ def summary(rows: list[Row], costs: dict[int, dict[int, float]], methods: dict[s
             result[f"{name}_step_compression_bs1"] = round(at[(name, 1)].step_compression, 3)
             result[f"{name}_speedup_vs_ar_bs1"] = round(at[(name, 1)].speedup_vs_ar, 3)
         exact = [name for name in heads if methods[name].get("acceptance", "exact") == "exact"]
-        best_heads, best_draft = (max(at[(name, 1)].step_compression for name in names) for names in (exact, DRAFT))
+        drafts = [name for name, options in methods.items() if options["decoding"] == "draft"]
+        best_heads, best_draft = (max(at[(name, 1)].step_compression for name in names) for names in (exact, drafts))
         result["heads_over_draft_step_compression_bs1"] = round(best_heads / best_draft, 3)  # best exact over best
         result["heads_lantern_over_heads_speed_bs1"] = round(at[("heads_lantern", 1)].speedup_vs_ar /
                                                              at[("heads", 1)].speedup_vs_ar, 3)
@@ -353,8 +357,10 @@ def main(argv: list[str] | None = None) -> dict:
     # draft heads read the target's features from eager forwards: a pipeline replaying CUDA graphs refuses them
     methods = {name: options for name, options in METHODS.items()
                if not (pipe.replays_graphs() and options["decoding"] == "heads")}
-    if "heads" in methods:
-        methods["heads_tree_n60"] = head_positional_tree(pipe, held_out_prompts(len(prompts) + 4)[len(prompts):])
+    calibration = held_out_prompts(len(prompts) + 4)[len(prompts):]
+    ran = {options["decoding"] for options in methods.values()}
+    methods.update({name: positional_tree(pipe, drafter, calibration) for name, drafter in POSITIONAL.items()
+                    if drafter["decoding"] in ran})
     for options in methods.values():  # warm-up
         pipe(prompts[:1], output_type="latent", **options)
     if args.sweep:

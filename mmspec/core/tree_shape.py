@@ -118,3 +118,34 @@ def template_extent(template: Sequence[int]) -> tuple[int, int]:
         depth.append(1 if parent < 0 else depth[parent] + 1)
         children[parent + 1] += 1
     return max(depth, default=0), max(children)
+
+
+# The help of a `tree_rates` setting (the decodings that grow trees by size: text and image draft heads, the image
+# draft model), shown by the CLI and the demo.
+TREE_RATES_HELP = ("the rates at which walks accept a node's k-th child (a tree run's stats.child_acceptance): the "
+                   "fixed tree of tree_size nodes built for them, as deep as they make it")
+
+
+def sized_tree(nodes: int, depth: int, rates: Sequence[float] | None) -> TreeShape:
+    """A drafter's tree of `nodes` nodes: EAGLE-2's dynamic tree, `depth` deep, or with `rates` (the rates at which
+    walks accept a node's k-th child) the positional tree for them, as deep as they make it."""
+    if rates is None:
+        return TreeShape(nodes=nodes, depth=depth)
+    return TreeShape.positional(nodes, rates)
+
+
+def check_sized_tree(tree_size: int, draft_length: int, tree_rates: Sequence[float] | None,
+                     default_draft_length: int) -> None:
+    """Raise a `ValueError` naming the setting when tree_rates comes without a tree_size, beside a draft_length that
+    is not the default (a positional tree's depth follows from its rates), or is no rates a tree can be built for."""
+    if tree_rates is None:
+        return
+    if not tree_size:
+        raise ValueError("tree_rates builds a positional tree of tree_size nodes: set tree_size > 0")
+    if draft_length != default_draft_length:
+        raise ValueError("draft_length is the dynamic tree's depth; the positional tree's depth follows from "
+                         "tree_rates")
+    try:
+        sized_tree(tree_size, draft_length, tree_rates)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"tree_rates: {error}") from None

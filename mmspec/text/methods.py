@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmspec.core.component import DecodingComponent
-from mmspec.core.head_kinds import HEAD_KINDS, check_head_tree, head_tree
+from mmspec.core.head_kinds import HEAD_KINDS
 from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting, specs
-from mmspec.core.tree_shape import TreeShape
+from mmspec.core.tree_shape import TREE_RATES_HELP, TreeShape, check_sized_tree, sized_tree
 from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, SCHEDULES, TREE_DRAFTERS
 
 if TYPE_CHECKING:
@@ -183,16 +183,14 @@ class TextDraftHeads(TextDecoding):
     tree_size: int = setting(0, "nodes of the head's tree, all scored in one target forward: EAGLE-2's dynamic tree "
                              "(the most probable paths expanded) or, with tree_rates, the positional one; 0 = a chain",
                              low=0)
-    tree_rates: tuple[float, ...] | None = setting(
-        None, "the rates at which walks accept a node's k-th child (a tree run's stats.child_acceptance): the fixed "
-        "tree of tree_size nodes built for them, as deep as they make it", kind=tuple)
+    tree_rates: tuple[float, ...] | None = setting(None, TREE_RATES_HELP, kind=tuple)
     acceptance: AcceptanceRule = Exact()
     head: Any = runtime()
 
     def check(self) -> None:
         if self.tree_size and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chains; trees are verified by exact rules")
-        check_head_tree(self.tree_size, self.draft_length, self.tree_rates, TextDraftHeads.draft_length)
+        check_sized_tree(self.tree_size, self.draft_length, self.tree_rates, TextDraftHeads.draft_length)
 
     def reads(self, field: str) -> bool:
         """draft_length is not read by a positional tree, tree_rates only by one."""
@@ -201,7 +199,7 @@ class TextDraftHeads(TextDecoding):
 
     def tree_shape(self) -> TreeShape:
         """The head's tree (tree_size > 0): positional with tree_rates, else EAGLE-2's dynamic one."""
-        return head_tree(self.tree_size, self.draft_length, self.tree_rates)
+        return sized_tree(self.tree_size, self.draft_length, self.tree_rates)
 
     def make_drafter(self, target: Any):
         from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter

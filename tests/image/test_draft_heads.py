@@ -90,7 +90,7 @@ def test_draft_heads_refuse_what_they_cannot_run():
         DraftHeads("medusa")
     with pytest.raises(ValueError, match="tree_width > 1 .* acceptance must be Exact"):
         DraftHeads(tree_width=2, acceptance="lantern")
-    with pytest.raises(ValueError, match="tree_size > 0 drafts a tree, .* acceptance must be Exact"):
+    with pytest.raises(ValueError, match="tree_width > 1 or tree_size > 0 drafts a tree, .* acceptance must be Exact"):
         DraftHeads(tree_size=8, acceptance="lantern")
     with pytest.raises(ValueError, match="tree_width sets the full tree; with tree_size"):
         DraftHeads(tree_size=8, tree_width=2)

@@ -58,6 +58,15 @@ def test_draft_trees_match_the_exact_law(depth, width, monkeypatch):
     assert stats.draft_forwards == 1 + depth * (stats.target_forwards - 1)  # catch-up + one per inner level
 
 
+@pytest.mark.parametrize("trees", [dict(draft_length=3, tree_size=5), dict(tree_size=5, tree_rates=(0.6, 0.3))],
+                         ids=["dynamic", "positional"])
+def test_sized_draft_trees_match_the_exact_law(trees):
+    """EAGLE-2's dynamic tree and a positional tree of the draft model, with CFG (`decode_rows`' default)."""
+    tokens, stats, model = decode_rows(DraftModel(drafter=drafter(), **trees), groups=TREE_GROUPS)
+    assert_exact(tokens, model)
+    assert 0 < stats.accepted < stats.drafted and len(stats.child_acceptance) == 2
+
+
 def test_draft_trees_match_the_exact_law_without_cfg():
     sampling = SamplingConfig(temperature=1.2, top_p=0.9)
     tokens, _, model = decode_rows(DraftModel(2, tree_width=2, drafter=drafter(scale=3.0)), sampling,
@@ -139,12 +148,14 @@ def decode(decoding, model, B, sampling, generator):
     return last.tokens, stats
 
 
-@pytest.mark.parametrize("draft_length,tree_width", [(1, 1), (3, 1), (20, 1), (1, 3), (3, 2)])
-def test_greedy_draft_decoding_equals_greedy_ar(draft_length, tree_width):
+@pytest.mark.parametrize("settings", [dict(draft_length=1), dict(draft_length=3), dict(draft_length=20),
+                                      dict(draft_length=1, tree_width=3), dict(draft_length=3, tree_width=2),
+                                      dict(tree_size=6, draft_length=3), dict(tree_size=6, tree_rates=(0.5, 0.3))])
+def test_greedy_draft_decoding_equals_greedy_ar(settings):
     sampling = SamplingConfig(temperature=0, guidance_scale=2.0)
     target = llamagen(0)
     ar, _ = decode(AR(), target, 3, sampling, None)
-    spec, stats = decode(DraftModel(draft_length, tree_width=tree_width, drafter=llamagen(1)), target, 3, sampling, None)
+    spec, stats = decode(DraftModel(drafter=llamagen(1), **settings), target, 3, sampling, None)
     assert torch.equal(ar, spec)
     assert stats.target_forwards < 1 + target.num_image_tokens or stats.accepted == 0
 
@@ -164,7 +175,14 @@ def test_tree_settings_are_checked():
         DraftModel(tree_width=0)
     with pytest.raises(ValueError, match="tree_width > 1 .* acceptance must be Exact"):
         DraftModel(tree_width=2, acceptance="lantern")
+    with pytest.raises(ValueError, match="tree_width > 1 or tree_size > 0 drafts a tree, .* acceptance must be Exact"):
+        DraftModel(tree_size=8, acceptance="lantern")
+    with pytest.raises(ValueError, match="tree_rates builds a positional tree of tree_size nodes"):
+        DraftModel(tree_rates=(0.5,))
     assert DraftModel(3, tree_width=2).forward_width == 1 + 2 + 4 + 8
+    assert DraftModel(tree_size=10).forward_width == 11 and DraftModel(tree_size=10).tree
+    positional = DraftModel(tree_size=10, tree_rates=(0.5, 0.25))
+    assert positional.tree_shape().template is not None and "draft_length=" not in positional.describe()
     plain = drafter()
     plain.forward_tree = None
     decoding = DraftModel(2, tree_width=2, drafter=plain)

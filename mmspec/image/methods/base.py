@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from mmspec.core.component import DecodingComponent
 from mmspec.core.model import require
 from mmspec.core.rules.exact import Exact
-from mmspec.core.tree_shape import TreeShape
+from mmspec.core.tree_shape import TreeShape, check_sized_tree, sized_tree
 
 if TYPE_CHECKING:
     from mmspec.core.probs import SamplingConfig
@@ -78,15 +78,42 @@ class TreeWidth:
                              f"{self.acceptance.describe()}")
 
 
+# The help of the `tree_size` setting of the decodings whose drafter grows trees by size (`DraftedTree`)
+TREE_SIZE_HELP = ("nodes of the drafter's tree, all scored in one target forward (exact): EAGLE-2's dynamic tree (the "
+                  "most probable paths expanded, draft_length deep) or, with tree_rates, the positional one; 0 = the "
+                  "full tree of tree_width, or a chain")
+
+
 class DraftedTree(TreeWidth):
-    """For the decodings whose drafter proposes a chain of `draft_length` tokens or a tree (`tree_shape`: with
-    `tree_width` > 1, the full tree of that depth), a draft model or a draft head."""
+    """For the decodings whose drafter proposes a chain of `draft_length` tokens or a tree (`tree_shape`): with
+    `tree_width` > 1 the full tree of that depth; with `tree_size` > 0 EAGLE-2's dynamic tree of that many nodes or,
+    with `tree_rates`, the positional one (a draft model, a draft head: their `tree_size` and `tree_rates`
+    settings)."""
+
+    @property
+    def tree(self) -> bool:
+        return self.tree_width > 1 or self.tree_size > 0
 
     def check(self) -> None:
-        self.check_tree()
+        if self.tree and not isinstance(self.acceptance, Exact):
+            raise ValueError(f"tree_width > 1 or tree_size > 0 drafts a tree, verified by exact tree rules: "
+                             f"acceptance must be Exact(), got {self.acceptance.describe()}")
+        if self.tree_size and self.tree_width > 1:
+            raise ValueError("tree_width sets the full tree; with tree_size the tree is the dynamic (or, with "
+                             "tree_rates, the positional) one")
+        check_sized_tree(self.tree_size, self.draft_length, self.tree_rates, type(self).draft_length)
+
+    def reads(self, field: str) -> bool:
+        """Of the tree settings, those of the tree that runs (draft_length: not by a positional tree)."""
+        unread = {"tree_size": self.tree_size == 0, "tree_rates": self.tree_rates is None,
+                  "draft_length": self.tree_rates is not None, "tree_width": self.tree_size > 0}
+        return not unread.get(field, False) and super().reads(field)
 
     def tree_shape(self) -> TreeShape:
-        """The tree a round drafts (tree decodings): every node tree_width children, draft_length levels."""
+        """The tree a round drafts (tree decodings): the sized one (`tree_size`), else every node tree_width
+        children, draft_length levels."""
+        if self.tree_size:
+            return sized_tree(self.tree_size, self.draft_length, self.tree_rates)
         return TreeShape.full(self.draft_length, self.tree_width)
 
     @property

@@ -1,6 +1,6 @@
-"""`DraftModel(...)`: speculative decoding with a draft image model over the same tokens, chains or the drafter's full
-tree, exact or (chains) relaxed. The settings; the step is `mmspec.image.draft_model.DraftStep`, on the
-draft-model proposer every modality shares (`mmspec.core.drafting`)."""
+"""`DraftModel(...)`: speculative decoding with a draft image model over the same tokens, chains or the drafter's trees
+(full, EAGLE-2's dynamic or positional), exact or (chains) relaxed. The settings; the step is
+`mmspec.image.draft_model.DraftStep`, on the draft-model proposer every modality shares (`mmspec.core.drafting`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting
-from mmspec.image.methods.base import DraftedTree, ImageDecoding
+from mmspec.core.tree_shape import TREE_RATES_HELP
+from mmspec.image.methods.base import TREE_SIZE_HELP, DraftedTree, ImageDecoding
 
 
 @register_decoding
@@ -21,10 +22,13 @@ class DraftModel(DraftedTree, ImageDecoding):
     adapter (same grid and image vocabulary as the target); pipelines supply their own, so it is not saved."""
 
     name: ClassVar[str] = "draft"
-    draft_length: int = setting(4, "tokens drafted per target forward (the tree's depth with tree_width > 1)", low=1)
+    draft_length: int = setting(4, "tokens drafted per target forward (the depth of the full tree, tree_width > 1, "
+                                "and of the dynamic one, tree_size > 0)", low=1)
     acceptance: AcceptanceRule = Exact()
-    tree_width: int = setting(1, "children per node of the draft model's tree, draft_length deep, all scored in one "
-                              "target forward (exact; 1 = a chain)", low=1)
+    tree_width: int = setting(1, "children per node of the draft model's full tree, draft_length deep, all scored in "
+                              "one target forward (exact; 1 = a chain)", low=1)
+    tree_size: int = setting(0, TREE_SIZE_HELP, low=0)
+    tree_rates: tuple[float, ...] | None = setting(None, TREE_RATES_HELP, kind=tuple)
     drafter: Any = runtime()
 
     def check_model(self, model) -> None:
@@ -39,7 +43,7 @@ class DraftModel(DraftedTree, ImageDecoding):
                 f"the drafter must share the target's image tokens: drafter grid {self.drafter.grid}, vocab_size "
                 f"{self.drafter.vocab_size}; target grid {model.grid}, vocab_size {model.vocab_size}")
         super().check_model(model)
-        require(self.drafter, self.capabilities, "DraftModel(tree_width > 1)'s drafter")
+        require(self.drafter, self.capabilities, "DraftModel(tree_width > 1 or tree_size > 0)'s drafter")
 
     def step(self, model, opening, sampling, generator, stats):
         from mmspec.image.draft_model import DraftStep
