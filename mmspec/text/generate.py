@@ -35,6 +35,7 @@ from mmspec.text.stats import TextStats
 
 PROMPT_SLOTS = 64  # the buffers' room for the prompts is a multiple of it
 
+
 def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, lookahead, eos_token_id,
                  generator) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:

@@ -31,9 +31,10 @@ def test_head_chains_match_the_exact_law(kind, draft_length):
 
 @pytest.mark.parametrize("kind,trees", [("eagle", dict(draft_length=2, tree_width=2)),
                                         ("hydra", dict(draft_length=2, tree_width=2)),
-                                        ("eagle", dict(draft_length=3, tree_size=5)),  # EAGLE-2's dynamic tree
-                                        ("eagle", dict(tree_size=5, tree_rates=(0.6, 0.3)))])  # positional
+                                        ("eagle", dict(tree_size=5, tree_rates=(0.6, 0.3)))])
 def test_head_trees_match_the_exact_law(kind, trees):
+    """Full trees, and a positional one (EAGLE-2's dynamic tree takes the same image path: test_draft_model.py tests
+    it with the draft model)."""
     tokens, stats, model = decode_rows(DraftHeads(kind, head=head(kind), **trees), groups=TREE_GROUPS)
     assert_exact(tokens, model)
     assert 0 < stats.accepted < stats.drafted
