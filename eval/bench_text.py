@@ -87,6 +87,9 @@ METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ou
 # for the draft model's: the two compare drafters at one tree); the Hydra head's chains.
 HEADS = ("ours_eagle", "ours_hydra", "ours_eagle_tree", "ours_eagle_tree_n30")
 HEAD_TREE = TreeShape(nodes=16, branching=2, expand=4, depth=4)
+# the methods whose trees are built for a drafter's measured positional acceptance (calibrated only when one runs)
+DRAFT_POSITIONAL = {"ours_tree", "ours_tree_n30", *SMALL_TREES}
+HEAD_POSITIONAL = {"ours_eagle_tree_n30"}
 AR_METHODS = ("ar", "ours_ar")  # transformers' generate; ours, drafting nothing (graphed on CUDA)
 BATCH8 = ("ar", "ours_ar", "ours_model", "ours_tree", *BATCH8_ONLY)
 
@@ -180,7 +183,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
                  head_rates: dict[float, tuple[float, ...]]):
     """name -> fn(encoded batch, temperature, seed) -> (sequences, stats or None); tree methods also take
     ceiling=True (alpha* at the visited nodes). rates, head_rates: the draft model's and the EAGLE head's positional
-    acceptance at each temperature. On
+    acceptance at each temperature (empty where none of the drafter's positional trees runs). On
     CUDA our decodings replay their steps from CUDA graphs (one store for the run: each method's first, untimed call
     captures), as a `SpeculativeTextPipeline` on CUDA does; transformers' methods run as they are. heads: the
     target's draft heads by kind ("eagle", "hydra")."""
@@ -261,6 +264,15 @@ def calibrate(target, drafter, tokenizer, prompts: list[str], temperature: float
                                     max_new_tokens=max_new_tokens, generator=seeded(target.device, [seed])[0],
                                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     return stats.child_acceptance
+
+
+def positional_acceptance(target, make_drafter, tokenizer, prompts: list[str], max_new_tokens: int,
+                          name: str) -> dict[float, tuple[float, ...]]:
+    """`calibrate` at T = 0 and 1 with the tree drafters `make_drafter()` builds (printed under `name`)."""
+    rates = {t: calibrate(target, make_drafter(), tokenizer, prompts, t, max_new_tokens) for t in (0.0, 1.0)}
+    print(f"{name}'s positional acceptance (k-th child):",
+          {t: [round(r, 3) for r in rate] for t, rate in rates.items()})
+    return rates
 
 
 def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repeats) -> Row:
@@ -403,16 +415,17 @@ def main(argv: list[str] | None = None) -> dict:
     calibration_prompts = 2 if args.quick else 8
     prompts = held_out_prompts(max(n_prompts, 8) + calibration_prompts)
     prompts, calibration = prompts[:-calibration_prompts], prompts[-calibration_prompts:]
-    with torch.no_grad():
-        rates, head_rates = ({t: calibrate(target, make(), tokenizer, calibration, t, max_new_tokens)
-                              for t in (0.0, 1.0)}
-                             for make in (lambda: ModelTreeDrafter(draft, CALIBRATION_SHAPE),
-                                          lambda: HeadTreeDrafter(target, heads["eagle"], CALIBRATION_SHAPE)))
-    for name, found in (("draft model", rates), ("EAGLE head", head_rates)):
-        print(f"{name}'s positional acceptance (k-th child):", {t: [round(r, 3) for r in rate]
-                                                                for t, rate in found.items()})
+    chosen = set(METHOD_NAMES if args.methods is None else (*AR_METHODS, *args.methods))
+    with torch.no_grad():  # each drafter's positional acceptance, where one of its positional trees runs
+        rates = head_rates = {}
+        if chosen & DRAFT_POSITIONAL:
+            rates = positional_acceptance(target, lambda: ModelTreeDrafter(draft, CALIBRATION_SHAPE), tokenizer,
+                                          calibration, max_new_tokens, "draft model")
+        if chosen & HEAD_POSITIONAL:
+            head_rates = positional_acceptance(target, lambda: HeadTreeDrafter(target, heads["eagle"],
+                                                                               CALIBRATION_SHAPE),
+                                               tokenizer, calibration, max_new_tokens, "EAGLE head")
     methods = make_methods(target, draft, tokenizer, max_new_tokens, rates, heads, head_rates)
-    chosen = set(methods if args.methods is None else (*AR_METHODS, *args.methods))
     rows = []
     with torch.no_grad():
         for temperature in (0.0, 1.0):
