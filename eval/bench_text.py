@@ -340,7 +340,10 @@ def summary(rows: list[Row]) -> dict:
         return by[method, bs, t].new_tokens / by[method, bs, t].target_forwards
 
     def best_ours(bs, t):
-        return max(tps(m, b, T) for m, b, T in by if m.startswith("ours") and m not in AR_METHODS and (b, T) == (bs, t))
+        speeds = [tps(m, b, T) for m, b, T in by if m.startswith("ours") and m not in AR_METHODS and (b, T) == (bs, t)]
+        if not speeds:
+            raise KeyError((bs, t))  # none of ours ran there
+        return max(speeds)
 
     def best(methods, t):
         return max(per_forward(method, 1, t) for method in methods)
