@@ -14,7 +14,9 @@
    `--align-share` of dimensions: FSPAD's partial alignment, which leaves the rest free for the logits), with
    uniform noise of `--noise` on the features it reads (they are its own predictions when it drafts), and for images
    plus the soft cross-entropy of its guided law to the target's guided law (the law decoding accepts against;
-   guidance multiplies the rows' errors):
+   guidance multiplies the rows' errors), plus `--tv-weight` x the total variation between the head's law and the
+   target's (the guided ones for images): 1 - alpha, the acceptance itself (DistillSpec's TVD, Zhou et al. 2023,
+   arXiv 2310.08461; cross-entropy alone spends the head's capacity on the tail that acceptance ignores):
    - EAGLE: unrolled `--unroll` extra steps (EAGLE-3's training-time test), step s reading its own step s - 1
      predictions and attending to the true pairs before the drafted span plus its own diagonal, as drafting at depth
      s + 1 does; step losses weighted 0.8^s. `--feature-sampling`: FSPAD's input combiner (`EagleHead`).
@@ -26,7 +28,7 @@
 
 The heads are saved as `eagle_head/` and `hydra_head/` in `--out-dir` (default: the target's pipeline folder,
 `pycode/` or `shapes/` for the embedded ones), where the pipelines load them. Checkpoints in `--work-dir` let an
-interrupted run resume.
+interrupted run resume (a fine-tune from `--init-from` keeps its own).
 """
 
 from __future__ import annotations
@@ -257,12 +259,18 @@ def hydra_steps(head: HydraHead, batch: Pairs, noise: float):
     return [head(features[:, : L - k], tokens.unfold(1, k + 1, 1)) for k in range(head.num_heads)]
 
 
+def total_variation(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[...]: TV(p, softmax(logits)) = 1 - sum min(p, q), the rejection rate of a draft sampled from q."""
+    return 1 - torch.minimum(p, logits.softmax(-1)).sum(-1)
+
+
 def depth_losses(head, batch: Pairs, predictions, feature_weight: float, guidance_scale: float | None = None,
-                 align_share: float = 1.0) -> list[torch.Tensor]:
+                 align_share: float = 1.0, tv_weight: float = 0.0) -> list[torch.Tensor]:
     """Per depth d (index of `predictions`): the mean soft CE to the target's law plus `feature_weight` x SmoothL1
     to its feature's first `align_share` of dimensions (FSPAD's partial alignment below 1), over the columns that
     depth predicts. With guidance (images), plus the soft CE of the head's guided law to the target's: the law that
-    decoding accepts against, where guidance multiplies the rows' errors."""
+    decoding accepts against, where guidance multiplies the rows' errors. Plus `tv_weight` x the mean total
+    variation between the law decoding accepts against (guided for images) and the head's."""
     aligned_dims = max(1, round(align_share * batch.target_features.shape[-1]))
     losses = []
     for d, hidden in enumerate(aligned(head, predictions)):
@@ -270,8 +278,12 @@ def depth_losses(head, batch: Pairs, predictions, feature_weight: float, guidanc
         loss = soft_cross_entropy(batch.laws[:, d:], logits).mean()
         loss = loss + feature_weight * F.smooth_l1_loss(hidden[..., :aligned_dims].float(),
                                                         batch.target_features[:, d:, :aligned_dims])
+        accepted_law, accepted_logits = batch.laws[:, d:], logits
         if batch.guided_laws is not None:
-            loss = loss + soft_cross_entropy(batch.guided_laws[:, d:], guided(logits, guidance_scale)).mean()
+            accepted_law, accepted_logits = batch.guided_laws[:, d:], guided(logits, guidance_scale)
+            loss = loss + soft_cross_entropy(accepted_law, accepted_logits).mean()
+        if tv_weight:
+            loss = loss + tv_weight * total_variation(accepted_law, accepted_logits).mean()
         losses.append(loss)
     return losses
 
@@ -302,11 +314,9 @@ def held_out_metrics(head, teacher, samples: torch.Tensor, args) -> dict:
         rows = []
         for d, hidden in enumerate(aligned(head, predictions_of(head, batch, args, training=False))):
             logits, p = head.logits(hidden).float(), batch.laws[:, d:]
-            row = [torch.minimum(p, logits.softmax(-1)).sum(-1).mean(),
-                   (p.argmax(-1) == logits.argmax(-1)).float().mean()]
+            row = [1 - total_variation(p, logits).mean(), (p.argmax(-1) == logits.argmax(-1)).float().mean()]
             if batch.guided_laws is not None:
-                q = guided(logits, teacher.guidance_scale).softmax(-1)
-                row.append(torch.minimum(batch.guided_laws[:, d:], q).sum(-1).mean())
+                row.append(1 - total_variation(batch.guided_laws[:, d:], guided(logits, teacher.guidance_scale)).mean())
             rows.append(row)
         sums.append(torch.tensor(rows))
     means = torch.stack(sums).mean(0).T.tolist()  # [metric][depth]
@@ -366,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--noise", type=float, default=0.1)
     parser.add_argument("--align-share", type=float, default=1.0, help="the share of feature dimensions the feature "
                         "loss aligns (FSPAD's partial alignment below 1)")
+    parser.add_argument("--tv-weight", type=float, default=0.0, help="the weight of the total variation between "
+                        "the head's law and the target's (guided for images), 1 - alpha (DistillSpec's TVD)")
     parser.add_argument("--feature-sampling", action="store_true", help="EAGLE: FSPAD's feature sampling, the input "
                         "FC([E(x); f; E(x) * f])")
     parser.add_argument("--init-from", default=None, help="a folder with heads to start from (its eagle_head/, "
@@ -384,6 +396,8 @@ def main(argv: list[str] | None = None) -> None:
         missing = [kind for kind in args.kinds if not (Path(args.init_from) / f"{kind}_head").is_dir()]
         if missing:
             parser.error(f"--init-from: {args.init_from} has no {', '.join(f'{k}_head/' for k in missing)}")
+    if args.tv_weight < 0:
+        parser.error(f"--tv-weight must be >= 0, got {args.tv_weight}")
     if not 0 < args.align_share <= 1:
         parser.error(f"--align-share must be in (0, 1], got {args.align_share}")
     if args.prompts is not None and not Path(args.prompts).exists():
@@ -420,18 +434,22 @@ def main(argv: list[str] | None = None) -> None:
         def loss(model, batch_samples):
             batch = teacher.pairs(batch_samples)
             losses = depth_losses(model, batch, predictions_of(model, batch, args, training=True),
-                                  args.feature_weight, getattr(teacher, "guidance_scale", None), args.align_share)
+                                  args.feature_weight, getattr(teacher, "guidance_scale", None), args.align_share,
+                                  args.tv_weight)
             total = sum(DEPTH_DECAY**d * x for d, x in enumerate(losses))
             return total, losses[0]
 
-        seconds = train_loop(f"{kind}_head", head, steps=args.steps, lr=args.lr, loss_fn=loss, batch_fn=batch_fn,
+        # a fine-tune keeps its own checkpoint: the plain run's would replace the head it starts from
+        run = f"{kind}_head" if args.init_from is None else f"{kind}_head-from-{Path(args.init_from).resolve().name}"
+        seconds = train_loop(run, head, steps=args.steps, lr=args.lr, loss_fn=loss, batch_fn=batch_fn,
                              work_dir=work, seed=args.seed + HEAD_KINDS.index(kind), device=args.device)
         metrics = held_out_metrics(head, teacher, held_out, args)
         head.register_to_config(acceptance=recorded_acceptance(metrics, getattr(teacher, "guidance_scale", None)))
         metrics.update({"target": args.target, "training_samples": len(train),
                         "target_sampling_s": round(sampling_seconds, 1), "unroll": args.unroll if kind == "eagle"
                         else None, "feature_weight": args.feature_weight, "noise": args.noise,
-                        "align_share": args.align_share,
+                        "align_share": args.align_share, "tv_weight": args.tv_weight, "lr": args.lr,
+                        "init_from": args.init_from,
                         "feature_sampling": args.feature_sampling if kind == "eagle" else None})
         save_stage(head.half(), out_dir / f"{kind}_head", metrics, args.steps, args.batch_size, seconds)
 

@@ -85,6 +85,9 @@ def train_loop(
         optimizer.load_state_dict(ckpt["optimizer"])
         generator.set_state(ckpt["generator"])
         start, elapsed = ckpt["step"], ckpt["elapsed_s"]
+        if start > steps:  # a longer run's checkpoint: "resuming" it would train nothing and report that run
+            raise ValueError(f"{ckpt_path} holds a run at step {start}, past the {steps} steps asked for: ask for "
+                             f"at least {start} steps to resume it, or train in another work folder")
         logger.info("resuming %s from step %d", name, start)
 
     model.train()

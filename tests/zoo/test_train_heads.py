@@ -79,6 +79,16 @@ def test_the_command_trains_and_saves_both_heads(tmp_path):
                       str(tmp_path / "out"), "--work-dir", str(tmp_path / "work")])
     topped_up = torch.load(tmp_path / "work" / "samples.pt")
     assert topped_up.shape[0] == 8 and torch.equal(topped_up[:6], kept)  # kept ones reused, two more drawn
+    # a fine-tune from the saved head trains from it, not from the plain run's finished checkpoint in the same work
+    # folder (which would "resume" at its last step and train nothing)
+    train_heads.main(["--target", "pycode/target", "--kinds", "eagle", "--samples", "8", "--held-out", "2",
+                      "--new-tokens", "8", "--steps", "1", "--batch-size", "2", "--tv-weight", "1",
+                      "--init-from", str(tmp_path / "out"), "--out-dir", str(tmp_path / "tuned"),
+                      "--work-dir", str(tmp_path / "work")])
+    start, tuned = (EagleHead.from_pretrained(tmp_path / name / "eagle_head") for name in ("out", "tuned"))
+    assert not torch.equal(start.fc.weight, tuned.fc.weight)
+    metrics = json.loads((tmp_path / "tuned" / "eagle_head" / "training_metrics.json").read_text())
+    assert metrics["init_from"] == str(tmp_path / "out") and metrics["tv_weight"] == 1.0
 
 
 def test_the_guided_law_trained_is_the_law_decoding_samples():
@@ -132,3 +142,23 @@ def test_a_feature_sampling_head_started_from_a_plain_one_predicts_as_it_does(tm
     torch.testing.assert_close(sampling(*arguments), plain(*arguments))
     with pytest.raises(ValueError, match="holds another kind of head"):
         train_heads.start_from(HydraHead(feature_size=8, vocab_size=16, num_heads=2, hidden=8), tmp_path / "eagle_head")
+
+
+def test_the_tv_term_is_the_rejection_rate_against_the_guided_law():
+    """--tv-weight adds w x (1 - alpha) per depth, alpha = sum_x min(p, q) of the guided laws decoding accepts
+    against (images), computed here independently in float64."""
+    torch.manual_seed(0)
+    head = EagleHead(feature_size=8, vocab_size=16, n_head=2, ffn_hidden=8, positions="2d", grid_size=4)
+    head.bind(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
+    tokens = torch.randint(0, 16, (4, 5))
+    laws = torch.rand(4, 5, 16).softmax(-1)
+    batch = train_heads.Pairs(tokens, torch.randn(4, 5, 8), torch.randn(4, 5, 8), laws, torch.arange(5).expand(4, -1),
+                              torch.rand(2, 5, 16).softmax(-1))
+    predictions = train_heads.eagle_steps(head, batch, unroll=1, noise=0.0)
+    plain = train_heads.depth_losses(head, batch, predictions, 1.0, 3.0)
+    weighted = train_heads.depth_losses(head, batch, predictions, 1.0, 3.0, tv_weight=2.0)
+    for d, hidden in enumerate(train_heads.aligned(head, predictions)):
+        logits = head.logits(hidden).double()
+        q = (logits[2:] + 3.0 * (logits[:2] - logits[2:])).softmax(-1)  # conditional rows first, then their twins
+        alpha = torch.minimum(batch.guided_laws[:, d:].double(), q).sum(-1).mean()
+        torch.testing.assert_close((weighted[d] - plain[d]).double(), 2.0 * (1 - alpha), atol=1e-6, rtol=1e-5)
