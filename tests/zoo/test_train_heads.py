@@ -144,9 +144,9 @@ def test_a_feature_sampling_head_started_from_a_plain_one_predicts_as_it_does(tm
         train_heads.start_from(HydraHead(feature_size=8, vocab_size=16, num_heads=2, hidden=8), tmp_path / "eagle_head")
 
 
-def test_the_tv_term_is_the_rejection_rate_against_the_guided_law():
-    """--tv-weight adds w x (1 - alpha) per depth, alpha = sum_x min(p, q) of the guided laws decoding accepts
-    against (images), computed here independently in float64."""
+def test_the_tv_term_is_the_rejection_rate_of_the_law_decoding_accepts_against():
+    """--tv-weight adds w x (1 - alpha) per depth, alpha = sum_x min(p, q) of the laws decoding accepts against (the
+    guided ones for images, the plain ones for text), computed here independently in float64."""
     torch.manual_seed(0)
     head = EagleHead(feature_size=8, vocab_size=16, n_head=2, ffn_hidden=8, positions="2d", grid_size=4)
     head.bind(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
@@ -161,4 +161,10 @@ def test_the_tv_term_is_the_rejection_rate_against_the_guided_law():
         logits = head.logits(hidden).double()
         q = (logits[2:] + 3.0 * (logits[:2] - logits[2:])).softmax(-1)  # conditional rows first, then their twins
         alpha = torch.minimum(batch.guided_laws[:, d:].double(), q).sum(-1).mean()
+        torch.testing.assert_close((weighted[d] - plain[d]).double(), 2.0 * (1 - alpha), atol=1e-6, rtol=1e-5)
+    text = batch._replace(guided_laws=None)  # text: the plain laws are the ones decoding accepts against
+    plain = train_heads.depth_losses(head, text, predictions, 1.0)
+    weighted = train_heads.depth_losses(head, text, predictions, 1.0, tv_weight=2.0)
+    for d, hidden in enumerate(train_heads.aligned(head, predictions)):
+        alpha = torch.minimum(laws[:, d:].double(), head.logits(hidden).double().softmax(-1)).sum(-1).mean()
         torch.testing.assert_close((weighted[d] - plain[d]).double(), 2.0 * (1 - alpha), atol=1e-6, rtol=1e-5)
