@@ -64,6 +64,8 @@ class TreeWidth:
     """For the decodings with a `tree_width` setting: above 1 they verify a tree, which needs an adapter with the
     "tree" capability, and the exact tree rules (so `acceptance` must be exact)."""
 
+    tree_settings: ClassVar[str] = "tree_width > 1"  # the settings that make `tree` true, as errors name them
+
     @property
     def tree(self) -> bool:
         return self.tree_width > 1
@@ -74,8 +76,8 @@ class TreeWidth:
 
     def check_tree(self) -> None:
         if self.tree and not isinstance(self.acceptance, Exact):
-            raise ValueError(f"tree_width > 1 is verified by exact tree rules: acceptance must be Exact(), got "
-                             f"{self.acceptance.describe()}")
+            raise ValueError(f"{self.tree_settings} drafts a tree, verified by exact tree rules: acceptance must be "
+                             f"Exact(), got {self.acceptance.describe()}")
 
 
 # The help of the `tree_size` setting of the decodings whose drafter grows trees by size (`DraftedTree`)
@@ -90,14 +92,14 @@ class DraftedTree(TreeWidth):
     with `tree_rates`, the positional one (a draft model, a draft head: their `tree_size` and `tree_rates`
     settings)."""
 
+    tree_settings: ClassVar[str] = "tree_width > 1 or tree_size > 0"
+
     @property
     def tree(self) -> bool:
         return self.tree_width > 1 or self.tree_size > 0
 
     def check(self) -> None:
-        if self.tree and not isinstance(self.acceptance, Exact):
-            raise ValueError(f"tree_width > 1 or tree_size > 0 drafts a tree, verified by exact tree rules: "
-                             f"acceptance must be Exact(), got {self.acceptance.describe()}")
+        self.check_tree()
         if self.tree_size and self.tree_width > 1:
             raise ValueError("tree_width sets the full tree; with tree_size the tree is the dynamic (or, with "
                              "tree_rates, the positional) one")
