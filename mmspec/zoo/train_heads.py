@@ -47,7 +47,7 @@ from mmspec.core.head_drafting import FeatureTap
 from mmspec.core.head_kinds import HEAD_KINDS
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model
-from mmspec.zoo.training import save_stage, train_loop
+from mmspec.zoo.training import save_stage, total_variation, train_loop
 
 logger = logging.getLogger(__name__)
 DEPTH_DECAY = 0.8  # EAGLE-3's weight of unrolled step s: 0.8^s
@@ -257,11 +257,6 @@ def hydra_steps(head: HydraHead, batch: Pairs, noise: float):
         features = features + noise * (2 * torch.rand_like(features) - 1)
     L = tokens.shape[1]
     return [head(features[:, : L - k], tokens.unfold(1, k + 1, 1)) for k in range(head.num_heads)]
-
-
-def total_variation(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """[...]: TV(p, softmax(logits)) = 1 - sum min(p, q), the rejection rate of a draft sampled from q."""
-    return 1 - torch.minimum(p, logits.softmax(-1)).sum(-1)
 
 
 def depth_losses(head, batch: Pairs, predictions, feature_weight: float, guidance_scale: float | None = None,

@@ -40,7 +40,7 @@ from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import psnr, reconstruct, to_model_range
 from mmspec.zoo.shapes import CAPTION_WORDS, scenes
-from mmspec.zoo.training import add_stage_arguments, save_stage, seconds_key, train_loop
+from mmspec.zoo.training import add_stage_arguments, save_stage, seconds_key, total_variation, train_loop
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +339,7 @@ def draft_agreement(text_encoder, target, draft, text: tuple, ids: torch.Tensor)
         q_logits = draft(tokens, states, mask.bool())
         p = target(tokens, states, mask.bool()).softmax(-1)
         nll += F.cross_entropy(q_logits.flatten(0, 1), tokens.flatten(), reduction="sum").item()
-        acceptance += torch.minimum(p, q_logits.softmax(-1)).sum(-1).sum().item()
+        acceptance += (1 - total_variation(p, q_logits)).sum().item()
     return {"held_out_loss": round(nll / ids.numel(), 4), "held_out_acceptance": round(acceptance / ids.numel(), 4)}
 
 

@@ -1,4 +1,5 @@
-"""The resumable training loop shared by the zoo's training scripts (text and image models)."""
+"""The resumable training loop shared by the zoo's training scripts (text and image models), and the measure of
+a drafter they share."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def cosine_lr(lr: float, steps: int, warmup: int) -> Callable[[int], float]:
         return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
     return lr_at
+
+
+def total_variation(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[...]: TV(p, softmax(logits)) = 1 - sum min(p, q), the rejection rate of a draft sampled from q."""
+    return 1 - torch.minimum(p, logits.softmax(-1)).sum(-1)
 
 
 def seconds_key(device: torch.device) -> str:
