@@ -1,7 +1,8 @@
 """Drafting with a head on the target's own features (EAGLE, Hydra: `mmspec.models.heads`), for every modality.
 
 A head has no model of its own to run ahead: it reads the feature the target computed for each committed token (the
-input of the target's LM head, caught by a `FeatureTap`) and drafts from it. `HeadProposer` offers the draft-model
+input of the target's LM head, and for an EAGLE-3 head the outputs of some of its decoder layers too, caught by a
+`FeatureTap`) and drafts from it. `HeadProposer` offers the draft-model
 proposer's two calls (`chain`, `tree`; `mmspec.core.drafting.ModelProposer`), so the draft-model steps of text and
 images verify its drafts unchanged.
 
@@ -19,6 +20,7 @@ feature. Shapes: B samples, R cache rows (2B with classifier-free guidance), d t
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -34,23 +36,40 @@ from mmspec.core.trees import DraftTree
 
 
 class FeatureTap:
-    """The input of a target's LM head at its last call ([R, W, d], `features`): one forward pre-hook per head
-    module, shared by every drafter that reads it (`FeatureTap.of`)."""
+    """What a head reads of a target's last forward ([R, W, w], `features`): the input of its LM head, the feature
+    ([R, W, d], w = d), after the outputs of the decoder `layers` an EAGLE-3 head fuses (w = (k + 1) d for k of
+    them), each cut to the feature's last W columns (the LM head reads the last columns of the final layer's output).
+    Forward hooks on the modules, shared by every drafter that reads the same ones (`FeatureTap.of`)."""
 
-    def __init__(self, lm_head: torch.nn.Module):
-        self.features: torch.Tensor | None = None
-        self.handle = lm_head.register_forward_pre_hook(self._keep)
+    def __init__(self, lm_head: torch.nn.Module, layers: Sequence[torch.nn.Module] = ()):
+        self.feature: torch.Tensor | None = None
+        self.layer_outputs: list[torch.Tensor | None] = [None] * len(layers)
+        self.handles = [lm_head.register_forward_pre_hook(self._keep_feature)]
+        self.handles += [layer.register_forward_hook(self._keeper(i)) for i, layer in enumerate(layers)]
 
-    def _keep(self, module, inputs) -> None:
-        self.features = inputs[0]
+    def _keep_feature(self, module, inputs) -> None:
+        self.feature = inputs[0]
+
+    def _keeper(self, index: int):
+        def keep(module, inputs, output) -> None:  # transformers' decoder layers may return (hidden, ...) tuples
+            self.layer_outputs[index] = output[0] if isinstance(output, tuple) else output
+        return keep
+
+    @property
+    def features(self) -> torch.Tensor:
+        if not self.layer_outputs:
+            return self.feature
+        W = self.feature.shape[1]
+        return torch.cat([*(output[:, -W:] for output in self.layer_outputs), self.feature], -1)
 
     @classmethod
-    def of(cls, lm_head: torch.nn.Module) -> FeatureTap:
-        """The tap on `lm_head`, made on first use."""
-        tap = lm_head.__dict__.get("_feature_tap")
-        if tap is None:
-            tap = lm_head.__dict__["_feature_tap"] = cls(lm_head)
-        return tap
+    def of(cls, lm_head: torch.nn.Module, layers: Sequence[torch.nn.Module] = ()) -> FeatureTap:
+        """The tap on `lm_head` and `layers` (in this order), made on first use."""
+        taps = lm_head.__dict__.setdefault("_feature_taps", {})
+        key = tuple(id(layer) for layer in layers)
+        if key not in taps:
+            taps[key] = cls(lm_head, layers)
+        return taps[key]
 
 
 def check_draft_depth(head: Any, depth: int, argument: str, unit: str = "tokens") -> None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 CAPABILITIES = {
     "tree": ("forward_tree", "keep_path"),  # tree attention over draft nodes, then keep the accepted path
     "segments": ("forward_segments", "commit_segments"),  # scattered windows that see the committed tokens only
-    "features": ("feature_readout",),  # the embedding and LM head whose input a feature head reads
+    "features": ("feature_readout", "feature_layers"),  # what a feature head reads: the LM head's input, layers
 }
 
 
@@ -99,6 +99,8 @@ class CausalModel(Protocol):
     # "features" (draft heads on the target's features, `mmspec.core.head_drafting`):
     #   feature_readout() -> (embedding, lm_head): the modules that embed the adapter's token ids and turn the
     #       target's features (its LM head's input, which every forward feeds it) into logits over them.
+    #   feature_layers() -> the target's decoder layers in order, whose outputs (their last columns aligned with
+    #       the LM head's input) an EAGLE-3 head fuses with the feature.
 
 
 def require(model: Any, capabilities: frozenset[str] | set[str], what: str) -> None:

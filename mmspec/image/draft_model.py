@@ -114,7 +114,7 @@ class HeadStep(DraftStep):
         opening, head = self.opening, decoding.head
         embedding, lm_head = self.model.feature_readout()
         head.bind(embedding, lm_head)
-        tap = FeatureTap.of(lm_head)
+        tap = FeatureTap.of(lm_head, head.tapped_layers(self.model.feature_layers()))
         first = opening.first_token
         B, cfg = first.shape[0], self.sampling.guidance_scale != 1.0
         rows = 2 * B if cfg else B

@@ -7,9 +7,11 @@ predictions out through the target's frozen embedding and LM head (`bind`), so a
 
 - `EagleHead`: one pre-norm decoder layer over pairs (embedding of token x_j, feature f_{j-1} of the token before),
   fused by FC(2d -> d), predicting the feature f_j (whose LM-head law is that of x_{j+1}). It autoregresses on
-  features: a drafted token's pair takes the head's own prediction for its parent. Its layer attends over the pairs
-  before it through a KV cache of its own (tree nodes: their ancestors), with rotary positions (1-D for text, the
-  target grid's 2-D table for images).
+  features: a drafted token's pair takes the head's own prediction for its parent. With `feature_layers`, a token the
+  target has scored pairs with EAGLE-3's fused feature instead of f (Li et al. 2025, arXiv 2503.01840): the outputs of
+  those decoder layers beside f, FC([norm(h_a); norm(h_b); ...; f] -> d), which starts as f alone. Its layer attends
+  over the pairs before it through a KV cache of its own (tree nodes: their ancestors), with rotary positions (1-D
+  for text, the target grid's 2-D table for images).
 - `HydraHead`: sequentially dependent MLP heads, no attention. Head k sees the feature h of the token before the last
   committed one and the embeddings of the last committed token and the k drafts after it (the tokens chosen by heads
   0 .. k - 1), [h; E(x); E(d_1); ...; E(d_k)] -> MLP -> h + delta, the predicted feature of d_k; it drafts at most
@@ -20,6 +22,8 @@ target's feature width, V its vocabulary, W a window, S the EAGLE session's cach
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +51,15 @@ class TargetReadout:
         # plain attributes, not submodules: the target's weights are neither trained nor saved with the head
         self.__dict__["embedding"], self.__dict__["lm_head"] = embedding, lm_head
 
+    def tapped_layers(self, layers: Sequence[nn.Module]) -> list[nn.Module]:
+        """Of the target's decoder `layers` (all of them, in order), those whose outputs the head reads beside its
+        feature (`EagleHead`'s `feature_layers`; none for the others)."""
+        wanted = tuple(self.config.get("feature_layers", ()))
+        if wanted and max(wanted) >= len(layers):
+            raise ValueError(f"the head reads the outputs of the target's decoder layers {list(wanted)}; the target "
+                             f"has {len(layers)}")
+        return [layers[i] for i in wanted]
+
     @property
     def weight_dtype(self) -> torch.dtype:
         """The dtype of the head's own weights (read off one: `ModelMixin.dtype` walks them all, on every draft)."""
@@ -73,15 +86,26 @@ class EagleHead(TargetReadout, ModelMixin, ConfigMixin):
     drawn from the head's law q at depth d is accepted against the target's p; the image pipelines'
     `decoding="auto"` predicts the head's chains from it; feature_sampling: FSPAD's feature sampling (Gui et al.
     2024, arXiv 2408.15562), as we read it: the feature alone does not say which token was drawn from its law, so the
-    fused input also holds the feature sampled by that token's embedding, FC([E(x); f; E(x) * f])."""
+    fused input also holds the feature sampled by that token's embedding, FC([E(x); f; E(x) * f]); feature_layers:
+    the indices of the target's decoder layers whose outputs it fuses with f (EAGLE-3's fused feature, `fuse`;
+    empty: f alone, as EAGLE and EAGLE-2 read)."""
 
     @register_to_config
     def __init__(self, feature_size: int = 192, vocab_size: int = 4096, n_head: int = 6, ffn_hidden: int = 512,
                  norm_eps: float = 1e-6, positions: str = "1d", max_positions: int = 2048, grid_size: int = 16,
-                 rope_base: float = 10000.0, acceptance: dict | None = None, feature_sampling: bool = False):
+                 rope_base: float = 10000.0, acceptance: dict | None = None, feature_sampling: bool = False,
+                 feature_layers: tuple[int, ...] = ()):
         super().__init__()
         if positions not in ("1d", "2d"):
             raise ValueError(f"positions must be '1d' or '2d', got {positions!r}")
+        if any(not isinstance(i, int) or i < 0 for i in feature_layers) or len(set(feature_layers)) < len(
+                feature_layers):
+            raise ValueError(f"feature_layers must be distinct layer indices >= 0, got {feature_layers!r}")
+        if feature_layers:
+            self.fuser = nn.Linear((len(feature_layers) + 1) * feature_size, feature_size)
+            with torch.no_grad():  # f alone at first: [0 ... 0 I]
+                self.fuser.weight.zero_()[:, -feature_size:] = torch.eye(feature_size)
+                self.fuser.bias.zero_()
         self.fc = nn.Linear((3 if feature_sampling else 2) * feature_size, feature_size)
         self.layer = TransformerBlock(feature_size, n_head, n_head, ffn_hidden, norm_eps, 0.0, 0.0)
         head_dim = feature_size // n_head
@@ -92,6 +116,18 @@ class EagleHead(TargetReadout, ModelMixin, ConfigMixin):
             angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), freqs)
             table = torch.stack([angles.cos(), angles.sin()], -1)
         self.register_buffer("rope", table, persistent=False)  # [P, head_dim / 2, 2]
+
+    def fuse(self, target_features: torch.Tensor) -> torch.Tensor:
+        """The feature [..., d] a head's pair reads for a token the target scored, of what the target computed
+        before it [..., (k + 1) d] (`FeatureTap`): the outputs of its k `feature_layers` (RMS-normalised, as the
+        target's own layers read them) and its feature f, fused; f itself without `feature_layers`."""
+        target_features = target_features.to(self.weight_dtype)
+        if not self.config.feature_layers:
+            return target_features
+        d = self.config.feature_size
+        outputs = target_features[..., :-d].unflatten(-1, (-1, d))
+        normed = F.rms_norm(outputs, (d,), eps=self.config.norm_eps).flatten(-2)
+        return self.fuser(torch.cat([normed, target_features[..., -d:]], -1))
 
     def forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                 cache: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -143,9 +179,11 @@ class HydraHead(TargetReadout, ModelMixin, ConfigMixin):
 class HeadSession(CFGRows):
     """A head drafting for one batch (`mmspec.core.head_drafting.HeadProposer` drives it).
 
-    prefill(tokens [R, T], features [R, T, d], positions [R, T], valid [R, T]) -> Logits [B, 1, V]: the pairs before
+    prefill(tokens [R, T], features [R, T, w], positions [R, T], valid [R, T]) -> Logits [B, 1, V]: the pairs before
         the first round, right-aligned so that the last one is the last committed token; its law of the next token.
-    catch_up(tokens [R, W], features [R, W, d], start [R], committed [R]) -> Logits [B, 1, V]: re-read the tokens
+        features: what the `FeatureTap` of the head's `tapped_layers` reads (w = d, or (k + 1) d for an EAGLE head
+        that fuses k layers' outputs).
+    catch_up(tokens [R, W], features [R, W, w], start [R], committed [R]) -> Logits [B, 1, V]: re-read the tokens
         committed since the last round (model-view indices start .. committed - 1, padding after) with the target's
         features, and give the law after the last one.
     expand(nodes [B, F], paths [B, F, D], node_tokens [B, n], valid [B, F]) -> Logits [B, F, V]: the laws after the
@@ -196,7 +234,7 @@ class EagleSession(HeadSession):
         causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
         allowed = torch.zeros(R, T, self.k.shape[2], dtype=torch.bool, device=tokens.device)
         allowed[:, :, :T] = causal & valid[:, None, :]
-        hidden = self._run(tokens, features, positions, slots, allowed)
+        hidden = self._run(tokens, self.head.fuse(features), positions, slots, allowed)
         self.valid[:, :T] = valid
         self.root_hidden = hidden[:, -1]
         return self.split(self.head.logits(hidden[:, -1:]))
@@ -211,7 +249,7 @@ class EagleSession(HeadSession):
         keys = torch.arange(S, device=device)
         kept = self.valid & (keys < (self.base + start)[:, None])  # the pairs before the window
         in_window = (keys[None, None, :] >= slots[:, :1, None]) & (keys[None, None, :] <= slots[:, :, None])
-        hidden = self._run(tokens, features, self.rows(self.offsets)[:, None] + index, slots,
+        hidden = self._run(tokens, self.head.fuse(features), self.rows(self.offsets)[:, None] + index, slots,
                            kept[:, None, :] | in_window)
         self.valid = kept | ((keys >= (self.base + start)[:, None]) & (keys < (self.base + committed)[:, None]))
         last = (committed - 1 - start).clamp(0, W - 1)  # a row that committed nothing keeps junk it never commits

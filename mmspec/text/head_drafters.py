@@ -19,9 +19,18 @@ from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import DYNAMIC_TREE, TreeDrafter
 
 
-def bind_head(head, target) -> None:
-    """Read the head's tokens and features through `target`'s (a transformers causal LM) embedding and LM head."""
+def bind_head(head, target) -> FeatureTap:
+    """Read the head's tokens and features through `target`'s (a transformers causal LM) embedding and LM head; the
+    tap that catches what the head reads of the target's forwards."""
     head.bind(target.get_input_embeddings(), target.get_output_embeddings())
+    return FeatureTap.of(target.get_output_embeddings(), head.tapped_layers(decoder_layers(target)))
+
+
+def decoder_layers(target) -> list[torch.nn.Module]:
+    """A transformers causal LM's decoder layers in order (its decoder's `layers`, or GPT-2's `h`; none if neither)."""
+    decoder = target.get_decoder() if hasattr(target, "get_decoder") else None
+    layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)
+    return list(layers or [])
 
 
 class WithHead:
@@ -31,10 +40,9 @@ class WithHead:
     def attach(self, target, head) -> None:
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"a head drafter needs the target transformers model, got {type(target).__name__}")
-        bind_head(head, target)
+        self.tap = bind_head(head, target)
         self.head, self.target = head, target
         self.vocab_size = head.config.vocab_size
-        self.tap = FeatureTap.of(target.get_output_embeddings())
         self.proposer: HeadProposer | None = None
 
     @property
@@ -50,7 +58,7 @@ class WithHead:
         width = rows.prompt_width - 1
         if width == 0:  # one-token prompts: no feature before x_0 (a zero feature stands for it)
             tokens, positions = rows.last[:, None], torch.zeros(B, 1, dtype=torch.long, device=device)
-            features = torch.zeros(B, 1, self.head.config.feature_size, device=device)
+            features = self.tap.features.new_zeros(B, 1, self.tap.features.shape[-1])
             valid = torch.ones(B, 1, dtype=torch.bool, device=device)
         else:
             j = torch.arange(width, device=device) - (width - n)[:, None]  # right-aligned: the last pair is x_{n}

@@ -34,6 +34,7 @@ interrupted run resume (a fine-tune from `--init-from` keeps its own).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ from tqdm.auto import tqdm
 from mmspec.core.head_drafting import FeatureTap
 from mmspec.core.head_kinds import HEAD_KINDS
 from mmspec.models.heads import EagleHead, HydraHead
+from mmspec.text.head_drafters import decoder_layers
 from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model
 from mmspec.zoo.training import save_stage, total_variation, train_loop
 
@@ -55,8 +57,9 @@ CAPTION_POOL = 8192  # the shapes world's training captions image samples are dr
 
 
 class Pairs(NamedTuple):
-    """A teacher-forced batch of R rows and L pairs (x_{j+1}, f_j). tokens [R, L]; features [R, L, d]: the target's
-    feature before each token; target_features [R, L, d]: the feature after it (what the head predicts); laws
+    """A teacher-forced batch of R rows and L pairs (x_{j+1}, f_j). tokens [R, L]; features [R, L, w]: what the head
+    reads of the target before each token (its feature, w = d; beside it, for an EAGLE-3 head, the outputs of the
+    layers it fuses, w = (k + 1) d); target_features [R, L, d]: the feature after it (what the head predicts); laws
     [R, L, V]: the target's law of the next token; positions [R, L]; guided_laws [R / 2, L, V] or None: images only,
     the law the decoding samples, classifier-free guidance over the conditional rows [0, R/2) and their
     unconditional twins [R/2, R)."""
@@ -78,6 +81,7 @@ class TextTeacher:
         self.model, self.tokenizer = model, tokenizer
         self.model.requires_grad_(False)
         self.embedding, self.lm_head = self.model.get_input_embeddings(), self.model.get_output_embeddings()
+        self.layers = decoder_layers(self.model)
         self.tap = FeatureTap.of(self.lm_head)
         config = self.model.config
         self.feature_size, self.vocab_size = config.hidden_size, config.vocab_size
@@ -115,7 +119,7 @@ class TextTeacher:
         logits = self.model(input_ids=samples).logits.float()
         f = self.tap.features.float()
         T = samples.shape[1]
-        return Pairs(samples[:, 1:], f[:, :-1], f[:, 1:], logits[:, 1:].softmax(-1),
+        return Pairs(samples[:, 1:], f[:, :-1], f[:, 1:, -self.feature_size :], logits[:, 1:].softmax(-1),
                      torch.arange(1, T).expand(samples.shape[0], -1))
 
 
@@ -132,7 +136,7 @@ class ImageTeacher:
         self.pipe.set_progress_bar_config(disable=True)
         transformer = self.transformer = self.pipe.transformer.float().requires_grad_(False)
         self.pipe.text_encoder.float()
-        self.embedding, self.lm_head = transformer.tok_embeddings, transformer.output
+        self.embedding, self.lm_head, self.layers = transformer.tok_embeddings, transformer.output, transformer.layers
         self.tap = FeatureTap.of(self.lm_head)
         c = transformer.config
         self.feature_size, self.vocab_size, self.n_head = c.dim, c.vocab_size, c.n_head
@@ -167,10 +171,10 @@ class ImageTeacher:
         mask = torch.cat([condition.mask, condition.mask])
         drop = torch.arange(2 * B) >= B  # the unconditional twins
         logits = self.transformer(rows, states, mask, drop)  # column i: the law of token i
-        f = self.tap.features.float()  # column i: the feature before token i
+        f = self.tap.features.float()  # column i: what the target computed before token i
         logits = logits[:, 1:].float()
-        return Pairs(rows[:, :-1], f[:, :-1], f[:, 1:], logits.softmax(-1), torch.arange(N - 1).expand(2 * B, -1),
-                     guided(logits, self.guidance_scale).softmax(-1))
+        return Pairs(rows[:, :-1], f[:, :-1], f[:, 1:, -self.feature_size :], logits.softmax(-1),
+                     torch.arange(N - 1).expand(2 * B, -1), guided(logits, self.guidance_scale).softmax(-1))
 
 
 def guided(logits: torch.Tensor, scale: float) -> torch.Tensor:
@@ -192,22 +196,25 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def build_head(kind: str, teacher, feature_sampling: bool = False) -> torch.nn.Module:
+def build_head(kind: str, teacher, feature_sampling: bool = False, feature_layers: tuple[int, ...] = ()
+               ) -> torch.nn.Module:
     if kind == "eagle":
         return EagleHead(feature_size=teacher.feature_size, vocab_size=teacher.vocab_size, n_head=teacher.n_head,
                          ffn_hidden=teacher.ffn_hidden, positions=teacher.positions_kind,
-                         grid_size=getattr(teacher, "grid_size", 16), feature_sampling=feature_sampling)
+                         grid_size=getattr(teacher, "grid_size", 16), feature_sampling=feature_sampling,
+                         feature_layers=feature_layers)
     return HydraHead(feature_size=teacher.feature_size, vocab_size=teacher.vocab_size, num_heads=4,
                      hidden=2 * teacher.feature_size)
 
 
 def start_from(head: torch.nn.Module, folder: Path) -> None:
     """Load the weights of the head saved in `folder` into `head` (same kind and sizes). An EAGLE head with feature
-    sampling started from one without keeps the saved input weights and zero for the sampled feature's, so it starts
-    as the saved head."""
+    sampling started from one without keeps the saved input weights and zero for the sampled feature's, and one
+    with `feature_layers` started from one without keeps its fuser's initial identity on f: it starts as the saved
+    head."""
     saved = type(head).from_pretrained(folder).float().state_dict()
     own = head.state_dict()
-    if set(saved) != set(own):
+    if not set(saved) <= set(own) or any(not name.startswith("fuser.") for name in set(own) - set(saved)):
         raise ValueError(f"--init-from: {folder} holds another kind of head")
     with torch.no_grad():
         for name, value in saved.items():
@@ -228,7 +235,7 @@ def soft_cross_entropy(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
 
 def eagle_steps(head: EagleHead, batch: Pairs, unroll: int, noise: float):
     """The head's predictions [R, L, d] at each unrolled step 0 .. unroll (step s valid from column s on)."""
-    tokens, features, positions = batch.tokens, batch.features, batch.positions
+    tokens, features, positions = batch.tokens, head.fuse(batch.features), batch.positions
     R, L = tokens.shape
     c = head.config
     if noise:
@@ -345,6 +352,14 @@ def load_samples(teacher, args, work: Path) -> torch.Tensor:
     return torch.cat(batches)[: args.samples]
 
 
+def decoder_depth(path: Path, image: bool) -> int | None:
+    """The number of decoder layers of the target in `path` (a LlamaGen pipeline or a transformers causal LM), read
+    off its config without loading it (None if the config does not say)."""
+    config = json.loads((path / "transformer" / "config.json" if image else path / "config.json").read_text())
+    config = config.get("text_config", config)
+    return next((config[key] for key in ("n_layer", "num_hidden_layers", "num_layers") if key in config), None)
+
+
 def default_out_dir(target: str) -> Path:
     """The embedded targets' pipeline folder (pycode/, shapes/); else the target's own folder."""
     path = Path(resolve_model(target, "--target"))
@@ -375,6 +390,9 @@ def main(argv: list[str] | None = None) -> None:
                         "the head's law and the target's (guided for images), 1 - alpha (DistillSpec's TVD)")
     parser.add_argument("--feature-sampling", action="store_true", help="EAGLE: FSPAD's feature sampling, the input "
                         "FC([E(x); f; E(x) * f])")
+    parser.add_argument("--feature-layers", type=int, nargs="+", default=(), metavar="LAYER", help="EAGLE: the "
+                        "target's decoder layers (0-based) whose outputs the head fuses with its feature (EAGLE-3; "
+                        "the shapes head reads 2 4)")
     parser.add_argument("--init-from", default=None, help="a folder with heads to start from (its eagle_head/, "
                         "hydra_head/: the same sizes; with --feature-sampling on a head without, its extra inputs "
                         "start at zero)")
@@ -405,6 +423,14 @@ def main(argv: list[str] | None = None) -> None:
     args.samples = args.samples or (768 if image else 1536)
     if args.held_out >= args.samples:
         parser.error(f"--held-out ({args.held_out}) must be below --samples ({args.samples})")
+    if args.feature_layers:
+        depth = decoder_depth(path, image)
+        if depth is None:
+            parser.error(f"--feature-layers: {path}'s config names no number of decoder layers")
+        if len(set(args.feature_layers)) < len(args.feature_layers) or not all(
+                0 <= i < depth for i in args.feature_layers):
+            parser.error(f"--feature-layers must be distinct indices of the target's {depth} decoder layers (0 .. "
+                         f"{depth - 1}), got {' '.join(map(str, args.feature_layers))}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     teacher = ImageTeacher(args.target) if image else TextTeacher(*load_causal_lm(args.target))
@@ -421,10 +447,11 @@ def main(argv: list[str] | None = None) -> None:
         return train[torch.randint(0, len(train), (args.batch_size,), generator=generator)]
 
     for kind in args.kinds:
-        head = build_head(kind, teacher, args.feature_sampling)
+        head = build_head(kind, teacher, args.feature_sampling, tuple(args.feature_layers) if kind == "eagle" else ())
         if args.init_from is not None:
             start_from(head, Path(args.init_from) / f"{kind}_head")
         head.bind(teacher.embedding, teacher.lm_head)
+        teacher.tap = FeatureTap.of(teacher.lm_head, head.tapped_layers(teacher.layers))
 
         def loss(model, batch_samples):
             batch = teacher.pairs(batch_samples)
@@ -445,7 +472,8 @@ def main(argv: list[str] | None = None) -> None:
                         else None, "feature_weight": args.feature_weight, "noise": args.noise,
                         "align_share": args.align_share, "tv_weight": args.tv_weight, "lr": args.lr,
                         "init_from": args.init_from,
-                        "feature_sampling": args.feature_sampling if kind == "eagle" else None})
+                        "feature_sampling": args.feature_sampling if kind == "eagle" else None,
+                        "feature_layers": list(args.feature_layers) if kind == "eagle" else None})
         save_stage(head.half(), out_dir / f"{kind}_head", metrics, args.steps, args.batch_size, seconds)
 
 

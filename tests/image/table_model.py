@@ -12,6 +12,7 @@ import torch
 
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig, process_logits
+from tests.text.table_lm import Reversed
 
 
 @dataclass
@@ -44,12 +45,17 @@ class TableImageModel:
         self.lm_head = torch.nn.Linear(V, V, bias=False, dtype=torch.float64)
         with torch.no_grad():
             self.lm_head.weight.copy_(torch.eye(V, dtype=torch.float64))
+        self.layers = torch.nn.ModuleList([Reversed()])  # a "decoder layer" for EAGLE-3 heads to fuse
 
     def feature_readout(self):
         return self.embedding, self.lm_head
 
+    def feature_layers(self):
+        return self.layers
+
     def _read_out(self, logits: Logits) -> Logits:
         rows = logits.cond if logits.uncond is None else torch.cat([logits.cond, logits.uncond])
+        self.layers[0](rows)  # its output, column for column beside the feature, is what a fusing head reads
         rows = self.lm_head(rows)
         B = logits.cond.shape[0]
         return Logits(rows[:B], None if logits.uncond is None else rows[B:])

@@ -13,6 +13,13 @@ from transformers import PretrainedConfig
 NONE = -1  # "no token" in the history (sequence start)
 
 
+class Reversed(torch.nn.Module):
+    """A stand-in decoder layer: its output is its input's entries in reverse order."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flip(-1)
+
+
 class TableLM(torch.nn.Module):
     def __init__(self, table: torch.Tensor):
         super().__init__()
@@ -27,12 +34,16 @@ class TableLM(torch.nn.Module):
         self.lm_head = torch.nn.Linear(width, V, bias=False, dtype=torch.float64)
         with torch.no_grad():
             self.lm_head.weight.copy_(torch.eye(V, width, dtype=torch.float64))
+        self.layers = torch.nn.ModuleList([Reversed()])  # a "decoder layer" for EAGLE-3 heads to fuse
 
     def get_input_embeddings(self):
         return self.embed_tokens
 
     def get_output_embeddings(self):
         return self.lm_head
+
+    def get_decoder(self):
+        return self  # its `layers`
 
     def forward(self, input_ids, attention_mask, position_ids=None, past_key_values=None, use_cache=True):
         V = self.table.shape[-1]
@@ -57,7 +68,9 @@ class TableLM(torch.nn.Module):
             return torch.where(hit.any(-1), history.gather(1, idx), NONE)
         prev1, prev2 = last(0), last(1)
         logits = self.table[prev2.clamp(min=0) + (prev2 < 0) * V, prev1.clamp(min=0) + (prev1 < 0) * V]
-        logits = self.lm_head(torch.nn.functional.pad(logits, (0, self.lm_head.in_features - V)))
+        feature = torch.nn.functional.pad(logits, (0, self.lm_head.in_features - V))
+        self.layers[0](feature)  # its output, column for column beside the feature, is what a fusing head reads
+        logits = self.lm_head(feature)
         return type("Output", (), {"logits": logits})()
 
 

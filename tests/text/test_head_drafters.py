@@ -1,7 +1,8 @@
 """Feature-head drafting for text (EAGLE, Hydra): the output law of `speculative_generate` with head chains and trees
 equals the target's AR joint law (the harness of test_generate_law: lookup-table LMs over V = 5, two prompts of
 different lengths in one left-padded batch of 200,000 rows, chi-square at alpha = 1e-5 per prompt), mutation
-companions the same test must reject, and greedy decoding with heads on a real (tiny) Llama equal to AR's."""
+companions the same test must reject, and greedy decoding with heads on a real (tiny) Llama equal to AR's. EAGLE-3
+heads fuse the table LMs' stand-in layer and the tiny Llama's layers with the feature."""
 
 import pytest
 import torch
@@ -19,9 +20,13 @@ from tests.text.test_generate_law import ALPHA, V, law_test
 
 
 def head(kind: str, width: int = V + V % 2, vocab: int = V, seed: int = 0, **options):
+    """A random head; one with `feature_layers` gets a random fuser too (its initial one reads f alone)."""
     torch.manual_seed(seed)
     if kind == "eagle":
-        return EagleHead(feature_size=width, vocab_size=vocab, n_head=1, ffn_hidden=8, **options).eval()
+        made = EagleHead(feature_size=width, vocab_size=vocab, n_head=1, ffn_hidden=8, **options).eval()
+        if made.config.feature_layers:
+            torch.nn.init.normal_(made.fuser.weight, std=0.5)
+        return made
     return HydraHead(feature_size=width, vocab_size=vocab, num_heads=3, hidden=8).eval()
 
 
@@ -29,10 +34,13 @@ CONFIGS = {  # name: (drafter maker, draft_length, temperature, top_k)
     "eagle_chain": (lambda t: HeadDrafter(t, head("eagle")), 3, 1.0, 0),
     "eagle_chain_topk": (lambda t: HeadDrafter(t, head("eagle")), 2, 0.7, 3),
     "eagle_feature_sampling_chain": (lambda t: HeadDrafter(t, head("eagle", feature_sampling=True)), 3, 1.0, 0),
+    "eagle3_chain": (lambda t: HeadDrafter(t, head("eagle", feature_layers=(0,))), 3, 1.0, 0),
     "hydra_chain": (lambda t: HeadDrafter(t, head("hydra")), 3, 1.3, 0),
     "eagle_tree": (lambda t: HeadTreeDrafter(t, head("eagle"), TreeShape(6, 2, 2, 3)), None, 1.0, 0),
     "eagle_positional_tree": (lambda t: HeadTreeDrafter(t, head("eagle"), TreeShape.positional(6, (0.6, 0.3, 0.2))),
                               None, 1.0, 0),
+    "eagle3_tree_topk": (lambda t: HeadTreeDrafter(t, head("eagle", feature_layers=(0,)), TreeShape(6, 2, 2, 3)),
+                         None, 0.8, 3),
     "hydra_tree_topk": (lambda t: HeadTreeDrafter(t, head("hydra"), TreeShape(7, 3, 1, 3)), None, 0.8, 3),
 }
 
@@ -61,9 +69,10 @@ def law_of_previous_depth(chain):
     return mutated
 
 
-def test_stale_laws_are_rejected(monkeypatch):
+@pytest.mark.parametrize("name", ["eagle_chain", "eagle3_chain"])
+def test_stale_laws_are_rejected(monkeypatch, name):
     monkeypatch.setattr(head_drafting.HeadProposer, "chain", law_of_previous_depth(head_drafting.HeadProposer.chain))
-    p_value, _ = run_and_test("eagle_chain")
+    p_value, _ = run_and_test(name)
     assert p_value < ALPHA
 
 
@@ -75,14 +84,15 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("kind", ["eagle", "hydra"])
+@pytest.mark.parametrize("kind,options", [("eagle", {}), ("eagle", {"feature_layers": (0, 1)}), ("hydra", {})])
 @pytest.mark.parametrize("tree", [False, True])
-def test_greedy_head_decoding_is_the_targets_greedy_output(tiny_llama, kind, tree):
+def test_greedy_head_decoding_is_the_targets_greedy_output(tiny_llama, kind, options, tree, monkeypatch):
     ids = torch.randint(0, 64, (3, 7), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # ragged prompts: the head's prefill right-aligns them
     ar, _ = speculative_generate(tiny_llama, ids, mask, drafter=NoDrafter(), max_new_tokens=20, temperature=0)
-    drafter_head = head(kind, 32, 64)
+    drafter_head = head(kind, 32, 64, **options)
+    fused = check_fused_columns(monkeypatch, tiny_llama.model.norm) if options else None
     if tree:
         drafter, options = HeadTreeDrafter(tiny_llama, drafter_head, TreeShape(8, 2, 2, 3)), {}
     else:
@@ -91,6 +101,23 @@ def test_greedy_head_decoding_is_the_targets_greedy_output(tiny_llama, kind, tre
                                       **options)
     assert torch.equal(out, ar)
     assert stats.draft_forwards == drafter.forwards > 0
+    assert fused is None or max(fused) > 1  # the prompts' and the rounds' windows were fused
+
+
+def check_fused_columns(monkeypatch, final_norm):
+    """Make every fusion of a head tapping the target's last layer check that each column's last-layer output,
+    through the target's final norm, is the feature beside it: the layers' outputs are aligned with the features."""
+    fuse = EagleHead.fuse
+    checked = []
+
+    def checking(self, target_features):
+        d = self.config.feature_size
+        torch.testing.assert_close(final_norm(target_features[..., -2 * d : -d]), target_features[..., -d:])
+        checked.append(target_features.shape[1])
+        return fuse(self, target_features)
+
+    monkeypatch.setattr(EagleHead, "fuse", checking)
+    return checked
 
 
 def test_head_drafters_refuse_what_they_cannot_do(tiny_llama):
@@ -102,3 +129,7 @@ def test_head_drafters_refuse_what_they_cannot_do(tiny_llama):
         HeadDrafter(tiny_llama, head("eagle", 32, 5))
     with pytest.raises(ValueError, match="features of width 6"):
         HeadDrafter(tiny_llama, head("eagle", 6, 64))
+    with pytest.raises(ValueError, match=r"decoder layers \[0, 2\]; the target has 2"):
+        HeadDrafter(tiny_llama, head("eagle", 32, 64, feature_layers=(0, 2)))
+    with pytest.raises(ValueError, match="feature_layers must be distinct layer indices"):
+        head("eagle", 32, 64, feature_layers=(1, 1))

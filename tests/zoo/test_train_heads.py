@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from mmspec.core import head_drafting
 from mmspec.core.head_drafting import HeadProposer
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.models.heads import EagleHead, HydraHead
@@ -33,17 +34,24 @@ def drafted_laws(target, head, prompt, monkeypatch):
     return out, [(P - 2 + c, q, d) for c, q, d in rounds]  # model view c - 1 sits at absolute P - 1 + c - 1
 
 
-@pytest.mark.parametrize("kind", ["eagle", "hydra"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "hydra"])
 def test_training_steps_give_the_drafting_laws(tiny_llama, kind, monkeypatch):  # noqa: F811
+    """"eagle3": an EAGLE head fusing both decoder layers' outputs with the feature (a random fuser)."""
     torch.manual_seed(1)
-    head = (EagleHead(feature_size=32, vocab_size=64, n_head=4, ffn_hidden=48) if kind == "eagle" else
-            HydraHead(feature_size=32, vocab_size=64, num_heads=2, hidden=48)).eval()
+    if kind == "hydra":
+        head = HydraHead(feature_size=32, vocab_size=64, num_heads=2, hidden=48).eval()
+    else:
+        head = EagleHead(feature_size=32, vocab_size=64, n_head=4, ffn_hidden=48,
+                         feature_layers=(0, 1) if kind == "eagle3" else ()).eval()
+        if kind == "eagle3":
+            torch.nn.init.normal_(head.fuser.weight, std=0.1)
     prompt = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(2))
     sequence, rounds = drafted_laws(tiny_llama, head, prompt, monkeypatch)
     teacher = train_heads.TextTeacher(tiny_llama)
+    teacher.tap = head_drafting.FeatureTap.of(teacher.lm_head, head.tapped_layers(teacher.layers))
     batch = teacher.pairs(sequence)
     with torch.no_grad():
-        if kind == "eagle":
+        if kind != "hydra":
             predictions = train_heads.eagle_steps(head, batch, unroll=1, noise=0.0)
             laws = [head.logits(hidden).softmax(-1)[0] for hidden in predictions]  # step s, column i
         else:
@@ -55,7 +63,7 @@ def test_training_steps_give_the_drafting_laws(tiny_llama, kind, monkeypatch):  
         torch.testing.assert_close(q[0], laws[0][column], atol=1e-5, rtol=1e-4)
         if last + 1 < sequence.shape[1] and sequence[0, last + 1] == drafts[0]:  # the first draft was kept
             # EAGLE: step 1 reads its step-0 prediction at the column before; Hydra: head 1 at the same root
-            torch.testing.assert_close(q[1], laws[1][column + 1 if kind == "eagle" else column], atol=1e-5,
+            torch.testing.assert_close(q[1], laws[1][column if kind == "hydra" else column + 1], atol=1e-5,
                                        rtol=1e-4)
             checked_second += 1
     assert len(rounds) > 3 and checked_second > 0
@@ -81,14 +89,17 @@ def test_the_command_trains_and_saves_both_heads(tmp_path):
     assert topped_up.shape[0] == 8 and torch.equal(topped_up[:6], kept)  # kept ones reused, two more drawn
     # a fine-tune from the saved head trains from it, not from the plain run's finished checkpoint in the same work
     # folder (which would "resume" at its last step and train nothing)
+    # ... and may fuse decoder layers' outputs with the feature (EAGLE-3), starting as the saved head
     train_heads.main(["--target", "pycode/target", "--kinds", "eagle", "--samples", "8", "--held-out", "2",
                       "--new-tokens", "8", "--steps", "1", "--batch-size", "2", "--tv-weight", "1",
-                      "--init-from", str(tmp_path / "out"), "--out-dir", str(tmp_path / "tuned"),
-                      "--work-dir", str(tmp_path / "work")])
+                      "--feature-layers", "3", "7", "--init-from", str(tmp_path / "out"),
+                      "--out-dir", str(tmp_path / "tuned"), "--work-dir", str(tmp_path / "work")])
     start, tuned = (EagleHead.from_pretrained(tmp_path / name / "eagle_head") for name in ("out", "tuned"))
     assert not torch.equal(start.fc.weight, tuned.fc.weight)
+    assert list(tuned.config.feature_layers) == [3, 7] and tuned.fuser.weight.shape == (192, 576)
     metrics = json.loads((tmp_path / "tuned" / "eagle_head" / "training_metrics.json").read_text())
     assert metrics["init_from"] == str(tmp_path / "out") and metrics["tv_weight"] == 1.0
+    assert metrics["feature_layers"] == [3, 7]
 
 
 def test_the_guided_law_trained_is_the_law_decoding_samples():
@@ -105,6 +116,11 @@ def test_bad_arguments_fail_before_any_model_loads(tmp_path, capsys):
         train_heads.main(["--target", "pycode/target", "--held-out", "10", "--samples", "10"])
     assert exit_info.value.code == 2
     assert "--held-out (10) must be below --samples (10)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        train_heads.main(["--target", "pycode/target", "--feature-layers", "3", "12"])
+    assert exit_info.value.code == 2
+    assert "--feature-layers must be distinct indices of the target's 12 decoder layers (0 .. 11), got 3 12" in (
+        capsys.readouterr().err)
 
 
 def test_partial_alignment_aligns_only_its_share_of_the_feature():
@@ -142,6 +158,24 @@ def test_a_feature_sampling_head_started_from_a_plain_one_predicts_as_it_does(tm
     torch.testing.assert_close(sampling(*arguments), plain(*arguments))
     with pytest.raises(ValueError, match="holds another kind of head"):
         train_heads.start_from(HydraHead(feature_size=8, vocab_size=16, num_heads=2, hidden=8), tmp_path / "eagle_head")
+
+
+def test_a_fusing_head_started_from_a_plain_one_predicts_as_it_does(tmp_path):
+    """--init-from with --feature-layers: the saved head's weights, and a fuser that reads the feature alone."""
+    torch.manual_seed(0)
+    plain = EagleHead(feature_size=8, vocab_size=16, n_head=2, ffn_hidden=8).eval()
+    plain.save_pretrained(tmp_path / "eagle_head")
+    fusing = EagleHead(feature_size=8, vocab_size=16, n_head=2, ffn_hidden=8, feature_layers=(0, 2)).eval()
+    train_heads.start_from(fusing, tmp_path / "eagle_head")
+    tokens, features = torch.randint(0, 16, (2, 5)), torch.randn(2, 5, 8)
+    layer_outputs = torch.randn(2, 5, 16)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None].expand(2, 1, 5, 5)
+    embedding, lm_head = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16)
+    for head in (plain, fusing):
+        head.bind(embedding, lm_head)
+    positions = torch.arange(5).expand(2, -1)
+    torch.testing.assert_close(fusing(tokens, fusing.fuse(torch.cat([layer_outputs, features], -1)), positions, mask),
+                               plain(tokens, plain.fuse(features), positions, mask))
 
 
 def test_the_tv_term_is_the_rejection_rate_of_the_law_decoding_accepts_against():

@@ -60,7 +60,8 @@ class DraftHeads(DraftedTree, ImageDecoding):
             raise ValueError("decoding='heads' reads the target's features from eager forwards: run it with the "
                              "CUDA graphs off (pipe.disable_cuda_graphs())")
         super().check_model(model)
-        FeatureTap.of(model.feature_readout()[1])  # before the prefill, whose features the head starts from
+        # before the prefill, whose features the head starts from
+        FeatureTap.of(model.feature_readout()[1], self.head.tapped_layers(model.feature_layers()))
 
     def step(self, model, opening, sampling, generator, stats):
         from mmspec.image.draft_model import HeadStep

@@ -153,6 +153,11 @@ class LlamaGenAdapter:
         reads)."""
         return self.transformer.tok_embeddings, self.transformer.output
 
+    def feature_layers(self) -> torch.nn.ModuleList:
+        """The transformer's decoder blocks, whose outputs cover the condition and image tokens (the output head
+        reads their last columns)."""
+        return self.transformer.layers
+
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.vqvae.decode(tokens, self.grid)
 
