@@ -56,16 +56,16 @@ class WithHead:
         B, device = rows.batch_size, rows.tokens.device
         n = rows.offsets  # prompt tokens in the prefill: pairs (x_{j+1}, f_j) for j < n
         width = rows.prompt_width - 1
+        prompt_features = self.tap.features  # [B, P, w] of the target's prefill (the property concatenates: read once)
         if width == 0:  # one-token prompts: no feature before x_0 (a zero feature stands for it)
             tokens, positions = rows.last[:, None], torch.zeros(B, 1, dtype=torch.long, device=device)
-            features = self.tap.features.new_zeros(B, 1, self.tap.features.shape[-1])
+            features = prompt_features.new_zeros(B, 1, prompt_features.shape[-1])
             valid = torch.ones(B, 1, dtype=torch.bool, device=device)
         else:
             j = torch.arange(width, device=device) - (width - n)[:, None]  # right-aligned: the last pair is x_{n}
             valid = j >= 0
             tokens = rows.tokens.gather(1, (j + 1).clamp(min=0))
-            features = self.tap.features.gather(1, j.clamp(min=0)[..., None].expand(-1, -1,
-                                                                                   self.tap.features.shape[-1]))
+            features = prompt_features.gather(1, j.clamp(min=0)[..., None].expand(-1, -1, prompt_features.shape[-1]))
             positions = j + 1
         nodes = getattr(getattr(self, "shape", None), "nodes", rows.lookahead)
         session = self.head.session(B, tokens.shape[1] + rows.seq.shape[1] + nodes + 2, B, False, device)
