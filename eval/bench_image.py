@@ -3,6 +3,7 @@
     python -m mmspec.eval.bench_image          # full: 32 held-out prompts, batch 1 and 8, 2 repeats
     python -m mmspec.eval.bench_image --quick  # under 3 minutes on 2 CPU cores: 4 prompts, 1 repeat, batch 1 and 4
     python -m mmspec.eval.bench_image --json eval/results/bench_image.json
+    python -m mmspec.eval.bench_image --quick --methods heads heads_lantern  # these methods and AR only
     python -m mmspec.eval.bench_image --sweep  # windows x inits per coupling at batch 1 (how BEST was chosen)
     python -m mmspec.eval.bench_image --default-policy --json eval/results/bench_default_policy.json
     python -m mmspec.eval.bench_image --measure-prior  # rewrite mmspec/image/compression_prior.json
@@ -14,7 +15,8 @@ batch of prompts, and the speed ratio of a method is the median over batches of 
 acceptance prior of the policy (a count of forwards, not a timing: it does not depend on the machine).
 
 Every method decodes the same held-out captions with the same per-image seeds (image i: seed 1000 + i), CFG 3,
-temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method: plain AR with its KV
+temperature 1, no top-k / top-p (the pipeline defaults), after a warm-up call of each method, the methods one after
+the other on each batch of prompts (so the machine's drift slows them alike): plain AR with its KV
 cache, SJD as published (window 16, random init, independent redrafts), our exact modes with their best settings
 (`BEST`, chosen by `--sweep`), the draft GPT's chains and full tree (`DRAFT`; exact, counted apart: the summary gives
 the full tree's step compression over the best chain's), the draft heads (`HEADS`: EAGLE's chains and full tree exact,
@@ -98,6 +100,7 @@ def registered_methods() -> dict[str, dict]:
 
 
 METHODS = registered_methods()
+CHOICES = [name for name in (*METHODS, *POSITIONAL) if name != "ar"]  # --methods
 SWEEP_WINDOWS = (8, 12, 16, 24, 32)
 POLICY_BATCH_SIZES = (1, 2, 4, 8)
 POLICY_WINDOWS = (2, 4, 8, 16, 32)  # the fixed windows the default is compared with
@@ -121,23 +124,34 @@ def held_out_prompts(n: int) -> list[str]:
 
 
 def measure(pipe, name: str, options: dict, prompts: list[str], batch_size: int, repeats: int) -> Row:
-    latencies, forwards, tokens, row_forwards, outside, total = [], 0, 0, 0, 0.0, 0.0
+    """One method's row on its own (`sweep`)."""
+    return measure_in_turn(pipe, {name: options}, prompts, batch_size, repeats)[name]
+
+
+def measure_in_turn(pipe, methods: dict[str, dict], prompts: list[str], batch_size: int, repeats: int) -> dict:
+    """name -> Row: the methods decode each batch of prompts one after the other, so a machine whose speed drifts
+    during the run slows them alike; forwards and compression from the first repeat, the median latency over all."""
+    latencies = {name: [] for name in methods}
+    counts = {name: [0, 0, 0, 0.0, 0.0] for name in methods}  # forwards, tokens, row forwards, outside, total
     for repeat in range(repeats):
         for start in range(0, len(prompts), batch_size):
             batch = prompts[start : start + batch_size]
-            generators = seeded(pipe.device, range(1000 + start, 1000 + start + len(batch)))
-            began = time.perf_counter()
-            stats = pipe(batch, generator=generators, output_type="latent", **options).stats
-            synchronize(pipe.device)
-            latencies.append(time.perf_counter() - began)
-            if repeat == 0:
-                forwards += stats.target_forwards * len(batch)
-                tokens += int(stats.new_tokens.sum())
-                row_forwards += int(stats.steps.sum()) + stats.prefill_forwards * len(batch)
-            outside += stats.timings["total"] - stats.timings["target"]
-            total += stats.timings["total"]
-    return Row(name, batch_size, forwards / len(prompts), tokens / row_forwards, statistics.median(latencies),
-               outside / total)
+            for name, options in methods.items():
+                generators = seeded(pipe.device, range(1000 + start, 1000 + start + len(batch)))
+                began = time.perf_counter()
+                stats = pipe(batch, generator=generators, output_type="latent", **options).stats
+                synchronize(pipe.device)
+                latencies[name].append(time.perf_counter() - began)
+                count = counts[name]
+                if repeat == 0:
+                    count[0] += stats.target_forwards * len(batch)
+                    count[1] += int(stats.new_tokens.sum())
+                    count[2] += int(stats.steps.sum()) + stats.prefill_forwards * len(batch)
+                count[3] += stats.timings["total"] - stats.timings["target"]
+                count[4] += stats.timings["total"]
+    return {name: Row(name, batch_size, forwards / len(prompts), tokens / row_forwards,
+                      statistics.median(latencies[name]), outside / total)
+            for name, (forwards, tokens, row_forwards, outside, total) in counts.items()}
 
 
 def tokens_per_forward(options: dict) -> int:
@@ -191,46 +205,55 @@ def positional_tree(pipe, drafter: dict, prompts: list[str]) -> dict:
 
 
 def summary(rows: list[Row], costs: dict[int, dict[int, float]], methods: dict[str, dict]) -> dict:
-    """The headline figures; `speedup_bound_bs1`: each exact method's step compression / cost of its forward (the
-    speedup a decoding with no overhead outside the forward would reach on this machine). methods: what ran."""
+    """The headline figures; one whose methods did not run (`--methods`) is left out. `speedup_bound_bs1`: each
+    exact method's step compression / cost of its forward (the speedup a decoding with no overhead outside the forward
+    would reach on this machine). methods: what ran."""
     at = {(r.method, r.batch_size): r for r in rows}
+    result = {}
+    if ("sjd_published", 1) in at:
+        result["sjd_step_compression"] = round(at[("sjd_published", 1)].step_compression, 3)
+        result["sjd_speedup_vs_ar_bs1"] = round(at[("sjd_published", 1)].speedup_vs_ar, 3)
     ours = [r for r in rows if r.method in BEST]
-    best_bs1 = max((r for r in ours if r.batch_size == 1), key=lambda r: r.speedup_vs_ar)
-    best_compression = max(r.step_compression for r in ours if r.batch_size == 1)
-    sjd = at[("sjd_published", 1)].step_compression
-    result = {
-        "sjd_step_compression": round(sjd, 3),
-        "best_exact_step_compression": round(best_compression, 3),
-        "best_over_sjd_step_compression": round(best_compression / sjd, 3),
-        "best_exact_method_bs1": best_bs1.method,
-        "best_exact_speedup_vs_ar_bs1": round(best_bs1.speedup_vs_ar, 3),
-        "overhead_share": round(best_bs1.overhead_share, 4),
-        "sjd_speedup_vs_ar_bs1": round(at[("sjd_published", 1)].speedup_vs_ar, 3),
-        "best_exact_speedup_bound_bs1": round(
-            best_bs1.step_compression / costs[1][tokens_per_forward(methods[best_bs1.method])], 3),
-        "speedup_bound_bs1": {r.method: round(r.step_compression / costs[1][tokens_per_forward(methods[r.method])], 3)
-                              for r in ours if r.batch_size == 1},
-    }
-    if ("draft_tree", 1) in at:
-        chains = max(at[(name, 1)].step_compression for name in DRAFT if "tree" not in name)
-        result["draft_tree_over_chain_step_compression_bs1"] = round(at[("draft_tree", 1)].step_compression / chains, 3)
-    if ("heads", 1) in at:
-        heads = [name for name, options in methods.items() if options["decoding"] == "heads"]
-        for name in heads:
-            result[f"{name}_step_compression_bs1"] = round(at[(name, 1)].step_compression, 3)
-            result[f"{name}_speedup_vs_ar_bs1"] = round(at[(name, 1)].speedup_vs_ar, 3)
-        exact = [name for name in heads if methods[name].get("acceptance", "exact") == "exact"]
-        drafts = [name for name, options in methods.items() if options["decoding"] == "draft"]
+    if ours:
+        best_bs1 = max((r for r in ours if r.batch_size == 1), key=lambda r: r.speedup_vs_ar)
+        best_compression = max(r.step_compression for r in ours if r.batch_size == 1)
+        result |= {
+            "best_exact_step_compression": round(best_compression, 3),
+            "best_exact_method_bs1": best_bs1.method,
+            "best_exact_speedup_vs_ar_bs1": round(best_bs1.speedup_vs_ar, 3),
+            "overhead_share": round(best_bs1.overhead_share, 4),
+            "best_exact_speedup_bound_bs1": round(
+                best_bs1.step_compression / costs[1][tokens_per_forward(methods[best_bs1.method])], 3),
+            "speedup_bound_bs1": {r.method: round(r.step_compression /
+                                                  costs[1][tokens_per_forward(methods[r.method])], 3)
+                                  for r in ours if r.batch_size == 1},
+        }
+        if "sjd_step_compression" in result:
+            result["best_over_sjd_step_compression"] = round(best_compression / result["sjd_step_compression"], 3)
+        if any(r.batch_size == 8 for r in ours):
+            result["best_exact_speedup_vs_ar_bs8"] = round(max(r.speedup_vs_ar for r in ours if r.batch_size == 8),
+                                                           3)
+    drafts = [name for name, options in methods.items() if options["decoding"] == "draft"]
+    chains = [name for name in drafts if name in DRAFT and "tree" not in name]
+    if ("draft_tree", 1) in at and chains:
+        best_chain = max(at[(name, 1)].step_compression for name in chains)
+        result["draft_tree_over_chain_step_compression_bs1"] = round(at[("draft_tree", 1)].step_compression /
+                                                                     best_chain, 3)
+    heads = [name for name, options in methods.items() if options["decoding"] == "heads"]
+    for name in heads:
+        result[f"{name}_step_compression_bs1"] = round(at[(name, 1)].step_compression, 3)
+        result[f"{name}_speedup_vs_ar_bs1"] = round(at[(name, 1)].speedup_vs_ar, 3)
+    exact = [name for name in heads if methods[name].get("acceptance", "exact") == "exact"]
+    if exact and drafts:  # the best exact head configuration over the draft GPT's best
         best_heads, best_draft = (max(at[(name, 1)].step_compression for name in names) for names in (exact, drafts))
-        result["heads_over_draft_step_compression_bs1"] = round(best_heads / best_draft, 3)  # best exact over best
+        result["heads_over_draft_step_compression_bs1"] = round(best_heads / best_draft, 3)
+    if ("heads", 1) in at and ("heads_lantern", 1) in at:
         result["heads_lantern_over_heads_speed_bs1"] = round(at[("heads_lantern", 1)].speedup_vs_ar /
                                                              at[("heads", 1)].speedup_vs_ar, 3)
     for name in METHODS.keys() - PRESETS.keys() - {"ar"}:  # the other registered decodings, reported apart
         if (name, 1) in at:
             result[f"{name}_step_compression_bs1"] = round(at[(name, 1)].step_compression, 3)
             result[f"{name}_speedup_vs_ar_bs1"] = round(at[(name, 1)].speedup_vs_ar, 3)
-    if any(r.batch_size == 8 for r in ours):
-        result["best_exact_speedup_vs_ar_bs8"] = round(max(r.speedup_vs_ar for r in ours if r.batch_size == 8), 3)
     return result
 
 
@@ -322,9 +345,14 @@ def main(argv: list[str] | None = None) -> dict:
                         help=f"measure SJD's step compression per window and batch size into {PRIOR_FILE.name}")
     parser.add_argument("--prompts", type=int, default=None, help="held-out prompts (default: 32, 16 with "
                                                                    "--measure-prior, 8 with --sweep, 4 with --quick)")
+    parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                        help="these methods only (default: all; AR always runs): " + ", ".join(CHOICES))
     parser.add_argument("--json", default=None, help="write the rows and the summary here")
     add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.methods or ()) - set(CHOICES))
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(CHOICES)}")
     device = resolve_device(parser, args.device)
     pipe = AutoARImagePipeline.from_pretrained(args.model, dtype=torch.float32).to(device)
     pipe.set_progress_bar_config(disable=True)
@@ -357,13 +385,13 @@ def main(argv: list[str] | None = None) -> dict:
     repeats = 1 if args.quick else 2
     batch_sizes = (1, 4) if args.quick else (1, 8)
     # draft heads read the target's features from eager forwards: a pipeline replaying CUDA graphs refuses them
-    methods = {name: options for name, options in METHODS.items()
-               if not (pipe.replays_graphs() and options["decoding"] == "heads")}
+    chosen = {"ar", *(CHOICES if args.methods is None else args.methods)}
+    methods = {name: options for name, options in METHODS.items() if name in chosen
+               and not (pipe.replays_graphs() and options["decoding"] == "heads")}
     if not args.sweep:
         calibration = held_out_prompts(len(prompts) + min(4, len(prompts)))[len(prompts):]
-        ran = {options["decoding"] for options in methods.values()}
         methods.update({name: positional_tree(pipe, drafter, calibration) for name, drafter in POSITIONAL.items()
-                        if drafter["decoding"] in ran})
+                        if name in chosen and not (pipe.replays_graphs() and drafter["decoding"] == "heads")})
     for options in methods.values():  # warm-up
         pipe(prompts[:1], output_type="latent", **options)
     if args.sweep:
@@ -371,14 +399,11 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
 
     rows = []
-    for batch_size in batch_sizes:
-        base = None
-        for name, options in methods.items():
-            if name in POSITIONAL and batch_size > 1:  # a 61-node tree per row: batch 1 only
-                continue
-            row = measure(pipe, name, options, prompts, batch_size, repeats)
-            base = base or row.median_latency_s
-            row.speedup_vs_ar = base / row.median_latency_s
+    for batch_size in batch_sizes:  # a 61-node positional tree per row: batch 1 only
+        timed = {name: options for name, options in methods.items() if batch_size == 1 or name not in POSITIONAL}
+        measured = measure_in_turn(pipe, timed, prompts, batch_size, repeats)
+        for name, row in measured.items():
+            row.speedup_vs_ar = measured["ar"].median_latency_s / row.median_latency_s
             rows.append(row)
             print(f"{name} batch {batch_size}: {row.median_latency_s:.3f} s", flush=True)
     widths = sorted(set(COST_WINDOWS) | {tokens_per_forward(options) for options in methods.values()})

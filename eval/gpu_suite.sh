@@ -58,7 +58,7 @@ ours_tree ours_tree_n30 ours_tree_full30"
 elif [ "$tier" = smoke ]; then
     settings=(
         [bench_text]="--quick --prompts 1 --new-tokens 16"
-        [bench_image]="--quick --prompts 1"
+        [bench_image]="--quick --prompts 1 --methods sjd_published sjd_maximal draft heads heads_lantern"
         [bench_continuous]="--quick --images-bs1 1 --images-bs8 2 --num-iter 8 --diffusion-steps 10 --no-fd"
         [bench_video]="--quick --episodes 1 --frames 8 --change-probs 0.1"
         [bench_graphs]="--quick --prompts 1 --num-iter 8 --diffusion-steps 10 --new-tokens 32"
