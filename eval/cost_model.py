@@ -12,18 +12,20 @@ line saying so) the script measures the cost curve cost(W, B) / cost(1, B): one 
 for B samples and their CFG rows, plus the processing of its logits, after half the image is cached — the measurement
 behind the automatic default (`mmspec.image.policy.measure_cost_curve`). The draft path's drafter at a real size is
 the target's width with `real_shapes.DRAFT_LAYERS` decoder layers (an EAGLE / LANTERN drafter's size); its one-token
-forward is timed the same way.
+forward is timed the same way, and it is also what one call of a draft head costs at a real size (the head path: one
+decoder layer at the target's width read out through the target's LM head). On the embedded model the draft GPT's
+one-token forward and the EAGLE head's call are timed apart.
 
 Acceptance comes from the embedded text-to-image model (`mmspec/zoo/shapes`), decoded on the same device with the
 same held-out prompts and seeds: for each method of `METHODS` and each window W (draft length W - 1 for the draft
-path) the step compression c(W, B) = image tokens / batch target forwards after the prefill, and o(W, B), the seconds
-per target forward spent outside it (drafting, verification, bookkeeping; for the draft path less its drafter's
-forwards; on CUDA from a second run with synchronized phase timings), which do not grow with the model. With t(W, B)
-the seconds of a W-token forward and d(B) the drafter's one-token forward, the projected speedup of a method on a
-model at batch B is the best over W of
+and the head path) the step compression c(W, B) = image tokens / batch target forwards after the prefill, and
+o(W, B), the seconds per target forward spent outside it (drafting, verification, bookkeeping; for the draft and head
+paths less their drafter's calls; on CUDA from a second run with synchronized phase timings), which do not grow with
+the model. With t(W, B) the seconds of a W-token forward and d(B) the drafter's one-token forward (the head's call for
+the head path), the projected speedup of a method on a model at batch B is the best over W of
 
-    SJD-type:    c(W, B) * (t(1, B) + o_AR(B)) / (t(W, B) + o(W, B))
-    draft path:  c(W, B) * (t(1, B) + o_AR(B)) / (t(W, B) + (W - 1) d(B) + o(W, B))
+    SJD-type:           c(W, B) * (t(1, B) + o_AR(B)) / (t(W, B) + o(W, B))
+    draft, head paths:  c(W, B) * (t(1, B) + o_AR(B)) / (t(W, B) + (W - 1) d(B) + o(W, B))
 
 The embedded model is its own test of the projection: its cost curve is measured like the real shapes', its wall
 clock is measured on the same runs that give the acceptance, and `projection_relative_error` is the largest
@@ -46,7 +48,7 @@ from pathlib import Path
 import torch
 
 from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import synchronize
+from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import synchronized_timings
 from mmspec.eval.bench_image import held_out_prompts
@@ -60,7 +62,7 @@ from mmspec.zoo import IMAGE_T2I
 from mmspec.zoo.shapes import class_label, scenes
 
 WINDOWS = (1, 2, 4, 8, 16, 32, 64)
-DRAFT_WINDOWS = (2, 3, 5)  # the draft path's windows (draft lengths 1, 2, 4): its drafts run one token per forward
+DRAFT_WINDOWS = (2, 3, 5)  # the draft and head paths' windows (draft lengths 1, 2, 4): one token per drafter call
 BATCH_SIZES = (1, 4, 8)
 GUIDANCE = 3.0  # the embedded model's CFG scale: every forward carries its unconditional rows
 METHODS = {  # method -> the decoding settings at window W (the draft path: W - 1 drafted tokens)
@@ -69,8 +71,10 @@ METHODS = {  # method -> the decoding settings at window W (the draft path: W - 
     "lantern": lambda W: {"decoding": "sjd", "window": W, "init": "horizontal", "coupling": "maximal",
                           "acceptance": "lantern", "lantern_k": 100, "lantern_delta": 0.1},
     "draft": lambda W: {"decoding": "draft", "draft_length": W - 1},
+    "heads": lambda W: {"decoding": "heads", "kind": "eagle", "draft_length": W - 1},
 }
-LOSSLESS = ("sjd", "mc_sjd", "draft")
+DRAFTED = ("draft", "heads")  # the methods whose W - 1 drafts cost one drafter call each
+LOSSLESS = ("sjd", "mc_sjd", "draft", "heads")
 ALL_SHAPES = [*REAL_SHAPES, *MAR_SHAPES, *VIDEO_SHAPES]
 VIDEO_EPISODES, VIDEO_FRAMES = 3, 32  # the embedded world model's rollouts (bench_video --quick's)
 QUICK = {"models": ("llamagen-b", "llamagen-l"), "batch_sizes": (1, 4), "prompts": 4, "repeats": 5}
@@ -94,19 +98,20 @@ def relative(curve: dict[int, float]) -> dict[int, float]:
     return {W: round(seconds / curve[1], 3) for W, seconds in curve.items()}
 
 
-def projected_speedups(curve: dict[int, float], draft_step: float, embedded: dict) -> dict:
+def projected_speedups(curve: dict[int, float], draft_steps: dict[str, float], embedded: dict) -> dict:
     """Per method: the window the projection picks and its projected speedup over AR at one batch size.
 
-    curve: W -> seconds of the target's W-token forward; draft_step: seconds of the drafter's one-token forward;
-    embedded: the embedded model's runs at this batch size (`run_embedded`): per method and W the step compression
-    and the seconds per target forward spent outside the forwards the projection counts (`overhead_s`), and AR's."""
+    curve: W -> seconds of the target's W-token forward; draft_steps: per method of `DRAFTED`, seconds of one call of
+    its drafter; embedded: the embedded model's runs at this batch size (`run_embedded`): per method and W the step
+    compression and the seconds per target forward spent outside the forwards the projection counts (`overhead_s`),
+    and AR's."""
     ar = curve[1] + embedded["ar"]["overhead_s"]
     projected = {"ar": {"window": 1, "speedup": 1.0}}
     for method in METHODS:
         speedups = {}
         for W, run in embedded[method].items():
             if W in curve:
-                forward = curve[W] + ((W - 1) * draft_step if method == "draft" else 0.0)
+                forward = curve[W] + (W - 1) * draft_steps.get(method, 0.0)
                 speedups[W] = run["compression"] * ar / (forward + run["overhead_s"])
         best = max(speedups, key=speedups.get)
         projected[method] = {"window": best, "speedup": round(speedups[best], 3)}
@@ -144,8 +149,33 @@ def measure_curves(name: str, target, drafter, condition_of, batch_sizes, window
 
 def projections(entry: dict, runs: dict) -> dict:
     """Per batch size: `projected_speedups` of a model's `measure_curves` entry with the embedded runs of that size."""
-    return {B: projected_speedups(curve, entry["draft_step_seconds"][B], runs[B])
+    return {B: projected_speedups(curve, drafter_steps(entry, B), runs[B])
             for B, curve in entry["forward_seconds"].items()}
+
+
+def drafter_steps(entry: dict, batch_size: int) -> dict[str, float]:
+    """Seconds of one drafter call per method of `DRAFTED` at `batch_size`: the drafter's one-token forward, and for
+    the head path the head's call where it was timed (the embedded model), else the same forward (a real size)."""
+    draft = entry["draft_step_seconds"][batch_size]
+    return {"draft": draft, "heads": entry.get("head_call_seconds", {}).get(batch_size, draft)}
+
+
+def head_call_seconds(pipe, batch_size: int, repeats: int) -> float:
+    """Median seconds of one call of the pipeline's EAGLE head for `batch_size` samples and their CFG rows: one pair
+    through its decoder layer, attending over half the image's cached pairs, read out through the target's LM head
+    (what one drafted token costs the head path, `HeadProposer`'s bookkeeping aside)."""
+    head, adapter, device = pipe.eagle_head, pipe.image_adapter(), pipe.device
+    head.bind(*adapter.feature_readout())
+    c = head.config
+    rows, cached = 2 * batch_size, c.grid_size**2 // 2
+    k = torch.zeros(rows, c.n_head, cached + 1, c.feature_size // c.n_head, device=device, dtype=head.dtype)
+    pair = (torch.zeros(rows, 1, dtype=torch.long, device=device), torch.zeros(rows, 1, c.feature_size, device=device),
+            torch.full((rows, 1), cached, device=device))
+    mask = torch.ones(rows, 1, 1, cached + 1, dtype=torch.bool, device=device)
+    slots = torch.full((rows, 1), cached, device=device)
+    with torch.no_grad():
+        return median_seconds(lambda: head.logits(head(*pair, mask, (k, torch.zeros_like(k)), slots)), device,
+                              repeats, warmup=2)
 
 
 def describe_curve(name: str, batch_size: int, curve: dict[int, float], draft_step: float) -> str:
@@ -154,11 +184,12 @@ def describe_curve(name: str, batch_size: int, curve: dict[int, float], draft_st
             + f"; drafter {draft_step / curve[1]:.2f}x")
 
 
-def run_embedded(pipe, device: torch.device, prompts: list[str], batch_size: int, windows, draft_step: float) -> dict:
+def run_embedded(pipe, device: torch.device, prompts: list[str], batch_size: int, windows,
+                 draft_steps: dict[str, float]) -> dict:
     """Step compression and wall-clock speedup over AR of every method and window on the embedded model: on each
     batch of prompts AR runs first, then every method at every window (so drift of the machine hits them alike); a
-    method's speedup is the median over batches of AR's latency / its latency. draft_step: seconds of the drafter's
-    one-token forward (`measure_curves`)."""
+    method's speedup is the median over batches of AR's latency / its latency. draft_steps: seconds of one drafter
+    call per method of `DRAFTED` (`drafter_steps`)."""
     def call(options: dict, batch: list[str], start: int):
         generators = seeded(device, range(1000 + start, 1000 + start + len(batch)))
         return pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
@@ -177,18 +208,18 @@ def run_embedded(pipe, device: torch.device, prompts: list[str], batch_size: int
         return seconds, stats
 
     settings = {(method, W): make(W) for method, make in METHODS.items()
-                for W in (DRAFT_WINDOWS if method == "draft" else windows) if W > 1}
+                for W in (DRAFT_WINDOWS if method in DRAFTED else windows) if W > 1}
     forwards, tokens, outside, ratios = {}, {}, {}, {}
     for start in range(0, len(prompts) - batch_size + 1, batch_size):
         batch = prompts[start : start + batch_size]
         ar_seconds, stats = timed({"decoding": "ar"}, batch, start)
-        outside.setdefault("ar", []).append(overhead_seconds(stats, draft_step))
+        outside.setdefault("ar", []).append(overhead_seconds(stats, 0.0))
         for (method, W), options in settings.items():
             seconds, stats = timed(options, batch, start)
             key = method, W
             forwards[key] = forwards.get(key, 0) + stats.target_forwards - stats.prefill_forwards
             tokens[key] = tokens.get(key, 0) + int(stats.new_tokens.max())
-            outside.setdefault(key, []).append(overhead_seconds(stats, draft_step))
+            outside.setdefault(key, []).append(overhead_seconds(stats, draft_steps.get(method, 0.0)))
             ratios.setdefault(key, []).append(ar_seconds / seconds)
     results = {"ar": {"overhead_s": statistics.median(outside["ar"])}} | {method: {} for method in METHODS}
     for (method, W) in settings:
@@ -204,7 +235,7 @@ def run_embedded(pipe, device: torch.device, prompts: list[str], batch_size: int
 
 def overhead_seconds(stats, draft_step: float) -> float:
     """Seconds per target forward a decoding spent outside its target forwards (drafting, verification,
-    bookkeeping), less its drafter's forwards at `draft_step` seconds each (the projection counts those itself)."""
+    bookkeeping), less its drafter's calls at `draft_step` seconds each (the projection counts those itself)."""
     outside = stats.timings["total"] - stats.timings.get("target", 0.0) - stats.draft_forwards * draft_step
     return outside / stats.target_forwards
 
@@ -267,7 +298,11 @@ def measure_image(names, device: torch.device, dtype: torch.dtype, batch_sizes, 
     embedded = measure_curves("embedded", adapter, pipe.draft_adapter(),
                               lambda B: pipe.encode_prompt(held_out_prompts(B), None, adapter), batch_sizes, windows,
                               repeats)
-    embedded["runs"] = {B: run_embedded(pipe, device, texts, B, windows, embedded["draft_step_seconds"][B])
+    embedded["head_call_seconds"] = {B: head_call_seconds(pipe, B, repeats) for B in batch_sizes}
+    print("embedded EAGLE head call: " + ", ".join(
+        f"batch {B} {seconds / embedded['forward_seconds'][B][1]:.2f}x a one-token forward"
+        for B, seconds in embedded["head_call_seconds"].items()), flush=True)
+    embedded["runs"] = {B: run_embedded(pipe, device, texts, B, windows, drafter_steps(embedded, B))
                         for B in batch_sizes}
     embedded["projected"] = projections(embedded, embedded["runs"])
     errors = {}

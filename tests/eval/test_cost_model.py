@@ -15,30 +15,36 @@ def embedded_runs(ar_overhead: float = 0.0, overhead: float = 0.0) -> dict:
             "sjd": {2: {"compression": 2.0, **run}, 4: {"compression": 3.0, **run}},
             "mc_sjd": {2: {"compression": 1.8, **run}, 4: {"compression": 4.0, **run}},
             "lantern": {4: {"compression": 5.0, **run}},
-            "draft": {2: {"compression": 1.5, **run}, 3: {"compression": 2.0, **run}}}
+            "draft": {2: {"compression": 1.5, **run}, 3: {"compression": 2.0, **run}},
+            "heads": {2: {"compression": 1.8, **run}, 3: {"compression": 2.8, **run}}}
+
+
+STEPS = {"draft": 0.5, "heads": 0.25}  # seconds of one call of each drafter
 
 
 def test_the_projection_on_numbers_worked_by_hand():
     curve = {1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0}  # seconds of a W-token forward
-    projected = projected_speedups(curve, draft_step=0.5, embedded=embedded_runs())
+    projected = projected_speedups(curve, draft_steps=STEPS, embedded=embedded_runs())
     assert projected["ar"] == {"window": 1, "speedup": 1.0}
     assert projected["sjd"] == {"window": 2, "speedup": 2.0}  # 2.0 / 1.0 beats 3.0 / 2.0
     assert projected["mc_sjd"] == {"window": 4, "speedup": 2.0}  # 4.0 / 2.0 beats 1.8 / 1.0
     assert projected["lantern"] == {"window": 4, "speedup": 2.5}
     # the draft path pays its drafter: W = 2: 1.5 / (1.0 + 0.5) = 1.0; W = 3: 2.0 / (1.5 + 2 * 0.5) = 0.8
     assert projected["draft"] == {"window": 2, "speedup": 1.0}
+    # the head path pays its cheaper head: W = 2: 1.8 / (1.0 + 0.25) = 1.44; W = 3: 2.8 / (1.5 + 2 * 0.25) = 1.4
+    assert projected["heads"] == {"window": 2, "speedup": 1.44}
 
 
 def test_overhead_outside_the_forward_counts_per_forward():
     curve = {1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0}
-    projected = projected_speedups(curve, 0.5, embedded_runs(ar_overhead=0.5, overhead=1.0))
+    projected = projected_speedups(curve, STEPS, embedded_runs(ar_overhead=0.5, overhead=1.0))
     # sjd W = 2: 2.0 * (1.0 + 0.5) / (1.0 + 1.0) = 1.5; W = 4: 3.0 * 1.5 / 3.0 = 1.5 -> the first best
     assert projected["sjd"]["speedup"] == 1.5
     assert projected["lantern"]["speedup"] == 2.5  # 5.0 * 1.5 / 3.0
 
 
 def test_windows_without_a_measured_cost_are_not_projected():
-    projected = projected_speedups({1: 1.0, 2: 1.0, 4: 4.0}, 0.5, embedded_runs())
+    projected = projected_speedups({1: 1.0, 2: 1.0, 4: 4.0}, STEPS, embedded_runs())
     assert projected["sjd"]["window"] == 2 and projected["draft"]["window"] == 2  # draft W = 3 has no cost
 
 

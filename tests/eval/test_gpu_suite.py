@@ -42,7 +42,7 @@ def test_the_suite_runs_every_benchmark_on_the_cpu(tmp_path, record_property):
             assert report["device"]["type"] == "cpu", name
     cost = json.loads((tmp_path / "results" / "cost_model.json").read_text())
     assert cost["projection_relative_error"] >= 0
-    assert set(cost["models"]["llamagen-b"]["projected"]["1"]) == {"ar", "sjd", "mc_sjd", "lantern", "draft"}
+    assert set(cost["models"]["llamagen-b"]["projected"]["1"]) == {"ar", "sjd", "mc_sjd", "lantern", "draft", "heads"}
     graphs = json.loads((tmp_path / "results" / "bench_graphs.json").read_text())
     assert graphs["graphs"] == "needs CUDA" and set(graphs["modes"]) == {"eager"}
     image = graphs["modes"]["eager"]["1"]
