@@ -6,7 +6,7 @@
 #   bash eval/gpu_suite.sh --short --only bench_text,quality # two benchmarks at their own --quick settings
 #   bash eval/gpu_suite.sh --device cpu --quick --out DIR    # the smoke test run by tests/eval/test_gpu_suite.py
 #
-# Options: --device DEVICE (default cuda), --quick (the smallest settings of each benchmark: a smoke test, about two
+# Options: --device DEVICE (default cuda), --quick (the smallest settings of each benchmark: a smoke test, about six
 # minutes on 2 CPU cores), --short (each benchmark's own --quick settings, but bench_graphs, bench_text and
 # bench_continuous sized so that the three take about 7.5 minutes on one H100; the cost model at every real shape),
 # --only NAME[,NAME] (these benchmarks; environment.json keeps the other benchmarks' runs from earlier calls), --out DIR
