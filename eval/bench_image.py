@@ -1,7 +1,7 @@
 """Image decoding benchmark on the embedded text-to-image model (mmspec/zoo/shapes), in one process.
 
     python -m mmspec.eval.bench_image          # full: 32 held-out prompts, batch 1 and 8, 2 repeats
-    python -m mmspec.eval.bench_image --quick  # under 3 minutes on 2 CPU cores: 4 prompts, 1 repeat, batch 1 and 4
+    python -m mmspec.eval.bench_image --quick  # 1.5-5 minutes on 2 CPU cores: 4 prompts, 1 repeat, batch 1 and 4
     python -m mmspec.eval.bench_image --json eval/results/bench_image.json
     python -m mmspec.eval.bench_image --quick --methods heads heads_lantern  # these methods and AR only
     python -m mmspec.eval.bench_image --sweep  # windows x inits per coupling at batch 1 (how BEST was chosen)
