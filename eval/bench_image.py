@@ -353,6 +353,9 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(args.methods or ()) - set(CHOICES))
     if unknown:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(CHOICES)}")
+    if args.methods and (args.sweep or args.default_policy or args.measure_prior):
+        parser.error("--methods picks the rows of the method table; --sweep, --default-policy and --measure-prior "
+                     "run their own")
     device = resolve_device(parser, args.device)
     pipe = AutoARImagePipeline.from_pretrained(args.model, dtype=torch.float32).to(device)
     pipe.set_progress_bar_config(disable=True)
