@@ -132,7 +132,7 @@ def measure_in_turn(pipe, methods: dict[str, dict], prompts: list[str], batch_si
     """name -> Row: the methods decode each batch of prompts one after the other, so a machine whose speed drifts
     during the run slows them alike; forwards and compression from the first repeat, the median latency over all."""
     latencies = {name: [] for name in methods}
-    counts = {name: [0, 0, 0, 0.0, 0.0] for name in methods}  # forwards, tokens, row forwards, outside, total
+    totals = {name: dict.fromkeys(("forwards", "tokens", "row_forwards", "outside", "total"), 0) for name in methods}
     for repeat in range(repeats):
         for start in range(0, len(prompts), batch_size):
             batch = prompts[start : start + batch_size]
@@ -142,16 +142,16 @@ def measure_in_turn(pipe, methods: dict[str, dict], prompts: list[str], batch_si
                 stats = pipe(batch, generator=generators, output_type="latent", **options).stats
                 synchronize(pipe.device)
                 latencies[name].append(time.perf_counter() - began)
-                count = counts[name]
+                total = totals[name]
                 if repeat == 0:
-                    count[0] += stats.target_forwards * len(batch)
-                    count[1] += int(stats.new_tokens.sum())
-                    count[2] += int(stats.steps.sum()) + stats.prefill_forwards * len(batch)
-                count[3] += stats.timings["total"] - stats.timings["target"]
-                count[4] += stats.timings["total"]
-    return {name: Row(name, batch_size, forwards / len(prompts), tokens / row_forwards,
-                      statistics.median(latencies[name]), outside / total)
-            for name, (forwards, tokens, row_forwards, outside, total) in counts.items()}
+                    total["forwards"] += stats.target_forwards * len(batch)
+                    total["tokens"] += int(stats.new_tokens.sum())
+                    total["row_forwards"] += int(stats.steps.sum()) + stats.prefill_forwards * len(batch)
+                total["outside"] += stats.timings["total"] - stats.timings["target"]
+                total["total"] += stats.timings["total"]
+    return {name: Row(name, batch_size, t["forwards"] / len(prompts), t["tokens"] / t["row_forwards"],
+                      statistics.median(latencies[name]), t["outside"] / t["total"])
+            for name, t in totals.items()}
 
 
 def tokens_per_forward(options: dict) -> int:
@@ -389,12 +389,13 @@ def main(argv: list[str] | None = None) -> dict:
     batch_sizes = (1, 4) if args.quick else (1, 8)
     # draft heads read the target's features from eager forwards: a pipeline replaying CUDA graphs refuses them
     chosen = {"ar", *(CHOICES if args.methods is None else args.methods)}
-    methods = {name: options for name, options in METHODS.items() if name in chosen
-               and not (pipe.replays_graphs() and options["decoding"] == "heads")}
+    chosen -= {name for name, options in {**METHODS, **POSITIONAL}.items()
+               if pipe.replays_graphs() and options["decoding"] == "heads"}
+    methods = {name: options for name, options in METHODS.items() if name in chosen}
     if not args.sweep:
         calibration = held_out_prompts(len(prompts) + min(4, len(prompts)))[len(prompts):]
         methods.update({name: positional_tree(pipe, drafter, calibration) for name, drafter in POSITIONAL.items()
-                        if name in chosen and not (pipe.replays_graphs() and drafter["decoding"] == "heads")})
+                        if name in chosen})
     for options in methods.values():  # warm-up
         pipe(prompts[:1], output_type="latent", **options)
     if args.sweep:
