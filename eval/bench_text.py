@@ -50,6 +50,7 @@ from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import (
+    CascadeDrafter,
     DraftLengthSchedule,
     LayerSkipDrafter,
     ModelDrafter,
@@ -75,13 +76,16 @@ FULL_TREE = TreeShape.full(depth=4, branching=2)
 CALIBRATION_SHAPE = TreeShape.full(depth=3, branching=4)  # 84 nodes: every node 4 children, where rates are measured
 OPT_TREE_SHAPE = TreeShape(nodes=16, branching=4, expand=4, depth=8, scheme="deterministic", rerank=True)
 CHAINS = ("ours_model", "ours_model_len8", "ours_model_len16")  # the draft model's chains at batch 1
+# Cascades (CS-Drafting) of the draft model over prompt lookup, chains of DRAFT_LENGTH: vertical (the draft model's
+# own chain, fewer draft forwards) and horizontal (the draft model's first position, prompt lookup's after)
+CASCADES = ("ours_cascade", "ours_cascade_horizontal")
 TREES = ("ours_tree", "ours_tree_n30", "ours_tree_full30")  # the draft model's trees at batch 1
 BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
 METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ours_ar", "ours_model", "ours_ngram",
                 "ours_layerskip", "ours_adaptive", "ours_model_len1", "ours_model_len2", "ours_model_len8",
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
                 "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
-                "ours_eagle_tree_n30")  # `make_methods`' keys
+                "ours_eagle_tree_n30", *CASCADES)  # `make_methods`' keys
 # Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
 # nodes (HEAD_TREE) and the positional tree of 30 built for the head's own measured acceptance (as "ours_tree_n30" is
 # for the draft model's: the two compare drafters at one tree); the Hydra head's chains.
@@ -247,6 +251,8 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_opt_tree": tree(lambda t: ModelTreeDrafter(draft, OPT_TREE_SHAPE)),
         "ours_stand": tree(lambda t: StandDrafter()),
         **{name: positional(nodes) for name, nodes in SMALL_TREES.items()},
+        "ours_cascade": ours(lambda: CascadeDrafter(draft)),
+        "ours_cascade_horizontal": ours(lambda: CascadeDrafter(draft, model_tokens=1)),
         "ours_eagle": ours(lambda: HeadDrafter(target, heads["eagle"])),
         "ours_hydra": ours(lambda: HeadDrafter(target, heads["hydra"])),
         "ours_eagle_tree": eagle_tree(lambda t: HEAD_TREE),
@@ -376,6 +382,11 @@ def summary(rows: list[Row]) -> dict:
             per_forward("ours_eagle_tree_n30", 1, 1.0) / per_forward("ours_tree_n30", 1, 1.0)),
         "heads_speedup_vs_ar_t0_bs1": lambda: max(tps(m, 1, 0.0) for m in HEADS) / best_ar(rows, 1, 0.0),
         "heads_speedup_vs_ar_t1_bs1": lambda: max(tps(m, 1, 1.0) for m in HEADS) / best_ar(rows, 1, 1.0),
+        # the best cascade against its drafter alone, the draft model's chain of the same length
+        "cascade_speedup_over_drafter_t0_bs1": lambda: max(tps(m, 1, 0.0) for m in CASCADES) / tps("ours_model", 1,
+                                                                                                   0.0),
+        "cascade_speedup_over_drafter_t1_bs1": lambda: max(tps(m, 1, 1.0) for m in CASCADES) / tps("ours_model", 1,
+                                                                                                   1.0),
     }
     found = {}
     for name, ratio in ratios.items():

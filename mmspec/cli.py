@@ -30,6 +30,7 @@ from mmspec.core.registry import decodings, rules
 from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
+from mmspec.text.kinds import WITH_DRAFT_MODEL
 from mmspec.text.methods import TextDraftHeads, TextSpeculation
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
 
@@ -262,7 +263,7 @@ def check_text(args) -> None:
     check_number(args, "--top-p", 0, 1, low_open=True)
     args.settings = check_text_decoding(args)
     check_model(args.target, "--target")
-    if args.method in ("auto", "model", "tree"):
+    if args.method in ("auto", *WITH_DRAFT_MODEL):
         check_model(args.draft, "--draft")
 
 
@@ -335,7 +336,7 @@ def run_text(args) -> int:
 
     from mmspec.pipelines.text import SpeculativeTextPipeline
 
-    draft = args.draft if args.method in ("auto", "model", "tree") else None
+    draft = args.draft if args.method in ("auto", *WITH_DRAFT_MODEL) else None
     pipe = SpeculativeTextPipeline.from_pretrained(args.target, draft=draft, dtype=getattr(torch, args.dtype))
     pipe.to(args.device)
     if args.remeasure:

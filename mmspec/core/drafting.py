@@ -45,6 +45,8 @@ from mmspec.core.verify import VerifyResult, verify
 
 # law(logits [B, F, V] of tokens at depth [B, F] after each row's last committed token, sampling) -> q [B, F, V]
 DraftLaw = Callable[[Logits, torch.Tensor, SamplingConfig], torch.Tensor]
+# lookup(drafts [B, G], have [B], width) -> (tokens [B, width], available [B]): a cheaper drafter's continuation
+Lookup = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 class ModelProposer:
@@ -93,6 +95,60 @@ class ModelProposer:
                     break
         return Draft(torch.cat(drafts, 1), stop_at.clamp(max=len(drafts)), torch.cat(laws, 1))
 
+    def cascade(self, seq: torch.Tensor, committed: torch.Tensor, length: int, law: DraftLaw,
+                sampling: SamplingConfig, generator: Generators, lookup: Lookup,
+                budget: torch.Tensor | None = None) -> Draft:
+        """The chain `chain` draws (token i from its law with the i-th of G uniforms per row, the same tokens and
+        laws), in fewer forwards: a vertical cascade (CS-Drafting, Chen et al. 2023) with a cheaper deterministic
+        drafter under the model. Each forward scores the row's last draft and `lookup`'s continuation of it; a
+        looked-up token is kept while it equals what the model's draw at its position gives (drawing from q and
+        keeping a deterministic proposal only when the draw equals it is exact, and here draws nothing extra), and
+        the first draw that differs is kept too, so each forward adds at least one token per row.
+
+        lookup(drafts [B, G] long, have [B] long, width) -> (tokens [B, width] long, available [B] long): up to
+        `width` tokens continuing each row's committed tokens and its first have[b] drafts. Two host reads per
+        forward: the longest continuation found (the window's width) and whether every row has its G tokens."""
+        B, device = committed.shape[0], committed.device
+        context = 1 if self.rounds == 0 else 2
+        if self.rounds:
+            self.model.rollback(self.state, committed - 2)
+        self.rounds += 1
+        width = length - 1  # looked-up tokens scored per forward: the draws of the last G - 1 positions
+        fed = seq.gather(1, committed[:, None] - context + torch.arange(context, device=device))  # [B, C]
+        cached = committed - context  # each row's draft-cache length before the forward
+        have = torch.zeros(B, dtype=torch.long, device=device)  # drafts so far per row
+        offsets = torch.arange(width + 1, device=device)
+        drafts = torch.zeros(B, length + width + 1, dtype=torch.long, device=device)
+        laws = draws = None
+        for _ in range(length):
+            proposal, available = lookup(drafts[:, :length], have, width)
+            span = int(available.max())  # host read: the window scores only looked-up tokens some row has
+            proposal = proposal[:, :span]
+            self.forwards += 1
+            scored = fed.shape[1]
+            logits = self.model.forward(torch.cat([fed, proposal], 1), self.state).at(slice(scored - 1, None))
+            position = have[:, None] + offsets[: span + 1]  # [B, G'] the draft index of each scored law
+            q = law(logits, position, sampling)  # [B, G', V]
+            if draws is None:
+                draws = uniform((B, length), generator, device, q.dtype)
+                laws = q.new_zeros(B, length + width + 1, q.shape[-1])
+            tokens, kept = keep_lookup(q, draws.gather(1, position.clamp(max=length - 1)), proposal, available)
+            # written past each row's new drafts too: the next forward overwrites them, or they lie past G
+            drafts.scatter_(1, position, tokens)
+            laws.scatter_(1, position[..., None].expand_as(q), q)
+            new = torch.minimum(kept + 1, length - have)
+            fed = tokens.gather(1, (new - 1).clamp(min=0)[:, None])
+            # the fed tokens and the looked-up ones the draws kept (a row that has its G tokens keeps its cache: the
+            # forwards after it write at most G slots past it, which `CascadeDrafter` sizes its cache for)
+            cached = cached + torch.where(new > 0, scored + kept, 0)
+            self.model.rollback(self.state, cached)
+            have = have + new
+            if bool((have >= length).all()):  # host read
+                break
+        lengths = torch.full((B,), length, dtype=torch.long, device=device) if budget is None else budget.clamp(
+            max=length)
+        return Draft(drafts[:, :length], lengths, laws[:, :length])
+
     def tree(self, seq: torch.Tensor, committed: torch.Tensor, shape: TreeShape, law: DraftLaw,
              sampling: SamplingConfig, generator: Generators) -> DraftTree:
         """A tree of `shape` after each row's committed tokens (seq, committed as in `chain`). At temperature 0 the
@@ -121,6 +177,19 @@ class ModelProposer:
         self.model.rollback(self.state, committed)  # the tree's slots leave the drafter's cache
         self.kept.copy_(committed)  # in place: a captured step replays this
         return tree
+
+
+def keep_lookup(q: torch.Tensor, draws: torch.Tensor, proposal: torch.Tensor,
+                available: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cascade's middle level (`ModelProposer.cascade`): the model's draws at the scored positions and how many
+    looked-up tokens they keep. q: [B, W + 1, V], the laws after the fed token and after each looked-up token;
+    draws: [B, W + 1] uniforms; proposal: [B, W] long, the looked-up tokens, of which available [B] are real.
+    Returns (tokens [B, W + 1] long, token j drawn from q[:, j]; kept [B] long, the leading looked-up tokens equal
+    to their draw)."""
+    tokens = inverse_cdf(q, draws)
+    W = proposal.shape[1]
+    agree = (proposal == tokens[:, :W]) & (torch.arange(W, device=q.device) < available[:, None])
+    return tokens, agree.long().cumprod(1).sum(1)
 
 
 @dataclass(frozen=True)

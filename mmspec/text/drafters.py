@@ -211,25 +211,77 @@ class NGramDrafter(ChainDrafter):
 
     @torch.no_grad()
     def propose(self, rows, budget, width, sampling, generator) -> Draft:
-        tokens, lengths = rows.tokens, rows.lengths
-        B, T = tokens.shape
-        L = width
-        arange_T = torch.arange(T, device=tokens.device)
-        start = torch.full((B,), -1, dtype=torch.long, device=tokens.device)  # where the copied continuation starts
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if T < n + 1:
-                continue
-            suffix = tokens.gather(1, (lengths[:, None] - n + torch.arange(n, device=tokens.device)).clamp(min=0))
-            windows = tokens.unfold(1, n, 1)  # [B, T - n + 1, n]
-            match = (windows == suffix[:, None, :]).all(-1)
-            # A match must end before the suffix itself, so at least one continuation token exists.
-            match &= (arange_T[: T - n + 1] + n < lengths[:, None]) & (lengths[:, None] >= n)
-            latest = torch.where(match, arange_T[: T - n + 1], -1).max(-1).values
-            found = (start < 0) & (latest >= 0)
-            start = torch.where(found, latest + n, start)
-        index = (start[:, None] + torch.arange(L, device=tokens.device)).clamp(0, T - 1)
-        available = torch.where(start >= 0, lengths - start, 0)
-        return Draft(tokens=tokens.gather(1, index), lengths=torch.minimum(available, budget).clamp(min=0))
+        tokens, available = ngram_lookup(rows.tokens, rows.lengths, width, self.max_ngram, self.min_ngram)
+        return Draft(tokens=tokens, lengths=torch.minimum(available, budget))
+
+
+def ngram_lookup(tokens: torch.Tensor, lengths: torch.Tensor, width: int, max_ngram: int = 3,
+                 min_ngram: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt lookup: what followed the latest earlier occurrence of each row's last n tokens (n = max_ngram down to
+    min_ngram). tokens: [B, T] long, row b is tokens[b, :lengths[b]]. Returns (continuation [B, width] long,
+    available [B] long: how many of its tokens are real, 0 where nothing matched)."""
+    B, T = tokens.shape
+    arange_T = torch.arange(T, device=tokens.device)
+    start = torch.full((B,), -1, dtype=torch.long, device=tokens.device)  # where the copied continuation starts
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if T < n + 1:
+            continue
+        suffix = tokens.gather(1, (lengths[:, None] - n + torch.arange(n, device=tokens.device)).clamp(min=0))
+        windows = tokens.unfold(1, n, 1)  # [B, T - n + 1, n]
+        match = (windows == suffix[:, None, :]).all(-1)
+        # A match must end before the suffix itself, so at least one continuation token exists.
+        match &= (arange_T[: T - n + 1] + n < lengths[:, None]) & (lengths[:, None] >= n)
+        latest = torch.where(match, arange_T[: T - n + 1], -1).max(-1).values
+        found = (start < 0) & (latest >= 0)
+        start = torch.where(found, latest + n, start)
+    index = (start[:, None] + torch.arange(width, device=tokens.device)).clamp(0, T - 1)
+    available = torch.where(start >= 0, lengths - start, 0).clamp(min=0, max=width)
+    return tokens.gather(1, index), available
+
+
+class CascadeDrafter(ModelDrafter):
+    """Cascade drafting (CS-Drafting, Chen et al. 2023) with prompt lookup under the draft model. Vertical: the draft
+    model's chain, the very tokens and laws `ModelDrafter` draws from the same generator, costs fewer draft forwards,
+    because each forward also scores prompt lookup's continuation of the drafts so far and keeps it as far as the
+    model's draws agree with it (`ModelProposer.cascade`). Horizontal (`model_tokens` < the draft length): the draft
+    model drafts the first `model_tokens` positions, prompt lookup continues the rest, deterministic drafts (their law
+    a point mass), as far as it finds a match.
+
+    model: any transformers causal LM (or a `CausalModel` adapter) sharing the target's tokenizer; max_ngram: the
+    longest n-gram the lookup matches; model_tokens: None = every position from the draft model."""
+
+    capturable = False  # a host read per draft forward: whether every row has its tokens
+
+    def __init__(self, model, max_ngram: int = 3, model_tokens: int | None = None):
+        super().__init__(model)
+        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
+            raise ValueError(f"max_ngram must be an int >= 1, got {max_ngram!r}")
+        if model_tokens is not None and (isinstance(model_tokens, bool) or not isinstance(model_tokens, int)
+                                         or model_tokens < 1):
+            raise ValueError(f"model_tokens must be None or an int >= 1, got {model_tokens!r}")
+        self.max_ngram, self.model_tokens = max_ngram, model_tokens
+
+    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
+        # a cascade forward scores up to a draft's length past the row's drafts so far
+        super().start(rows, vocab_size, capacity + rows.lookahead)
+
+    @torch.no_grad()
+    def propose(self, rows, budget, width, sampling, generator) -> Draft:
+        heads = width if self.model_tokens is None else min(self.model_tokens, width)
+        positions = torch.arange(width, device=rows.tokens.device)
+
+        def lookup(drafts: torch.Tensor, have: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+            """Prompt lookup over each row's tokens followed by its first have[b] drafts."""
+            extended = rows.tokens.scatter(1, rows.lengths[:, None] + positions[: drafts.shape[1]], drafts)
+            return ngram_lookup(extended, rows.lengths + have, size, self.max_ngram)
+
+        draft = self.proposer.cascade(rows.seq, rows.committed, heads, text_law, sampling, generator, lookup)
+        if heads == width:
+            return Draft(draft.tokens, torch.minimum(draft.lengths, budget), draft.q)
+        tail, available = lookup(draft.tokens, draft.lengths, width - heads)
+        point_mass = torch.nn.functional.one_hot(tail, draft.q.shape[-1]).to(draft.q.dtype)
+        return Draft(torch.cat([draft.tokens, tail], 1), torch.minimum(heads + available, budget),
+                     torch.cat([draft.q, point_mass], 1))
 
 
 class NoDrafter(ChainDrafter):

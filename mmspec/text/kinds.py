@@ -2,7 +2,9 @@
 settings (`mmspec.text.methods`) and the engine that runs them (`mmspec.text.drafters`) share them without importing
 each other."""
 
-CHAIN_DRAFTERS = ("model", "ngram", "layerskip")  # the drafters of chains: a draft LM, prompt lookup, an early exit
+# the drafters of chains: a draft LM, prompt lookup, an early exit, the draft LM over prompt lookup (a cascade)
+CHAIN_DRAFTERS = ("model", "ngram", "layerskip", "cascade")
 TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft LM's tree, STAND's n-gram memory
 DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
+WITH_DRAFT_MODEL = ("model", "cascade", "tree")  # the drafters that run a draft LM
 SCHEDULES = ("constant", "heuristic")  # draft length schedules

@@ -22,7 +22,7 @@ from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting, specs
 from mmspec.core.tree_shape import TREE_RATES_HELP, TreeShape, check_sized_tree, sized_tree
-from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, SCHEDULES, TREE_DRAFTERS
+from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, SCHEDULES, TREE_DRAFTERS, WITH_DRAFT_MODEL
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +74,8 @@ class TextSpeculation(TextDecoding):
 
     name: ClassVar[str] = "speculative"
     drafter: str = setting("model", "'model': the draft LM; 'layerskip': the target's first layers; 'ngram': prompt "
-                           "lookup; 'tree': the draft LM's tree (RSD); 'stand': an n-gram memory of the target's laws",
+                           "lookup; 'cascade': the draft LM over prompt lookup (CS-Drafting); 'tree': the draft LM's "
+                           "tree (RSD); 'stand': an n-gram memory of the target's laws",
                            choices=DRAFTERS)
     draft_length: int = setting(4, "tokens drafted per target forward", low=1, only={"drafter": CHAIN_DRAFTERS})
     schedule: str = setting("constant", "draft length per step: 'constant', or transformers' 'heuristic' (+2 after "
@@ -84,7 +85,11 @@ class TextSpeculation(TextDecoding):
                                           only={"drafter": ("model", "layerskip")})
     exit_layer: int | None = setting(None, "layer-skip drafts with the target's first N layers (default: the "
                                      "config's early_exit_layer)", kind=int, low=1, only={"drafter": ("layerskip",)})
-    max_ngram: int = setting(3, "the longest n-gram prompt lookup looks up", low=1, only={"drafter": ("ngram",)})
+    max_ngram: int = setting(3, "the longest n-gram prompt lookup looks up", low=1,
+                             only={"drafter": ("ngram", "cascade")})
+    model_tokens: int | None = setting(None, "a horizontal cascade: the draft LM drafts the first N positions, prompt "
+                                       "lookup the rest (default: every position from the draft LM, the cheaper "
+                                       "lookup under it)", kind=int, low=1, only={"drafter": ("cascade",)})
     tree_depth: int = setting(4, "levels of the draft model's full tree", low=1, only={"drafter": ("tree",)})
     tree_branching: int = setting(2, "children per node of the full tree", low=1, only={"drafter": ("tree",)})
     tree_rates: tuple[float, ...] | None = setting(
@@ -107,6 +112,9 @@ class TextSpeculation(TextDecoding):
                 self.tree_shape()
             except (TypeError, ValueError) as error:
                 raise ValueError(f"tree_rates: {error}") from None
+        if self.model_tokens is not None and self.schedule == "constant" and self.model_tokens >= self.draft_length:
+            raise ValueError(f"model_tokens={self.model_tokens} must be below draft_length={self.draft_length}: the "
+                             "positions after it are prompt lookup's (leave it unset for a vertical cascade only)")
         if self.drafter in TREE_DRAFTERS and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chain drafters; drafter={self.drafter!r} "
                              "is verified by exact tree rules")
@@ -135,13 +143,15 @@ class TextSpeculation(TextDecoding):
 
     def make_drafter(self, target: Any, draft: Any = None):
         """The drafter `speculative_generate` asks (a new one per call: drafters hold per-batch state)."""
-        from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
+        from mmspec.text.drafters import CascadeDrafter, LayerSkipDrafter, ModelDrafter, NGramDrafter
         from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 
-        if self.drafter in ("model", "tree") and draft is None:
+        if self.drafter in WITH_DRAFT_MODEL and draft is None:
             raise ValueError(f"drafter={self.drafter!r} needs a draft model; this pipeline has none")
         if self.drafter == "model":
             return ModelDrafter(draft, confidence_threshold=self.confidence_threshold)
+        if self.drafter == "cascade":
+            return CascadeDrafter(draft, max_ngram=self.max_ngram, model_tokens=self.model_tokens)
         if self.drafter == "tree":
             return ModelTreeDrafter(draft, self.tree_shape())
         if self.drafter == "stand":

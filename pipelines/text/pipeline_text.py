@@ -24,7 +24,7 @@ from mmspec.core.settings import specs
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
-from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS
+from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, WITH_DRAFT_MODEL
 from mmspec.text.methods import TextDraftHeads, TextSpeculation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
@@ -130,8 +130,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     @property
     def methods(self) -> tuple[str, ...]:
         """The drafters this pipeline can run, "heads" where it has an EAGLE head (the default kind), and "ar"
-        (`"model"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config)."""
-        unavailable = {"model", "tree"} if self.draft is None else set()
+        (`"model"`, `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config)."""
+        unavailable = set(WITH_DRAFT_MODEL) if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
         if self.eagle_head is None:

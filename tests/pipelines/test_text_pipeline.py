@@ -47,7 +47,8 @@ def test_tree_drafters_take_tree_settings_and_refuse_chain_ones(pipe):
                generator=torch.Generator().manual_seed(0))
     assert out.stats.method == TextSpeculation(drafter="tree", tree_depth=3, tree_branching=3).describe()
     assert out.stats.tree_acceptance is not None and out.stats.tokens_per_target_forward > 1
-    with pytest.raises(ValueError, match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip', not 'tree'"):
+    with pytest.raises(ValueError,
+                       match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip' / 'cascade', not 'tree'"):
         TextSpeculation(drafter="tree", draft_length=6)
     with pytest.raises(ValueError, match="acceptance='typical' is for chain drafters"):
         TextSpeculation(drafter="stand", acceptance="typical")

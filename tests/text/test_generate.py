@@ -3,7 +3,14 @@ import torch
 
 from mmspec.text import speculative_generate
 from mmspec.core.capture import StepGraphs
-from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter
+from mmspec.text.drafters import (
+    CascadeDrafter,
+    DraftLengthSchedule,
+    LayerSkipDrafter,
+    ModelDrafter,
+    NGramDrafter,
+    NoDrafter,
+)
 from tests.conftest import tiny_llama
 from tests.text.table_lm import TableLM, random_table
 
@@ -12,6 +19,8 @@ DRAFTERS = {
     "model_adaptive": lambda target, draft: ModelDrafter(draft, confidence_threshold=0.05),
     "ngram": lambda target, draft: NGramDrafter(),
     "layerskip": lambda target, draft: LayerSkipDrafter(target, exit_layer=1),
+    "cascade": lambda target, draft: CascadeDrafter(draft),
+    "cascade_horizontal": lambda target, draft: CascadeDrafter(draft, model_tokens=1),
 }
 
 

@@ -1,0 +1,74 @@
+"""Cascade drafting (`CascadeDrafter`, `ModelProposer.cascade`): the vertical cascade draws the very chain the draft
+model draws alone, from the same generator, in fewer draft forwards; both cascades keep the target's law (chi-square
+against the exact joint law, `test_generate_law`), and a lenient middle level (CS-Drafting's lenience, which keeps a
+looked-up token the draft law merely likes) is rejected by the same test."""
+
+import pytest
+import torch
+
+from mmspec.core import drafting
+from mmspec.core.rng import inverse_cdf
+from mmspec.text import speculative_generate
+from mmspec.text.drafters import CascadeDrafter, ModelDrafter
+from tests.text.table_lm import TableLM, random_table
+from tests.text.test_generate import prompts
+from tests.text.test_generate_law import ALPHA, V, law_test
+
+
+def decode(target, drafter, ids, mask, temperature, top_k, seed, draft_length=4):
+    return speculative_generate(target, ids, mask, drafter=drafter, max_new_tokens=24, temperature=temperature,
+                                top_k=top_k, draft_length=draft_length, pad_token_id=0,
+                                generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.8, 5)])
+def test_vertical_cascade_draws_the_draft_models_chain(tiny_target, tiny_draft, temperature, top_k):
+    """Same seed, same tokens and acceptance as `ModelDrafter` (float64 models: the window and the one-token
+    forwards agree to rounding), with fewer draft forwards wherever prompt lookup was kept."""
+    ids, mask = prompts(4)
+    for seed in range(3):
+        plain, plain_stats = decode(tiny_target, ModelDrafter(tiny_draft), ids, mask, temperature, top_k, seed)
+        cascade, stats = decode(tiny_target, CascadeDrafter(tiny_draft), ids, mask, temperature, top_k, seed)
+        assert torch.equal(cascade, plain)
+        assert (stats.drafted, stats.accepted) == (plain_stats.drafted, plain_stats.accepted)
+        assert stats.draft_forwards <= plain_stats.draft_forwards
+
+
+def test_vertical_cascade_saves_draft_forwards_on_repeats(tiny_target):
+    """Greedy, one row, the target drafting for itself: its greedy continuation soon repeats, prompt lookup then
+    foresees the draws, and the cascade needs fewer draft forwards for the same output."""
+    ids, mask = prompts(1)
+    plain, plain_stats = decode(tiny_target, ModelDrafter(tiny_target), ids, mask, 0.0, 0, 0)
+    cascade, stats = decode(tiny_target, CascadeDrafter(tiny_target), ids, mask, 0.0, 0, 0)
+    assert torch.equal(cascade, plain)
+    assert stats.draft_forwards < plain_stats.draft_forwards
+
+
+@pytest.mark.parametrize("model_tokens,draft_length,temperature,top_k", [(None, 3, 1.0, 0), (None, 2, 0.7, 3),
+                                                                         (1, 3, 1.0, 0), (2, 4, 1.3, 2)])
+def test_cascade_keeps_the_targets_law(model_tokens, draft_length, temperature, top_k):
+    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
+    p_value, stats = law_test(target, CascadeDrafter(draft, max_ngram=2, model_tokens=model_tokens), temperature,
+                              top_k, draft_length=draft_length)
+    assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
+    assert 0 < stats.accepted < stats.drafted
+
+
+def lenient_keep_lookup(q, draws, proposal, available, lenience=2.0):
+    """Mutation: CS-Drafting's lenience at the middle level — a looked-up token is kept when the draft law gives it
+    at least 1/lenience of the draw's probability, though its recorded law stays q."""
+    tokens = inverse_cdf(q, draws)
+    W = proposal.shape[1]
+    real = torch.arange(W) < available[:, None]
+    at = q[:, :W]
+    liked = at.gather(2, proposal[..., None])[..., 0] * lenience >= at.gather(2, tokens[:, :W, None])[..., 0]
+    tokens[:, :W] = torch.where(real & liked, proposal, tokens[:, :W])
+    agree = (proposal == tokens[:, :W]) & real
+    return tokens, agree.long().cumprod(1).sum(1)
+
+
+def test_lenient_middle_level_is_rejected(monkeypatch):
+    monkeypatch.setattr(drafting, "keep_lookup", lenient_keep_lookup)
+    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
+    p_value, _ = law_test(target, CascadeDrafter(draft, max_ngram=2), 1.0, 0, draft_length=3)
+    assert p_value < ALPHA, f"the lenient cascade was not detected (p = {p_value:.2e})"
