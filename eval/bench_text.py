@@ -11,11 +11,15 @@ generation with the same draft (its defaults, and with our draft length), transf
 (model drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees of the draft model:
 the fixed trees of TREE_NODES and 30 nodes built for its measured positional acceptance, the full binary tree of 30
 nodes, OPT-Tree (T = 0 only: deterministic children); STAND's model-free n-gram memory; the draft heads on the
-target's features, `HEADS`) at batch 1; AR and ours (chains of 4, 2 and 1, the positional tree, which keeps
+target's features, `HEADS`; cascades of the draft model over prompt lookup, `CASCADES`; SpecDec++'s learned draft
+length) at batch 1; AR and ours (chains of 4, 2 and 1, the positional tree, which keeps
 BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and its best 14 and 6) at batch 8. The summary ratios take the best of
 ours against the best transformers assisted run (batch 1) and against AR (batch 8), the best tree's tokens per
 forward against the best chain's, STAND's tokens per forward against transformers' prompt lookup, and the heads'
-best tokens per forward against the draft model's chain and (at one tree of 30 nodes) its tree.
+best tokens per forward against the draft model's chain and (at one tree of 30 nodes) its tree, the best cascade's
+speed against the draft model's chain, and SpecDec++ and VocabTrim against the plain chain on STOP_PROMPTS more
+prompts (`compare_with_plain_chain`: draft tokens rejected per new token, tokens per forward, acceptance), and
+VocabTrim's drafting time and multiply-adds per round against the plain chain's.
 
 Positional trees (`TreeShape.positional`, Sequoia's) need the rate at which walks accept a node's k-th child: an
 untimed calibration pass per temperature and drafter (the draft model, the EAGLE head) measures it
@@ -45,8 +49,10 @@ from mmspec.adapters.causal_lm import cache_keyword
 from mmspec.core.capture import StepGraphs
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
+from mmspec.core.probs import SamplingConfig
 from mmspec.core.tree_growth import TreeShape
 from mmspec.eval.devices import machine, seeded, write_json
+from mmspec.models.acceptance import AcceptanceHead
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import (
@@ -59,6 +65,8 @@ from mmspec.text.drafters import (
     early_exit_view,
 )
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
+from mmspec.text.methods import draft_vocabulary
+from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm, resolve_model
 from mmspec.zoo.text_corpus import held_out_prompts
@@ -79,13 +87,21 @@ CHAINS = ("ours_model", "ours_model_len8", "ours_model_len16")  # the draft mode
 # Cascades (CS-Drafting) of the draft model over prompt lookup, chains of DRAFT_LENGTH: vertical (the draft model's
 # own chain, fewer draft forwards) and horizontal (the draft model's first position, prompt lookup's after)
 CASCADES = ("ours_cascade", "ours_cascade_horizontal")
+# SpecDec++'s learned draft length: the draft model drafts up to SPECDECPP_LENGTH tokens and stops where its
+# acceptance head (pycode/acceptance_head) says; compared with the plain chain of DRAFT_LENGTH on STOP_PROMPTS
+# prompts (--quick: a quarter), more than the table's: at T = 1 tokens per forward vary a lot between samples
+SPECDECPP_LENGTH = 8
+STOP_PROMPTS = 64
+# VocabTrim: the draft model's head cut to the VOCABTRIM_SIZE tokens the target writes most (and the specials),
+# chains of DRAFT_LENGTH, compared with the plain chain on the same STOP_PROMPTS prompts
+VOCABTRIM_SIZE = 1024
 TREES = ("ours_tree", "ours_tree_n30", "ours_tree_full30")  # the draft model's trees at batch 1
 BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
 METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ours_ar", "ours_model", "ours_ngram",
                 "ours_layerskip", "ours_adaptive", "ours_model_len1", "ours_model_len2", "ours_model_len8",
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
                 "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
-                "ours_eagle_tree_n30", *CASCADES)  # `make_methods`' keys
+                "ours_eagle_tree_n30", *CASCADES, "ours_specdecpp", "ours_vocabtrim")  # `make_methods`' keys
 # Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
 # nodes (HEAD_TREE) and the positional tree of 30 built for the head's own measured acceptance (as "ours_tree_n30" is
 # for the draft model's: the two compare drafters at one tree); the Hydra head's chains.
@@ -109,12 +125,23 @@ class Row:
     target_forwards: float
     seconds: float
     mean_accepted_length: float | None = None
+    drafted: float | None = None  # draft tokens proposed and accepted (means over the repeats; ours only)
+    accepted: float | None = None
     tree_acceptance: float | None = None
     tree_alpha_star: float | None = None
 
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.new_tokens / self.target_forwards
+
+    @property
+    def wasted_per_token(self) -> float:
+        """Draft tokens proposed and rejected per new token."""
+        return (self.drafted - self.accepted) / self.new_tokens
 
 
 class ForwardCounter:
@@ -140,13 +167,15 @@ def forward_latency(model, context: int = 64, repeats: int = 50) -> float:
 
 
 def load_heads(target_name: str, target) -> dict:
-    """The target's draft heads, saved beside its folder (`eagle_head/`, `hydra_head/`: the embedded pycode/ ships
-    both), on its device."""
+    """The heads saved beside the target's folder (the embedded pycode/ ships them all), on its device: the draft
+    heads on its features ("eagle": `eagle_head/`, "hydra": `hydra_head/`) and SpecDec++'s acceptance head of the
+    draft model ("acceptance": `acceptance_head/`)."""
     folder = Path(resolve_model(target_name, "--target")).parent
     heads = {}
-    for kind, head_class in (("eagle", EagleHead), ("hydra", HydraHead)):
+    for kind, head_class, script in (("eagle", EagleHead, "train_heads"), ("hydra", HydraHead, "train_heads"),
+                                     ("acceptance", AcceptanceHead, "train_acceptance")):
         if not (folder / f"{kind}_head" / "config.json").is_file():
-            raise SystemExit(f"no {kind}_head beside {target_name}: train one with python -m mmspec.zoo.train_heads "
+            raise SystemExit(f"no {kind}_head beside {target_name}: train one with python -m mmspec.zoo.{script} "
                              f"--target {target_name}")
         heads[kind] = head_class.from_pretrained(folder / f"{kind}_head").float().to(target.device).eval()
     return heads
@@ -228,6 +257,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         return tree(lambda t: HeadTreeDrafter(target, heads["eagle"], shape_at(t)))
 
     exit_layer = target.config.early_exit_layer
+    trimmed = draft_vocabulary(target, draft, VOCABTRIM_SIZE)
     return {
         "ar": hf(),
         "hf_assisted": hf(assistant_model=draft),
@@ -253,6 +283,9 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         **{name: positional(nodes) for name, nodes in SMALL_TREES.items()},
         "ours_cascade": ours(lambda: CascadeDrafter(draft)),
         "ours_cascade_horizontal": ours(lambda: CascadeDrafter(draft, model_tokens=1)),
+        "ours_specdecpp": ours(lambda: ModelDrafter(draft, acceptance_head=heads["acceptance"]),
+                               lambda: DraftLengthSchedule(SPECDECPP_LENGTH)),
+        "ours_vocabtrim": ours(lambda: ModelDrafter(draft, vocabulary=trimmed)),
         "ours_eagle": ours(lambda: HeadDrafter(target, heads["eagle"])),
         "ours_hydra": ours(lambda: HeadDrafter(target, heads["hydra"])),
         "ours_eagle_tree": eagle_tree(lambda t: HEAD_TREE),
@@ -287,7 +320,7 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
     # warm-up; on CUDA on every batch, so that each prompt length's and block size's steps are captured before timing
     for enc in encoded if device.type == "cuda" else encoded[:1]:
         fn(enc, temperature, seed=12345)
-    times, tokens, forwards, taus = [], 0, 0, []  # tokens, forwards: summed over the repeats
+    times, tokens, forwards, taus, drafted, accepted = [], 0, 0, [], 0, 0  # summed over the repeats
     for repeat in range(repeats):
         counter.count = 0
         new, start = 0, time.perf_counter()
@@ -297,11 +330,13 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
             new += int((generated != tokenizer.pad_token_id).sum())
             if stats is not None:
                 taus.append(stats.mean_accepted_length)
+                drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
         synchronize(device)
         times.append(time.perf_counter() - start)
         tokens, forwards = tokens + new, forwards + counter.count
     row = Row(name, batch_size, temperature, tokens / repeats, forwards / repeats, statistics.median(times),
-              statistics.mean(taus) if taus else None)
+              statistics.mean(taus) if taus else None, drafted / repeats if taus else None,
+              accepted / repeats if taus else None)
     if getattr(fn, "tree", False):  # untimed: the rule's acceptance against alpha* at the nodes the walks visit
         ceilings = [fn(enc, temperature, seed=i, ceiling=True)[1] for i, enc in enumerate(encoded)]
         acceptance = [s.tree_acceptance for s in ceilings if s.tree_acceptance is not None]  # None: no inner node
@@ -309,6 +344,50 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
         stars = [s.tree_alpha_star for s in ceilings if s.tree_acceptance is not None]
         row.tree_alpha_star = None if None in stars or not stars else statistics.mean(stars)
     return row
+
+
+def compare_with_plain_chain(methods: dict, prompts: list[str], tokenizer, counter) -> tuple[list[Row], dict]:
+    """SpecDec++'s learned draft length ("ours_specdecpp") and VocabTrim's draft ("ours_vocabtrim") against the
+    plain chain ("ours_model") on `prompts`, at T = 0 and 1, batch 1: their rows, and per temperature SpecDec++'s
+    reduction of the draft tokens rejected per new token (`specdecpp_wasted_draft_reduction_t*`, 1 - learned /
+    plain) and ratio of tokens per target forward (`specdecpp_tokens_per_forward_ratio_t*`), and VocabTrim's
+    relative loss of acceptance (`vocabtrim_acceptance_loss_t*`, 1 - its accepted / drafted over the plain
+    chain's)."""
+    rows, figures = [], {}
+    for temperature in (0.0, 1.0):
+        plain, learned, trimmed = (measure(name, methods[name], prompts, tokenizer, counter, 1, temperature, 1)
+                                   for name in ("ours_model", "ours_specdecpp", "ours_vocabtrim"))
+        rows += [plain, learned, trimmed]
+        t = f"t{temperature:g}"
+        figures[f"specdecpp_wasted_draft_reduction_{t}"] = 1 - learned.wasted_per_token / plain.wasted_per_token
+        figures[f"specdecpp_tokens_per_forward_ratio_{t}"] = learned.tokens_per_forward / plain.tokens_per_forward
+        figures[f"vocabtrim_acceptance_loss_{t}"] = 1 - (trimmed.accepted / trimmed.drafted) / (
+            plain.accepted / plain.drafted)
+    return rows, figures
+
+
+@torch.no_grad()
+def draft_round_latency(draft, vocabulary: torch.Tensor | None = None, length: int = DRAFT_LENGTH,
+                        context: int = 64, repeats: int = 50) -> float:
+    """Median seconds of one chain of `length` draft tokens at T = 1 and batch 1 after `context` tokens, drafted
+    with `draft` (with `vocabulary`: its trimmed head), the drafting a round of `ours_model` does."""
+    drafter = ModelDrafter(draft, vocabulary=vocabulary)
+    ids = torch.randint(0, draft.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+    rows = TextRows(ids.to(draft.device), torch.ones_like(ids).to(draft.device), 8, length, None, 0)
+    drafter.start(rows, draft.config.vocab_size, context + 8 + length + 2)
+    rows.lengths += 1  # a token committed since the prefill: every round feeds the last two, as after the first
+    sampling, generator = SamplingConfig(temperature=1.0), torch.Generator(draft.device).manual_seed(0)
+    drafter.propose(rows, torch.full((1,), length, device=draft.device), length, sampling, generator)  # warm
+    return median_seconds(lambda: drafter.propose(rows, torch.full((1,), length, device=draft.device), length,
+                                                  sampling, generator), draft.device, repeats)
+
+
+def draft_flops_ratio(draft, vocabulary: torch.Tensor) -> float:
+    """Multiply-adds per drafted token of the trimmed draft over the full one: its decoder's linear maps (attention
+    over a short context left out) plus its head's |S| (or V) rows."""
+    head = draft.get_output_embeddings()
+    decoder = sum(m.weight.numel() for m in draft.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    return (decoder + vocabulary.numel() * head.in_features) / (decoder + head.weight.numel())
 
 
 def best_ar(rows: list[Row], batch_size: int, temperature: float) -> float:
@@ -406,6 +485,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompts", type=int, default=None, help="prompts at batch 1 (default 16, --quick 4; batch "
                                                                   "8 decodes at least 8)")
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per prompt (default 128, --quick 64)")
+    parser.add_argument("--stop-prompts", type=int, default=None, help=f"prompts of the SpecDec++ comparison "
+                        f"(default {STOP_PROMPTS}, --quick {STOP_PROMPTS // 4})")
     parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                         help="these methods only (default: all; the AR baselines always run): "
                              + ", ".join(METHOD_NAMES))
@@ -415,8 +496,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     n_prompts, max_new_tokens, repeats = (4, 64, 1) if args.quick else (16, 128, 3)
     n_prompts, max_new_tokens = args.prompts or n_prompts, args.new_tokens or max_new_tokens
-    if n_prompts < 1 or max_new_tokens < 1:
-        parser.error(f"--prompts and --new-tokens must be >= 1, got {n_prompts} and {max_new_tokens}")
+    stop_prompts = args.stop_prompts or STOP_PROMPTS // (4 if args.quick else 1)
+    if n_prompts < 1 or max_new_tokens < 1 or stop_prompts < 1:
+        parser.error(f"--prompts, --new-tokens and --stop-prompts must be >= 1, got {n_prompts}, {max_new_tokens} "
+                     f"and {stop_prompts}")
     unknown = sorted(set(args.methods or ()) - set(METHOD_NAMES))
     if unknown:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
@@ -455,21 +538,36 @@ def main(argv: list[str] | None = None) -> dict:
                                     temperature, repeats))
                 print(f"{name} bs=8 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
     table, ratios = format_table(rows), summary(rows)
+    stop_rows = []
+    if {"ours_specdecpp", "ours_vocabtrim"} <= chosen:  # on more prompts than the table's (module docstring)
+        taken = len(prompts) + calibration_prompts  # none of the table's or calibration's
+        with torch.no_grad():
+            stop_rows, figures = compare_with_plain_chain(methods, held_out_prompts(taken + stop_prompts)[taken:],
+                                                          tokenizer, counter)
+        ratios.update(figures)
     target_latency = forward_latency(target)
     ratios["draft_target_cost_ratio"] = forward_latency(draft) / target_latency
     early_exit = early_exit_view(target, target.config.early_exit_layer)
     ratios["layerskip_target_cost_ratio"] = forward_latency(early_exit) / target_latency
     ratios["heads_draft_cost_ratio"] = head_token_latency(target, heads["eagle"]) / target_latency
+    trimmed = draft_vocabulary(target, draft, VOCABTRIM_SIZE)
+    ratios["vocabtrim_draft_cost_ratio"] = draft_round_latency(draft, trimmed) / draft_round_latency(draft)
+    ratios["vocabtrim_draft_flops_ratio"] = draft_flops_ratio(draft, trimmed)
     print(table)
     print(json.dumps(ratios, indent=2))
     if args.json:
         payload = {"config": {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats,
                               "draft_length": DRAFT_LENGTH, "tree_nodes": TREE_NODES, "batch_tokens": BATCH_TOKENS,
+                              "specdecpp_length": SPECDECPP_LENGTH, "stop_prompts": stop_prompts,
+                              "vocabtrim_size": VOCABTRIM_SIZE,
                               "child_acceptance": {f"{t:g}": rate for t, rate in rates.items()},
                               "head_child_acceptance": {f"{t:g}": rate for t, rate in head_rates.items()},
                               "threads": torch.get_num_threads()},
                    **machine(device),
-                   "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows], **ratios}
+                   "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows],
+                   "plain_chain_comparison_rows": [dict(r.__dict__, wasted_per_token=r.wasted_per_token)
+                                                   for r in stop_rows],
+                   **ratios}
         write_json(args.json, payload)
     return ratios
 

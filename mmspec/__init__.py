@@ -49,6 +49,7 @@ _EXPORTS = {
     "SpeculativeTextPipeline": "mmspec.pipelines.text",
     # the pipelines' components: saved pipelines name them ["mmspec", class name] in model_index.json
     "LlamaGenTransformer": "mmspec.models.llamagen.gpt",
+    "AcceptanceHead": "mmspec.models.acceptance",
     "EagleHead": "mmspec.models.heads",
     "HydraHead": "mmspec.models.heads",
     "LlamaGenVQModel": "mmspec.models.llamagen.vq",

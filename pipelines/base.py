@@ -78,10 +78,13 @@ class MMSpecPipeline(DiffusionPipeline):
         """Make (on) or drop the pipeline's captured graphs; a pipeline without any has nothing to do."""
 
     def with_head(self, decoding: DecodingComponent) -> DecodingComponent:
-        """`decoding` with the pipeline's draft head of its `kind` (`eagle_head`, `hydra_head`) in its runtime `head`
-        field where it has one unset (`DraftHeads`, `TextDraftHeads`)."""
+        """`decoding` with the pipeline's heads in its runtime fields it left unset: its draft head of its `kind`
+        (`eagle_head`, `hydra_head`) in `head` (`DraftHeads`, `TextDraftHeads`), its `acceptance_head` in the field
+        of that name (`TextSpeculation`'s learned draft length)."""
         if getattr(decoding, "head", "absent") is None:
-            return dataclasses.replace(decoding, head=getattr(self, f"{decoding.kind}_head", None))
+            decoding = dataclasses.replace(decoding, head=getattr(self, f"{decoding.kind}_head", None))
+        if getattr(decoding, "acceptance_head", "absent") is None:
+            decoding = dataclasses.replace(decoding, acceptance_head=getattr(self, "acceptance_head", None))
         return decoding
 
     @property

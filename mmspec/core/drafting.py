@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from mmspec.core import vocabulary
+from mmspec.core.draft_stops import DraftStop
 from mmspec.core.drafts import Draft
 from mmspec.core.model import CausalModel, Logits
 from mmspec.core.probs import SamplingConfig
@@ -50,10 +52,15 @@ Lookup = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.T
 
 
 class ModelProposer:
-    """Drafts chains and trees with `model` (its state after the prompt's prefill, `state`) for B rows."""
+    """Drafts chains and trees with `model` (its state after the prompt's prefill, `state`) for B rows. vocabulary:
+    chains only, the ids S a trimmed model's |S| logits stand for (`mmspec.core.vocabulary`), of `vocab_size`."""
 
-    def __init__(self, model: CausalModel, state: Any, batch_size: int, device: torch.device):
+    def __init__(self, model: CausalModel, state: Any, batch_size: int, device: torch.device,
+                 vocabulary: torch.Tensor | None = None, vocab_size: int | None = None):
+        if (vocabulary is None) != (vocab_size is None):
+            raise ValueError("a trimmed draft needs both its vocabulary and the target's vocab_size")
         self.model, self.state = model, state
+        self.vocabulary, self.vocab_size = vocabulary, vocab_size
         self.kept = torch.zeros(batch_size, dtype=torch.long, device=device)  # committed tokens cached (trees)
         self.rounds = 0
         self.forwards = 0  # model calls so far (the stats' draft_forwards)
@@ -65,12 +72,12 @@ class ModelProposer:
 
     def chain(self, seq: torch.Tensor, committed: torch.Tensor, length: int, law: DraftLaw,
               sampling: SamplingConfig, generator: Generators, budget: torch.Tensor | None = None,
-              confidence_threshold: float = 0.0) -> Draft:
+              stop: DraftStop | None = None) -> Draft:
         """`length` (G) draft tokens after each row's committed tokens seq[b, :committed[b]] (seq: [B, S] long,
         committed: [B] long), token i drawn from its law with the i-th of G uniforms per row (drawn once the first
         law is known, in its dtype); budget: [B] long, the drafts each row wants (default G; the draft's
-        `lengths`). confidence_threshold: a row stops drafting after a token whose draft probability is below it
-        (0 = never; with it, the round ends early once every row has stopped: one host read per draft token)."""
+        `lengths`). stop: after each token, which rows draft no more this round (`mmspec.core.draft_stops`; the
+        round ends early once every row has stopped: one host read per draft token)."""
         B, device = committed.shape[0], committed.device
         context = 1 if self.rounds == 0 else 2
         if self.rounds:
@@ -79,6 +86,8 @@ class ModelProposer:
         tokens = seq.gather(1, committed[:, None] - context + torch.arange(context, device=device))
         drafts, laws, draws = [], [], None
         stop_at = torch.full((B,), length, dtype=torch.long, device=device) if budget is None else budget.clone()
+        if stop is not None:
+            stop.start(B, device)
         for i in range(length):  # one batched forward per draft position (the drafter is autoregressive)
             self.forwards += 1
             logits = self.model.forward(tokens, self.state).at(slice(-1, None))
@@ -86,12 +95,13 @@ class ModelProposer:
             if draws is None:
                 draws = uniform((B, length), generator, device, q.dtype)
             tokens = inverse_cdf(q, draws[:, i : i + 1])  # [B, 1]
+            if self.vocabulary is not None:  # indices into S, a law over S
+                tokens, q = vocabulary.widen(tokens, q, self.vocabulary, self.vocab_size)
             drafts.append(tokens)
             laws.append(q)
-            if confidence_threshold > 0:
-                unsure = q[:, 0].gather(1, tokens).squeeze(1) < confidence_threshold
-                stop_at = torch.where(unsure & (stop_at > i + 1), i + 1, stop_at)
-                if bool((stop_at <= i + 1).all()):  # host read, adaptive mode only: every row has stopped
+            if stop is not None and i < length - 1:
+                stop_at = stop_after(stop_at, stop(i, logits, q, tokens, sampling), i)
+                if bool((stop_at <= i + 1).all()):  # host read: every row has stopped
                     break
         return Draft(torch.cat(drafts, 1), stop_at.clamp(max=len(drafts)), torch.cat(laws, 1))
 
@@ -177,6 +187,13 @@ class ModelProposer:
         self.model.rollback(self.state, committed)  # the tree's slots leave the drafter's cache
         self.kept.copy_(committed)  # in place: a captured step replays this
         return tree
+
+
+def stop_after(stop_at: torch.Tensor, stopped: torch.Tensor, i: int) -> torch.Tensor:
+    """Each row's draft length [B] once the rows `stopped` ([B] bool) end their draft with token i (0-based): the
+    token that tripped the stop stays in the draft, as drawn from its law (dropping it would keep only tokens the
+    rule liked, a law the draft no longer records)."""
+    return torch.where(stopped & (stop_at > i + 1), i + 1, stop_at)
 
 
 def keep_lookup(q: torch.Tensor, draws: torch.Tensor, proposal: torch.Tensor,

@@ -17,8 +17,10 @@ import dataclasses
 import torch
 
 from mmspec.adapters.static_cache import as_static_model
+from mmspec.core.draft_stops import ConfidenceStop, LearnedStop
 from mmspec.core.drafting import ModelProposer, Round, chain_round
 from mmspec.core.drafts import Draft
+from mmspec.core.head_drafting import FeatureTap
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
@@ -83,7 +85,10 @@ class WithDraftModel:
     def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
         model = as_static_model(self.model, capacity)
         state, _ = model.prefill(rows.prompt)
-        self.proposer = ModelProposer(model, state, rows.batch_size, rows.tokens.device)
+        vocabulary = getattr(self, "vocabulary", None)
+        self.proposer = ModelProposer(model, state, rows.batch_size, rows.tokens.device,
+                                      None if vocabulary is None else vocabulary.to(rows.tokens.device),
+                                      None if vocabulary is None else vocab_size)
 
     def select(self, index: torch.Tensor) -> None:
         self.proposer.select(index)
@@ -122,9 +127,9 @@ class ChainStep:
 
     @property
     def capturable(self) -> bool:
-        """A constant draft length and no confidence stop (each reads the host), and a capturable drafter."""
-        return (self.drafter.capturable and self.schedule.kind == "constant"
-                and not getattr(self.drafter, "confidence_threshold", 0))
+        """A constant draft length (the heuristic schedule reads the host) and a capturable drafter (one with a stop
+        rule is not)."""
+        return self.drafter.capturable and self.schedule.kind == "constant"
 
     def capture_key(self) -> tuple:
         return (self.drafter.capture_key(), self.schedule.kind, self.schedule.length, repr(self.acceptance))
@@ -153,18 +158,77 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
 
     model: any transformers causal LM (or an `early_exit_view` of the target), or a `CausalModel` adapter.
     confidence_threshold: a row stops drafting after a token whose draft probability is below it (0 = never).
+    acceptance_head: SpecDec++'s learned draft length (an `mmspec.models.AcceptanceHead` trained for this draft
+    model; `model` a transformers causal LM): a row stops once the predicted probability that one of its drafts so
+    far is rejected exceeds `stop_threshold` (None: the head's own, chosen from the costs it was trained with).
+    vocabulary: VocabTrim's draft vocabulary ([|S|] long ids, `mmspec.core.vocabulary.frequent_vocabulary`; `model`
+    a transformers causal LM): its LM head scores only those tokens, and drafts from its law renormalised over them.
     """
 
-    def __init__(self, model, confidence_threshold: float = 0.0):
+    def __init__(self, model, confidence_threshold: float = 0.0, acceptance_head=None,
+                 stop_threshold: float | None = None, vocabulary: torch.Tensor | None = None):
         if not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
-        self.attach(model)
-        self.confidence_threshold = confidence_threshold
+        if confidence_threshold and acceptance_head is not None:
+            raise ValueError("confidence_threshold and acceptance_head are two stop rules: give one")
+        if stop_threshold is not None and acceptance_head is None:
+            raise ValueError("stop_threshold applies with an acceptance_head (SpecDec++'s learned draft length)")
+        if vocabulary is not None and acceptance_head is not None:
+            raise ValueError("an acceptance_head reads the draft's full law: it does not take a trimmed vocabulary")
+        self.attach(model if vocabulary is None else trimmed_view(model, vocabulary))
+        self.vocabulary = vocabulary
+        self.confidence_threshold, self.acceptance_head, self.stop_threshold = (confidence_threshold, acceptance_head,
+                                                                                stop_threshold)
+        self.stop = ConfidenceStop(confidence_threshold) if confidence_threshold else None
+        if acceptance_head is not None:
+            self.stop = learned_stop(model, acceptance_head, stop_threshold)
+
+    @property
+    def capturable(self) -> bool:
+        return self.stop is None  # a stop rule reads the host after each draft token
 
     @torch.no_grad()
     def propose(self, rows, budget, width, sampling, generator) -> Draft:
         return self.proposer.chain(rows.seq, rows.committed, width, text_law, sampling, generator, budget,
-                                   self.confidence_threshold)
+                                   self.stop)
+
+
+def learned_stop(model, head, threshold: float | None) -> LearnedStop:
+    """SpecDec++'s stop for draft `model` (a transformers causal LM): `head` reads the input of its LM head and
+    its embedding of each drafted token; threshold None: the head's own (`AcceptanceHead.stop_threshold`)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"an acceptance_head reads a transformers draft model's features, got {type(model).__name__}")
+    if head.config.feature_size != model.config.hidden_size:
+        raise ValueError(f"acceptance_head reads features of width {head.config.feature_size}; the draft model's "
+                         f"are {model.config.hidden_size} wide")
+    tap = FeatureTap.of(model.get_output_embeddings())
+    return LearnedStop(head, lambda: tap.feature, model.get_input_embeddings(), threshold)
+
+
+def trimmed_view(model, vocabulary: torch.Tensor):
+    """`model` (a transformers causal LM) whose LM head scores only the tokens `vocabulary` ([|S|] long ids, distinct,
+    sorted): logits [..., |S|] in that order, from its head's rows gathered once. The rest is shared."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"a draft vocabulary trims a transformers draft model's head, got {type(model).__name__}")
+    V = model.config.vocab_size
+    if not isinstance(vocabulary, torch.Tensor) or vocabulary.ndim != 1 or vocabulary.dtype != torch.long:
+        raise TypeError("vocabulary must be a 1-D torch.long tensor of token ids")
+    if vocabulary.numel() < 1 or int(vocabulary.min()) < 0 or int(vocabulary.max()) >= V or not bool(
+            (vocabulary[1:] > vocabulary[:-1]).all()):
+        raise ValueError(f"vocabulary must hold distinct sorted token ids in [0, {V}), got {vocabulary.numel()} ids")
+    head = model.get_output_embeddings()
+    trimmed = torch.nn.Linear(head.in_features, vocabulary.numel(), bias=head.bias is not None,
+                              device=head.weight.device, dtype=head.weight.dtype)
+    with torch.no_grad():
+        trimmed.weight.copy_(head.weight[vocabulary.to(head.weight.device)])
+        if head.bias is not None:
+            trimmed.bias.copy_(head.bias[vocabulary.to(head.weight.device)])
+    view = copy.copy(model)
+    for name, value in vars(model).items():  # its own module and hook dicts, as `early_exit_view`'s
+        if name == "_modules" or name.endswith("hooks") or "_hooks_" in name:
+            setattr(view, name, type(value)(value) if name == "_modules" else type(value)())
+    view.set_output_embeddings(trimmed)
+    return view
 
 
 def early_exit_view(model, exit_layer: int):
@@ -196,7 +260,7 @@ class LayerSkipDrafter(ModelDrafter):
     """Self-speculative drafting (LayerSkip / HF `assistant_early_exit`): the target's first `exit_layer` layers."""
 
     def __init__(self, target, exit_layer: int, confidence_threshold: float = 0.0):
-        super().__init__(early_exit_view(target, exit_layer), confidence_threshold)
+        super().__init__(early_exit_view(target, exit_layer), confidence_threshold=confidence_threshold)
 
 
 class NGramDrafter(ChainDrafter):

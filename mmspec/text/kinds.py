@@ -8,3 +8,4 @@ TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft LM's tree, STAN
 DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
 WITH_DRAFT_MODEL = ("model", "cascade", "tree")  # the drafters that run a draft LM
 SCHEDULES = ("constant", "heuristic")  # draft length schedules
+LEARNED = "learned"  # ... and SpecDec++'s learned draft length (a stop rule of the draft model, not a schedule)

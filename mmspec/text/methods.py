@@ -22,7 +22,7 @@ from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting, specs
 from mmspec.core.tree_shape import TREE_RATES_HELP, TreeShape, check_sized_tree, sized_tree
-from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, SCHEDULES, TREE_DRAFTERS, WITH_DRAFT_MODEL
+from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, LEARNED, SCHEDULES, TREE_DRAFTERS, WITH_DRAFT_MODEL
 
 if TYPE_CHECKING:
     import torch
@@ -78,13 +78,23 @@ class TextSpeculation(TextDecoding):
                            "tree (RSD); 'stand': an n-gram memory of the target's laws",
                            choices=DRAFTERS)
     draft_length: int = setting(4, "tokens drafted per target forward", low=1, only={"drafter": CHAIN_DRAFTERS})
-    schedule: str = setting("constant", "draft length per step: 'constant', or transformers' 'heuristic' (+2 after "
-                            "a fully accepted draft, else -1)", choices=SCHEDULES, only={"drafter": CHAIN_DRAFTERS})
+    schedule: str = setting("constant", "draft length per step: 'constant', transformers' 'heuristic' (+2 after "
+                            "a fully accepted draft, else -1), or SpecDec++'s 'learned' (drafter 'model': a row stops "
+                            "once its acceptance head predicts a rejection likelier than stop_threshold; "
+                            "draft_length is the most)", choices=(*SCHEDULES, LEARNED),
+                            only={"drafter": CHAIN_DRAFTERS})
+    stop_threshold: float | None = setting(None, "schedule 'learned': stop once the predicted probability that a "
+                                           "draft token so far is rejected exceeds it (default: the acceptance "
+                                           "head's, chosen from the draft and target costs)", kind=float, low=0,
+                                           high=1, low_open=True, high_open=True, only={"drafter": ("model",)})
     confidence_threshold: float = setting(0.0, "a row stops drafting after a token whose draft probability is below "
                                           "it (0 = never)", low=0, high=1, high_open=True,
                                           only={"drafter": ("model", "layerskip")})
     exit_layer: int | None = setting(None, "layer-skip drafts with the target's first N layers (default: the "
                                      "config's early_exit_layer)", kind=int, low=1, only={"drafter": ("layerskip",)})
+    draft_vocabulary: int | None = setting(None, "VocabTrim: the draft LM's head scores only the N tokens its target "
+                                           "writes most (its config's token_ranking) and the special tokens "
+                                           "(default: all)", kind=int, low=1, only={"drafter": ("model",)})
     max_ngram: int = setting(3, "the longest n-gram prompt lookup looks up", low=1,
                              only={"drafter": ("ngram", "cascade")})
     model_tokens: int | None = setting(None, "a horizontal cascade: the draft LM drafts the first N positions, prompt "
@@ -97,8 +107,18 @@ class TextSpeculation(TextDecoding):
         "of tree_nodes nodes built for them", kind=tuple, only={"drafter": ("tree",)})
     tree_nodes: int = setting(30, "nodes of the tree built for tree_rates", low=1, only={"drafter": ("tree",)})
     acceptance: AcceptanceRule = Exact()
+    acceptance_head: Any = runtime()
 
     def check(self) -> None:
+        if self.schedule == LEARNED and self.drafter != "model":
+            raise ValueError(f"schedule='learned' is SpecDec++'s stop rule for drafter 'model', not "
+                             f"{self.drafter!r}")
+        if self.stop_threshold is not None and self.schedule != LEARNED:
+            raise ValueError("stop_threshold applies with schedule='learned'")
+        if self.schedule == LEARNED and self.draft_vocabulary is not None:
+            raise ValueError("schedule='learned' reads the draft's full law: it does not take a draft_vocabulary")
+        if self.schedule == LEARNED and self.confidence_threshold:
+            raise ValueError("schedule='learned' and confidence_threshold are two stop rules: give one")
         if self.tree_rates is None:
             if self.tree_nodes != TextSpeculation.tree_nodes:
                 raise ValueError("tree_nodes applies with tree_rates (a positional tree); the full tree is "
@@ -126,6 +146,8 @@ class TextSpeculation(TextDecoding):
             return False
         if field == "tree_nodes" and self.tree_rates is None:
             return False
+        if field == "stop_threshold" and self.schedule != LEARNED:
+            return False
         return super().reads(field)
 
     @classmethod
@@ -148,6 +170,14 @@ class TextSpeculation(TextDecoding):
 
         if self.drafter in WITH_DRAFT_MODEL and draft is None:
             raise ValueError(f"drafter={self.drafter!r} needs a draft model; this pipeline has none")
+        if self.draft_vocabulary is not None:
+            return ModelDrafter(draft, confidence_threshold=self.confidence_threshold,
+                                vocabulary=draft_vocabulary(target, draft, self.draft_vocabulary))
+        if self.drafter == "model" and self.schedule == LEARNED:
+            if self.acceptance_head is None:
+                raise ValueError("schedule='learned' needs an acceptance head: load a pipeline that has an "
+                                 "acceptance_head, or pass acceptance_head=<AcceptanceHead>")
+            return ModelDrafter(draft, acceptance_head=self.acceptance_head, stop_threshold=self.stop_threshold)
         if self.drafter == "model":
             return ModelDrafter(draft, confidence_threshold=self.confidence_threshold)
         if self.drafter == "cascade":
@@ -170,10 +200,27 @@ class TextSpeculation(TextDecoding):
         from mmspec.text.drafters import DraftLengthSchedule
         from mmspec.text.generate import speculative_generate
 
-        if self.drafter in CHAIN_DRAFTERS:
-            options["draft_length"] = DraftLengthSchedule(self.draft_length, kind=self.schedule)
+        if self.drafter in CHAIN_DRAFTERS:  # SpecDec++'s learned length is the drafter's stop rule under a constant one
+            kind = "constant" if self.schedule == LEARNED else self.schedule
+            options["draft_length"] = DraftLengthSchedule(self.draft_length, kind=kind)
         return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target, draft),
                                     acceptance=self.acceptance, **options)
+
+
+def draft_vocabulary(target: Any, draft: Any, size: int):
+    """VocabTrim's vocabulary for `draft`: the `size` ids first in its config's `token_ranking`
+    (`mmspec.zoo.train_vocabulary`) and the target's special tokens (EOS, padding, BOS)."""
+    from mmspec.core.vocabulary import frequent_vocabulary
+
+    ranking = getattr(draft.config, "token_ranking", None)
+    if ranking is None:
+        raise ValueError("draft_vocabulary needs the draft's token ranking (its config's token_ranking): write it "
+                         "with python -m mmspec.zoo.train_vocabulary --draft <its folder>")
+    if size > len(ranking):
+        raise ValueError(f"draft_vocabulary={size} exceeds the draft's vocabulary of {len(ranking)}")
+    specials = [getattr(target.config, f"{name}_token_id", None) for name in ("eos", "pad", "bos")]
+    flat = [i for s in specials if s is not None for i in ([s] if isinstance(s, int) else s)]
+    return frequent_vocabulary(ranking, size, keep=flat)
 
 
 @register_decoding

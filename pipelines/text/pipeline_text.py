@@ -21,6 +21,7 @@ from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
 from mmspec.core.settings import specs
+from mmspec.models.acceptance import AcceptanceHead
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
@@ -59,6 +60,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         tokenizer ([`~transformers.PreTrainedTokenizerBase`]): the target's tokenizer.
         draft ([`~transformers.PreTrainedModel`], *optional*): a small causal LM over the same vocabulary, the drafter
             of `TextSpeculation(drafter="model")`.
+        eagle_head ([`EagleHead`], *optional*), hydra_head ([`HydraHead`], *optional*): draft heads on the target's
+            features, the drafters of `TextDraftHeads(kind="eagle" | "hydra")`.
+        acceptance_head ([`AcceptanceHead`], *optional*): SpecDec++'s acceptance predictor for the draft, the stop
+            rule of `TextSpeculation(drafter="model", schedule="learned")`.
         decoding (`"auto"`, `AR()` or `TextSpeculation(...)`, a name or a config dict; defaults to `"auto"`): what
             calls decode with unless they say otherwise; saved with the pipeline, swappable (`pipe.decoding = ...`).
 
@@ -79,19 +84,20 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         ```
     """
 
-    _optional_components = ["draft", "eagle_head", "hydra_head"]
+    _optional_components = ["draft", "eagle_head", "hydra_head", "acceptance_head"]
     modality = "text"
     _callback_tensor_inputs = ["generated_ids", "new_tokens"]
 
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  draft: PreTrainedModel | None = None, eagle_head: EagleHead | None = None,
-                 hydra_head: HydraHead | None = None, decoding: DecodingComponent | str | dict = "auto"):
+                 hydra_head: HydraHead | None = None, acceptance_head: AcceptanceHead | None = None,
+                 decoding: DecodingComponent | str | dict = "auto"):
         super().__init__()
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft vocabulary size {draft.config.vocab_size} does not match the target's "
                              f"{target.config.vocab_size}")
         self.register_modules(target=target, tokenizer=tokenizer, draft=draft, eagle_head=eagle_head,
-                              hydra_head=hydra_head)
+                              hydra_head=hydra_head, acceptance_head=acceptance_head)
         self.decoding = decoding
         self.step_graphs: StepGraphs | None = None  # `enable_cuda_graphs`
 
@@ -108,8 +114,9 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         """A folder saved by `save_pretrained` (`model_index.json`), or a target causal LM — a zoo name
         ("pycode/target") or a transformers folder with its tokenizer — with `draft` (a zoo name, a folder or a
         model; optional). `dtype` defaults to float32 for a bare causal LM (the zoo stores float16). A bare causal
-        LM's draft heads are loaded from `eagle_head/` and `hydra_head/` beside its folder where they exist (the
-        embedded `pycode/` ships both), or given as `eagle_head=` / `hydra_head=` (a folder or a head)."""
+        LM's heads are loaded from `eagle_head/`, `hydra_head/` and `acceptance_head/` beside its folder where they
+        exist (the embedded `pycode/` ships all three), or given as `eagle_head=` / `hydra_head=` /
+        `acceptance_head=` (a folder or a head)."""
         path = Path(resolve_model(pretrained_model_name_or_path, argument="target"))
         if isinstance(draft, (str, Path)):
             draft = load_causal_lm(resolve_model(draft, argument="draft"), dtype=kwargs.get("dtype"))[0]
@@ -118,13 +125,14 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         if (path / "model_index.json").is_file() or not (path / "config.json").is_file():
             return super().from_pretrained(path, **kwargs)
         target, tokenizer = load_causal_lm(path, dtype=kwargs.pop("dtype", None))
-        for kind, head_class in (("eagle", EagleHead), ("hydra", HydraHead)):
-            head = kwargs.get(f"{kind}_head", path.parent / f"{kind}_head")
+        for name, head_class in (("eagle_head", EagleHead), ("hydra_head", HydraHead),
+                                 ("acceptance_head", AcceptanceHead)):
+            head = kwargs.get(name, path.parent / name)
             if isinstance(head, (str, Path)):
                 found = (Path(head) / "config.json").is_file()
-                if not found and f"{kind}_head" in kwargs:
-                    raise ValueError(f"{kind}_head: no saved head in {head}")
-                kwargs[f"{kind}_head"] = head_class.from_pretrained(head, torch_dtype=target.dtype) if found else None
+                if not found and name in kwargs:
+                    raise ValueError(f"{name}: no saved head in {head}")
+                kwargs[name] = head_class.from_pretrained(head, torch_dtype=target.dtype) if found else None
         return cls(target, tokenizer, **kwargs)
 
     @property

@@ -26,10 +26,11 @@ class TableLM(torch.nn.Module):
         V = table.shape[-1]
         assert table.shape == (V + 1, V + 1, V), "table: [V + 1, V + 1, V], index V = no token"
         self.table = table
-        self.config = PretrainedConfig(num_hidden_layers=1, vocab_size=V, max_position_embeddings=1024)
         # an embedding and an LM head for draft heads: the feature is the logit row padded to an even width (rotary
         # pairs), and the head reads its first V entries back exactly
         width = V + V % 2
+        self.config = PretrainedConfig(num_hidden_layers=1, vocab_size=V, hidden_size=width,
+                                       max_position_embeddings=1024)
         self.embed_tokens = torch.nn.Embedding(V, width, dtype=torch.float64)
         self.lm_head = torch.nn.Linear(width, V, bias=False, dtype=torch.float64)
         with torch.no_grad():
@@ -41,6 +42,9 @@ class TableLM(torch.nn.Module):
 
     def get_output_embeddings(self):
         return self.lm_head
+
+    def set_output_embeddings(self, head):
+        self.lm_head = head
 
     def get_decoder(self):
         return self  # its `layers`
