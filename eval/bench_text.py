@@ -322,18 +322,20 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
         fn(enc, temperature, seed=12345)
     times, tokens, forwards, taus, drafted, accepted = [], 0, 0, [], 0, 0  # summed over the repeats
     for repeat in range(repeats):
-        counter.count = 0
         new, start = 0, time.perf_counter()
         for i, enc in enumerate(encoded):
+            counter.count = 0
             sequences, stats = fn(enc, temperature, seed=1000 * repeat + i)
             generated = sequences[:, enc["input_ids"].shape[1] :]
             new += int((generated != tokenizer.pad_token_id).sum())
+            # ours count their own forwards: a step replayed from a CUDA graph fires no hook
+            forwards += counter.count if stats is None else stats.target_forwards
             if stats is not None:
                 taus.append(stats.mean_accepted_length)
                 drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
         synchronize(device)
         times.append(time.perf_counter() - start)
-        tokens, forwards = tokens + new, forwards + counter.count
+        tokens += new
     row = Row(name, batch_size, temperature, tokens / repeats, forwards / repeats, statistics.median(times),
               statistics.mean(taus) if taus else None, drafted / repeats if taus else None,
               accepted / repeats if taus else None)

@@ -192,7 +192,15 @@ def run_embedded(pipe, device: torch.device, prompts: list[str], batch_size: int
     call per method of `DRAFTED` (`drafter_steps`)."""
     def call(options: dict, batch: list[str], start: int):
         generators = seeded(device, range(1000 + start, 1000 + start + len(batch)))
-        return pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
+        # a head reads the target's features from eager forwards: its calls pause the pipeline's CUDA graphs (the
+        # steps the others captured are kept for them)
+        paused = pipe.cuda_graphs, pipe.window_graphs
+        if options.get("decoding") == "heads":
+            pipe.cuda_graphs, pipe.window_graphs = False, {}
+        try:
+            return pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
+        finally:
+            pipe.cuda_graphs, pipe.window_graphs = paused
 
     def timed(options: dict, batch: list[str], start: int):
         """(seconds, stats) of a call; on CUDA the stats (whose phase timings give the overhead) come from a second
