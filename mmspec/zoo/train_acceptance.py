@@ -128,15 +128,39 @@ def stop_threshold(acceptance: float, cost: float, draft_length: int = DRAFT_LEN
     return round(min(max(h, 0.05), 0.95), 4)
 
 
+def add_sample_arguments(parser: argparse.ArgumentParser, draft_help: str) -> None:
+    """The target, its draft and the target samples kept in the work folder (`target_samples`)."""
+    parser.add_argument("--target", default=TEXT_TARGET, help="a zoo name or a local transformers causal LM")
+    parser.add_argument("--draft", default=TEXT_DRAFT, help=draft_help)
+    parser.add_argument("--samples", type=int, default=768, help="target samples")
+    parser.add_argument("--new-tokens", type=int, default=128, help="tokens each sample continues its prompt")
+    parser.add_argument("--sample-batch", type=int, default=64)
+    parser.add_argument("--work-dir", default=None, help="where the samples are kept (default: ~/.cache/mmspec/"
+                        "train_acceptance/<the draft's pair>, shared by train_acceptance and train_vocabulary)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def work_folder(args) -> Path:
+    """--work-dir, or the default one of the draft's pair (made if missing)."""
+    name = Path(str(resolve_model(args.draft, "--draft"))).parent.name
+    work = Path(args.work_dir or Path.home() / ".cache" / "mmspec" / "train_acceptance" / name)
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def target_samples(args, target, tokenizer) -> torch.Tensor:
+    """[n, 32 + new tokens]: the target's samples (`add_sample_arguments`), drawn or read back from the work folder."""
+    target.requires_grad_(False)
+    return load_samples(TextTeacher(target, tokenizer), SimpleNamespace(
+        samples=args.samples, sample_batch=args.sample_batch, new_tokens=args.new_tokens, seed=args.seed,
+        prompts=None), work_folder(args))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=TEXT_TARGET, help="a zoo name or a local transformers causal LM")
-    parser.add_argument("--draft", default=TEXT_DRAFT, help="the draft model the head is for (same tokenizer)")
-    parser.add_argument("--samples", type=int, default=768, help="target samples to label drafts on")
+    add_sample_arguments(parser, "the draft model the head is for (same tokenizer)")
     parser.add_argument("--held-out", type=int, default=64, help="samples kept out of training for the metrics")
-    parser.add_argument("--new-tokens", type=int, default=128, help="tokens each sample continues its prompt")
-    parser.add_argument("--sample-batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=512, help="examples per step")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -144,8 +168,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--out-dir", default=None, help="default: the embedded pair's folder, pycode/ (the head "
                         "goes to <out-dir>/acceptance_head)")
-    parser.add_argument("--work-dir", default=None)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for name in ("samples", "held_out", "new_tokens", "sample_batch", "steps", "batch_size", "hidden", "layers"):
         if getattr(args, name) < 1:
@@ -161,15 +183,9 @@ def main(argv: list[str] | None = None) -> None:
 
     target, tokenizer = load_causal_lm(args.target)
     draft, _ = load_causal_lm(args.draft)
-    target.requires_grad_(False)
     draft.requires_grad_(False)
-    name = Path(str(resolve_model(args.draft, "--draft"))).parent.name
-    work = Path(args.work_dir or Path.home() / ".cache" / "mmspec" / "train_acceptance" / name)
-    work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    teacher = TextTeacher(target, tokenizer)
-    samples = load_samples(teacher, SimpleNamespace(samples=args.samples, sample_batch=args.sample_batch,
-                                                    new_tokens=args.new_tokens, seed=args.seed, prompts=None), work)
+    samples = target_samples(args, target, tokenizer)
     generator = torch.Generator().manual_seed(args.seed)
     train = examples(target, draft, samples[: -args.held_out], generator)
     held_out = examples(target, draft, samples[-args.held_out :], generator)
@@ -187,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         return total, total
 
     seconds = train_loop("acceptance_head", head, steps=args.steps, lr=args.lr, loss_fn=loss, batch_fn=batch_fn,
-                         work_dir=work, seed=args.seed)
+                         work_dir=work_folder(args), seed=args.seed)
     metrics = held_out_metrics(head, embedding, held_out)
     cost = cost_ratio(target, draft)
     thresholds = [stop_threshold(metrics[mode]["mean_label"], cost) for mode in MODES]

@@ -17,12 +17,11 @@ import argparse
 import hashlib
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
-from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm, resolve_model
-from mmspec.zoo.train_heads import TextTeacher, load_samples
+from mmspec.zoo import load_causal_lm, resolve_model
+from mmspec.zoo.train_acceptance import add_sample_arguments, target_samples
 
 PROMPT_TOKENS = 32  # the samples' prompt windows (corpus text, not counted)
 
@@ -41,13 +40,7 @@ def token_ranking(tokens: torch.Tensor, vocab_size: int) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=TEXT_TARGET, help="a zoo name or a local transformers causal LM")
-    parser.add_argument("--draft", default=TEXT_DRAFT, help="the draft model folder whose config.json gets the ranking")
-    parser.add_argument("--samples", type=int, default=768, help="target samples to count")
-    parser.add_argument("--new-tokens", type=int, default=128, help="tokens each sample continues its prompt")
-    parser.add_argument("--sample-batch", type=int, default=64)
-    parser.add_argument("--work-dir", default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    add_sample_arguments(parser, "the draft model folder whose config.json gets the ranking")
     args = parser.parse_args(argv)
     for name in ("samples", "new_tokens", "sample_batch"):
         if getattr(args, name) < 1:
@@ -61,12 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--draft: {draft_folder} needs a config.json and a tokenizer.json")
 
     target, tokenizer = load_causal_lm(args.target)
-    work = Path(args.work_dir or Path.home() / ".cache" / "mmspec" / "train_acceptance" / draft_folder.parent.name)
-    work.mkdir(parents=True, exist_ok=True)
-    samples = load_samples(TextTeacher(target, tokenizer), SimpleNamespace(
-        samples=args.samples, sample_batch=args.sample_batch, new_tokens=args.new_tokens, seed=args.seed,
-        prompts=None), work)
-    written = samples[:, PROMPT_TOKENS:]
+    written = target_samples(args, target, tokenizer)[:, PROMPT_TOKENS:]
     ranking = token_ranking(written, target.config.vocab_size)
     config_path = draft_folder / "config.json"
     config = json.loads(config_path.read_text())
