@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from mmspec.adapters.causal_lm import CausalLMAdapter, CausalLMState
 from mmspec.core.model import Logits
@@ -144,10 +145,22 @@ class LineStructuredAdapter(CausalLMImageAdapter):
     def image_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head's logits at the local ids, float32: the codes as they are, the line token at the float32
         minimum — it is only ever emitted where `forced_tokens` names it, and a finite minimum keeps CFG's difference
-        of logits finite."""
-        local = self.model.lm_head(hidden)[..., self.token_ids].float()
+        of logits finite. Only the head's rows of the local ids are scored (`image_head`): the law over the rest of
+        the vocabulary is zero in the image span, so scoring them (most of a family's head) would change nothing."""
+        local = F.linear(hidden, *self.image_head()).float()
         local[..., self.line_token] = torch.finfo(torch.float32).min
         return local
+
+    def image_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight [V, D], bias [V] or None): the LM head's rows of the local ids (`token_ids`), gathered on first
+        use and again when the head's weights are replaced or move (another device or dtype)."""
+        head = self.model.lm_head
+        key = head.weight.data_ptr(), head.weight.dtype, head.weight.device
+        if getattr(self, "_image_head_key", None) != key:
+            ids = self.token_ids.to(head.weight.device)
+            self._image_head = head.weight[ids], None if head.bias is None else head.bias[ids]
+            self._image_head_key = key
+        return self._image_head
 
     def to_bpe(self, tokens: torch.Tensor) -> torch.Tensor:
         """Local ids [B, N] -> the vocabulary (BPE) ids the family's own loop writes for the same image span."""

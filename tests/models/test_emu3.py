@@ -10,6 +10,7 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.image import AR, SJD
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition
+from tests.law import chi_square_p_value
 from tests.models.family_checks import (
     check_cache_and_its_mutation,
     check_first_two_tokens_follow,
@@ -107,6 +108,31 @@ def test_sampled_ar_and_transformers_sampling_follow_the_same_law(model):
     V = adapter.vocab_size
     check_first_two_tokens_follow(law, ours, V, wrong_law=no_cfg)
     check_first_two_tokens_follow(law, from_bpe(adapter, theirs), V, wrong_law=no_cfg)
+
+
+def test_only_the_image_rows_of_the_head_are_scored_and_a_misread_map_is_caught(model, monkeypatch):
+    """The adapter scores the LM head's rows of the image span alone (VocabTrim's image range): its logits are the
+    full head's at those ids, and transformers' own sampling (full head, CFG, its documented constraint) follows
+    the law they give; rows gathered by local id instead of vocabulary id (a map left at "the first V ids") give
+    a law transformers' samples reject."""
+    adapter, rows = Emu3Adapter(model, H, W), 4000
+    hidden = torch.randn(2, 3, model.config.text_config.hidden_size)
+    full = model.lm_head(hidden)[..., adapter.token_ids]
+    torch.testing.assert_close(adapter.image_logits(hidden)[..., :CODES], full[..., :CODES])
+    assert adapter.image_head()[0].shape == (CODES + 1, model.config.text_config.hidden_size)
+    sampling = SamplingConfig(1.0, top_k=6, guidance_scale=2.0)
+    condition = PromptCondition(PROMPTS[:1], negative_ids=NEGATIVE[:1])
+    torch.manual_seed(0)
+    theirs = from_bpe(adapter, transformers_generate(model, PROMPTS[:1].expand(rows, -1),
+                                                     NEGATIVE[:1].expand(rows, -1), 2, do_sample=True, top_k=6,
+                                                     guidance_scale=2.0))
+    check_first_two_tokens_follow(exact_law_of_the_first_two_tokens(adapter, condition, sampling), theirs,
+                                  adapter.vocab_size)
+    misread = Emu3Adapter(model, H, W)
+    monkeypatch.setattr(misread, "image_head", lambda: (model.lm_head.weight[: CODES + 1], None))
+    wrong = exact_law_of_the_first_two_tokens(misread, condition, sampling)
+    counts = torch.bincount(theirs[:, 0] * adapter.vocab_size + theirs[:, 1], minlength=adapter.vocab_size ** 2)
+    assert chi_square_p_value(counts, wrong) < 1e-6
 
 
 @pytest.mark.parametrize("window", [2, 5, 9])
