@@ -87,6 +87,7 @@ CHAINS = ("ours_model", "ours_model_len8", "ours_model_len16")  # the draft mode
 # Cascades (CS-Drafting) of the draft model over prompt lookup, chains of DRAFT_LENGTH: vertical (the draft model's
 # own chain, fewer draft forwards) and horizontal (the draft model's first position, prompt lookup's after)
 CASCADES = ("ours_cascade", "ours_cascade_horizontal")
+HEAD_CASCADE = "ours_eagle_cascade"  # the EAGLE head's first position, prompt lookup's after (chains of DRAFT_LENGTH)
 # SpecDec++'s learned draft length: the draft model drafts up to SPECDECPP_LENGTH tokens and stops where its
 # acceptance head (pycode/acceptance_head) says; compared with the plain chain of DRAFT_LENGTH on STOP_PROMPTS
 # prompts (--quick: a quarter), more than the table's: at T = 1 tokens per forward vary a lot between samples
@@ -101,7 +102,8 @@ METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ou
                 "ours_layerskip", "ours_adaptive", "ours_model_len1", "ours_model_len2", "ours_model_len8",
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
                 "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
-                "ours_eagle_tree_n30", *CASCADES, "ours_specdecpp", "ours_vocabtrim")  # `make_methods`' keys
+                "ours_eagle_tree_n30", *CASCADES, HEAD_CASCADE, "ours_specdecpp",
+                "ours_vocabtrim")  # `make_methods`' keys
 # Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
 # nodes (HEAD_TREE) and the positional tree of 30 built for the head's own measured acceptance (as "ours_tree_n30" is
 # for the draft model's: the two compare drafters at one tree); the Hydra head's chains.
@@ -282,11 +284,12 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_stand": tree(lambda t: StandDrafter()),
         **{name: positional(nodes) for name, nodes in SMALL_TREES.items()},
         "ours_cascade": ours(lambda: CascadeDrafter(draft)),
-        "ours_cascade_horizontal": ours(lambda: CascadeDrafter(draft, model_tokens=1)),
+        "ours_cascade_horizontal": ours(lambda: CascadeDrafter(draft, lookup_after=1)),
         "ours_specdecpp": ours(lambda: ModelDrafter(draft, acceptance_head=heads["acceptance"]),
                                lambda: DraftLengthSchedule(SPECDECPP_LENGTH)),
         "ours_vocabtrim": ours(lambda: ModelDrafter(draft, vocabulary=trimmed)),
         "ours_eagle": ours(lambda: HeadDrafter(target, heads["eagle"])),
+        HEAD_CASCADE: ours(lambda: HeadDrafter(target, heads["eagle"], lookup_after=1)),
         "ours_hydra": ours(lambda: HeadDrafter(target, heads["hydra"])),
         "ours_eagle_tree": eagle_tree(lambda t: HEAD_TREE),
         "ours_eagle_tree_n30": eagle_tree(lambda t: TreeShape.positional(30, head_rates[t])),
@@ -457,7 +460,7 @@ def summary(rows: list[Row]) -> dict:
         "best_tree_vs_best_chain_speed_t0_bs1": lambda: (max(tps(m, 1, 0.0) for m in TREES) /
                                                          max(tps(m, 1, 0.0) for m in CHAINS)),
         "ours_ngram_vs_hf_prompt_lookup_t0_bs1": lambda: tps("ours_ngram", 1, 0.0) / tps("hf_prompt_lookup", 1, 0.0),
-        "heads_over_draft_model_tokens_per_forward_t1_bs1": lambda: best(HEADS, 1.0) / per_forward("ours_model", 1,
+        "heads_over_draft_lookup_after_per_forward_t1_bs1": lambda: best(HEADS, 1.0) / per_forward("ours_model", 1,
                                                                                                     1.0),
         "heads_over_draft_model_tree_n30_tokens_per_forward_t1_bs1": lambda: (
             per_forward("ours_eagle_tree_n30", 1, 1.0) / per_forward("ours_tree_n30", 1, 1.0)),
@@ -468,6 +471,7 @@ def summary(rows: list[Row]) -> dict:
                                                                                                    0.0),
         "cascade_speedup_over_drafter_t1_bs1": lambda: max(tps(m, 1, 1.0) for m in CASCADES) / tps("ours_model", 1,
                                                                                                    1.0),
+        "heads_cascade_speedup_over_heads_t0_bs1": lambda: tps(HEAD_CASCADE, 1, 0.0) / tps("ours_eagle", 1, 0.0),
     }
     found = {}
     for name, ratio in ratios.items():

@@ -307,23 +307,21 @@ class CascadeDrafter(ModelDrafter):
     """Cascade drafting (CS-Drafting, Chen et al. 2023) with prompt lookup under the draft model. Vertical: the draft
     model's chain, the very tokens and laws `ModelDrafter` draws from the same generator, costs fewer draft forwards,
     because each forward also scores prompt lookup's continuation of the drafts so far and keeps it as far as the
-    model's draws agree with it (`ModelProposer.cascade`). Horizontal (`model_tokens` < the draft length): the draft
-    model drafts the first `model_tokens` positions, prompt lookup continues the rest, deterministic drafts (their law
+    model's draws agree with it (`ModelProposer.cascade`). Horizontal (`lookup_after` < the draft length): the draft
+    model drafts the first `lookup_after` positions, prompt lookup continues the rest, deterministic drafts (their law
     a point mass), as far as it finds a match.
 
     model: any transformers causal LM (or a `CausalModel` adapter) sharing the target's tokenizer; max_ngram: the
-    longest n-gram the lookup matches; model_tokens: None = every position from the draft model."""
+    longest n-gram the lookup matches; lookup_after: None = every position from the draft model."""
 
     capturable = False  # a host read per draft forward: whether every row has its tokens
 
-    def __init__(self, model, max_ngram: int = 3, model_tokens: int | None = None):
+    def __init__(self, model, max_ngram: int = 3, lookup_after: int | None = None):
         super().__init__(model)
         if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
             raise ValueError(f"max_ngram must be an int >= 1, got {max_ngram!r}")
-        if model_tokens is not None and (isinstance(model_tokens, bool) or not isinstance(model_tokens, int)
-                                         or model_tokens < 1):
-            raise ValueError(f"model_tokens must be None or an int >= 1, got {model_tokens!r}")
-        self.max_ngram, self.model_tokens = max_ngram, model_tokens
+        check_lookup_after(lookup_after)
+        self.max_ngram, self.lookup_after = max_ngram, lookup_after
 
     def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
         # a cascade forward scores up to a draft's length past the row's drafts so far
@@ -331,21 +329,41 @@ class CascadeDrafter(ModelDrafter):
 
     @torch.no_grad()
     def propose(self, rows, budget, width, sampling, generator) -> Draft:
-        heads = width if self.model_tokens is None else min(self.model_tokens, width)
-        positions = torch.arange(width, device=rows.tokens.device)
+        first = width if self.lookup_after is None else min(self.lookup_after, width)
+        lookup = draft_lookup(rows, width, self.max_ngram)
+        draft = self.proposer.cascade(rows.seq, rows.committed, first, text_law, sampling, generator, lookup)
+        return looked_up_tail(draft, lookup, width, budget)
 
-        def lookup(drafts: torch.Tensor, have: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-            """Prompt lookup over each row's tokens followed by its first have[b] drafts."""
-            extended = rows.tokens.scatter(1, rows.lengths[:, None] + positions[: drafts.shape[1]], drafts)
-            return ngram_lookup(extended, rows.lengths + have, size, self.max_ngram)
 
-        draft = self.proposer.cascade(rows.seq, rows.committed, heads, text_law, sampling, generator, lookup)
-        if heads == width:
-            return Draft(draft.tokens, torch.minimum(draft.lengths, budget), draft.q)
-        tail, available = lookup(draft.tokens, draft.lengths, width - heads)
-        point_mass = torch.nn.functional.one_hot(tail, draft.q.shape[-1]).to(draft.q.dtype)
-        return Draft(torch.cat([draft.tokens, tail], 1), torch.minimum(heads + available, budget),
-                     torch.cat([draft.q, point_mass], 1))
+def check_lookup_after(lookup_after: int | None) -> None:
+    if lookup_after is not None and (isinstance(lookup_after, bool) or not isinstance(lookup_after, int)
+                                     or lookup_after < 1):
+        raise ValueError(f"lookup_after must be None or an int >= 1, got {lookup_after!r}")
+
+
+def draft_lookup(rows: TextRows, width: int, max_ngram: int):
+    """Prompt lookup over each row's tokens followed by drafts of its own: lookup(drafts [B, G <= width], have [B],
+    size) -> (tokens [B, size], available [B]) continuing each row's tokens and its first have[b] drafts."""
+    positions = torch.arange(width, device=rows.tokens.device)
+
+    def lookup(drafts: torch.Tensor, have: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        extended = rows.tokens.scatter(1, rows.lengths[:, None] + positions[: drafts.shape[1]], drafts)
+        return ngram_lookup(extended, rows.lengths + have, size, max_ngram)
+
+    return lookup
+
+
+def looked_up_tail(draft: Draft, lookup, width: int, budget: torch.Tensor) -> Draft:
+    """A horizontal cascade: `draft` (a drafter's first G positions, every row full) continued to `width` tokens by
+    `lookup` (`draft_lookup`), deterministic drafts whose law is a point mass, as far as it finds a match; each row
+    cut to its `budget` [B]."""
+    first = draft.tokens.shape[1]
+    if first == width:
+        return Draft(draft.tokens, torch.minimum(draft.lengths, budget), draft.q)
+    tail, available = lookup(draft.tokens, draft.lengths, width - first)
+    point_mass = torch.nn.functional.one_hot(tail, draft.q.shape[-1]).to(draft.q.dtype)
+    return Draft(torch.cat([draft.tokens, tail], 1), torch.minimum(first + available, budget),
+                 torch.cat([draft.q, point_mass], 1))
 
 
 class NoDrafter(ChainDrafter):

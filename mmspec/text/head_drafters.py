@@ -14,7 +14,7 @@ import torch
 from mmspec.core.head_drafting import FeatureTap, HeadProposer, check_draft_depth
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
-from mmspec.text.drafters import ChainDrafter, text_law
+from mmspec.text.drafters import ChainDrafter, check_lookup_after, draft_lookup, looked_up_tail, text_law
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import DYNAMIC_TREE, TreeDrafter
 
@@ -80,21 +80,30 @@ class WithHead:
 class HeadDrafter(WithHead, ChainDrafter):
     """Chains from a feature head (EAGLE: any length; Hydra: at most its number of heads), each token drawn from the
     head's processed law q. target: the transformers causal LM the head was trained on; head: an `EagleHead` or
-    `HydraHead`."""
+    `HydraHead`. lookup_after: a horizontal cascade (CS-Drafting): the head drafts the first N positions, prompt
+    lookup (n-grams up to `max_ngram`) the rest, point masses, as far as it finds a match (None: the head drafts
+    every position)."""
 
     capturable = False  # its first round reads the prefill's law, the others catch up: two shapes of step
 
-    def __init__(self, target, head):
+    def __init__(self, target, head, lookup_after: int | None = None, max_ngram: int = 3):
+        check_lookup_after(lookup_after)
         self.attach(target, head)
+        self.lookup_after, self.max_ngram = lookup_after, max_ngram
 
     def schedule(self, draft_length):
         schedule = super().schedule(draft_length)
-        check_draft_depth(self.head, schedule.max_length, "draft_length")
+        check_draft_depth(self.head, min(schedule.max_length, self.lookup_after or schedule.max_length),
+                          "draft_length")
         return schedule
 
     @torch.no_grad()
     def propose(self, rows, budget, width, sampling, generator):
-        return self.proposer.chain(rows.seq, rows.committed, width, text_law, sampling, generator, budget)
+        if self.lookup_after is None:
+            return self.proposer.chain(rows.seq, rows.committed, width, text_law, sampling, generator, budget)
+        first = min(self.lookup_after, width)
+        draft = self.proposer.chain(rows.seq, rows.committed, first, text_law, sampling, generator)
+        return looked_up_tail(draft, draft_lookup(rows, width, self.max_ngram), width, budget)
 
 
 class HeadTreeDrafter(WithHead, TreeDrafter):

@@ -97,7 +97,7 @@ class TextSpeculation(TextDecoding):
                                            "(default: all)", kind=int, low=1, only={"drafter": ("model",)})
     max_ngram: int = setting(3, "the longest n-gram prompt lookup looks up", low=1,
                              only={"drafter": ("ngram", "cascade")})
-    model_tokens: int | None = setting(None, "a horizontal cascade: the draft LM drafts the first N positions, prompt "
+    lookup_after: int | None = setting(None, "a horizontal cascade: the draft LM drafts the first N positions, prompt "
                                        "lookup the rest (default: every position from the draft LM, the cheaper "
                                        "lookup under it)", kind=int, low=1, only={"drafter": ("cascade",)})
     tree_depth: int = setting(4, "levels of the draft model's full tree", low=1, only={"drafter": ("tree",)})
@@ -132,8 +132,8 @@ class TextSpeculation(TextDecoding):
                 self.tree_shape()
             except (TypeError, ValueError) as error:
                 raise ValueError(f"tree_rates: {error}") from None
-        if self.model_tokens is not None and self.schedule == "constant" and self.model_tokens >= self.draft_length:
-            raise ValueError(f"model_tokens={self.model_tokens} must be below draft_length={self.draft_length}: the "
+        if self.lookup_after is not None and self.schedule == "constant" and self.lookup_after >= self.draft_length:
+            raise ValueError(f"lookup_after={self.lookup_after} must be below draft_length={self.draft_length}: the "
                              "positions after it are prompt lookup's (leave it unset for a vertical cascade only)")
         if self.drafter in TREE_DRAFTERS and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chain drafters; drafter={self.drafter!r} "
@@ -181,7 +181,7 @@ class TextSpeculation(TextDecoding):
         if self.drafter == "model":
             return ModelDrafter(draft, confidence_threshold=self.confidence_threshold)
         if self.drafter == "cascade":
-            return CascadeDrafter(draft, max_ngram=self.max_ngram, model_tokens=self.model_tokens)
+            return CascadeDrafter(draft, max_ngram=self.max_ngram, lookup_after=self.lookup_after)
         if self.drafter == "tree":
             return ModelTreeDrafter(draft, self.tree_shape())
         if self.drafter == "stand":
@@ -241,10 +241,16 @@ class TextDraftHeads(TextDecoding):
                              "(the most probable paths expanded) or, with tree_rates, the positional one; 0 = a chain",
                              low=0)
     tree_rates: tuple[float, ...] | None = setting(None, TREE_RATES_HELP, kind=tuple)
+    lookup_after: int | None = setting(None, "a horizontal cascade of a chain: the head drafts the first N positions, "
+                                       "prompt lookup the rest (default: every position from the head)", kind=int,
+                                       low=1)
     acceptance: AcceptanceRule = Exact()
     head: Any = runtime()
 
     def check(self) -> None:
+        if self.lookup_after is not None and (self.tree_size or self.lookup_after >= self.draft_length):
+            raise ValueError(f"lookup_after={self.lookup_after} cascades a chain: it needs tree_size=0 and must be "
+                             f"below draft_length={self.draft_length}")
         if self.tree_size and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chains; trees are verified by exact rules")
         check_sized_tree(self.tree_size, self.draft_length, self.tree_rates, TextDraftHeads.draft_length)
@@ -266,7 +272,7 @@ class TextDraftHeads(TextDecoding):
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}>")
         if self.tree_size:
             return HeadTreeDrafter(target, self.head, self.tree_shape())
-        return HeadDrafter(target, self.head)
+        return HeadDrafter(target, self.head, lookup_after=self.lookup_after)
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):
         """`speculative_generate` with this head's drafter (`draft` is not read)."""

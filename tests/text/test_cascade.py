@@ -44,11 +44,11 @@ def test_vertical_cascade_saves_draft_forwards_on_repeats(tiny_target):
     assert stats.draft_forwards < plain_stats.draft_forwards
 
 
-@pytest.mark.parametrize("model_tokens,draft_length,temperature,top_k", [(None, 3, 1.0, 0), (None, 2, 0.7, 3),
+@pytest.mark.parametrize("lookup_after,draft_length,temperature,top_k", [(None, 3, 1.0, 0), (None, 2, 0.7, 3),
                                                                          (1, 3, 1.0, 0), (2, 4, 1.3, 2)])
-def test_cascade_keeps_the_targets_law(model_tokens, draft_length, temperature, top_k):
+def test_cascade_keeps_the_targets_law(lookup_after, draft_length, temperature, top_k):
     target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
-    p_value, stats = law_test(target, CascadeDrafter(draft, max_ngram=2, model_tokens=model_tokens), temperature,
+    p_value, stats = law_test(target, CascadeDrafter(draft, max_ngram=2, lookup_after=lookup_after), temperature,
                               top_k, draft_length=draft_length)
     assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
     assert 0 < stats.accepted < stats.drafted

@@ -20,7 +20,7 @@ DRAFTERS = {
     "ngram": lambda target, draft: NGramDrafter(),
     "layerskip": lambda target, draft: LayerSkipDrafter(target, exit_layer=1),
     "cascade": lambda target, draft: CascadeDrafter(draft),
-    "cascade_horizontal": lambda target, draft: CascadeDrafter(draft, model_tokens=1),
+    "cascade_horizontal": lambda target, draft: CascadeDrafter(draft, lookup_after=1),
 }
 
 

@@ -36,6 +36,8 @@ CONFIGS = {  # name: (drafter maker, draft_length, temperature, top_k)
     "eagle_feature_sampling_chain": (lambda t: HeadDrafter(t, head("eagle", feature_sampling=True)), 3, 1.0, 0),
     "eagle3_chain": (lambda t: HeadDrafter(t, head("eagle", feature_layers=(0,))), 3, 1.0, 0),
     "hydra_chain": (lambda t: HeadDrafter(t, head("hydra")), 3, 1.3, 0),
+    # a horizontal cascade: prompt lookup after the head's first position
+    "eagle_chain_lookup_after": (lambda t: HeadDrafter(t, head("eagle"), lookup_after=1, max_ngram=2), 3, 1.0, 0),
     "eagle_tree": (lambda t: HeadTreeDrafter(t, head("eagle"), TreeShape(6, 2, 2, 3)), None, 1.0, 0),
     "eagle_positional_tree": (lambda t: HeadTreeDrafter(t, head("eagle"), TreeShape.positional(6, (0.6, 0.3, 0.2))),
                               None, 1.0, 0),
@@ -102,6 +104,17 @@ def test_greedy_head_decoding_is_the_targets_greedy_output(tiny_llama, kind, opt
     assert torch.equal(out, ar)
     assert stats.draft_forwards == drafter.forwards > 0
     assert fused is None or max(fused) > 1  # the prompts' and the rounds' windows were fused
+
+
+def test_a_heads_horizontal_cascade_keeps_greedy_output(tiny_llama):
+    """Prompt lookup after the head's first position, on prompts that repeat: the target's greedy output."""
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 9, 10, 11, 9, 10]])
+    ar, _ = speculative_generate(tiny_llama, ids, drafter=NoDrafter(), max_new_tokens=20, temperature=0)
+    drafter = HeadDrafter(tiny_llama, head("eagle", 32, 64), lookup_after=1)
+    out, stats = speculative_generate(tiny_llama, ids, drafter=drafter, max_new_tokens=20, temperature=0,
+                                      draft_length=4)
+    assert torch.equal(out, ar)
+    assert stats.drafted > drafter.forwards  # lookup drafted beyond the head's one token a round
 
 
 def check_fused_columns(monkeypatch, final_norm):
