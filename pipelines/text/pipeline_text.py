@@ -238,13 +238,15 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
                 unless set or saved otherwise). `TextSpeculation(drafter, ...)` drafts chains with `"model"` (the
-                draft LM), `"layerskip"` (the target's first layers) or `"ngram"` (prompt lookup), or trees with
+                draft LM), `"layerskip"` (the target's first layers), `"ngram"` (prompt lookup) or `"cascade"` (the
+                draft LM over prompt lookup), or trees with
                 `"tree"` (the draft LM's) or `"stand"` (an n-gram memory of the target's laws), and verifies in one
                 target forward; `AR()` is the target alone. A name plus settings is the same call
                 (`decoding="ngram", draft_length=6`).
             **decoding_settings: `TextSpeculation`'s settings (`drafter`, `draft_length`, `schedule`,
-                `confidence_threshold`, `exit_layer`, `max_ngram`, `tree_depth`, `tree_branching`, `tree_rates`,
-                `tree_nodes`, `acceptance`, and the rules' flat spellings: `typical_epsilon`, ...) for the named
+                `stop_threshold`, `confidence_threshold`, `exit_layer`, `draft_vocabulary`, `max_ngram`,
+                `lookup_after`, `tree_depth`, `tree_branching`, `tree_rates`, `tree_nodes`, `acceptance`, and the
+                rules' flat spellings: `typical_epsilon`, ...) for the named
                 decoding or the pipeline's own component; with `"auto"` they narrow its candidates to the drafters
                 that read them (`acceptance="typical"` is lossy: name the decoding).
             method (`str`, *optional*): the old spelling of `decoding` (`"auto"`, `"ar"` or a drafter's name).
