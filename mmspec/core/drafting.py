@@ -70,6 +70,15 @@ class ModelProposer:
         self.model.select_rows(self.state, index)
         self.kept = self.kept[index]
 
+    def _opening(self, seq: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
+        """A chain round's first window [B, C]: the committed tokens the draft cache lacks, rolled back to c - 2 —
+        the last one on the first round (C = 1), then always the last two (C = 2; see the module docstring)."""
+        context = 1 if self.rounds == 0 else 2
+        if self.rounds:
+            self.model.rollback(self.state, committed - 2)
+        self.rounds += 1
+        return seq.gather(1, committed[:, None] - context + torch.arange(context, device=committed.device))
+
     def chain(self, seq: torch.Tensor, committed: torch.Tensor, length: int, law: DraftLaw,
               sampling: SamplingConfig, generator: Generators, budget: torch.Tensor | None = None,
               stop: DraftStop | None = None) -> Draft:
@@ -79,11 +88,7 @@ class ModelProposer:
         `lengths`). stop: after each token, which rows draft no more this round (`mmspec.core.draft_stops`; the
         round ends early once every row has stopped: one host read per draft token)."""
         B, device = committed.shape[0], committed.device
-        context = 1 if self.rounds == 0 else 2
-        if self.rounds:
-            self.model.rollback(self.state, committed - 2)
-        self.rounds += 1
-        tokens = seq.gather(1, committed[:, None] - context + torch.arange(context, device=device))
+        tokens = self._opening(seq, committed)
         drafts, laws, draws = [], [], None
         stop_at = torch.full((B,), length, dtype=torch.long, device=device) if budget is None else budget.clone()
         if stop is not None:
@@ -119,13 +124,9 @@ class ModelProposer:
         `width` tokens continuing each row's committed tokens and its first have[b] drafts. Two host reads per
         forward: the longest continuation found (the window's width) and whether every row has its G tokens."""
         B, device = committed.shape[0], committed.device
-        context = 1 if self.rounds == 0 else 2
-        if self.rounds:
-            self.model.rollback(self.state, committed - 2)
-        self.rounds += 1
         width = length - 1  # looked-up tokens scored per forward: the draws of the last G - 1 positions
-        fed = seq.gather(1, committed[:, None] - context + torch.arange(context, device=device))  # [B, C]
-        cached = committed - context  # each row's draft-cache length before the forward
+        fed = self._opening(seq, committed)  # [B, C]
+        cached = committed - fed.shape[1]  # each row's draft-cache length before the forward
         have = torch.zeros(B, dtype=torch.long, device=device)  # drafts so far per row
         offsets = torch.arange(width + 1, device=device)
         drafts = torch.zeros(B, length + width + 1, dtype=torch.long, device=device)

@@ -39,10 +39,14 @@ class AcceptanceHead(ModelMixin, ConfigMixin):
         super().__init__()
         if len(stop_threshold) != 2 or not all(0 < h < 1 for h in stop_threshold):
             raise ValueError(f"stop_threshold must be two values in (0, 1) (greedy, sampled), got {stop_threshold}")
-        self.stop_threshold = tuple(stop_threshold)
         self.inputs = nn.Linear(2 * feature_size + STATISTICS, hidden)
         self.blocks = nn.Sequential(*(ResidualBlock(hidden) for _ in range(layers)))
         self.out = nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, 2))  # logits: greedy, sampled
+
+    @property
+    def stop_threshold(self) -> tuple[float, float]:
+        """The stop rule's default thresholds (greedy, sampled), as configured."""
+        return tuple(self.config.stop_threshold)
 
     @staticmethod
     def statistics(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

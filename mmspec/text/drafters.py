@@ -70,7 +70,9 @@ class WithDraftModel:
     """For the drafters that run a draft model: it becomes a `CausalModel` on a fixed-capacity cache for each new
     batch (`mmspec.adapters.static_cache`), is prefilled with the batch's prompts, and drafts through the proposer
     every modality shares (`mmspec.core.drafting.ModelProposer`), which counts its forwards and follows the rows that
-    leave the batch."""
+    leave the batch. vocabulary: the ids a trimmed draft's logits stand for (`ModelDrafter`; None: all)."""
+
+    vocabulary: torch.Tensor | None = None
 
     def attach(self, model) -> None:
         """model: any transformers causal LM (or an `early_exit_view` of the target), or a `CausalModel` adapter."""
@@ -85,7 +87,7 @@ class WithDraftModel:
     def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
         model = as_static_model(self.model, capacity)
         state, _ = model.prefill(rows.prompt)
-        vocabulary = getattr(self, "vocabulary", None)
+        vocabulary = self.vocabulary
         self.proposer = ModelProposer(model, state, rows.batch_size, rows.tokens.device,
                                       None if vocabulary is None else vocabulary.to(rows.tokens.device),
                                       None if vocabulary is None else vocab_size)
@@ -177,8 +179,6 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
             raise ValueError("an acceptance_head reads the draft's full law: it does not take a trimmed vocabulary")
         self.attach(model if vocabulary is None else trimmed_view(model, vocabulary))
         self.vocabulary = vocabulary
-        self.confidence_threshold, self.acceptance_head, self.stop_threshold = (confidence_threshold, acceptance_head,
-                                                                                stop_threshold)
         self.stop = ConfidenceStop(confidence_threshold) if confidence_threshold else None
         if acceptance_head is not None:
             self.stop = learned_stop(model, acceptance_head, stop_threshold)
@@ -205,6 +205,17 @@ def learned_stop(model, head, threshold: float | None) -> LearnedStop:
     return LearnedStop(head, lambda: tap.feature, model.get_input_embeddings(), threshold)
 
 
+def module_view(model: torch.nn.Module) -> torch.nn.Module:
+    """A shallow copy of `model` sharing its weights, with module and hook dicts of its own: copy.copy shares them
+    with the original, and a view must be able to swap a submodule, and must not fire the original's hooks (such as
+    forward counters on the target) for draft calls."""
+    view = copy.copy(model)
+    for name, value in vars(model).items():
+        if name == "_modules" or name.endswith("hooks") or "_hooks_" in name:
+            setattr(view, name, type(value)(value) if name == "_modules" else type(value)())
+    return view
+
+
 def trimmed_view(model, vocabulary: torch.Tensor):
     """`model` (a transformers causal LM) whose LM head scores only the tokens `vocabulary` ([|S|] long ids, distinct,
     sorted): logits [..., |S|] in that order, from its head's rows gathered once. The rest is shared."""
@@ -223,10 +234,7 @@ def trimmed_view(model, vocabulary: torch.Tensor):
         trimmed.weight.copy_(head.weight[vocabulary.to(head.weight.device)])
         if head.bias is not None:
             trimmed.bias.copy_(head.bias[vocabulary.to(head.weight.device)])
-    view = copy.copy(model)
-    for name, value in vars(model).items():  # its own module and hook dicts, as `early_exit_view`'s
-        if name == "_modules" or name.endswith("hooks") or "_hooks_" in name:
-            setattr(view, name, type(value)(value) if name == "_modules" else type(value)())
+    view = module_view(model)
     view.set_output_embeddings(trimmed)
     return view
 
@@ -245,12 +253,7 @@ def early_exit_view(model, exit_layer: int):
     config.num_hidden_layers = exit_layer
     backbone = copy.copy(model.model)
     backbone.config = config
-    view = copy.copy(model)
-    # copy.copy shares the module and hook dicts with the target: the view needs its own (hooks on the target, such
-    # as forward counters, must not fire for draft calls).
-    for name, value in vars(model).items():
-        if name == "_modules" or name.endswith("hooks") or "_hooks_" in name:
-            setattr(view, name, type(value)(value) if name == "_modules" else type(value)())
+    view = module_view(model)
     view._modules["model"] = backbone
     view.config = config
     return view

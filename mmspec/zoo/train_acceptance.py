@@ -210,7 +210,6 @@ def main(argv: list[str] | None = None) -> None:
     training = {"target": str(args.target), "draft": str(args.draft), "draft_target_cost_ratio": round(cost, 4),
                 "examples": n, "held_out_examples": len(held_out["labels"])}
     head.register_to_config(stop_threshold=tuple(thresholds), training=training)
-    head.stop_threshold = tuple(thresholds)
     out_dir = Path(args.out_dir) if args.out_dir else ZOO_DIR / "pycode"
     metrics = {**metrics, **training, "stop_threshold": dict(zip(MODES, thresholds, strict=True)),
                "labelling_seconds": round(labelling_seconds, 1)}
