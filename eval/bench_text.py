@@ -7,19 +7,22 @@
 Prompts come from the held-out split of the corpus. Every method runs on the same target, prompts and seeds, after a
 warm-up, at temperature 0 and 1 (no top-k/top-p): two AR baselines (`target.generate` with its KV cache, and ours,
 `NoDrafter` through our loop and fixed-capacity cache, replayed from CUDA graphs on CUDA), transformers assisted
-generation with the same draft (its defaults, and with our draft length), transformers prompt lookup, and ours
-(model drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees of the draft model:
-the fixed trees of TREE_NODES and 30 nodes built for its measured positional acceptance, the full binary tree of 30
-nodes, OPT-Tree (T = 0 only: deterministic children); STAND's model-free n-gram memory; the draft heads on the
-target's features, `HEADS`; cascades of the draft model over prompt lookup, `CASCADES`; SpecDec++'s learned draft
-length) at batch 1; AR and ours (chains of 4, 2 and 1, the positional tree, which keeps
-BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and its best 14 and 6) at batch 8. The summary ratios take the best of
-ours against the best transformers assisted run (batch 1) and against AR (batch 8), the best tree's tokens per
-forward against the best chain's, STAND's tokens per forward against transformers' prompt lookup, and the heads'
-best tokens per forward against the draft model's chain and (at one tree of 30 nodes) its tree, the best cascade's
-speed against the draft model's chain, and SpecDec++ and VocabTrim against the plain chain on STOP_PROMPTS more
-prompts (`compare_with_plain_chain`: draft tokens rejected per new token, tokens per forward, acceptance), and
-VocabTrim's drafting time and multiply-adds per round against the plain chain's.
+generation with the same draft (its defaults, and with our draft length), transformers prompt lookup, and ours (model
+drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees of the draft model: the fixed
+trees of TREE_NODES and 30 nodes built for its measured positional acceptance, the full binary tree of 30 nodes,
+OPT-Tree (T = 0 only: deterministic children); STAND's model-free n-gram memory; the draft heads on the target's
+features, `HEADS`; cascades of the draft model over prompt lookup, `CASCADES`; SpecDec++'s learned draft length;
+Kangaroo's exit adapter, `KANGAROOS`; judge decoding, lossy) at batch 1; AR and ours (chains of 4, 2 and 1, the
+positional tree, which keeps BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and its best 14 and 6) at batch 8. The
+summary ratios take the best of ours against the best transformers assisted run (batch 1) and against AR (batch 8),
+the best tree's tokens per forward against the best chain's, STAND's tokens per forward against transformers' prompt
+lookup, and the heads' best tokens per forward against the draft model's chain and (at one tree of 30 nodes) its tree,
+the best cascade's speed against the draft model's chain, and SpecDec++ and VocabTrim against the plain chain on
+STOP_PROMPTS more prompts (`compare_with_plain_chain`: draft tokens rejected per new token, tokens per forward,
+acceptance), and VocabTrim's drafting time and multiply-adds per round against the plain chain's, Kangaroo against the
+plain early exit, judge decoding against the exact rule on the same STOP_PROMPTS prompts, greedy (`compare_judge`:
+tokens per forward, the share of completions without a syntax error, the distortion), and online speculative
+decoding's acceptance on a shifted stream against the frozen draft's (`eval/online_stream.py`, `--stream-prompts`).
 
 Positional trees (`TreeShape.positional`, Sequoia's) need the rate at which walks accept a node's k-th child: an
 untimed calibration pass per temperature and drafter (the draft model, the EAGLE head) measures it
@@ -50,14 +53,19 @@ from mmspec.core.capture import StepGraphs
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.rules import Exact, Judge
 from mmspec.core.tree_growth import TreeShape
 from mmspec.eval.devices import machine, seeded, write_json
+from mmspec.eval.online_stream import LEARN_PROMPTS, LEARNER, REQUEST_ROWS, STREAM_PROMPTS, online_acceptance_gain
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.models.heads import EagleHead, HydraHead
+from mmspec.models.judge import JudgeHead
+from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import (
     CascadeDrafter,
     DraftLengthSchedule,
+    KangarooDrafter,
     LayerSkipDrafter,
     ModelDrafter,
     NGramDrafter,
@@ -65,11 +73,11 @@ from mmspec.text.drafters import (
     early_exit_view,
 )
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
-from mmspec.text.methods import draft_vocabulary
+from mmspec.text.methods import attached, draft_vocabulary
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm, resolve_model
-from mmspec.zoo.text_corpus import held_out_prompts
+from mmspec.zoo.text_corpus import held_out_prompts, syntax_valid
 
 DRAFT_LENGTH = 4
 # The draft model's trees: fixed trees for its positional acceptance (children without replacement), 200 nodes at
@@ -96,6 +104,13 @@ STOP_PROMPTS = 64
 # VocabTrim: the draft model's head cut to the VOCABTRIM_SIZE tokens the target writes most (and the specials),
 # chains of DRAFT_LENGTH, compared with the plain chain on the same STOP_PROMPTS prompts
 VOCABTRIM_SIZE = 1024
+# Kangaroo: the target's first layers and its exit adapter (pycode/kangaroo_adapter), chains of DRAFT_LENGTH, and
+# with the double early exit (the paper's confidence 0.6, at most 6 drafts)
+KANGAROO_CONFIDENCE, KANGAROO_LENGTH = 0.6, 6
+KANGAROOS = ("ours_kangaroo", "ours_kangaroo_exit")
+# Online speculative decoding: the draft model learning while it serves a shifted stream (`eval/online_stream.py`),
+# against the same draft frozen; STREAM_NEW_TOKENS per prompt
+STREAM_NEW_TOKENS = 48
 TREES = ("ours_tree", "ours_tree_n30", "ours_tree_full30")  # the draft model's trees at batch 1
 BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
 METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ours_ar", "ours_model", "ours_ngram",
@@ -103,7 +118,8 @@ METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ou
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
                 "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
                 "ours_eagle_tree_n30", *CASCADES, HEAD_CASCADE, "ours_specdecpp",
-                "ours_vocabtrim")  # `make_methods`' keys
+                "ours_vocabtrim", "ours_online", *KANGAROOS,
+                "ours_judge")  # `make_methods`' keys, and the online stream's learner
 # Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
 # nodes (HEAD_TREE) and the positional tree of 30 built for the head's own measured acceptance (as "ours_tree_n30" is
 # for the draft model's: the two compare drafters at one tree); the Hydra head's chains.
@@ -171,15 +187,19 @@ def forward_latency(model, context: int = 64, repeats: int = 50) -> float:
 def load_heads(target_name: str, target) -> dict:
     """The heads saved beside the target's folder (the embedded pycode/ ships them all), on its device: the draft
     heads on its features ("eagle": `eagle_head/`, "hydra": `hydra_head/`) and SpecDec++'s acceptance head of the
-    draft model ("acceptance": `acceptance_head/`)."""
+    draft model ("acceptance": `acceptance_head/`), Kangaroo's exit adapter ("kangaroo": `kangaroo_adapter/`) and
+    judge decoding's judge ("judge": `judge_head/`)."""
     folder = Path(resolve_model(target_name, "--target")).parent
     heads = {}
-    for kind, head_class, script in (("eagle", EagleHead, "train_heads"), ("hydra", HydraHead, "train_heads"),
-                                     ("acceptance", AcceptanceHead, "train_acceptance")):
-        if not (folder / f"{kind}_head" / "config.json").is_file():
-            raise SystemExit(f"no {kind}_head beside {target_name}: train one with python -m mmspec.zoo.{script} "
+    for kind, name, head_class, script in (("eagle", "eagle_head", EagleHead, "train_heads"),
+                                           ("hydra", "hydra_head", HydraHead, "train_heads"),
+                                           ("acceptance", "acceptance_head", AcceptanceHead, "train_acceptance"),
+                                           ("kangaroo", "kangaroo_adapter", KangarooAdapter, "train_kangaroo"),
+                                           ("judge", "judge_head", JudgeHead, "train_judge")):
+        if not (folder / name / "config.json").is_file():
+            raise SystemExit(f"no {name} beside {target_name}: train one with python -m mmspec.zoo.{script} "
                              f"--target {target_name}")
-        heads[kind] = head_class.from_pretrained(folder / f"{kind}_head").float().to(target.device).eval()
+        heads[kind] = head_class.from_pretrained(folder / name).float().to(target.device).eval()
     return heads
 
 
@@ -232,11 +252,12 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
             return target.generate(**enc, **common, **sampling_kwargs(temperature), **extra), None
         return run
 
-    def ours(make_drafter, schedule=lambda: DraftLengthSchedule(DRAFT_LENGTH)):  # None: the drafter's own
-        def run(enc, temperature, seed):
+    def ours(make_drafter, schedule=lambda: DraftLengthSchedule(DRAFT_LENGTH), acceptance=Exact()):
+        def run(enc, temperature, seed):  # schedule() None: the drafter's own
             sequences, stats = speculative_generate(
                 target, enc["input_ids"], enc["attention_mask"], drafter=make_drafter(), temperature=temperature,
-                draft_length=schedule(), generator=seeded(target.device, [seed])[0], graphs=graphs, **common,
+                draft_length=schedule(), acceptance=acceptance, generator=seeded(target.device, [seed])[0],
+                graphs=graphs, **common,
             )
             return sequences, stats
         return run
@@ -270,6 +291,9 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_model": ours(lambda: ModelDrafter(draft)),
         "ours_ngram": ours(lambda: NGramDrafter()),
         "ours_layerskip": ours(lambda: LayerSkipDrafter(target, exit_layer)),
+        "ours_kangaroo": ours(lambda: KangarooDrafter(target, heads["kangaroo"])),
+        "ours_kangaroo_exit": ours(lambda: KangarooDrafter(target, heads["kangaroo"], KANGAROO_CONFIDENCE),
+                                   lambda: DraftLengthSchedule(KANGAROO_LENGTH)),
         "ours_adaptive": ours(lambda: ModelDrafter(draft, confidence_threshold=0.3),
                               lambda: DraftLengthSchedule(DRAFT_LENGTH, kind="heuristic", max_length=8)),
         # The best draft length shrinks as the batch grows (verification is no longer free): batch 8 also tries 1 and 2.
@@ -288,6 +312,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_specdecpp": ours(lambda: ModelDrafter(draft, acceptance_head=heads["acceptance"]),
                                lambda: DraftLengthSchedule(SPECDECPP_LENGTH)),
         "ours_vocabtrim": ours(lambda: ModelDrafter(draft, vocabulary=trimmed)),
+        "ours_judge": ours(lambda: ModelDrafter(draft), acceptance=attached(Judge(head=heads["judge"]), target)),
         "ours_eagle": ours(lambda: HeadDrafter(target, heads["eagle"])),
         HEAD_CASCADE: ours(lambda: HeadDrafter(target, heads["eagle"], lookup_after=1)),
         "ours_hydra": ours(lambda: HeadDrafter(target, heads["hydra"])),
@@ -369,6 +394,33 @@ def compare_with_plain_chain(methods: dict, prompts: list[str], tokenizer, count
         figures[f"vocabtrim_acceptance_loss_{t}"] = 1 - (trimmed.accepted / trimmed.drafted) / (
             plain.accepted / plain.drafted)
     return rows, figures
+
+
+def compare_judge(methods: dict, prompts: list[str], tokenizer, device) -> tuple[list[dict], dict]:
+    """Judge decoding ("ours_judge") against the exact rule with the same chains ("ours_model") on `prompts`, greedy
+    (judge decoding's mode), one prompt at a time: per method new tokens per target forward, the share of completions
+    without a syntax error (`syntax_valid`, the task metric the judge was trained for) and, for the judge, the mean
+    excess acceptance per tested position (what it adds to the exact rule's acceptance: the distortion bound).
+    Figures: `judge_tokens_per_forward_over_exact`, `judge_parse_rate`, `exact_parse_rate`, `judge_excess_tv`."""
+    rows = []
+    for name in ("ours_model", "ours_judge"):
+        tokens = forwards = valid = 0
+        excess = []
+        for i, prompt in enumerate(prompts):
+            encoded = tokenizer([prompt], return_tensors="pt").to(device)
+            sequences, stats = methods[name](encoded, 0.0, seed=i)
+            tokens, forwards = tokens + int(stats.new_tokens.sum()), forwards + stats.target_forwards
+            valid += syntax_valid(prompt + tokenizer.decode(sequences[0, encoded["input_ids"].shape[1] :],
+                                                            skip_special_tokens=True))
+            if stats.excess_acceptance is not None:
+                excess.append(stats.excess_acceptance)
+        rows.append({"method": name, "prompts": len(prompts), "new_tokens": tokens, "target_forwards": forwards,
+                     "tokens_per_forward": tokens / forwards, "parse_rate": valid / len(prompts),
+                     "excess_tv": statistics.mean(excess) if excess else None})
+    exact, judged = rows
+    return rows, {"judge_tokens_per_forward_over_exact": judged["tokens_per_forward"] / exact["tokens_per_forward"],
+                  "judge_parse_rate": judged["parse_rate"], "exact_parse_rate": exact["parse_rate"],
+                  "judge_excess_tv": judged["excess_tv"]}
 
 
 @torch.no_grad()
@@ -472,6 +524,10 @@ def summary(rows: list[Row]) -> dict:
         "cascade_speedup_over_drafter_t1_bs1": lambda: max(tps(m, 1, 1.0) for m in CASCADES) / tps("ours_model", 1,
                                                                                                    1.0),
         "heads_cascade_speedup_over_heads_t0_bs1": lambda: tps(HEAD_CASCADE, 1, 0.0) / tps("ours_eagle", 1, 0.0),
+        # Kangaroo's adapter (and double exit) against the plain early exit at the same layer
+        **{f"kangaroo_{kind}_over_layerskip_t{t:g}_bs1": (lambda figure=figure, t=t: max(
+            figure(m, 1, t) for m in KANGAROOS) / figure("ours_layerskip", 1, t))
+           for kind, figure in (("tokens_per_forward", per_forward), ("speedup", tps)) for t in (0.0, 1.0)},
     }
     found = {}
     for name, ratio in ratios.items():
@@ -493,6 +549,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=None, help="new tokens per prompt (default 128, --quick 64)")
     parser.add_argument("--stop-prompts", type=int, default=None, help=f"prompts of the SpecDec++ comparison "
                         f"(default {STOP_PROMPTS}, --quick {STOP_PROMPTS // 4})")
+    parser.add_argument("--stream-prompts", type=int, default=STREAM_PROMPTS,
+                        help=f"prompts of the online-drafting stream (default {STREAM_PROMPTS}: learns on the first "
+                             f"{LEARN_PROMPTS}, measured on the rest; N learns on the first 2N/3)")
     parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                         help="these methods only (default: all; the AR baselines always run): "
                              + ", ".join(METHOD_NAMES))
@@ -506,6 +565,8 @@ def main(argv: list[str] | None = None) -> dict:
     if n_prompts < 1 or max_new_tokens < 1 or stop_prompts < 1:
         parser.error(f"--prompts, --new-tokens and --stop-prompts must be >= 1, got {n_prompts}, {max_new_tokens} "
                      f"and {stop_prompts}")
+    if args.stream_prompts < 3 * REQUEST_ROWS:  # a request learnt from, one measured
+        parser.error(f"--stream-prompts must be >= {3 * REQUEST_ROWS}, got {args.stream_prompts}")
     unknown = sorted(set(args.methods or ()) - set(METHOD_NAMES))
     if unknown:
         parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
@@ -544,13 +605,27 @@ def main(argv: list[str] | None = None) -> dict:
                                     temperature, repeats))
                 print(f"{name} bs=8 T={temperature:g}: {rows[-1].tokens_per_second:.1f} tok/s", flush=True)
     table, ratios = format_table(rows), summary(rows)
-    stop_rows = []
-    if {"ours_specdecpp", "ours_vocabtrim"} <= chosen:  # on more prompts than the table's (module docstring)
-        taken = len(prompts) + calibration_prompts  # none of the table's or calibration's
+    stop_rows, judge_rows = [], []
+    taken = len(prompts) + calibration_prompts  # more prompts, none of the table's or calibration's
+    more_prompts = held_out_prompts(taken + stop_prompts)[taken:]
+    with torch.no_grad():
+        if {"ours_specdecpp", "ours_vocabtrim"} <= chosen:
+            stop_rows, figures = compare_with_plain_chain(methods, more_prompts, tokenizer, counter)
+            ratios.update(figures)
+        if "ours_judge" in chosen:
+            judge_rows, figures = compare_judge(methods, more_prompts, tokenizer, device)
+            ratios.update(figures)
+    stream_rows = []
+    if "ours_online" in chosen:
+        learn = args.stream_prompts * LEARN_PROMPTS // STREAM_PROMPTS
         with torch.no_grad():
-            stop_rows, figures = compare_with_plain_chain(methods, held_out_prompts(taken + stop_prompts)[taken:],
-                                                          tokenizer, counter)
-        ratios.update(figures)
+            for temperature in (0.0, 1.0):
+                frozen, online, figures = online_acceptance_gain(target, draft, tokenizer, temperature,
+                                                                 STREAM_NEW_TOKENS, args.stream_prompts, learn)
+                stream_rows += [Row(name, REQUEST_ROWS, temperature, part.new_tokens, part.target_forwards,
+                                    part.seconds, None, part.drafted, part.accepted)
+                                for name, part in (("ours_model", frozen), ("ours_online", online))]
+                ratios.update({f"online_{key}_t{temperature:g}": value for key, value in figures.items()})
     target_latency = forward_latency(target)
     ratios["draft_target_cost_ratio"] = forward_latency(draft) / target_latency
     early_exit = early_exit_view(target, target.config.early_exit_layer)
@@ -565,7 +640,8 @@ def main(argv: list[str] | None = None) -> dict:
         payload = {"config": {"prompts": n_prompts, "max_new_tokens": max_new_tokens, "repeats": repeats,
                               "draft_length": DRAFT_LENGTH, "tree_nodes": TREE_NODES, "batch_tokens": BATCH_TOKENS,
                               "specdecpp_length": SPECDECPP_LENGTH, "stop_prompts": stop_prompts,
-                              "vocabtrim_size": VOCABTRIM_SIZE,
+                              "vocabtrim_size": VOCABTRIM_SIZE, "stream_prompts": args.stream_prompts,
+                              "stream_new_tokens": STREAM_NEW_TOKENS, "online_learner": LEARNER,
                               "child_acceptance": {f"{t:g}": rate for t, rate in rates.items()},
                               "head_child_acceptance": {f"{t:g}": rate for t, rate in head_rates.items()},
                               "threads": torch.get_num_threads()},
@@ -573,6 +649,9 @@ def main(argv: list[str] | None = None) -> dict:
                    "rows": [dict(r.__dict__, tokens_per_second=r.tokens_per_second) for r in rows],
                    "plain_chain_comparison_rows": [dict(r.__dict__, wasted_per_token=r.wasted_per_token)
                                                    for r in stop_rows],
+                   "judge_comparison_rows": judge_rows,
+                   "online_stream_rows": [dict(r.__dict__, acceptance=r.accepted / max(r.drafted, 1))
+                                          for r in stream_rows],
                    **ratios}
         write_json(args.json, payload)
     return ratios

@@ -57,7 +57,7 @@ ours_tree ours_tree_n30 ours_tree_full30"
     settings[cost_model]="--dtype bfloat16 --batch-sizes 1 4 --prompts 4 --repeats 10"
 elif [ "$tier" = smoke ]; then
     settings=(
-        [bench_text]="--quick --prompts 1 --new-tokens 16 --stop-prompts 2"
+        [bench_text]="--quick --prompts 1 --new-tokens 16 --stop-prompts 2 --stream-prompts 12"
         [bench_image]="--quick --prompts 1 --methods sjd_published sjd_maximal draft heads heads_lantern"
         [bench_continuous]="--quick --images-bs1 1 --images-bs8 2 --num-iter 8 --diffusion-steps 10 --no-fd"
         [bench_video]="--quick --episodes 1 --frames 8 --change-probs 0.1"

@@ -50,6 +50,7 @@ _EXPORTS = {
     # the pipelines' components: saved pipelines name them ["mmspec", class name] in model_index.json
     "LlamaGenTransformer": "mmspec.models.llamagen.gpt",
     "AcceptanceHead": "mmspec.models.acceptance",
+    "KangarooAdapter": "mmspec.models.kangaroo",
     "EagleHead": "mmspec.models.heads",
     "HydraHead": "mmspec.models.heads",
     "LlamaGenVQModel": "mmspec.models.llamagen.vq",

@@ -262,6 +262,11 @@ def check_text(args) -> None:
         check_number(args, flag_name, low)
     check_number(args, "--top-p", 0, 1, low_open=True)
     args.settings = check_text_decoding(args)
+    if args.online_every is not None:
+        check_number(args, "--online-every", 1)
+        if args.method not in WITH_DRAFT_MODEL:
+            raise UsageError(f"--online-every: the draft LM learns online under --method {', '.join(WITH_DRAFT_MODEL)}, "
+                           f"not {args.method}")
     check_model(args.target, "--target")
     if args.method in ("auto", *WITH_DRAFT_MODEL):
         check_model(args.draft, "--draft")
@@ -331,6 +336,25 @@ def print_comparison(runs: list[tuple[str, object, float]], unit: str, count: in
               f"{seconds / count:>15.3f}{runs[0][2] / seconds:>8.2f}x")
 
 
+def serve_online(pipe, args, call: dict) -> int:
+    """`mmspec text --online-every N`: each prompt one request, the draft LM learning from the target between them
+    (updates in the background, swapped in before a request); one line of acceptance per request."""
+    import torch
+
+    learner = pipe.enable_online_drafting(every=args.online_every)
+    generator = torch.Generator(args.device).manual_seed(args.seed)
+    for i, prompt in enumerate(args.prompt):
+        out = pipe(prompt, decoding=args.method, generator=generator, **call, **args.settings)
+        rate = out.stats.acceptance_rate
+        print(prompt + out.texts[0])
+        print(f"request {i + 1}: acceptance {'-' if rate is None else f'{rate:.2f}'}, "
+              f"{out.stats.tokens_per_target_forward:.2f} tokens per target forward, {learner.updates} updates of the "
+              "draft swapped in so far")
+        print("-" * 60)
+    pipe.disable_online_drafting()
+    return 0
+
+
 def run_text(args) -> int:
     import torch
 
@@ -349,6 +373,8 @@ def run_text(args) -> int:
                    **(args.settings if method != "ar" else {}))
         return out, time.perf_counter() - start
 
+    if args.online_every is not None:
+        return serve_online(pipe, args, call)
     out, elapsed = timed(args.method)
     for prompt, completion in zip(args.prompt, out.texts, strict=True):
         print(prompt + completion)
@@ -487,6 +513,9 @@ def build_parser() -> Parser:
     text.add_argument("--top-p", type=float, default=1.0)
     add_decoding_arguments(text, "text", "--method ", skip=("drafter",))
     text.add_argument("--seed", type=int, default=0)
+    text.add_argument("--online-every", type=int, default=None, metavar="N",
+                      help="online speculative decoding: serve the prompts one request at a time, the draft LM "
+                           "learning from the target every N requests (--method model, cascade or tree)")
     text.add_argument("--remeasure", action="store_true",
                       help="auto: time the methods again instead of reading the cached figures")
     text.add_argument("--no-compare", dest="compare", action="store_false",

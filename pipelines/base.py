@@ -79,12 +79,17 @@ class MMSpecPipeline(DiffusionPipeline):
 
     def with_head(self, decoding: DecodingComponent) -> DecodingComponent:
         """`decoding` with the pipeline's heads in its runtime fields it left unset: its draft head of its `kind`
-        (`eagle_head`, `hydra_head`) in `head` (`DraftHeads`, `TextDraftHeads`), its `acceptance_head` in the field
-        of that name (`TextSpeculation`'s learned draft length)."""
+        (`eagle_head`, `hydra_head`) in `head` (`DraftHeads`, `TextDraftHeads`), its `acceptance_head` and
+        `kangaroo_adapter` in the fields of those names (`TextSpeculation`'s learned draft length, its Kangaroo
+        drafter), and its `judge_head` in a judge rule's `head` (`acceptance="judge"`)."""
         if getattr(decoding, "head", "absent") is None:
             decoding = dataclasses.replace(decoding, head=getattr(self, f"{decoding.kind}_head", None))
-        if getattr(decoding, "acceptance_head", "absent") is None:
-            decoding = dataclasses.replace(decoding, acceptance_head=getattr(self, "acceptance_head", None))
+        for component in ("acceptance_head", "kangaroo_adapter"):
+            if getattr(decoding, component, "absent") is None:
+                decoding = dataclasses.replace(decoding, **{component: getattr(self, component, None)})
+        rule = getattr(decoding, "acceptance", None)
+        if getattr(rule, "head", "absent") is None and getattr(self, "judge_head", None) is not None:
+            decoding = dataclasses.replace(decoding, acceptance=dataclasses.replace(rule, head=self.judge_head))
         return decoding
 
     @property

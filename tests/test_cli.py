@@ -31,6 +31,21 @@ def test_mmspec_text_reports_bad_arguments():
     assert exit_info.value.code == 2
 
 
+def test_mmspec_text_serves_a_stream_learning_online(capsys):
+    assert main(["text", "def f(x):\n", "def g(y):\n", "--method", "model", "--online-every", "1",
+                 "--max-new-tokens", "8", "--temperature", "1"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("request ")]
+    assert len(lines) == 2 and lines[0].startswith("request 1: acceptance ") and "swapped in so far" in lines[1]
+
+
+@pytest.mark.parametrize(("flags", "message"), [(["--online-every", "0"], "--online-every must be >= 1"),
+                                                (["--method", "ngram", "--online-every", "2"], "not ngram")])
+def test_mmspec_text_refuses_online_drafting_it_cannot_do(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["text", "x = 1", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_unknown_zoo_model_names_the_available_ones():
     with pytest.raises(ValueError, match="pycode/target"):
         zoo_path("pycode/nope")

@@ -58,6 +58,8 @@ class TextTab:
         self.methods = [("auto: the fastest exact method here", "auto")] + [
             (f"{m}: {described.get(repr(m)) or first_sentence(decodings('text')[m])}", m) for m in speculative]
         self.controls = self.text_controls()
+        # the chain drafters' rules: judge decoding where the pipeline has a judge
+        self.rules = ["exact", *(["judge"] if pipe.judge_head is not None else []), "typical"]
 
     @staticmethod
     def text_controls() -> list[Control]:
@@ -89,6 +91,11 @@ class TextTab:
             seed = gr.Number(label="Seed", value=0, precision=0)
         with gr.Row():
             settings = [control.build(visible=False) for control in self.controls]
+        online = gr.Checkbox(value=False, visible=self.pipe.draft is not None, elem_id="text-online",
+                             label="Online drafting: the draft LM keeps learning from the target between requests "
+                                   "(the draft-LM drafters; exact)")
+        acceptance = gr.Radio(self.rules, value="exact", elem_id="text-acceptance",
+                              label="Acceptance of a chain drafter's drafts (exact: lossless; the others lossy)")
         with gr.Row():
             ar_text = gr.Textbox(label="AR (target.generate)", lines=8, interactive=False, elem_id="text-ar")
             fast_text = gr.HTML(label="Speculative", elem_id="text-fast")
@@ -97,12 +104,17 @@ class TextTab:
         status = gr.Markdown(elem_id="text-status")
         method.change(lambda m: [gr.update(visible=self.reads(c, m)) for c in self.controls], method, settings,
                       api_visibility="private")
-        generate.click(self.generate, [prompt, method, temperature, max_new_tokens, seed, *settings],
-                       [ar_text, fast_text, stats, status], api_name="complete_text", concurrency_limit=1)
+        inputs = [prompt, method, temperature, max_new_tokens, seed, *settings, online, acceptance]
+        generate.click(self.generate, inputs, [ar_text, fast_text, stats, status], api_name="complete_text",
+                       concurrency_limit=1)
 
     @shows_errors
     def generate(self, prompt, method, temperature, max_new_tokens, seed, *values):
-        """Yield (AR completion, highlighted speculative completion, stats rows, status) after each run."""
+        """Yield (AR completion, highlighted speculative completion, stats rows, status) after each run. values: the
+        drafter settings' controls, then the online-drafting checkbox and the acceptance rule."""
+        *values, online, acceptance = values
+        if acceptance not in self.rules:
+            raise ValueError(f"acceptance must be one of {self.rules}, got {acceptance!r}")
         prompt = check_prompt(prompt)
         labels = {value: name for name, value in self.methods}
         if method not in labels:
@@ -113,7 +125,10 @@ class TextTab:
         }
         seed = check_number("Seed", seed, 0, 2**31 - 1, integer=True)
         settings = {c.field: c.read(v) for c, v in zip(self.controls, values, strict=True) if self.reads(c, method)}
+        if acceptance != "exact":
+            settings["acceptance"] = acceptance
 
+        COMPUTE.submit(self.learn_online, bool(online)).result()
         ar, ar_latency = self.timed(prompt, "ar", seed, **sampling)
         rows = [stats_row("AR (target.generate)", ar.stats, ar_latency, ar_latency)]
         yield ar.texts[0], "", rows, f"AR: {int(ar.stats.new_tokens[0])} tokens in {ar_latency:.2f} s."
@@ -125,7 +140,20 @@ class TextTab:
                   f"**{ar_latency / latency:.2f}x** AR's speed.")
         if sampling["temperature"] == 0:
             status += " Greedy: " + ("identical to AR." if fast.texts == ar.texts else "**differs from AR**.")
+        if acceptance != "exact" and fast.stats.excess_acceptance is not None:
+            status += (f" Lossy ({acceptance}): {fast.stats.excess_acceptance:.3f} excess acceptance per position "
+                       "(its distortion bound).")
+        if self.pipe.online is not None:
+            status += (f" Online drafting: {self.pipe.online.requests} requests recorded, {self.pipe.online.updates} "
+                       "updates of the draft swapped in.")
         yield ar.texts[0], highlight_pieces(fast.pieces[0]), rows, status
+
+    def learn_online(self, on: bool) -> None:
+        """Turn the pipeline's online drafting on (OSD's defaults) or off, on the compute thread."""
+        if on and self.pipe.online is None and self.pipe.draft is not None:
+            self.pipe.enable_online_drafting()
+        elif not on and self.pipe.online is not None:
+            self.pipe.disable_online_drafting()
 
     def timed(self, prompt: str, method: str, seed: int, **options):
         """(output, seconds) of one pipeline call on the compute thread."""

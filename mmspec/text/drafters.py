@@ -26,6 +26,7 @@ from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import AcceptanceRule, rule_from
 from mmspec.core.stats import PhaseTimer
+from mmspec.models.kangaroo import KangarooAdapter, check_exit_layer
 from mmspec.text.kinds import SCHEDULES
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
@@ -245,10 +246,7 @@ def early_exit_view(model, exit_layer: int):
     Works for models whose backbone is `model.model` and runs `layers[: config.num_hidden_layers]` (Llama, Mistral,
     Qwen2, ... in transformers 5). The view has its own config, so it gets its own (shallower) cache.
     """
-    n_layers = model.config.num_hidden_layers
-    if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer < n_layers:
-        raise ValueError(f"exit_layer must be an int in [1, {n_layers - 1}] for a {n_layers}-layer model, got "
-                         f"{exit_layer!r}")
+    check_exit_layer(exit_layer, model.config.num_hidden_layers)
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = exit_layer
     backbone = copy.copy(model.model)
@@ -259,11 +257,46 @@ def early_exit_view(model, exit_layer: int):
     return view
 
 
+def kangaroo_view(target, adapter: KangarooAdapter):
+    """The draft model of Kangaroo: a causal LM sharing the target's embedding, first `adapter.config.exit_layer`
+    layers and LM head, with the adapter's block as its last layer and the adapter's norm as its final norm. It has
+    its own config (so its own, shallower cache) and its own module dicts (the target's hooks do not fire)."""
+    if not isinstance(adapter, KangarooAdapter):
+        raise TypeError(f"adapter must be a KangarooAdapter, got {type(adapter).__name__}")
+    exit_layer = adapter.config.exit_layer
+    check_exit_layer(exit_layer, target.config.num_hidden_layers)
+    if adapter.config.hidden_size != target.config.hidden_size:
+        raise ValueError(f"the adapter reads features of width {adapter.config.hidden_size}; the target's are "
+                         f"{target.config.hidden_size} wide")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = exit_layer + 1
+    backbone = module_view(target.model)
+    backbone._modules["layers"] = torch.nn.ModuleList([*target.model.layers[:exit_layer], adapter.block])
+    backbone._modules["norm"] = adapter.norm
+    # the adapter's attention reads the masks the target's backbone builds for its own attention implementation
+    adapter.block.self_attn.config._attn_implementation = target.config._attn_implementation
+    backbone.config = config
+    view = module_view(target)
+    view._modules["model"] = backbone
+    view.config = config
+    return view
+
+
 class LayerSkipDrafter(ModelDrafter):
     """Self-speculative drafting (LayerSkip / HF `assistant_early_exit`): the target's first `exit_layer` layers."""
 
     def __init__(self, target, exit_layer: int, confidence_threshold: float = 0.0):
         super().__init__(early_exit_view(target, exit_layer), confidence_threshold=confidence_threshold)
+
+
+class KangarooDrafter(ModelDrafter):
+    """Kangaroo's self-speculative drafter: the target's first layers plus a trained exit adapter
+    (`mmspec.models.KangarooAdapter`, its exit layer in its config) and the target's head (`kangaroo_view`).
+    confidence_threshold: Kangaroo's double early exit, a row stops drafting after a token whose draft probability
+    is below it (the paper's 0.6; 0 = never)."""
+
+    def __init__(self, target, adapter: KangarooAdapter, confidence_threshold: float = 0.0):
+        super().__init__(kangaroo_view(target, adapter), confidence_threshold=confidence_threshold)
 
 
 class NGramDrafter(ChainDrafter):

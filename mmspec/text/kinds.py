@@ -2,8 +2,9 @@
 settings (`mmspec.text.methods`) and the engine that runs them (`mmspec.text.drafters`) share them without importing
 each other."""
 
-# the drafters of chains: a draft LM, prompt lookup, an early exit, the draft LM over prompt lookup (a cascade)
-CHAIN_DRAFTERS = ("model", "ngram", "layerskip", "cascade")
+# the drafters of chains: a draft LM, prompt lookup, an early exit, the draft LM over prompt lookup (a cascade), an
+# early exit with a trained adapter (Kangaroo)
+CHAIN_DRAFTERS = ("model", "ngram", "layerskip", "cascade", "kangaroo")
 TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft LM's tree, STAND's n-gram memory
 DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
 WITH_DRAFT_MODEL = ("model", "cascade", "tree")  # the drafters that run a draft LM

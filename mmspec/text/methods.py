@@ -74,8 +74,9 @@ class TextSpeculation(TextDecoding):
 
     name: ClassVar[str] = "speculative"
     drafter: str = setting("model", "'model': the draft LM; 'layerskip': the target's first layers; 'ngram': prompt "
-                           "lookup; 'cascade': the draft LM over prompt lookup (CS-Drafting); 'tree': the draft LM's "
-                           "tree (RSD); 'stand': an n-gram memory of the target's laws",
+                           "lookup; 'cascade': the draft LM over prompt lookup (CS-Drafting); 'kangaroo': the target's "
+                           "first layers and a trained exit adapter (Kangaroo); 'tree': the draft LM's tree (RSD); "
+                           "'stand': an n-gram memory of the target's laws",
                            choices=DRAFTERS)
     draft_length: int = setting(4, "tokens drafted per target forward", low=1, only={"drafter": CHAIN_DRAFTERS})
     schedule: str = setting("constant", "draft length per step: 'constant', transformers' 'heuristic' (+2 after "
@@ -88,8 +89,8 @@ class TextSpeculation(TextDecoding):
                                            "head's, chosen from the draft and target costs)", kind=float, low=0,
                                            high=1, low_open=True, high_open=True, only={"drafter": ("model",)})
     confidence_threshold: float = setting(0.0, "a row stops drafting after a token whose draft probability is below "
-                                          "it (0 = never)", low=0, high=1, high_open=True,
-                                          only={"drafter": ("model", "layerskip")})
+                                          "it (0 = never; Kangaroo's double early exit: 0.6)", low=0, high=1,
+                                          high_open=True, only={"drafter": ("model", "layerskip", "kangaroo")})
     exit_layer: int | None = setting(None, "layer-skip drafts with the target's first N layers (default: the "
                                      "config's early_exit_layer)", kind=int, low=1, only={"drafter": ("layerskip",)})
     draft_vocabulary: int | None = setting(None, "VocabTrim: the draft LM's head scores only the N tokens its target "
@@ -108,6 +109,7 @@ class TextSpeculation(TextDecoding):
     tree_nodes: int = setting(30, "nodes of the tree built for tree_rates", low=1, only={"drafter": ("tree",)})
     acceptance: AcceptanceRule = Exact()
     acceptance_head: Any = runtime()
+    kangaroo_adapter: Any = runtime()
 
     def check(self) -> None:
         if self.schedule == LEARNED and self.drafter != "model":
@@ -165,7 +167,13 @@ class TextSpeculation(TextDecoding):
 
     def make_drafter(self, target: Any, draft: Any = None):
         """The drafter `speculative_generate` asks (a new one per call: drafters hold per-batch state)."""
-        from mmspec.text.drafters import CascadeDrafter, LayerSkipDrafter, ModelDrafter, NGramDrafter
+        from mmspec.text.drafters import (
+            CascadeDrafter,
+            KangarooDrafter,
+            LayerSkipDrafter,
+            ModelDrafter,
+            NGramDrafter,
+        )
         from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 
         if self.drafter in WITH_DRAFT_MODEL and draft is None:
@@ -186,6 +194,11 @@ class TextSpeculation(TextDecoding):
             return ModelTreeDrafter(draft, self.tree_shape())
         if self.drafter == "stand":
             return StandDrafter()
+        if self.drafter == "kangaroo":
+            if self.kangaroo_adapter is None:
+                raise ValueError("drafter='kangaroo' needs an exit adapter: load a pipeline that has a "
+                                 "kangaroo_adapter, or pass kangaroo_adapter=<KangarooAdapter>")
+            return KangarooDrafter(target, self.kangaroo_adapter, confidence_threshold=self.confidence_threshold)
         if self.drafter == "layerskip":
             exit_layer = self.exit_layer or getattr(target.config, "early_exit_layer", None)
             if exit_layer is None:
@@ -204,7 +217,15 @@ class TextSpeculation(TextDecoding):
             kind = "constant" if self.schedule == LEARNED else self.schedule
             options["draft_length"] = DraftLengthSchedule(self.draft_length, kind=kind)
         return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target, draft),
-                                    acceptance=self.acceptance, **options)
+                                    acceptance=attached(self.acceptance, target), **options)
+
+
+def attached(acceptance: AcceptanceRule, target: Any) -> AcceptanceRule:
+    """`acceptance`, its judge head (judge decoding's, `Judge(head=...)`) reading `target`'s features of the drafts."""
+    head = getattr(acceptance, "head", None)
+    if head is not None:
+        head.attach(target)
+    return acceptance
 
 
 def draft_vocabulary(target: Any, draft: Any, size: int):
@@ -281,4 +302,4 @@ class TextDraftHeads(TextDecoding):
         if not self.tree_size:
             options["draft_length"] = self.draft_length
         return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target),
-                                    acceptance=self.acceptance, **options)
+                                    acceptance=attached(self.acceptance, target), **options)

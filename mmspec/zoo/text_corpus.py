@@ -7,8 +7,10 @@ Python version (the shipped models were trained on CPython 3.11.7; see the model
 
 from __future__ import annotations
 
+import codeop
 import hashlib
 import sysconfig
+import warnings
 from pathlib import Path
 
 HELD_OUT_EVERY = 20  # 1 file in 20 (by path hash) is held out for perplexity and benchmark prompts
@@ -50,18 +52,24 @@ def read_texts(files: list[Path]) -> list[str]:
     return texts
 
 
-def held_out_prompts(n: int, min_chars: int = 24) -> list[str]:
-    """`n` code prompts from held-out files: the first line of each `def` that is followed by its body.
+def held_out_prompts(n: int, min_chars: int = 24, opening: str = "def ") -> list[str]:
+    """`n` code prompts from held-out files (`code_prompts`)."""
+    return code_prompts(n, "held_out", min_chars, opening)
+
+
+def code_prompts(n: int, split: str = "held_out", min_chars: int = 24, opening: str = "def ") -> list[str]:
+    """`n` code prompts from the files of `split`: the first line of each `def` that is followed by its body.
 
     A prompt is the signature line plus the line after it, so models see a little context; prompts are spread over the
-    held-out files (round robin) and deterministic.
+    files (round robin) and deterministic. opening: how the signature line starts once indentation is stripped
+    (`"def test"`: only unit tests, a narrower domain than the corpus the models trained on).
     """
     per_file: list[list[str]] = []
-    for text in read_texts(corpus_files("held_out")):
+    for text in read_texts(corpus_files(split)):
         lines = text.splitlines()
         found = []
         for i, line in enumerate(lines[:-1]):
-            if line.lstrip().startswith("def ") and line.rstrip().endswith(":") and len(line) >= min_chars:
+            if line.lstrip().startswith(opening) and line.rstrip().endswith(":") and len(line) >= min_chars:
                 found.append(line + "\n" + lines[i + 1] + "\n")
         if found:
             per_file.append(found)
@@ -71,5 +79,22 @@ def held_out_prompts(n: int, min_chars: int = 24) -> list[str]:
         prompts.extend(f[depth] for f in per_file if depth < len(f))
         depth += 1
     if len(prompts) < n:
-        raise ValueError(f"the held-out split has only {len(prompts)} prompts, asked for n={n}")
+        raise ValueError(f"the {split} split has only {len(prompts)} prompts, asked for n={n}")
     return prompts[:n]
+
+
+def syntax_valid(code: str) -> bool:
+    """Whether `code` (a prompt and its completion) holds no syntax error up to its last complete line: Python's own
+    incremental compiler (`codeop`) takes it as complete or as the start of a longer program. An indented prompt (a
+    method) is read inside a block opened before it. Completions cut at a token budget end mid-block; a real error
+    is what it rejects."""
+    text = code[: code.rfind("\n") + 1]
+    if text[:1].isspace():
+        text = "if True:\n" + text
+    try:
+        with warnings.catch_warnings():  # invalid escapes and the like warn; they are not syntax errors
+            warnings.simplefilter("ignore")
+            codeop.compile_command(text, "<completion>", "exec")
+    except (SyntaxError, ValueError, OverflowError):
+        return False
+    return True

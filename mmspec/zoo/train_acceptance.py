@@ -128,21 +128,25 @@ def stop_threshold(acceptance: float, cost: float, draft_length: int = DRAFT_LEN
     return round(min(max(h, 0.05), 0.95), 4)
 
 
-def add_sample_arguments(parser: argparse.ArgumentParser, draft_help: str) -> None:
-    """The target, its draft and the target samples kept in the work folder (`target_samples`)."""
+def add_sample_arguments(parser: argparse.ArgumentParser, draft_help: str | None = None) -> None:
+    """The target, its draft (where `draft_help` says what it is for) and the target samples kept in the work folder
+    (`target_samples`)."""
     parser.add_argument("--target", default=TEXT_TARGET, help="a zoo name or a local transformers causal LM")
-    parser.add_argument("--draft", default=TEXT_DRAFT, help=draft_help)
+    if draft_help is not None:
+        parser.add_argument("--draft", default=TEXT_DRAFT, help=draft_help)
     parser.add_argument("--samples", type=int, default=768, help="target samples")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens each sample continues its prompt")
     parser.add_argument("--sample-batch", type=int, default=64)
     parser.add_argument("--work-dir", default=None, help="where the samples are kept (default: ~/.cache/mmspec/"
-                        "train_acceptance/<the draft's pair>, shared by train_acceptance and train_vocabulary)")
+                        "train_acceptance/<the pair's folder>, shared by train_acceptance, train_vocabulary and "
+                        "train_kangaroo)")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def work_folder(args) -> Path:
-    """--work-dir, or the default one of the draft's pair (made if missing)."""
-    name = Path(str(resolve_model(args.draft, "--draft"))).parent.name
+    """--work-dir, or the default one of the pair's folder (made if missing): the draft's, else the target's."""
+    flag = "--draft" if hasattr(args, "draft") else "--target"
+    name = Path(str(resolve_model(getattr(args, flag[2:]), flag))).parent.name
     work = Path(args.work_dir or Path.home() / ".cache" / "mmspec" / "train_acceptance" / name)
     work.mkdir(parents=True, exist_ok=True)
     return work

@@ -23,10 +23,13 @@ from mmspec.core.rules.base import rule_from
 from mmspec.core.settings import specs
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.models.heads import EagleHead, HydraHead
+from mmspec.models.judge import JudgeHead
+from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, WITH_DRAFT_MODEL
 from mmspec.text.methods import TextDraftHeads, TextSpeculation
+from mmspec.text.online import OnlineDistillation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
 
@@ -64,6 +67,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             features, the drafters of `TextDraftHeads(kind="eagle" | "hydra")`.
         acceptance_head ([`AcceptanceHead`], *optional*): SpecDec++'s acceptance predictor for the draft, the stop
             rule of `TextSpeculation(drafter="model", schedule="learned")`.
+        kangaroo_adapter ([`KangarooAdapter`], *optional*): Kangaroo's exit adapter on the target's first layers, the
+            drafter of `TextSpeculation(drafter="kangaroo")`.
+        judge_head ([`JudgeHead`], *optional*): judge decoding's judge on the target's features, read by the lossy
+            rule `acceptance="judge"`.
         decoding (`"auto"`, `AR()` or `TextSpeculation(...)`, a name or a config dict; defaults to `"auto"`): what
             calls decode with unless they say otherwise; saved with the pipeline, swappable (`pipe.decoding = ...`).
 
@@ -84,22 +91,44 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         ```
     """
 
-    _optional_components = ["draft", "eagle_head", "hydra_head", "acceptance_head"]
+    _optional_components = ["draft", "eagle_head", "hydra_head", "acceptance_head", "kangaroo_adapter", "judge_head"]
     modality = "text"
     _callback_tensor_inputs = ["generated_ids", "new_tokens"]
 
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  draft: PreTrainedModel | None = None, eagle_head: EagleHead | None = None,
                  hydra_head: HydraHead | None = None, acceptance_head: AcceptanceHead | None = None,
+                 kangaroo_adapter: KangarooAdapter | None = None, judge_head: JudgeHead | None = None,
                  decoding: DecodingComponent | str | dict = "auto"):
         super().__init__()
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft vocabulary size {draft.config.vocab_size} does not match the target's "
                              f"{target.config.vocab_size}")
         self.register_modules(target=target, tokenizer=tokenizer, draft=draft, eagle_head=eagle_head,
-                              hydra_head=hydra_head, acceptance_head=acceptance_head)
+                              hydra_head=hydra_head, acceptance_head=acceptance_head,
+                              kangaroo_adapter=kangaroo_adapter, judge_head=judge_head)
         self.decoding = decoding
         self.step_graphs: StepGraphs | None = None  # `enable_cuda_graphs`
+        self.online: OnlineDistillation | None = None  # `enable_online_drafting`
+
+    def enable_online_drafting(self, **options) -> OnlineDistillation:
+        """Keep the draft LM learning from the target while the pipeline serves (online speculative decoding,
+        `mmspec.text.online.OnlineDistillation`; options: `every`, `buffer`, `steps`, `rows_per_step`, `lr`,
+        `divergence`, `positions`, `seed`). Every call that drafts with the draft LM (`"model"`, `"cascade"`,
+        `"tree"`, or auto's choice of one) is recorded; updates run in a background thread and are swapped in before
+        a call, never during one, so every decoding stays exact. Off by default; returns the learner (its `updates`
+        and `losses`)."""
+        if self.draft is None:
+            raise ValueError("enable_online_drafting needs a draft LM (from_pretrained(..., draft=...))")
+        self.disable_online_drafting()
+        self.online = OnlineDistillation(self.draft, **options)
+        return self.online
+
+    def disable_online_drafting(self) -> None:
+        """Stop learning: a running update finishes and is swapped in; the draft keeps what it learned."""
+        if self.online is not None:
+            self.online.close()
+            self.online = None
 
     def graph_stores(self, on: bool) -> None:
         """A speculative decoding's whole step — drafting, the target's forward, verification, commit, rollback —
@@ -114,9 +143,9 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         """A folder saved by `save_pretrained` (`model_index.json`), or a target causal LM — a zoo name
         ("pycode/target") or a transformers folder with its tokenizer — with `draft` (a zoo name, a folder or a
         model; optional). `dtype` defaults to float32 for a bare causal LM (the zoo stores float16). A bare causal
-        LM's heads are loaded from `eagle_head/`, `hydra_head/` and `acceptance_head/` beside its folder where they
-        exist (the embedded `pycode/` ships all three), or given as `eagle_head=` / `hydra_head=` /
-        `acceptance_head=` (a folder or a head)."""
+        LM's heads are loaded from `eagle_head/`, `hydra_head/`, `acceptance_head/`, `kangaroo_adapter/` and
+        `judge_head/` beside its folder where they exist (the embedded `pycode/` ships them all), or given as
+        `eagle_head=` / ... / `judge_head=` (a folder or a module)."""
         path = Path(resolve_model(pretrained_model_name_or_path, argument="target"))
         if isinstance(draft, (str, Path)):
             draft = load_causal_lm(resolve_model(draft, argument="draft"), dtype=kwargs.get("dtype"))[0]
@@ -126,7 +155,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             return super().from_pretrained(path, **kwargs)
         target, tokenizer = load_causal_lm(path, dtype=kwargs.pop("dtype", None))
         for name, head_class in (("eagle_head", EagleHead), ("hydra_head", HydraHead),
-                                 ("acceptance_head", AcceptanceHead)):
+                                 ("acceptance_head", AcceptanceHead), ("kangaroo_adapter", KangarooAdapter),
+                                 ("judge_head", JudgeHead)):
             head = kwargs.get(name, path.parent / name)
             if isinstance(head, (str, Path)):
                 found = (Path(head) / "config.json").is_file()
@@ -138,10 +168,13 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     @property
     def methods(self) -> tuple[str, ...]:
         """The drafters this pipeline can run, "heads" where it has an EAGLE head (the default kind), and "ar"
-        (`"model"`, `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config)."""
+        (`"model"`, `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config,
+        `"kangaroo"` an exit adapter)."""
         unavailable = set(WITH_DRAFT_MODEL) if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
+        if self.kangaroo_adapter is None:
+            unavailable.add("kangaroo")
         if self.eagle_head is None:
             unavailable.add("heads")
         return tuple(m for m in (*DRAFTERS, "heads", "ar") if m not in unavailable)
@@ -192,7 +225,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     @property
     def measured_modules(self) -> dict[str, torch.nn.Module | None]:
         """The modules whose identity keys `"auto"`'s cached timings."""
-        return {"target": self.target, "draft": self.draft, "eagle_head": self.eagle_head}
+        return {"target": self.target, "draft": self.draft, "eagle_head": self.eagle_head,
+                "kangaroo_adapter": self.kangaroo_adapter}
 
     def check_inputs(self, prompt) -> list[str]:
         prompts = [prompt] if isinstance(prompt, str) else prompt
@@ -238,8 +272,9 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
                 unless set or saved otherwise). `TextSpeculation(drafter, ...)` drafts chains with `"model"` (the
-                draft LM), `"layerskip"` (the target's first layers), `"ngram"` (prompt lookup) or `"cascade"` (the
-                draft LM over prompt lookup), or trees with
+                draft LM), `"layerskip"` (the target's first layers), `"ngram"` (prompt lookup), `"cascade"` (the
+                draft LM over prompt lookup) or `"kangaroo"` (the target's first layers and an exit adapter), or
+                trees with
                 `"tree"` (the draft LM's) or `"stand"` (an n-gram memory of the target's laws), and verifies in one
                 target forward; `AR()` is the target alone. A name plus settings is the same call
                 (`decoding="ngram", draft_length=6`).
@@ -280,6 +315,9 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         ids, mask = encoded["input_ids"].to(self.target.device), encoded["attention_mask"].to(self.target.device)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.replays_graphs()
+        online = self.online if getattr(decoding, "drafter", None) in WITH_DRAFT_MODEL else None
+        if online is not None:
+            online.before_request()
         with self.progress_bar(total=max_new_tokens) as progress:
             on_step = self.step_hook(callback_on_step_end, names, progress)
             sequences, stats = self.with_head(decoding).run(
@@ -291,6 +329,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             if not self._interrupt:
                 self.decoding_policy.record(key, name, int(stats.new_tokens.sum()), time.perf_counter() - started)
         stats.describe(decoding)
+        if online is not None:
+            online.after_request(self.target, sequences, mask, stats)
 
         # 3. Decode to text
         new = sequences[:, ids.shape[1] :]

@@ -90,9 +90,27 @@ def test_pjd_method(client):
     assert table["data"][1][0] == "PJD" and int(table["data"][1][1]) < 100
 
 
+def test_text_tab_learns_online_when_asked(client):
+    """The checkbox turns the pipeline's online drafting on: a draft-LM request is recorded; off again, none is."""
+    settings = [c.default for c in TextTab.text_controls()]
+    status = client.predict("def f(x):\n", "model", 1.0, 16, 0, *settings, True, "exact",
+                            api_name="/complete_text")[3]
+    assert "Online drafting: 1 requests recorded" in status
+    status = client.predict("def f(x):\n", "model", 1.0, 16, 0, *settings, False, "exact",
+                            api_name="/complete_text")[3]
+    assert "Online drafting" not in status
+
+
+def test_text_tab_offers_judge_decoding(client):
+    settings = [c.default for c in TextTab.text_controls()]
+    status = client.predict("def f(x):\n", "model", 0.0, 24, 0, *settings, False, "judge",
+                            api_name="/complete_text")[3]
+    assert "Lossy (judge)" in status and "excess acceptance per position" in status
+
+
 def test_text_tab_highlights_accepted_drafts(client):
     settings = [c.default for c in TextTab.text_controls()]
-    ar_text, html, table, status = client.predict("def fibonacci(n):\n", "ngram", 0.0, 48, 0, *settings,
+    ar_text, html, table, status = client.predict("def fibonacci(n):\n", "ngram", 0.0, 48, 0, *settings, False, "exact",
                                                   api_name="/complete_text")
     assert "identical to AR" in status
     assert [row[0] for row in table["data"]] == ["AR (target.generate)", "ngram: prompt lookup"]

@@ -28,7 +28,8 @@ def rss_mib(pid: int) -> float:
 
 def complete_text(client, seed: int = 0, tokens: int = TEXT[3]):
     settings = [control.default for control in TextTab.text_controls()]  # the drafter's settings at their defaults
-    return client.submit(*TEXT[:3], tokens, seed, *settings, api_name="/complete_text")
+    return client.submit(*TEXT[:3], tokens, seed, *settings, False, "exact",  # online off, exact
+                         api_name="/complete_text")
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,7 @@ def test_tree_drafters_take_tree_settings_and_refuse_chain_ones(pipe):
     assert out.stats.method == TextSpeculation(drafter="tree", tree_depth=3, tree_branching=3).describe()
     assert out.stats.tree_acceptance is not None and out.stats.tokens_per_target_forward > 1
     with pytest.raises(ValueError,
-                       match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip' / 'cascade', not 'tree'"):
+                       match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip' / 'cascade' / 'kangaroo', not 'tree'"):
         TextSpeculation(drafter="tree", draft_length=6)
     with pytest.raises(ValueError, match="acceptance='typical' is for chain drafters"):
         TextSpeculation(drafter="stand", acceptance="typical")
@@ -231,3 +231,31 @@ def test_replayed_steps_through_the_pipeline_and_cuda_graphs_refused_on_a_cpu(pi
         pipe.step_graphs = None
     with pytest.raises(ValueError, match=r"enable_cuda_graphs needs the pipeline on a CUDA device"):
         pipe.enable_cuda_graphs()
+
+
+def test_online_drafting_learns_from_draft_model_requests_between_calls(pipe):
+    """Recorded: the calls that draft with the draft LM (not prompt lookup's); the update is swapped in before the
+    next call, not during one; turned off, the last update is swapped in and the draft keeps what it learned."""
+    learner = pipe.enable_online_drafting(every=1, steps=1, background=False)
+    served = [w.clone() for w in pipe.draft.parameters()]
+    pipe("def f(x):\n", decoding="ngram", max_new_tokens=8)
+    assert learner.requests == 0
+    pipe("def f(x):\n", decoding="model", max_new_tokens=8, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert learner.requests == 1 and learner.updates == 0  # trained, not yet swapped in
+    assert all(torch.equal(a, b) for a, b in zip(served, pipe.draft.parameters()))
+    pipe("def f(x):\n", decoding="cascade", max_new_tokens=8)
+    assert learner.requests == 2 and learner.updates == 1
+    assert not all(torch.equal(a, b) for a, b in zip(served, pipe.draft.parameters()))
+    pipe.disable_online_drafting()
+    assert pipe.online is None and learner.updates == 2
+    with torch.no_grad():  # leave the module's pipeline as the other tests found it
+        for weight, original in zip(pipe.draft.parameters(), served):
+            weight.copy_(original)
+
+
+def test_online_drafting_needs_a_draft_and_valid_options(pipe):
+    with pytest.raises(ValueError, match="divergence"):
+        pipe.enable_online_drafting(divergence="jsd")
+    without_draft = SpeculativeTextPipeline(pipe.target, pipe.tokenizer)
+    with pytest.raises(ValueError, match="needs a draft LM"):
+        without_draft.enable_online_drafting()

@@ -8,7 +8,7 @@ tree mask of `forward_tree`.
 """
 
 import torch
-from transformers import PretrainedConfig
+from transformers import DynamicCache, PretrainedConfig
 
 NONE = -1  # "no token" in the history (sequence start)
 
@@ -52,6 +52,8 @@ class TableLM(torch.nn.Module):
     def forward(self, input_ids, attention_mask, position_ids=None, past_key_values=None, use_cache=True):
         V = self.table.shape[-1]
         B, W = input_ids.shape
+        if past_key_values is None:  # a whole-sequence forward (the online learner reads the target's laws so)
+            past_key_values = DynamicCache()
         one_hot = torch.nn.functional.one_hot(input_ids, V).double()[:, None]  # [B, 1, W, V]
         keys, _ = past_key_values.update(one_hot, one_hot, 0)
         history = keys[:, 0].argmax(-1)  # [B, S]

@@ -1,0 +1,43 @@
+"""Kangaroo's adapter trainer: it runs end to end on the embedded target (a few samples and steps), reports the
+adapter's held-out acceptance beside the plain early exit's, saves an adapter the pipeline loads, and refuses bad
+arguments before any model loads."""
+
+import json
+
+import pytest
+import torch
+
+from mmspec.models.kangaroo import KangarooAdapter
+from mmspec.text.drafters import kangaroo_view
+from mmspec.zoo import train_kangaroo
+from tests.conftest import tiny_llama
+
+
+def test_the_loss_is_the_exits_soft_cross_entropy_to_the_targets_law():
+    target = tiny_llama(vocab_size=16, num_layers=3, dtype=torch.float32)
+    draft = kangaroo_view(target, KangarooAdapter.for_target(target, 1))
+    tokens = torch.randint(0, 16, (2, 7), generator=torch.Generator().manual_seed(0))
+    loss, cross_entropy = train_kangaroo.exit_losses(draft, target, tokens, tv_weight=0.0)
+    p, log_q = target(input_ids=tokens).logits.softmax(-1), draft(input_ids=tokens).logits.log_softmax(-1)
+    torch.testing.assert_close(cross_entropy, -(p * log_q).sum(-1).mean())
+    torch.testing.assert_close(loss, cross_entropy)
+
+
+def test_the_command_runs_and_saves(tmp_path):
+    train_kangaroo.main(["--samples", "6", "--held-out", "2", "--new-tokens", "8", "--sample-batch", "3", "--steps",
+                         "3", "--batch-size", "2", "--out-dir", str(tmp_path / "out"), "--work-dir",
+                         str(tmp_path / "work")])
+    folder = tmp_path / "out" / "kangaroo_adapter"
+    metrics = json.loads((folder / "training_metrics.json").read_text())
+    adapter = KangarooAdapter.from_pretrained(folder)
+    assert adapter.config.exit_layer == metrics["exit_layer"] == 3
+    for exit_kind in ("adapter", "plain_exit"):
+        assert 0 < metrics[exit_kind]["alpha"] < 1 and 0 < metrics[exit_kind]["top1_agreement"] < 1
+
+
+@pytest.mark.parametrize(("argv", "message"), [(["--held-out", "10", "--samples", "10"], "must be below --samples"),
+                                               (["--steps", "0"], "--steps must be >= 1")])
+def test_bad_arguments_fail_before_any_model_loads(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_kangaroo.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
