@@ -71,14 +71,14 @@ def online_acceptance_gain(target, draft, tokenizer, temperature: float, max_new
                            stream_prompts: int = STREAM_PROMPTS,
                            learn_prompts: int = LEARN_PROMPTS) -> tuple[StreamPart, StreamPart, dict]:
     """(frozen, online, figures): the stream's measured part served by the frozen draft and by a copy learning
-    online from the stream's start; figures: `online_acceptance_gain` (relative: online / frozen − 1), the updates
-    swapped in, and the learner's mean loss over its first and last ten steps."""
+    online from the stream's start; figures: `acceptance_gain` (relative: online / frozen − 1), the `updates`
+    swapped in, and the learner's mean loss over its first and last ten steps (`loss_first`, `loss_last`)."""
     prompts = held_out_prompts(stream_prompts, opening="def test")
     frozen = serve_stream(target, draft, tokenizer, prompts, temperature, max_new_tokens, measure_from=learn_prompts)
     learning = copy.deepcopy(draft)
     learner = OnlineDistillation(learning, background=False, **LEARNER)
     online = serve_stream(target, learning, tokenizer, prompts, temperature, max_new_tokens, learner, learn_prompts)
     learner.close()
-    figures = {"online_acceptance_gain": online.acceptance / frozen.acceptance - 1, "updates": learner.updates,
+    figures = {"acceptance_gain": online.acceptance / frozen.acceptance - 1, "updates": learner.updates,
                "loss_first": sum(learner.losses[:10]) / 10, "loss_last": sum(learner.losses[-10:]) / 10}
     return frozen, online, figures

@@ -51,6 +51,7 @@ _EXPORTS = {
     "LlamaGenTransformer": "mmspec.models.llamagen.gpt",
     "AcceptanceHead": "mmspec.models.acceptance",
     "KangarooAdapter": "mmspec.models.kangaroo",
+    "JudgeHead": "mmspec.models.judge",
     "EagleHead": "mmspec.models.heads",
     "HydraHead": "mmspec.models.heads",
     "LlamaGenVQModel": "mmspec.models.llamagen.vq",

@@ -9,8 +9,10 @@ task itself (AutoJudge's idea, Garipov et al. 2025, arXiv 2504.20039), and choos
    target's x at position t, the exact greedy rule rejects d: those are the tokens a judge can keep.
 3. Labels: d is swapped in at t and the target continues greedily to the end of the next line (LINES), as it would
    after judge decoding kept d. The label is 1 where the code up to there has no syntax error (`syntax_valid`, the
-   task metric), else 0. Mismatches whose lines do not end within `--line-tokens`, or whose lines the target's own
-   completion already breaks, are left out.
+   task metric) and the target itself finds d plausible there (p(d) at least `--plausibility` times p(x): syntax
+   alone almost never breaks from one token, since the target repairs it, and says nothing of what the code means),
+   else 0. Mismatches whose lines do not end within `--line-tokens`, or whose lines the target's own completion
+   already breaks, are left out.
 4. Features: the target's feature of d at t (the input of its LM head at d's slot, reading the prefix and d), as the
    verification forward gives it.
 5. Training: class-balanced logistic regression on a training share; on the held-out rest the threshold is the
@@ -94,27 +96,29 @@ def line_of(tokenizer, ids: torch.Tensor, start: int, lines: int = LINES) -> str
 
 @torch.no_grad()
 def labelled(target, tokenizer, rows: list[torch.Tensor], found: list[tuple[int, int, int]], line_tokens: int,
-             batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features [M, d], labels [M]) of the mismatches that can be labelled (module docstring, 3 and 4)."""
+             batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(features [M, d], valid [M] bool, ratio [M]) of the mismatches that can be labelled (module docstring, 3 and
+    4): whether the code stays free of syntax errors after the swap, and the target's p(d) / p(x) at t."""
     tap = FeatureTap.of(target.get_output_embeddings())
-    features, labels = [], []
+    features, valid, ratios = [], [], []
     pad = tokenizer.pad_token_id
     for start in tqdm(range(0, len(found), batch_size), desc="labels"):
         batch = found[start : start + batch_size]
         swapped = [torch.cat([rows[r][:t], torch.tensor([d])]) for r, t, d in batch]
         ids, mask = left_padded(swapped, pad)
-        target(input_ids=ids, attention_mask=mask, position_ids=positions_of(ids, mask))
+        law = target(input_ids=ids, attention_mask=mask, position_ids=positions_of(ids, mask)).logits[:, -2].softmax(-1)
         feature = tap.feature[:, -1].float()
         out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=line_tokens, do_sample=False,
                               pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
-        for b, (r, t, _) in enumerate(batch):
+        for b, (r, t, d) in enumerate(batch):
             continued = torch.cat([swapped[b], out[b, ids.shape[1] :]])
             kept, own = line_of(tokenizer, continued, t), line_of(tokenizer, rows[r], t)
             if kept is None or own is None or not syntax_valid(own):
                 continue
             features.append(feature[b])
-            labels.append(float(syntax_valid(kept)))
-    return torch.stack(features), torch.tensor(labels)
+            valid.append(syntax_valid(kept))
+            ratios.append(float(law[b, d] / law[b, rows[r][t]]))
+    return torch.stack(features), torch.tensor(valid), torch.tensor(ratios)
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
@@ -149,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=800, help="logistic regression steps")
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--plausibility", type=float, default=0.1,
+                        help="a swap is also good only where the target gives the draft token at least this share "
+                             "of its own token's probability")
     parser.add_argument("--precision", type=float, default=0.9,
                         help="the share of judged-good mismatches that must keep the code valid")
     parser.add_argument("--seed", type=int, default=0)
@@ -160,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0 < args.precision < 1:
         parser.error(f"--precision must be in (0, 1), got {args.precision}")
+    if not 0 <= args.plausibility <= 1:
+        parser.error(f"--plausibility must be in [0, 1], got {args.plausibility}")
     for flag in ("target", "draft"):
         try:
             resolve_model(getattr(args, flag), f"--{flag}")
@@ -174,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = completions(target, tokenizer, prompts, args.new_tokens, args.batch_size)
     prompt_lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     found = mismatches(draft, rows, prompt_lengths)
-    features, labels = labelled(target, tokenizer, rows, found, args.line_tokens, args.batch_size)
+    features, valid, ratios = labelled(target, tokenizer, rows, found, args.line_tokens, args.batch_size)
+    labels = (valid & (ratios >= args.plausibility)).float()
     mining_seconds = time.perf_counter() - started
 
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(args.seed))
@@ -198,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     metrics = {
         "target": str(args.target), "draft": str(args.draft), "prompts": args.prompts,
         "mismatches": len(found), "labelled": len(labels), "good_share": round(float(labels.mean()), 4),
+        "syntax_valid_share": round(float(valid.float().mean()), 4), "plausibility": args.plausibility,
+        "plausible_share": {f"{c:g}": round(float((ratios >= c).float().mean()), 4) for c in (0.05, 0.1, 0.25, 0.5)},
         "held_out": {"examples": len(held_out), "accuracy": round(float(((scores > 0.5) == labels[held_out].bool())
                                                                         .float().mean()), 4),
                      "auc": round(auc(scores, labels[held_out]), 4),

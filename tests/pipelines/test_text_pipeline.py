@@ -259,3 +259,14 @@ def test_online_drafting_needs_a_draft_and_valid_options(pipe):
     without_draft = SpeculativeTextPipeline(pipe.target, pipe.tokenizer)
     with pytest.raises(ValueError, match="needs a draft LM"):
         without_draft.enable_online_drafting()
+
+
+def test_the_embedded_pipeline_runs_kangaroo_and_judge_decoding(pipe):
+    """The shipped adapter and judge load beside the target: Kangaroo drafts exactly (greedy equals AR), judge
+    decoding reports its distortion."""
+    assert "kangaroo" in pipe.methods and pipe.judge_head is not None
+    ar = pipe(PROMPTS, decoding="ar", max_new_tokens=16)
+    kangaroo = pipe(PROMPTS, decoding="kangaroo", max_new_tokens=16)
+    assert kangaroo.texts == ar.texts and kangaroo.stats.accepted > 0
+    judged = pipe(PROMPTS, decoding="model", acceptance="judge", max_new_tokens=16)
+    assert judged.stats.excess_acceptance is not None and judged.stats.excess_acceptance >= 0
