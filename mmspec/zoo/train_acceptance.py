@@ -41,7 +41,7 @@ from mmspec.core.measured import median_seconds
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, ZOO_DIR, load_causal_lm, resolve_model
 from mmspec.zoo.train_heads import TextTeacher, load_samples
-from mmspec.zoo.training import save_stage, train_loop
+from mmspec.zoo.training import check_arguments, save_stage, train_loop
 
 logger = logging.getLogger(__name__)
 DRAFT_LENGTH = 4  # K in the threshold's derivation: the text drafters' default draft length
@@ -128,19 +128,31 @@ def stop_threshold(acceptance: float, cost: float, draft_length: int = DRAFT_LEN
     return round(min(max(h, 0.05), 0.95), 4)
 
 
-def add_sample_arguments(parser: argparse.ArgumentParser, draft_help: str | None = None) -> None:
-    """The target, its draft (where `draft_help` says what it is for) and the target samples kept in the work folder
-    (`target_samples`)."""
+def add_sample_arguments(parser: argparse.ArgumentParser, draft_help: str | None = None,
+                         held_out: bool = True) -> None:
+    """The target, its draft (where `draft_help` says what it is for), the target samples kept in the work folder
+    (`target_samples`) and, with `held_out`, how many of them the metrics keep out of training."""
     parser.add_argument("--target", default=TEXT_TARGET, help="a zoo name or a local transformers causal LM")
     if draft_help is not None:
         parser.add_argument("--draft", default=TEXT_DRAFT, help=draft_help)
     parser.add_argument("--samples", type=int, default=768, help="target samples")
+    if held_out:
+        parser.add_argument("--held-out", type=int, default=64, help="samples kept out of training for the metrics")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens each sample continues its prompt")
     parser.add_argument("--sample-batch", type=int, default=64)
     parser.add_argument("--work-dir", default=None, help="where the samples are kept (default: ~/.cache/mmspec/"
                         "train_acceptance/<the pair's folder>, shared by train_acceptance, train_vocabulary and "
                         "train_kangaroo)")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def check_sample_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                           positive: tuple[str, ...]) -> None:
+    """`add_sample_arguments`' checks and the command's own `positive` ones, before any model loads."""
+    if args.held_out >= args.samples:
+        parser.error(f"--held-out ({args.held_out}) must be below --samples ({args.samples})")
+    check_arguments(parser, args, ("samples", "held_out", "new_tokens", "sample_batch", *positive),
+                    ("target", "draft") if hasattr(args, "draft") else ("target",))
 
 
 def work_folder(args) -> Path:
@@ -164,7 +176,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sample_arguments(parser, "the draft model the head is for (same tokenizer)")
-    parser.add_argument("--held-out", type=int, default=64, help="samples kept out of training for the metrics")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=512, help="examples per step")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -173,17 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", default=None, help="default: the embedded pair's folder, pycode/ (the head "
                         "goes to <out-dir>/acceptance_head)")
     args = parser.parse_args(argv)
-    for name in ("samples", "held_out", "new_tokens", "sample_batch", "steps", "batch_size", "hidden", "layers"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.held_out >= args.samples:
-        parser.error(f"--held-out ({args.held_out}) must be below --samples ({args.samples})")
-    for flag in ("target", "draft"):
-        try:
-            resolve_model(getattr(args, flag), f"--{flag}")
-        except ValueError as error:
-            parser.error(str(error))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    check_sample_arguments(parser, args, ("steps", "batch_size", "hidden", "layers"))
 
     target, tokenizer = load_causal_lm(args.target)
     draft, _ = load_causal_lm(args.draft)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import time
 from pathlib import Path
 
@@ -36,9 +35,9 @@ from tqdm.auto import tqdm
 from mmspec.core.head_drafting import FeatureTap
 from mmspec.models.judge import JudgeHead
 from mmspec.text.online import positions_of
-from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, ZOO_DIR, load_causal_lm, resolve_model
+from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, ZOO_DIR, load_causal_lm
 from mmspec.zoo.text_corpus import code_prompts, syntax_valid
-from mmspec.zoo.training import save_stage
+from mmspec.zoo.training import check_arguments, save_stage
 
 HELD_OUT_SHARE = 0.25
 LINES = 2  # a swap is judged on its own line and the next: an unclosed bracket breaks the line after it
@@ -162,19 +161,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", default=None, help="default: the embedded pair's folder, pycode/ (the head "
                         "goes to <out-dir>/judge_head)")
     args = parser.parse_args(argv)
-    for name in ("prompts", "new_tokens", "line_tokens", "batch_size", "steps"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not 0 < args.precision < 1:
         parser.error(f"--precision must be in (0, 1), got {args.precision}")
     if not 0 <= args.plausibility <= 1:
         parser.error(f"--plausibility must be in [0, 1], got {args.plausibility}")
-    for flag in ("target", "draft"):
-        try:
-            resolve_model(getattr(args, flag), f"--{flag}")
-        except ValueError as error:
-            parser.error(str(error))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    check_arguments(parser, args, ("prompts", "new_tokens", "line_tokens", "batch_size", "steps"), ("target", "draft"))
 
     target, tokenizer = load_causal_lm(args.target)
     draft, _ = load_causal_lm(args.draft)

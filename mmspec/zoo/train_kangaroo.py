@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
 
 import torch
 
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.text.drafters import early_exit_view, kangaroo_view
-from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model
-from mmspec.zoo.train_acceptance import add_sample_arguments, target_samples, work_folder
+from mmspec.zoo import ZOO_DIR, load_causal_lm
+from mmspec.zoo.train_acceptance import add_sample_arguments, check_sample_arguments, target_samples, work_folder
 from mmspec.zoo.train_heads import soft_cross_entropy
 from mmspec.zoo.training import save_stage, total_variation, train_loop
-
 
 
 def exit_losses(draft, target, tokens: torch.Tensor, tv_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,7 +65,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--exit-layer", type=int, default=None,
                         help="the target's layers the adapter reads the output of (default: the config's "
                              "early_exit_layer)")
-    parser.add_argument("--held-out", type=int, default=64, help="samples kept out of training for the metrics")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=16, help="samples per step")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -75,16 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", default=None, help="default: the embedded target's folder, pycode/ (the adapter "
                         "goes to <out-dir>/kangaroo_adapter)")
     args = parser.parse_args(argv)
-    for name in ("samples", "held_out", "new_tokens", "sample_batch", "steps", "batch_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.held_out >= args.samples:
-        parser.error(f"--held-out ({args.held_out}) must be below --samples ({args.samples})")
-    try:
-        resolve_model(args.target, "--target")
-    except ValueError as error:
-        parser.error(str(error))
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    check_sample_arguments(parser, args, ("steps", "batch_size"))
 
     target, tokenizer = load_causal_lm(args.target)
     exit_layer = args.exit_layer or getattr(target.config, "early_exit_layer", None)

@@ -40,7 +40,7 @@ def token_ranking(tokens: torch.Tensor, vocab_size: int) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sample_arguments(parser, "the draft model folder whose config.json gets the ranking")
+    add_sample_arguments(parser, "the draft model folder whose config.json gets the ranking", held_out=False)
     args = parser.parse_args(argv)
     for name in ("samples", "new_tokens", "sample_batch"):
         if getattr(args, name) < 1:

@@ -3,6 +3,7 @@ a drafter they share."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -131,3 +132,21 @@ def save_stage(model, folder: Path, metrics: dict, steps: int, batch_size: int, 
     model.save_pretrained(folder)
     (folder / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, positive: tuple[str, ...],
+                    models: tuple[str, ...]) -> None:
+    """A training command's checks before any model loads: the `positive` arguments (dest names) are >= 1 and the
+    `models` arguments name a zoo model or a local folder (else the parser exits 2 naming the flag); then logging
+    to the console."""
+    from mmspec.zoo import resolve_model
+
+    for name in positive:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in models:
+        try:
+            resolve_model(getattr(args, name), f"--{name}")
+        except ValueError as error:
+            parser.error(str(error))
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
