@@ -19,6 +19,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
+from mmspec.text.drafters import check_exit_layer
+
 
 class NoFeedForward(nn.Module):
     """The adapter's block has attention only: its feed-forward adds nothing to the residual."""
@@ -66,9 +68,3 @@ class KangarooAdapter(ModelMixin, ConfigMixin):
         adapter.block.input_layernorm.load_state_dict(following.input_layernorm.state_dict())
         adapter.norm.load_state_dict(target.model.norm.state_dict())
         return adapter.type(target.dtype)  # ModelMixin.to warns on every dtype cast (diffusers 0.42)
-
-
-def check_exit_layer(exit_layer, n_layers: int) -> None:
-    if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer < n_layers:
-        raise ValueError(f"exit_layer must be an int in [1, {n_layers - 1}] for a {n_layers}-layer model, got "
-                         f"{exit_layer!r}")

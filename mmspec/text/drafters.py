@@ -26,7 +26,6 @@ from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import AcceptanceRule, rule_from
 from mmspec.core.stats import PhaseTimer
-from mmspec.models.kangaroo import KangarooAdapter, check_exit_layer
 from mmspec.text.kinds import SCHEDULES
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
@@ -240,6 +239,13 @@ def trimmed_view(model, vocabulary: torch.Tensor):
     return view
 
 
+def check_exit_layer(exit_layer, n_layers: int) -> None:
+    """ValueError unless `exit_layer` is an int in [1, n_layers - 1]: an exit before the model's last layer."""
+    if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer < n_layers:
+        raise ValueError(f"exit_layer must be an int in [1, {n_layers - 1}] for a {n_layers}-layer model, got "
+                         f"{exit_layer!r}")
+
+
 def early_exit_view(model, exit_layer: int):
     """The first `exit_layer` layers of a transformers decoder LM plus its final norm and head, sharing all weights.
 
@@ -257,12 +263,12 @@ def early_exit_view(model, exit_layer: int):
     return view
 
 
-def kangaroo_view(target, adapter: KangarooAdapter):
+def kangaroo_view(target, adapter):
     """The draft model of Kangaroo: a causal LM sharing the target's embedding, first `adapter.config.exit_layer`
     layers and LM head, with the adapter's block as its last layer and the adapter's norm as its final norm. It has
     its own config (so its own, shallower cache) and its own module dicts (the target's hooks do not fire)."""
-    if not isinstance(adapter, KangarooAdapter):
-        raise TypeError(f"adapter must be a KangarooAdapter, got {type(adapter).__name__}")
+    if not all(hasattr(adapter, name) for name in ("block", "norm", "config")):  # duck-typed: models sit above text
+        raise TypeError(f"adapter must be a KangarooAdapter (mmspec.models.kangaroo), got {type(adapter).__name__}")
     exit_layer = adapter.config.exit_layer
     check_exit_layer(exit_layer, target.config.num_hidden_layers)
     if adapter.config.hidden_size != target.config.hidden_size:
@@ -291,11 +297,11 @@ class LayerSkipDrafter(ModelDrafter):
 
 class KangarooDrafter(ModelDrafter):
     """Kangaroo's self-speculative drafter: the target's first layers plus a trained exit adapter
-    (`mmspec.models.KangarooAdapter`, its exit layer in its config) and the target's head (`kangaroo_view`).
+    (`mmspec.models.kangaroo.KangarooAdapter`, its exit layer in its config) and the target's head (`kangaroo_view`).
     confidence_threshold: Kangaroo's double early exit, a row stops drafting after a token whose draft probability
     is below it (the paper's 0.6; 0 = never)."""
 
-    def __init__(self, target, adapter: KangarooAdapter, confidence_threshold: float = 0.0):
+    def __init__(self, target, adapter, confidence_threshold: float = 0.0):
         super().__init__(kangaroo_view(target, adapter), confidence_threshold=confidence_threshold)
 
 

@@ -20,12 +20,12 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name
 
 
 def zoo_names() -> list[str]:
-    """The shipped zoo models: saved pipelines (`model_index.json`) and single models (`config.json`); draft heads
-    (`*_head/`) are components that load with their target, not models of their own."""
+    """The shipped zoo models: saved pipelines (`model_index.json`) and single models (`config.json`); heads and
+    adapters (`*_head/`, `*_adapter/`) are components that load with their target, not models of their own."""
     pipelines = [p.parent for p in ZOO_DIR.glob("*/model_index.json")]
     models = [p.parent for p in ZOO_DIR.glob("*/config.json")]
     models += [p.parent for p in ZOO_DIR.glob("*/*/config.json")
-               if p.parent.parent not in pipelines and not p.parent.name.endswith("_head")]
+               if p.parent.parent not in pipelines and not p.parent.name.endswith(("_head", "_adapter"))]
     return sorted(p.relative_to(ZOO_DIR).as_posix() for p in pipelines + models)
 
 

@@ -11,9 +11,10 @@ from mmspec.core.rules import GSD, Exact, Lantern, Typical, rule_from
 def test_every_rule_is_registered_with_its_modalities():
     from mmspec.continuous.paper import Paper
 
-    assert set(rules()) >= {"exact", "lantern", "gsd", "typical", "paper"} and rules()["paper"] is Paper
+    assert set(rules()) >= {"exact", "lantern", "gsd", "typical", "judge", "paper"} and rules()["paper"] is Paper
     assert [name for name, rule in rules().items() if rule.lossless] == ["exact"]
-    assert tuple(rules("image")) == ("exact", "gsd", "lantern") and tuple(rules("text")) == ("exact", "typical")
+    assert tuple(rules("image")) == ("exact", "gsd", "lantern")
+    assert tuple(rules("text")) == ("exact", "judge", "typical")
 
 
 @pytest.mark.parametrize("rule", [Exact(), Lantern(k=8, delta=0.2), Lantern(lam=1.5), GSD(group_size=5),
@@ -45,13 +46,15 @@ def test_settings_are_checked_from_their_fields(make, error, match):
 
 
 def test_a_rule_outside_its_modality_is_refused():
-    with pytest.raises(ValueError, match=r"does not apply to text decoding; text takes \('exact', 'typical'\)"):
+    with pytest.raises(ValueError,
+                       match=r"does not apply to text decoding; text takes \('exact', 'judge', 'typical'\)"):
         rule_from(Lantern(), "text")
 
 
 def test_flat_spellings_name_the_rule_they_belong_to():
     assert rule_settings("image")["lantern_delta"] == ("lantern", "delta")
-    assert rule_settings("text") == {"typical_epsilon": ("typical", "epsilon"), "typical_delta": ("typical", "delta")}
+    assert rule_settings("text") == {"judge_threshold": ("judge", "threshold"),
+                                     "typical_epsilon": ("typical", "epsilon"), "typical_delta": ("typical", "delta")}
     assert acceptance_from("image", "lantern", lantern_k=8, lantern_delta=0.2) == Lantern(k=8, delta=0.2)
     assert acceptance_from("image") is None and acceptance_from("image", "gsd") == GSD()
     with pytest.raises(ValueError, match=r"\['lantern_delta'\] only apply to acceptance='lantern', got "
