@@ -142,14 +142,14 @@ class OnlineDistillation:
         mask = torch.cat([prompt_mask, produced.long()], 1)
         recorded = produced if self.positions == "all" else produced & ~stats.from_draft.to(sequences.device)
         logits = target(input_ids=sequences, attention_mask=mask, position_ids=positions_of(sequences, mask)).logits
-        logprobs = F.log_softmax(logits.float(), -1)
         padding = (1 - prompt_mask).sum(-1).tolist()
         rows = []
         for b, pad in enumerate(padding):  # one row at a time, after the request: no decoding step waits on it
             where = recorded[b].nonzero().squeeze(-1) + width
-            if len(where):
+            if len(where):  # the law only where it is recorded: the logit at t - 1 predicted the token at t
+                logprobs = F.log_softmax(logits[b, where - 1].float(), -1)
                 rows.append(ServedRow(sequences[b, pad:][mask[b, pad:].bool()].cpu(), (where - pad).cpu(),
-                                      logprobs[b, where - 1].to(torch.float16).cpu()))
+                                      logprobs.to(torch.float16).cpu()))
         with self._lock:
             self.buffer.extend(rows)
 

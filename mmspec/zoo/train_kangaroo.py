@@ -52,7 +52,7 @@ def held_out_acceptance(draft, target, samples: torch.Tensor, batch_size: int = 
         tokens = samples[start : start + batch_size]
         p = target(input_ids=tokens).logits.float()
         q = draft(input_ids=tokens).logits.float()
-        alpha += torch.minimum(p.softmax(-1), q.softmax(-1)).sum(-1).sum().item()
+        alpha += (1 - total_variation(p.softmax(-1), q)).sum().item()
         agree += (p.argmax(-1) == q.argmax(-1)).sum().item()
         count += tokens.numel()
     return {"alpha": round(alpha / count, 4), "top1_agreement": round(agree / count, 4)}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmspec.core.registry import register_rule
 from mmspec.core.rules.base import AcceptanceRule
-from mmspec.core.rules.exact import accept_probability, at_drafts, residual_law
+from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting
 
 if TYPE_CHECKING:
@@ -43,20 +43,17 @@ class Judge(AcceptanceRule):
 
 
 class JudgeTest:
-    """The judge rule bound to its head: acceptance max(exact, 1[score > threshold]), the exact residual. The
+    """The judge rule bound to its head: acceptance max(exact, 1[score > threshold]), the exact rule's residual. The
     features of the drafts are those of the verification forward that gave p: its window is [x_{c-1}, d_1 .. d_L],
     so draft i's feature is at slot i + 1."""
 
     distorts = True
+    exact = Exact()
 
     def __init__(self, head, threshold: float):
         self.head, self.threshold = head, threshold
+        self.residual = self.exact.residual
 
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
-        L = drafts.shape[-1]
-        exact = accept_probability(at_drafts(p, drafts), at_drafts(q, drafts))
-        judged = self.head.score(self.head.features[:, 1 : L + 1]) > self.threshold
-        return exact.where(~judged, 1)
-
-    def residual(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-        return residual_law(p, q)
+        judged = self.head.score(self.head.features[:, 1 : drafts.shape[-1] + 1]) > self.threshold
+        return self.exact.acceptance(p, q, drafts).where(~judged, 1)
