@@ -96,6 +96,16 @@ CHAINS = ("ours_model", "ours_model_len8", "ours_model_len16")  # the draft mode
 # own chain, fewer draft forwards) and horizontal (the draft model's first position, prompt lookup's after)
 CASCADES = ("ours_cascade", "ours_cascade_horizontal")
 HEAD_CASCADE = "ours_eagle_cascade"  # the EAGLE head's first position, prompt lookup's after (chains of DRAFT_LENGTH)
+# Trees' horizontal cascades: the drafter's first TREE_LOOKUP_AFTER levels, prompt lookup's after, of the draft
+# model's positional tree of 30 nodes and of the EAGLE head's dynamic tree (HEAD_TREE)
+TREE_LOOKUP_AFTER = 2
+TREE_CASCADES = {"ours_tree_n30_cascade": "ours_tree_n30", "ours_eagle_tree_cascade": "ours_eagle_tree"}
+# Each cascade's speed against its drafter's alone, timed in turns prompt by prompt over CASCADE_REPEATS passes
+# (`compare_cascades`): a slow spell of a shared machine then slows both
+CASCADE_GROUPS = {"cascade": ("ours_model", *CASCADES), "heads_cascade": ("ours_eagle", HEAD_CASCADE),
+                  **{cascade.removeprefix("ours_").replace("_n30", ""): (drafter, cascade)
+                     for cascade, drafter in TREE_CASCADES.items()}}
+CASCADE_REPEATS = 5
 # SpecDec++'s learned draft length: the draft model drafts up to SPECDECPP_LENGTH tokens and stops where its
 # acceptance head (pycode/acceptance_head) says; compared with the plain chain of DRAFT_LENGTH on STOP_PROMPTS
 # prompts (--quick: a quarter), more than the table's: at T = 1 tokens per forward vary a lot between samples
@@ -117,7 +127,7 @@ METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ou
                 "ours_layerskip", "ours_adaptive", "ours_model_len1", "ours_model_len2", "ours_model_len8",
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
                 "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
-                "ours_eagle_tree_n30", *CASCADES, HEAD_CASCADE, "ours_specdecpp",
+                "ours_eagle_tree_n30", *CASCADES, HEAD_CASCADE, *TREE_CASCADES, "ours_specdecpp",
                 "ours_vocabtrim", "ours_online", *KANGAROOS,
                 "ours_judge")  # `make_methods`' keys, and the online stream's learner
 # Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
@@ -126,7 +136,7 @@ METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ou
 HEADS = ("ours_eagle", "ours_hydra", "ours_eagle_tree", "ours_eagle_tree_n30")
 HEAD_TREE = TreeShape(nodes=16, branching=2, expand=4, depth=4)
 # the methods whose trees are built for a drafter's measured positional acceptance (calibrated only when one runs)
-DRAFT_POSITIONAL = {"ours_tree", "ours_tree_n30", *SMALL_TREES}
+DRAFT_POSITIONAL = {"ours_tree", "ours_tree_n30", "ours_tree_n30_cascade", *SMALL_TREES}
 HEAD_POSITIONAL = {"ours_eagle_tree_n30"}
 AR_METHODS = ("ar", "ours_ar")  # transformers' generate; ours, drafting nothing (graphed on CUDA)
 BATCH8 = ("ar", "ours_ar", "ours_model", "ours_tree", *BATCH8_ONLY)
@@ -273,11 +283,12 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         run.tree = True
         return run
 
-    def positional(nodes, **settings):
-        return tree(lambda t: ModelTreeDrafter(draft, TreeShape.positional(nodes, rates[t], **settings)))
+    def positional(nodes, lookup_after=None, **settings):
+        return tree(lambda t: ModelTreeDrafter(draft, TreeShape.positional(nodes, rates[t], **settings),
+                                               lookup_after=lookup_after))
 
-    def eagle_tree(shape_at):  # shape_at(temperature) -> TreeShape
-        return tree(lambda t: HeadTreeDrafter(target, heads["eagle"], shape_at(t)))
+    def eagle_tree(shape_at, lookup_after=None):  # shape_at(temperature) -> TreeShape
+        return tree(lambda t: HeadTreeDrafter(target, heads["eagle"], shape_at(t), lookup_after=lookup_after))
 
     exit_layer = target.config.early_exit_layer
     trimmed = draft_vocabulary(target, draft, VOCABTRIM_SIZE)
@@ -303,6 +314,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_model_len16": ours(lambda: ModelDrafter(draft), lambda: DraftLengthSchedule(16)),
         "ours_tree": positional(TREE_NODES, batch_tokens=BATCH_TOKENS),
         "ours_tree_n30": positional(30),
+        "ours_tree_n30_cascade": positional(30, lookup_after=TREE_LOOKUP_AFTER),
         "ours_tree_full30": tree(lambda t: ModelTreeDrafter(draft, FULL_TREE)),
         "ours_opt_tree": tree(lambda t: ModelTreeDrafter(draft, OPT_TREE_SHAPE)),
         "ours_stand": tree(lambda t: StandDrafter()),
@@ -317,6 +329,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         HEAD_CASCADE: ours(lambda: HeadDrafter(target, heads["eagle"], lookup_after=1)),
         "ours_hydra": ours(lambda: HeadDrafter(target, heads["hydra"])),
         "ours_eagle_tree": eagle_tree(lambda t: HEAD_TREE),
+        "ours_eagle_tree_cascade": eagle_tree(lambda t: HEAD_TREE, lookup_after=TREE_LOOKUP_AFTER),
         "ours_eagle_tree_n30": eagle_tree(lambda t: TreeShape.positional(30, head_rates[t])),
     }
 
@@ -374,6 +387,33 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
         stars = [s.tree_alpha_star for s in ceilings if s.tree_acceptance is not None]
         row.tree_alpha_star = None if None in stars or not stars else statistics.mean(stars)
     return row
+
+
+def compare_cascades(methods: dict, prompts: list[str], tokenizer, device, repeats: int = CASCADE_REPEATS) -> dict:
+    """Each cascade against its drafter alone (`CASCADE_GROUPS`), at T = 0 and 1, batch 1, on `prompts`: the methods
+    of a group take turns prompt by prompt, `repeats` passes; the best cascade's tokens/s (mean new tokens over the
+    median seconds of a pass) over the drafter's, `<group>_speedup_over_drafter_t*_bs1`."""
+    encoded = [tokenizer([prompt], return_tensors="pt").to(device) for prompt in prompts]
+    figures = {}
+    for temperature in (0.0, 1.0):
+        for group, names in CASCADE_GROUPS.items():
+            for name in names:  # warm-up
+                methods[name](encoded[0], temperature, seed=12345)
+            seconds = {name: [0.0] * repeats for name in names}
+            tokens = dict.fromkeys(names, 0)
+            for repeat in range(repeats):
+                for i, enc in enumerate(encoded):
+                    for name in names:
+                        start = time.perf_counter()
+                        sequences, _ = methods[name](enc, temperature, seed=1000 * repeat + i)
+                        synchronize(device)
+                        seconds[name][repeat] += time.perf_counter() - start
+                        tokens[name] += int((sequences[:, enc["input_ids"].shape[1] :] != tokenizer.pad_token_id).sum())
+            speed = {name: tokens[name] / repeats / statistics.median(seconds[name]) for name in names}
+            figures[f"{group}_speedup_over_drafter_t{temperature:g}_bs1"] = max(speed[n] for n in names[1:]) / speed[
+                names[0]]
+            print(f"{group} T={temperature:g}: " + ", ".join(f"{n} {speed[n]:.1f} tok/s" for n in names), flush=True)
+    return figures
 
 
 def compare_with_plain_chain(methods: dict, prompts: list[str], tokenizer, counter) -> tuple[list[Row], dict]:
@@ -518,12 +558,6 @@ def summary(rows: list[Row]) -> dict:
             per_forward("ours_eagle_tree_n30", 1, 1.0) / per_forward("ours_tree_n30", 1, 1.0)),
         "heads_speedup_vs_ar_t0_bs1": lambda: max(tps(m, 1, 0.0) for m in HEADS) / best_ar(rows, 1, 0.0),
         "heads_speedup_vs_ar_t1_bs1": lambda: max(tps(m, 1, 1.0) for m in HEADS) / best_ar(rows, 1, 1.0),
-        # the best cascade against its drafter alone, the draft model's chain of the same length
-        "cascade_speedup_over_drafter_t0_bs1": lambda: max(tps(m, 1, 0.0) for m in CASCADES) / tps("ours_model", 1,
-                                                                                                   0.0),
-        "cascade_speedup_over_drafter_t1_bs1": lambda: max(tps(m, 1, 1.0) for m in CASCADES) / tps("ours_model", 1,
-                                                                                                   1.0),
-        "heads_cascade_speedup_over_heads_t0_bs1": lambda: tps(HEAD_CASCADE, 1, 0.0) / tps("ours_eagle", 1, 0.0),
         # Kangaroo's adapter (and double exit) against the plain early exit at the same layer
         **{f"kangaroo_{kind}_over_layerskip_t{t:g}_bs1": (lambda figure=figure, t=t: max(
             figure(m, 1, t) for m in KANGAROOS) / figure("ours_layerskip", 1, t))
@@ -609,6 +643,8 @@ def main(argv: list[str] | None = None) -> dict:
     taken = len(prompts) + calibration_prompts  # more prompts, none of the table's or calibration's
     more_prompts = held_out_prompts(taken + stop_prompts)[taken:]
     with torch.no_grad():
+        if {name for names in CASCADE_GROUPS.values() for name in names} <= chosen:
+            ratios.update(compare_cascades(methods, prompts[:n_prompts], tokenizer, device))
         if {"ours_specdecpp", "ours_vocabtrim"} <= chosen:
             stop_rows, figures = compare_with_plain_chain(methods, more_prompts, tokenizer, counter)
             ratios.update(figures)

@@ -39,7 +39,7 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
 from mmspec.core.rules.base import TokenTest
 from mmspec.core.stats import PhaseTimer
-from mmspec.core.tree_growth import grow_tree, shape_for, visible_slots
+from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for, visible_slots
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import TreeVerifyResult, verify_tree
 from mmspec.core.trees import DraftTree
@@ -161,9 +161,10 @@ class ModelProposer:
         return Draft(drafts[:, :length], lengths, laws[:, :length])
 
     def tree(self, seq: torch.Tensor, committed: torch.Tensor, shape: TreeShape, law: DraftLaw,
-             sampling: SamplingConfig, generator: Generators) -> DraftTree:
+             sampling: SamplingConfig, generator: Generators, lookup: TreeLookup | None = None) -> DraftTree:
         """A tree of `shape` after each row's committed tokens (seq, committed as in `chain`). At temperature 0 the
-        children are the top tokens of the temperature-1 law (deterministic)."""
+        children are the top tokens of the temperature-1 law (deterministic). lookup: a horizontal cascade, the
+        levels past its `after` from its point masses (`grow_tree`)."""
         B = committed.shape[0]
         width = shape.depth + 1  # the committed tokens since the last round: at most its path and closing token
         window = seq.gather(1, self.kept[:, None] + torch.arange(width, device=seq.device))
@@ -184,7 +185,7 @@ class ModelProposer:
             return law(logits, depth, law_sampling)
 
         root_law = law(root, torch.zeros(B, 1, dtype=torch.long, device=seq.device), law_sampling)[:, 0]
-        tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator)
+        tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator, lookup)
         self.model.rollback(self.state, committed)  # the tree's slots leave the drafter's cache
         self.kept.copy_(committed)  # in place: a captured step replays this
         return tree

@@ -30,7 +30,7 @@ from mmspec.core.drafts import Draft
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
-from mmspec.core.tree_growth import grow_tree, shape_for
+from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 
@@ -171,9 +171,10 @@ class HeadProposer:
         return Draft(torch.cat(tokens, 1), lengths, torch.cat(laws, 1))
 
     def tree(self, seq: torch.Tensor, committed: torch.Tensor, shape: TreeShape, law: DraftLaw,
-             sampling: SamplingConfig, generator: Generators) -> DraftTree:
+             sampling: SamplingConfig, generator: Generators, lookup: TreeLookup | None = None) -> DraftTree:
         """A tree of `shape` after each row's committed tokens (seq, committed as in `chain`). At temperature 0 the
-        children are the top tokens of the temperature-1 law (deterministic)."""
+        children are the top tokens of the temperature-1 law (deterministic). lookup: a horizontal cascade, the
+        levels past its `after` from its point masses (`grow_tree`)."""
         B = committed.shape[0]
         root = self._root(seq, committed)
         self.session.begin_round(committed, seq.shape[1])
@@ -184,7 +185,7 @@ class HeadProposer:
             return law(self.session.expand(nodes, paths, node_tokens, valid), (paths >= 0).sum(-1), law_sampling)
 
         root_law = law(root, torch.zeros(B, 1, dtype=torch.long, device=seq.device), law_sampling)[:, 0]
-        tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator)
+        tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator, lookup)
         self.session.end_round()
         self.last_tree, self.tree_depth = (tree.tokens, tree.parent, tree.real), shape.depth
         return tree

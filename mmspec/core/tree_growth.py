@@ -17,12 +17,17 @@ row grows that shape whatever it draws, so it is exact for stochastic children t
 most probable paths (EAGLE-2) are often not the ones the walk takes, and the fixed tree puts its budget where the
 walk goes (the embedded pair at T = 1, 8 held-out prompts: 3.76 tokens per forward against the dynamic tree's 3.16,
 both of 60 nodes).
+
+A horizontal cascade (CS-Drafting, Chen et al. 2023, arXiv 2312.11462), `TreeLookup`: the drafter's laws give the
+first levels, a cheaper deterministic proposer (prompt lookup) continues every deeper node, its law a point mass.
+Each level's children are drawn from, and recorded with, the one law that level has, so the rules stay exact.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -46,14 +51,43 @@ def draw_children(law: torch.Tensor, k: int, scheme: str, generator: Generators)
     return without_replacement(law, uniform((B, F, V), generator, law.device, law.dtype), min(k, V))
 
 
-def grow_tree(root_law: torch.Tensor, expand, shape: TreeShape, generator: Generators) -> DraftTree:
+@dataclass(frozen=True)
+class TreeLookup:
+    """A horizontal cascade of a tree: the drafter's `expand` gives the laws of the nodes of the first `after` levels
+    (the root's children are level 1), `propose` those of every deeper node. propose(paths, tokens) -> (next [B, F]
+    long, found [B, F] bool): the token a cheaper, deterministic drafter puts after each frontier node's path
+    (`paths`, `tokens` as `grow_tree` gives `expand`); that node's law is the point mass on it, or zero (no child)
+    where nothing was found."""
+
+    after: int
+    propose: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+    def law(self, paths: torch.Tensor, tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """[B, F, V] point masses, of the vocabulary and dtype of `like` ([B, V])."""
+        following, found = self.propose(paths, tokens)
+        return torch.nn.functional.one_hot(following, like.shape[-1]).to(like.dtype) * found[..., None]
+
+
+def level_law(expand, lookup: TreeLookup | None, depth: int, nodes, paths, tokens, valid,
+              root_law: torch.Tensor) -> torch.Tensor:
+    """The laws of frontier `nodes` at `depth` (their children's): the cascade's lookup past `lookup.after` levels,
+    else the drafter's `expand`."""
+    if lookup is not None and depth >= lookup.after:
+        return lookup.law(paths, tokens, root_law)
+    return expand(nodes, paths, tokens, valid)
+
+
+def grow_tree(root_law: torch.Tensor, expand, shape: TreeShape, generator: Generators,
+              lookup: TreeLookup | None = None) -> DraftTree:
     """Grow a tree depth by depth. root_law: [B, V], the law of the root's children. expand(nodes, paths, tokens,
     valid) -> [B, F, V], the laws of the frontier nodes `nodes` [B, F] (indices into the nodes so far, whose tokens
     are `tokens` [B, n]); paths: [B, F, depth], each frontier node's path from the root's child down to itself (node
-    indices, -1 past it); valid [B, F] bool, which of them are real. Nodes come out in topological order, real nodes
-    first."""
+    indices, -1 past it); valid [B, F] bool, which of them are real. lookup: a horizontal cascade, the levels past
+    its `after` from its point masses instead of `expand`. Nodes come out in topological order, real nodes first."""
+    if lookup is not None and not 1 <= lookup.after < shape.depth:
+        raise ValueError(f"a tree lookup must start within the tree: after={lookup.after} for depth {shape.depth}")
     if shape.template is not None:
-        return _grow_fixed(root_law, expand, shape, generator)
+        return _grow_fixed(root_law, expand, shape, generator, lookup)
     B, V = root_law.shape
     device = root_law.device
     k, m = shape.branching, shape.expand
@@ -77,8 +111,8 @@ def grow_tree(root_law: torch.Tensor, expand, shape: TreeShape, generator: Gener
         top_score, top = layer_score.topk(F, dim=-1)
         nodes, nodes_real = top + layer_start, top_score > -torch.inf
         paths = lineage.gather(1, nodes[..., None].expand(B, F, shape.depth))
-        law = expand(nodes, paths, tokens, nodes_real) * nodes_real[..., None]  # [B, F, V]
-        laws.append(law)
+        law = level_law(expand, lookup, d, nodes, paths, tokens, nodes_real, root_law) * nodes_real[..., None]
+        laws.append(law)  # [B, F, V]
         expanded = torch.cat([expanded, nodes], 1)
         new, new_real = draw_children(law, k, shape.scheme, generator)  # [B, F, k']
         per_node = new.shape[-1]
@@ -135,7 +169,8 @@ def _fixed_levels(template: tuple[int, ...], depth: int,
     return torch.tensor(template, device=device), paths, tuple(levels)
 
 
-def _grow_fixed(root_law: torch.Tensor, expand, shape: TreeShape, generator: Generators) -> DraftTree:
+def _grow_fixed(root_law: torch.Tensor, expand, shape: TreeShape, generator: Generators,
+                lookup: TreeLookup | None) -> DraftTree:
     """`grow_tree` for a fixed tree: the first `nodes_for(B)` nodes of `shape.template`, level by level, each level's
     children drawn for every row (a node whose law runs out of support has fewer: they stay padding)."""
     B = root_law.shape[0]
@@ -150,7 +185,8 @@ def _grow_fixed(root_law: torch.Tensor, expand, shape: TreeShape, generator: Gen
         else:
             nodes = (level.frontier - 1).expand(B, -1)  # [B, F]
             frontier_real = real.gather(1, nodes)
-            law = expand(nodes, paths[nodes], tokens, frontier_real) * frontier_real[..., None]  # [B, F, V]
+            law = level_law(expand, lookup, d, nodes, paths[nodes], tokens, frontier_real, root_law)
+            law = law * frontier_real[..., None]  # [B, F, V]
             laws.append(law)
             expanded.append(nodes)
         drawn, drawn_real = draw_children(law, level.width, shape.scheme, generator)  # [B, F, K]

@@ -395,6 +395,33 @@ def draft_lookup(rows: TextRows, width: int, max_ngram: int):
     return lookup
 
 
+def tree_lookup(rows: TextRows, max_ngram: int):
+    """Prompt lookup after tree nodes, `TreeLookup.propose`: propose(paths [B, F, depth], tokens [B, n]) -> (next
+    [B, F] long, found [B, F] bool), what followed the latest earlier occurrence of the last n-gram of each node's row
+    followed by its path (`grow_tree`'s node indices into `tokens`, -1 past the node)."""
+
+    def propose(paths: torch.Tensor, node_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        B, F, depth = paths.shape
+        on_path = paths >= 0
+        path_tokens = node_tokens.gather(1, paths.clamp(min=0).flatten(1)).view(B, F, depth)
+        positions = (rows.lengths[:, None, None] + torch.arange(depth, device=paths.device)).expand(B, F, depth)
+        extended = rows.tokens[:, None].expand(B, F, -1)
+        extended = extended.scatter(2, positions, torch.where(on_path, path_tokens, extended.gather(2, positions)))
+        lengths = rows.lengths[:, None] + on_path.sum(-1)  # [B, F]
+        following, available = ngram_lookup(extended.flatten(0, 1), lengths.flatten(), 1, max_ngram)
+        return following.view(B, F), (available > 0).view(B, F)
+
+    return propose
+
+
+def check_tree_lookup(lookup_after: int | None, depth: int) -> None:
+    """A tree's horizontal cascade must leave the drafter a level and prompt lookup one: 1 <= lookup_after < depth."""
+    check_lookup_after(lookup_after)
+    if lookup_after is not None and lookup_after >= depth:
+        raise ValueError(f"lookup_after={lookup_after} must be below the tree's depth {depth}: the levels after it "
+                         "are prompt lookup's")
+
+
 def looked_up_tail(draft: Draft, lookup, width: int, budget: torch.Tensor) -> Draft:
     """A horizontal cascade: `draft` (a drafter's first G positions, every row full) continued to `width` tokens by
     `lookup` (`draft_lookup`), deterministic drafts whose law is a point mass, as far as it finds a match; each row

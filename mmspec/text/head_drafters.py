@@ -16,7 +16,7 @@ from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 from mmspec.text.drafters import ChainDrafter, check_lookup_after, draft_lookup, looked_up_tail, text_law
 from mmspec.text.rows import TextRows
-from mmspec.text.tree_drafters import DYNAMIC_TREE, TreeDrafter
+from mmspec.text.tree_drafters import DYNAMIC_TREE, LookupAfter, TreeDrafter
 
 
 def bind_head(head, target) -> FeatureTap:
@@ -106,19 +106,26 @@ class HeadDrafter(WithHead, ChainDrafter):
         return looked_up_tail(draft, draft_lookup(rows, width, self.max_ngram), width, budget)
 
 
-class HeadTreeDrafter(WithHead, TreeDrafter):
+class HeadTreeDrafter(WithHead, LookupAfter, TreeDrafter):
     """Trees from a feature head: EAGLE-2's dynamic trees by default (`shape`: any `TreeShape`, depth at most a
-    Hydra head's number of heads)."""
+    Hydra head's number of heads). lookup_after: a horizontal cascade, the head's levels up to it, prompt lookup's
+    after (`LookupAfter`; None: every level the head's)."""
 
     capturable = False
 
-    def __init__(self, target, head, shape: TreeShape = DYNAMIC_TREE):
+    def __init__(self, target, head, shape: TreeShape = DYNAMIC_TREE, lookup_after: int | None = None,
+                 max_ngram: int = 3):
         if not isinstance(shape, TreeShape):
             raise TypeError(f"shape must be a TreeShape, got {type(shape).__name__}")
         self.attach(target, head)
-        check_draft_depth(self.head, shape.depth, "shape.depth", "levels")
         self.shape = shape
+        self.cascade(lookup_after, max_ngram)
+        check_draft_depth(self.head, shape.depth, "shape.depth", "levels")
+
+    def capture_key(self) -> tuple:
+        return *super().capture_key(), self.lookup_after, self.max_ngram
 
     @torch.no_grad()
     def propose(self, rows, sampling, generator) -> DraftTree:
-        return self.proposer.tree(rows.seq, rows.committed, self.shape, text_law, sampling, generator)
+        return self.proposer.tree(rows.seq, rows.committed, self.shape, text_law, sampling, generator,
+                                  self.lookup(rows))

@@ -97,10 +97,11 @@ class TextSpeculation(TextDecoding):
                                            "writes most (its config's token_ranking) and the special tokens "
                                            "(default: all)", kind=int, low=1, only={"drafter": ("model",)})
     max_ngram: int = setting(3, "the longest n-gram prompt lookup looks up", low=1,
-                             only={"drafter": ("ngram", "cascade")})
-    lookup_after: int | None = setting(None, "a horizontal cascade: the draft LM drafts the first N positions, prompt "
-                                       "lookup the rest (default: every position from the draft LM, the cheaper "
-                                       "lookup under it)", kind=int, low=1, only={"drafter": ("cascade",)})
+                             only={"drafter": ("ngram", "cascade", "tree")})
+    lookup_after: int | None = setting(None, "a horizontal cascade: the draft LM drafts the first N positions (a "
+                                       "tree's first N levels), prompt lookup the rest (default: every position "
+                                       "from the draft LM; drafter 'cascade' has the cheaper lookup under it)",
+                                       kind=int, low=1, only={"drafter": ("cascade", "tree")})
     tree_depth: int = setting(4, "levels of the draft model's full tree", low=1, only={"drafter": ("tree",)})
     tree_branching: int = setting(2, "children per node of the full tree", low=1, only={"drafter": ("tree",)})
     tree_rates: tuple[float, ...] | None = setting(
@@ -134,7 +135,13 @@ class TextSpeculation(TextDecoding):
                 self.tree_shape()
             except (TypeError, ValueError) as error:
                 raise ValueError(f"tree_rates: {error}") from None
-        if self.lookup_after is not None and self.schedule == "constant" and self.lookup_after >= self.draft_length:
+        if self.drafter == "tree" and self.lookup_after is None and self.max_ngram != TextSpeculation.max_ngram:
+            raise ValueError("max_ngram applies to a tree with lookup_after (prompt lookup's levels)")
+        if self.drafter == "tree" and self.lookup_after is not None and self.lookup_after >= self.tree_shape().depth:
+            raise ValueError(f"lookup_after={self.lookup_after} must be below the tree's depth "
+                             f"{self.tree_shape().depth}: the levels after it are prompt lookup's")
+        if (self.drafter == "cascade" and self.lookup_after is not None and self.schedule == "constant"
+                and self.lookup_after >= self.draft_length):
             raise ValueError(f"lookup_after={self.lookup_after} must be below draft_length={self.draft_length}: the "
                              "positions after it are prompt lookup's (leave it unset for a vertical cascade only)")
         if self.drafter in TREE_DRAFTERS and not self.acceptance.lossless:
@@ -149,6 +156,8 @@ class TextSpeculation(TextDecoding):
         if field == "tree_nodes" and self.tree_rates is None:
             return False
         if field == "stop_threshold" and self.schedule != LEARNED:
+            return False
+        if field == "max_ngram" and self.drafter == "tree" and self.lookup_after is None:
             return False
         return super().reads(field)
 
@@ -191,7 +200,7 @@ class TextSpeculation(TextDecoding):
         if self.drafter == "cascade":
             return CascadeDrafter(draft, max_ngram=self.max_ngram, lookup_after=self.lookup_after)
         if self.drafter == "tree":
-            return ModelTreeDrafter(draft, self.tree_shape())
+            return ModelTreeDrafter(draft, self.tree_shape(), lookup_after=self.lookup_after, max_ngram=self.max_ngram)
         if self.drafter == "stand":
             return StandDrafter()
         if self.drafter == "kangaroo":
@@ -262,19 +271,20 @@ class TextDraftHeads(TextDecoding):
                              "(the most probable paths expanded) or, with tree_rates, the positional one; 0 = a chain",
                              low=0)
     tree_rates: tuple[float, ...] | None = setting(None, TREE_RATES_HELP, kind=tuple)
-    lookup_after: int | None = setting(None, "a horizontal cascade of a chain: the head drafts the first N positions, "
-                                       "prompt lookup the rest (default: every position from the head)", kind=int,
-                                       low=1)
+    lookup_after: int | None = setting(None, "a horizontal cascade: the head drafts the first N positions (a "
+                                       "tree's first N levels), prompt lookup the rest (default: every position "
+                                       "from the head)", kind=int, low=1)
     acceptance: AcceptanceRule = Exact()
     head: Any = runtime()
 
     def check(self) -> None:
-        if self.lookup_after is not None and (self.tree_size or self.lookup_after >= self.draft_length):
-            raise ValueError(f"lookup_after={self.lookup_after} cascades a chain: it needs tree_size=0 and must be "
-                             f"below draft_length={self.draft_length}")
         if self.tree_size and not self.acceptance.lossless:
             raise ValueError(f"acceptance={self.acceptance.name!r} is for chains; trees are verified by exact rules")
         check_sized_tree(self.tree_size, self.draft_length, self.tree_rates, TextDraftHeads.draft_length)
+        depth = self.tree_shape().depth if self.tree_size else self.draft_length
+        if self.lookup_after is not None and self.lookup_after >= depth:
+            raise ValueError(f"lookup_after={self.lookup_after} must be below the draft's depth {depth} (draft_length, "
+                             "or the tree's levels): the positions after it are prompt lookup's")
 
     def reads(self, field: str) -> bool:
         """draft_length is not read by a positional tree, tree_rates only by one."""
@@ -292,7 +302,7 @@ class TextDraftHeads(TextDecoding):
             raise ValueError(f"decoding='heads' needs a draft head: load a pipeline that has a {self.kind}_head, or "
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}>")
         if self.tree_size:
-            return HeadTreeDrafter(target, self.head, self.tree_shape())
+            return HeadTreeDrafter(target, self.head, self.tree_shape(), lookup_after=self.lookup_after)
         return HeadDrafter(target, self.head, lookup_after=self.lookup_after)
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):

@@ -23,11 +23,11 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
 from mmspec.core.stats import PhaseTimer
-from mmspec.core.tree_growth import grow_tree, shape_for
+from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import RULE_NAMES
 from mmspec.core.trees import DraftTree
-from mmspec.text.drafters import Drafter, WithDraftModel, early_exit_view, text_law
+from mmspec.text.drafters import Drafter, WithDraftModel, check_tree_lookup, early_exit_view, text_law, tree_lookup
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
@@ -100,21 +100,43 @@ class TreeStep:
         self.drafter.select(index)
 
 
-class ModelTreeDrafter(WithDraftModel, TreeDrafter):
+class LookupAfter:
+    """For the tree drafters that take a horizontal cascade (CS-Drafting): their own laws for the first
+    `lookup_after` levels, prompt lookup's point masses (n-grams up to `max_ngram`) for the deeper ones."""
+
+    lookup_after: int | None
+    max_ngram: int
+
+    def cascade(self, lookup_after: int | None, max_ngram: int) -> None:
+        check_tree_lookup(lookup_after, self.shape.depth)
+        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
+            raise ValueError(f"max_ngram must be an int >= 1, got {max_ngram!r}")
+        self.lookup_after, self.max_ngram = lookup_after, max_ngram
+
+    def lookup(self, rows: TextRows) -> TreeLookup | None:
+        if self.lookup_after is None:
+            return None
+        return TreeLookup(self.lookup_after, tree_lookup(rows, self.max_ngram))
+
+
+class ModelTreeDrafter(WithDraftModel, LookupAfter, TreeDrafter):
     """Dynamic trees from a draft LM (EAGLE-2's expansion of the most probable paths; OPT-Tree with
     `TreeShape(rerank=True, scheme="deterministic")`; a fixed tree with `TreeShape.positional`): one draft forward
     for the new committed tokens (which gives the root's law), then one per depth over the expanded frontier with tree
-    attention on the draft's cache (`mmspec.core.drafting.ModelProposer.tree`)."""
+    attention on the draft's cache (`mmspec.core.drafting.ModelProposer.tree`). lookup_after: a horizontal cascade,
+    the draft LM's levels up to it, prompt lookup's after (`LookupAfter`; None: every level the draft LM's)."""
 
-    def __init__(self, model, shape: TreeShape = DYNAMIC_TREE):
+    def __init__(self, model, shape: TreeShape = DYNAMIC_TREE, lookup_after: int | None = None, max_ngram: int = 3):
         if not isinstance(shape, TreeShape):
             raise TypeError(f"shape must be a TreeShape, got {type(shape).__name__}")
         self.attach(model)
         self.shape = shape
+        self.cascade(lookup_after, max_ngram)
 
     @torch.no_grad()
     def propose(self, rows, sampling, generator) -> DraftTree:
-        return self.proposer.tree(rows.seq, rows.committed, self.shape, text_law, sampling, generator)
+        return self.proposer.tree(rows.seq, rows.committed, self.shape, text_law, sampling, generator,
+                                  self.lookup(rows))
 
 
 class LayerSkipTreeDrafter(ModelTreeDrafter):

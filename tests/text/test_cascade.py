@@ -1,7 +1,9 @@
 """Cascade drafting (`CascadeDrafter`, `ModelProposer.cascade`): the vertical cascade draws the very chain the draft
 model draws alone, from the same generator, in fewer draft forwards; both cascades keep the target's law (chi-square
 against the exact joint law, `test_generate_law`), and a lenient middle level (CS-Drafting's lenience, which keeps a
-looked-up token the draft law merely likes) is rejected by the same test."""
+looked-up token the draft law merely likes) is rejected by the same test. A tree's horizontal cascade
+(`ModelTreeDrafter(lookup_after=N)`) keeps the greedy output with fewer draft forwards here; its law tests sit with the
+other trees' (`test_tree_generate_law`)."""
 
 import pytest
 import torch
@@ -9,7 +11,9 @@ import torch
 from mmspec.core import drafting
 from mmspec.core.rng import inverse_cdf
 from mmspec.text import speculative_generate
-from mmspec.text.drafters import CascadeDrafter, ModelDrafter
+from mmspec.core.tree_shape import TreeShape
+from mmspec.text.drafters import CascadeDrafter, ModelDrafter, NoDrafter
+from mmspec.text.tree_drafters import ModelTreeDrafter
 from tests.text.table_lm import TableLM, random_table
 from tests.text.test_generate import prompts
 from tests.text.test_generate_law import ALPHA, V, law_test
@@ -42,6 +46,28 @@ def test_vertical_cascade_saves_draft_forwards_on_repeats(tiny_target):
     cascade, stats = decode(tiny_target, CascadeDrafter(tiny_target), ids, mask, 0.0, 0, 0)
     assert torch.equal(cascade, plain)
     assert stats.draft_forwards < plain_stats.draft_forwards
+
+
+def test_a_trees_horizontal_cascade_keeps_greedy_output_in_fewer_draft_forwards(tiny_target):
+    """The target drafting its own tree, 4 levels: with prompt lookup past the first, the same greedy output (the
+    target's), lookup's levels costing no draft forward."""
+    ids, mask = prompts(2)
+    ar, _ = speculative_generate(tiny_target, ids, mask, drafter=NoDrafter(), max_new_tokens=24, temperature=0,
+                                 pad_token_id=0)
+    shape = TreeShape(8, 2, 2, 4)
+    plain, plain_stats = speculative_generate(tiny_target, ids, mask, drafter=ModelTreeDrafter(tiny_target, shape),
+                                              max_new_tokens=24, temperature=0, pad_token_id=0)
+    drafter = ModelTreeDrafter(tiny_target, shape, lookup_after=1)
+    cascade, stats = speculative_generate(tiny_target, ids, mask, drafter=drafter, max_new_tokens=24, temperature=0,
+                                          pad_token_id=0)
+    assert torch.equal(plain, ar) and torch.equal(cascade, ar)
+    assert stats.draft_forwards < plain_stats.draft_forwards
+    assert stats.accepted > stats.target_forwards  # looked-up nodes were accepted too
+
+
+def test_a_trees_lookup_must_start_within_it(tiny_draft):
+    with pytest.raises(ValueError, match="lookup_after=3 must be below the tree's depth 3"):
+        ModelTreeDrafter(tiny_draft, TreeShape(6, 2, 2, 3), lookup_after=3)
 
 
 @pytest.mark.parametrize("lookup_after,draft_length,temperature,top_k", [(None, 3, 1.0, 0), (None, 2, 0.7, 3),

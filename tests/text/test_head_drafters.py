@@ -44,6 +44,9 @@ CONFIGS = {  # name: (drafter maker, draft_length, temperature, top_k)
     "eagle3_tree_topk": (lambda t: HeadTreeDrafter(t, head("eagle", feature_layers=(0,)), TreeShape(6, 2, 2, 3)),
                          None, 0.8, 3),
     "hydra_tree_topk": (lambda t: HeadTreeDrafter(t, head("hydra"), TreeShape(7, 3, 1, 3)), None, 0.8, 3),
+    # a tree's horizontal cascade: the head's first level, prompt lookup's point masses below it
+    "eagle_tree_lookup_after": (lambda t: HeadTreeDrafter(t, head("eagle"), TreeShape(6, 2, 2, 3), lookup_after=1,
+                                                          max_ngram=2), None, 1.0, 0),
 }
 
 
@@ -106,15 +109,19 @@ def test_greedy_head_decoding_is_the_targets_greedy_output(tiny_llama, kind, opt
     assert fused is None or max(fused) > 1  # the prompts' and the rounds' windows were fused
 
 
-def test_a_heads_horizontal_cascade_keeps_greedy_output(tiny_llama):
-    """Prompt lookup after the head's first position, on prompts that repeat: the target's greedy output."""
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_heads_horizontal_cascade_keeps_greedy_output(tiny_llama, tree):
+    """Prompt lookup after the head's first position (a chain's, a tree's first level), on prompts that repeat: the
+    target's greedy output."""
     ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 11, 9, 10, 11, 9, 10]])
     ar, _ = speculative_generate(tiny_llama, ids, drafter=NoDrafter(), max_new_tokens=20, temperature=0)
-    drafter = HeadDrafter(tiny_llama, head("eagle", 32, 64), lookup_after=1)
-    out, stats = speculative_generate(tiny_llama, ids, drafter=drafter, max_new_tokens=20, temperature=0,
-                                      draft_length=4)
+    if tree:
+        drafter, options = HeadTreeDrafter(tiny_llama, head("eagle", 32, 64), TreeShape(8, 2, 2, 4), lookup_after=1), {}
+    else:
+        drafter, options = HeadDrafter(tiny_llama, head("eagle", 32, 64), lookup_after=1), {"draft_length": 4}
+    out, stats = speculative_generate(tiny_llama, ids, drafter=drafter, max_new_tokens=20, temperature=0, **options)
     assert torch.equal(out, ar)
-    assert stats.drafted > drafter.forwards  # lookup drafted beyond the head's one token a round
+    assert stats.drafted > 2 * drafter.forwards  # lookup drafted beyond the head's one token (two children) a round
 
 
 def check_fused_columns(monkeypatch, final_norm):

@@ -29,6 +29,11 @@ CONFIGS = {  # name: (drafter, tree rule, temperature, top_k)
     # a fixed tree whose root has 4 children where top-k leaves 3 tokens: padding between real nodes
     "positional_rsd_topk": (lambda d: ModelTreeDrafter(d, TreeShape.positional(9, (0.5, 0.3, 0.2, 0.2))), None, 0.8,
                             3),
+    # horizontal cascades (CS-Drafting): the draft LM's first level(s), prompt lookup's point masses below
+    "cascade_rsd": (lambda d: ModelTreeDrafter(d, TreeShape(6, 2, 2, 3), lookup_after=1, max_ngram=2), None, 1.0, 0),
+    "cascade_positional_iid_topk": (lambda d: ModelTreeDrafter(d, TreeShape.positional(9, (0.5, 0.3, 0.2, 0.2),
+                                                                                       scheme="iid"),
+                                                               lookup_after=2, max_ngram=2), "specinfer", 0.8, 3),
 }
 
 
@@ -66,6 +71,11 @@ MUTATIONS = {  # name: (config, module, attribute, replacement)
     "residual_not_renormalised_across_siblings": ("rsd_k2", multidraft, "residual_law", siblings_not_renormalised),
     "without_replacement_children_verified_as_iid": (
         "rsd_k3_topk", tree_verify, "check_rule", lambda scheme, rule: "specinfer"),
+    # a cascade's deeper levels are drawn from and recorded with one law (`grow_tree`'s `level_law`), so its own
+    # companions break what the looked-up paths go through: the kept cache and the sibling residuals
+    "cascade_keeps_rejected_branch_kv": ("cascade_rsd", StaticCausalLMAdapter, "keep_path", keep_rejected_branches),
+    "cascade_residual_not_renormalised": ("cascade_positional_iid_topk", multidraft, "residual_law",
+                                          siblings_not_renormalised),
 }
 
 
