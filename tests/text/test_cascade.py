@@ -10,8 +10,8 @@ import torch
 
 from mmspec.core import drafting
 from mmspec.core.rng import inverse_cdf
-from mmspec.text import speculative_generate
 from mmspec.core.tree_shape import TreeShape
+from mmspec.text import speculative_generate
 from mmspec.text.drafters import CascadeDrafter, ModelDrafter, NoDrafter
 from mmspec.text.tree_drafters import ModelTreeDrafter
 from tests.text.table_lm import TableLM, random_table
