@@ -22,7 +22,8 @@ STOP_PROMPTS more prompts (`compare_with_plain_chain`: draft tokens rejected per
 acceptance), and VocabTrim's drafting time and multiply-adds per round against the plain chain's, Kangaroo against the
 plain early exit, judge decoding against the exact rule on the same STOP_PROMPTS prompts, greedy (`compare_judge`:
 tokens per forward, the share of completions without a syntax error, the distortion), and online speculative
-decoding's acceptance on a shifted stream against the frozen draft's (`eval/online_stream.py`, `--stream-prompts`).
+decoding's acceptance on a shifted stream against the frozen draft's, for the draft model and the EAGLE head
+(`eval/online_stream.py`, `--stream-prompts`).
 
 Positional trees (`TreeShape.positional`, Sequoia's) need the rate at which walks accept a node's k-th child: an
 untimed calibration pass per temperature and drafter (the draft model, the EAGLE head) measures it
@@ -118,9 +119,12 @@ VOCABTRIM_SIZE = 1024
 # with the double early exit (the paper's confidence 0.6, at most 6 drafts)
 KANGAROO_CONFIDENCE, KANGAROO_LENGTH = 0.6, 6
 KANGAROOS = ("ours_kangaroo", "ours_kangaroo_exit")
-# Online speculative decoding: the draft model learning while it serves a shifted stream (`eval/online_stream.py`),
-# against the same draft frozen; STREAM_NEW_TOKENS per prompt
+# Online speculative decoding: the draft model, and the EAGLE head, learning while they serve a shifted stream
+# (`eval/online_stream.py`), against the same drafter frozen; STREAM_NEW_TOKENS per prompt. learner: (the frozen
+# drafter's row, what drafts: "draft" or a head's kind, the prefix of its figures)
 STREAM_NEW_TOKENS = 48
+ONLINE_LEARNERS = {"ours_online": ("ours_model", "draft", "online"),
+                   "ours_eagle_online": ("ours_eagle", "eagle", "eagle_online")}
 TREES = ("ours_tree", "ours_tree_n30", "ours_tree_full30")  # the draft model's trees at batch 1
 BATCH8_ONLY = ("ours_model_len1", "ours_model_len2", *SMALL_TREES)
 METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ours_ar", "ours_model", "ours_ngram",
@@ -128,7 +132,7 @@ METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ou
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
                 "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
                 "ours_eagle_tree_n30", *CASCADES, HEAD_CASCADE, *TREE_CASCADES, "ours_specdecpp",
-                "ours_vocabtrim", "ours_online", *KANGAROOS,
+                "ours_vocabtrim", *ONLINE_LEARNERS, *KANGAROOS,
                 "ours_judge")  # `make_methods`' keys, and the online stream's learner
 # Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
 # nodes (HEAD_TREE) and the positional tree of 30 built for the head's own measured acceptance (as "ours_tree_n30" is
@@ -652,16 +656,19 @@ def main(argv: list[str] | None = None) -> dict:
             judge_rows, figures = compare_judge(methods, more_prompts, tokenizer, device)
             ratios.update(figures)
     stream_rows = []
-    if "ours_online" in chosen:
-        learn = args.stream_prompts * LEARN_PROMPTS // STREAM_PROMPTS
+    learn = args.stream_prompts * LEARN_PROMPTS // STREAM_PROMPTS
+    for learner, (frozen_name, drafting, prefix) in ONLINE_LEARNERS.items():
+        if learner not in chosen:
+            continue
         with torch.no_grad():
             for temperature in (0.0, 1.0):
-                frozen, online, figures = online_acceptance_gain(target, draft, tokenizer, temperature,
-                                                                 STREAM_NEW_TOKENS, args.stream_prompts, learn)
+                frozen, online, figures = online_acceptance_gain(target, heads.get(drafting, draft), tokenizer,
+                                                                 temperature, STREAM_NEW_TOKENS, args.stream_prompts,
+                                                                 learn)
                 stream_rows += [Row(name, REQUEST_ROWS, temperature, part.new_tokens, part.target_forwards,
                                     part.seconds, None, part.drafted, part.accepted)
-                                for name, part in (("ours_model", frozen), ("ours_online", online))]
-                ratios.update({f"online_{key}_t{temperature:g}": value for key, value in figures.items()})
+                                for name, part in ((frozen_name, frozen), (learner, online))]
+                ratios.update({f"{prefix}_{key}_t{temperature:g}": value for key, value in figures.items()})
     target_latency = forward_latency(target)
     ratios["draft_target_cost_ratio"] = forward_latency(draft) / target_latency
     early_exit = early_exit_view(target, target.config.early_exit_layer)

@@ -1,12 +1,13 @@
-"""Online speculative decoding on a shifted stream: the draft LM's acceptance after it served part of the stream,
-learning online (`mmspec.text.online.OnlineDistillation`), against the same draft frozen.
+"""Online speculative decoding on a shifted stream: the draft LM's (or the EAGLE head's) acceptance after it served
+part of the stream, learning online (`mmspec.text.online.OnlineDistillation`, `OnlineHeadDistillation`), against the
+same drafter frozen.
 
 The stream is STREAM_PROMPTS prompts from the held-out files' unit tests (`def test...` and the line after it): files
 neither model trained on, and one narrow domain of the whole standard library they trained on. It is served in
-requests of REQUEST_ROWS prompts, the draft model drafting chains of 4; both runs draw with the same seeds. The
-learner updates every UPDATE_EVERY requests (OSD's 8 prompts) with forward KL at every new token, inside the request's
-return (`background=False`), so the figure does not depend on how fast this machine's background thread is. The
-acceptance (draft tokens accepted / drafted) is measured on the prompts after the first LEARN_PROMPTS.
+requests of REQUEST_ROWS prompts, the draft model (or head) drafting chains of 4; both runs draw with the same seeds.
+The learner updates every UPDATE_EVERY requests (OSD's 8 prompts) with forward KL at every new token, inside the
+request's return (`background=False`), so the figure does not depend on how fast this machine's background thread
+is. The acceptance (draft tokens accepted / drafted) is measured on the prompts after the first LEARN_PROMPTS.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.text.methods import TextSpeculation
-from mmspec.text.online import OnlineDistillation
+from mmspec.text.head_drafters import bind_head
+from mmspec.text.methods import TextDraftHeads, TextSpeculation
+from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation, copy_sharing
 from mmspec.zoo.text_corpus import held_out_prompts
 
 STREAM_PROMPTS, LEARN_PROMPTS = 300, 200
@@ -43,8 +45,10 @@ class StreamPart:
 
 def serve_stream(target, draft, tokenizer, prompts: list[str], temperature: float, max_new_tokens: int,
                  learner: OnlineDistillation | None = None, measure_from: int = LEARN_PROMPTS) -> StreamPart:
-    """Serve `prompts` in requests of REQUEST_ROWS with the draft model's chains (the learner, if any, recording
-    each and swapping its updates in between); the sums over the requests from prompt `measure_from` on."""
+    """Serve `prompts` in requests of REQUEST_ROWS with the chains of `draft`, a draft LM or an EAGLE head (the
+    learner, if any, recording each and swapping its updates in between); the sums over the requests from prompt
+    `measure_from` on."""
+    decoding = TextDraftHeads(head=draft) if hasattr(draft, "logits") else TextSpeculation(drafter="model")
     part = StreamPart()
     for start in range(0, len(prompts), REQUEST_ROWS):
         encoded = tokenizer(prompts[start : start + REQUEST_ROWS], return_tensors="pt", padding=True,
@@ -52,7 +56,7 @@ def serve_stream(target, draft, tokenizer, prompts: list[str], temperature: floa
         if learner is not None:
             learner.before_request()
         began = time.perf_counter()
-        sequences, stats = TextSpeculation(drafter="model").run(
+        sequences, stats = decoding.run(
             target, draft, encoded["input_ids"], encoded["attention_mask"], max_new_tokens=max_new_tokens,
             temperature=temperature, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
             generator=torch.Generator(target.device).manual_seed(start))
@@ -70,13 +74,19 @@ def serve_stream(target, draft, tokenizer, prompts: list[str], temperature: floa
 def online_acceptance_gain(target, draft, tokenizer, temperature: float, max_new_tokens: int = 48,
                            stream_prompts: int = STREAM_PROMPTS,
                            learn_prompts: int = LEARN_PROMPTS) -> tuple[StreamPart, StreamPart, dict]:
-    """(frozen, online, figures): the stream's measured part served by the frozen draft and by a copy learning
-    online from the stream's start; figures: `acceptance_gain` (relative: online / frozen − 1), the `updates`
-    swapped in, and the learner's mean loss over its first and last ten steps (`loss_first`, `loss_last`)."""
+    """(frozen, online, figures): the stream's measured part served by the frozen `draft` (a draft LM or an EAGLE
+    head) and by a copy learning online from the stream's start; figures: `acceptance_gain` (relative: online /
+    frozen − 1), the `updates` swapped in, and the learner's mean loss over its first and last ten steps
+    (`loss_first`, `loss_last`)."""
     prompts = held_out_prompts(stream_prompts, opening="def test")
     frozen = serve_stream(target, draft, tokenizer, prompts, temperature, max_new_tokens, measure_from=learn_prompts)
-    learning = copy.deepcopy(draft)
-    learner = OnlineDistillation(learning, background=False, **LEARNER)
+    if hasattr(draft, "logits"):  # a head: its copy reads through the same target embedding and LM head
+        bind_head(draft, target)
+        learning = copy_sharing(draft, OnlineHeadDistillation.shared(draft))
+        learner = OnlineHeadDistillation(target, learning, background=False, **LEARNER)
+    else:
+        learning = copy.deepcopy(draft)
+        learner = OnlineDistillation(learning, background=False, **LEARNER)
     online = serve_stream(target, learning, tokenizer, prompts, temperature, max_new_tokens, learner, learn_prompts)
     learner.close()
     figures = {"acceptance_gain": online.acceptance / frozen.acceptance - 1, "updates": learner.updates,

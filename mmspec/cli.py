@@ -264,9 +264,9 @@ def check_text(args) -> None:
     args.settings = check_text_decoding(args)
     if args.online_every is not None:
         check_number(args, "--online-every", 1)
-        if args.method not in WITH_DRAFT_MODEL:
-            raise UsageError(f"--online-every: the draft LM learns online under --method {', '.join(WITH_DRAFT_MODEL)}, "
-                           f"not {args.method}")
+        if args.method not in (*WITH_DRAFT_MODEL, "heads"):
+            raise UsageError(f"--online-every: the draft LM learns online under --method "
+                             f"{', '.join(WITH_DRAFT_MODEL)}, the --kind head under --method heads; not {args.method}")
     check_model(args.target, "--target")
     if args.method in ("auto", *WITH_DRAFT_MODEL):
         check_model(args.draft, "--draft")
@@ -341,7 +341,8 @@ def serve_online(pipe, args, call: dict) -> int:
     (updates in the background, swapped in before a request); one line of acceptance per request."""
     import torch
 
-    learner = pipe.enable_online_drafting(every=args.online_every)
+    learner = pipe.enable_online_drafting(args.settings.get("kind", "eagle") if args.method == "heads" else "model",
+                                          every=args.online_every)
     generator = torch.Generator(args.device).manual_seed(args.seed)
     for i, prompt in enumerate(args.prompt):
         out = pipe(prompt, decoding=args.method, generator=generator, **call, **args.settings)
@@ -349,7 +350,7 @@ def serve_online(pipe, args, call: dict) -> int:
         print(prompt + out.texts[0])
         print(f"request {i + 1}: acceptance {'-' if rate is None else f'{rate:.2f}'}, "
               f"{out.stats.tokens_per_target_forward:.2f} tokens per target forward, {learner.updates} updates of the "
-              "draft swapped in so far")
+              f"{'head' if args.method == 'heads' else 'draft'} swapped in so far")
         print("-" * 60)
     pipe.disable_online_drafting()
     return 0
@@ -515,7 +516,8 @@ def build_parser() -> Parser:
     text.add_argument("--seed", type=int, default=0)
     text.add_argument("--online-every", type=int, default=None, metavar="N",
                       help="online speculative decoding: serve the prompts one request at a time, the draft LM "
-                           "learning from the target every N requests (--method model, cascade or tree)")
+                           "(--method model, cascade or tree) or the --kind head (--method heads) learning from the "
+                           "target every N requests")
     text.add_argument("--remeasure", action="store_true",
                       help="auto: time the methods again instead of reading the cached figures")
     text.add_argument("--no-compare", dest="compare", action="store_false",

@@ -31,11 +31,14 @@ def test_mmspec_text_reports_bad_arguments():
     assert exit_info.value.code == 2
 
 
-def test_mmspec_text_serves_a_stream_learning_online(capsys):
-    assert main(["text", "def f(x):\n", "def g(y):\n", "--method", "model", "--online-every", "1",
-                 "--max-new-tokens", "8", "--temperature", "1"]) == 0
+@pytest.mark.parametrize(("method", "learner"), [(["--method", "model"], "draft"),
+                                                 (["--method", "heads", "--kind", "hydra"], "head")])
+def test_mmspec_text_serves_a_stream_learning_online(method, learner, capsys):
+    assert main(["text", "def f(x):\n", "def g(y):\n", *method, "--online-every", "1", "--max-new-tokens", "8",
+                 "--temperature", "1"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("request ")]
-    assert len(lines) == 2 and lines[0].startswith("request 1: acceptance ") and "swapped in so far" in lines[1]
+    assert len(lines) == 2 and lines[0].startswith("request 1: acceptance ")
+    assert f"updates of the {learner} swapped in so far" in lines[1]
 
 
 @pytest.mark.parametrize(("flags", "message"), [(["--online-every", "0"], "--online-every must be >= 1"),

@@ -10,3 +10,4 @@ DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
 WITH_DRAFT_MODEL = ("model", "cascade", "tree")  # the drafters that run a draft LM
 SCHEDULES = ("constant", "heuristic")  # draft length schedules
 LEARNED = "learned"  # ... and SpecDec++'s learned draft length (a stop rule of the draft model, not a schedule)
+ONLINE_DRAFTERS = ("model", "eagle", "hydra")  # what learns online: the draft LM, or the draft head of that kind

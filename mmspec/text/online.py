@@ -1,4 +1,5 @@
-"""Online speculative decoding (OSD, arXiv 2310.07177; DistillSpec's losses, arXiv 2310.08461): the draft LM keeps
+"""Online speculative decoding (OSD, arXiv 2310.07177; DistillSpec's losses, arXiv 2310.08461): the draft LM
+(`OnlineDistillation`) or a draft head on the target's features (`OnlineHeadDistillation`, EAGLE or Hydra) keeps
 learning from the target while it serves.
 
 After each request the served rows go into a bounded buffer with the target's law at the positions it recorded: every
@@ -10,8 +11,10 @@ student's weights are copied into the serving draft only between requests, so ev
 set of weights and its recorded law: verification stays exact whatever the draft learned.
 
 The target's laws are read with one forward over each finished request (verification computed the same rows, but a
-captured step would have to carry a [B, N, V] buffer to hand them over). The copy into the draft is in place, so
-captured CUDA graphs of the draft stay valid.
+captured step would have to carry a [B, N, V] buffer to hand them over); a head's rows also keep the features that
+forward gave at every token, what the head reads. A head learns teacher-forced, EAGLE unrolled as in its training
+(`mmspec.core.head_training`), every depth's law at a recorded token pulled toward the target's. The copy into the
+draft is in place, so captured CUDA graphs of the draft stay valid.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mmspec.core.head_training import Pairs, aligned, unrolled_predictions
+from mmspec.text.head_drafters import bind_head
+
 DIVERGENCES = ("fkl", "tvd")
 POSITIONS = ("corrected", "all")
 
@@ -32,11 +38,18 @@ POSITIONS = ("corrected", "all")
 @dataclass(frozen=True)
 class ServedRow:
     """One served row. ids: [T] long, its prompt (no padding) and new tokens; positions: [P] long, the indices in
-    `ids` of the recorded tokens; target_logprobs: [P, V], the target's log-law each of them was drawn from."""
+    `ids` of the recorded tokens; target_logprobs: [P, V], the target's log-law each of them was drawn from;
+    features: [T, w], the target's features at each token (what a head reads; None for a draft LM)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
     target_logprobs: torch.Tensor
+    features: torch.Tensor | None = None
+
+
+def copy_sharing(module: torch.nn.Module, shared: tuple = ()) -> torch.nn.Module:
+    """A deep copy of `module` that holds the very modules `shared`, not copies of them."""
+    return copy.deepcopy(module, {id(part): part for part in shared})
 
 
 def divergence(student_logits: torch.Tensor, target_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -72,6 +85,29 @@ def student_logits(model, rows: list[ServedRow]) -> tuple[torch.Tensor, torch.Te
     return logits[which, before], torch.cat([r.target_logprobs for r in rows]).to(device)
 
 
+def head_student_logits(head, rows: list[ServedRow], unroll: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A head's logits for every recorded token of `rows`, at every depth that predicts it, teacher-forced on the
+    rows' tokens and target features (an EAGLE head unrolled `unroll` steps: depth d reads its own d earlier
+    predictions), and the target's log-laws beside them: ([M, V], [M, V]). The token at index t of a row is label
+    column t - 2 of its pairs (x_{j+1}, f_j); depth d holds it at column t - 2 - d of its aligned predictions."""
+    device = next(head.parameters()).device
+    width = max(len(r.ids) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    features = torch.zeros(len(rows), width, rows[0].features.shape[-1], device=device)
+    for b, row in enumerate(rows):
+        ids[b, : len(row.ids)], features[b, : len(row.ids)] = row.ids.to(device), row.features.to(device).float()
+    batch = Pairs(ids[:, 1:], features[:, :-1], None, None, torch.arange(1, width, device=device).expand(len(rows), -1))
+    which = torch.cat([torch.full_like(r.positions, b) for b, r in enumerate(rows)]).to(device)
+    column = torch.cat([r.positions for r in rows]).to(device) - 2
+    target_logprobs = torch.cat([r.target_logprobs for r in rows]).to(device)
+    logits, laws = [], []
+    for d, hidden in enumerate(aligned(head, unrolled_predictions(head, batch, unroll, 0.0))):
+        keep = (column - d >= 0) & (column - d < hidden.shape[1])
+        logits.append(head.logits(hidden[which[keep], (column - d)[keep]]))
+        laws.append(target_logprobs[keep])
+    return torch.cat(logits), torch.cat(laws)
+
+
 class OnlineDistillation:
     """Keeps `draft` (a transformers causal LM, the serving draft) learning from the target between requests.
 
@@ -102,7 +138,8 @@ class OnlineDistillation:
         self.draft, self.every, self.steps, self.rows_per_step = draft, every, steps, rows_per_step
         self.divergence, self.positions = divergence, positions
         self.buffer: deque[ServedRow] = deque(maxlen=buffer)
-        self.student = copy.deepcopy(draft).float().train()
+        # the student shares what the draft reads but does not learn (a head's target embedding and LM head)
+        self.student = copy_sharing(draft, self.shared(draft)).float().train()
         self.optimizer = torch.optim.AdamW(self.student.parameters(), lr=lr, weight_decay=0.0)
         self.sampler = torch.Generator().manual_seed(seed)
         self.requests, self.updates, self.losses = 0, 0, []
@@ -110,6 +147,19 @@ class OnlineDistillation:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmspec-online")
         self._running: Future | None = None
         self._lock = threading.Lock()  # the buffer: appended by the serving thread, sampled by the worker
+
+    @staticmethod
+    def shared(draft: torch.nn.Module) -> tuple:
+        """What the student shares with the serving draft instead of copying (nothing, for a draft LM)."""
+        return ()
+
+    def target_features(self) -> torch.Tensor | None:
+        """[B, S, w], what a head reads of the target's last forward (None: a draft LM reads none)."""
+        return None
+
+    def loss(self, rows: list[ServedRow]) -> torch.Tensor:
+        """The student's divergence from the target at the recorded tokens of `rows`."""
+        return divergence(*student_logits(self.student, rows), self.divergence)
 
     def before_request(self) -> bool:
         """Swap a finished update's weights into the draft (True if one was swapped in); never waits for one."""
@@ -142,14 +192,17 @@ class OnlineDistillation:
         mask = torch.cat([prompt_mask, produced.long()], 1)
         recorded = produced if self.positions == "all" else produced & ~stats.from_draft.to(sequences.device)
         logits = target(input_ids=sequences, attention_mask=mask, position_ids=positions_of(sequences, mask)).logits
+        features = self.target_features()
         padding = (1 - prompt_mask).sum(-1).tolist()
         rows = []
         for b, pad in enumerate(padding):  # one row at a time, after the request: no decoding step waits on it
             where = recorded[b].nonzero().squeeze(-1) + width
             if len(where):  # the law only where it is recorded: the logit at t - 1 predicted the token at t
                 logprobs = F.log_softmax(logits[b, where - 1].float(), -1)
-                rows.append(ServedRow(sequences[b, pad:][mask[b, pad:].bool()].cpu(), (where - pad).cpu(),
-                                      logprobs.to(torch.float16).cpu()))
+                tokens = mask[b, pad:].bool()
+                rows.append(ServedRow(sequences[b, pad:][tokens].cpu(), (where - pad).cpu(),
+                                      logprobs.to(torch.float16).cpu(),
+                                      None if features is None else features[b, pad:][tokens].to(torch.float16).cpu()))
         with self._lock:
             self.buffer.extend(rows)
 
@@ -158,8 +211,7 @@ class OnlineDistillation:
             served = list(self.buffer)
         for _ in range(self.steps):
             pick = torch.randperm(len(served), generator=self.sampler)[: self.rows_per_step].tolist()
-            logits, target_logprobs = student_logits(self.student, [served[i] for i in pick])
-            loss = divergence(logits, target_logprobs, self.divergence)
+            loss = self.loss([served[i] for i in pick])
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.student.parameters(), 1.0)
@@ -175,3 +227,31 @@ class OnlineDistillation:
     def close(self) -> None:
         self.wait()
         self._worker.shutdown()
+
+
+class OnlineHeadDistillation(OnlineDistillation):
+    """Keeps a draft `head` (an `EagleHead` or `HydraHead` bound to `target`, a transformers causal LM) learning
+    from the target between requests, as `OnlineDistillation` does a draft LM: each finished request is re-read by
+    the target, whose features at its tokens go into the buffer beside the recorded laws, and the student (a copy
+    of the head, sharing the target's embedding and LM head) learns teacher-forced on them, an EAGLE head unrolled
+    `unroll` steps. Options as `OnlineDistillation`'s."""
+
+    def __init__(self, target, head: torch.nn.Module, *, unroll: int = 2, **options):
+        if isinstance(unroll, bool) or not isinstance(unroll, int) or unroll < 0:
+            raise ValueError(f"unroll must be an int >= 0, got {unroll!r}")
+        if not isinstance(head, torch.nn.Module) or not hasattr(head, "logits"):
+            raise TypeError(f"head must be a draft head (EagleHead or HydraHead), got {type(head).__name__}")
+        self.tap = bind_head(head, target)
+        self.unroll = unroll
+        super().__init__(head, **options)
+
+    @staticmethod
+    def shared(draft: torch.nn.Module) -> tuple:
+        """The target's embedding and LM head, which the head reads through (`bind_head`)."""
+        return draft.embedding, draft.lm_head
+
+    def target_features(self) -> torch.Tensor:
+        return self.tap.features
+
+    def loss(self, rows: list[ServedRow]) -> torch.Tensor:
+        return divergence(*head_student_logits(self.student, rows, self.unroll), self.divergence)

@@ -38,7 +38,6 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +45,7 @@ from tqdm.auto import tqdm
 
 from mmspec.core.head_drafting import FeatureTap
 from mmspec.core.head_kinds import HEAD_KINDS
+from mmspec.core.head_training import Pairs, aligned, unrolled_predictions
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text.head_drafters import decoder_layers
 from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model
@@ -54,22 +54,6 @@ from mmspec.zoo.training import save_stage, total_variation, train_loop
 logger = logging.getLogger(__name__)
 DEPTH_DECAY = 0.8  # EAGLE-3's weight of unrolled step s: 0.8^s
 CAPTION_POOL = 8192  # the shapes world's training captions image samples are drawn for
-
-
-class Pairs(NamedTuple):
-    """A teacher-forced batch of R rows and L pairs (x_{j+1}, f_j). tokens [R, L]; features [R, L, w]: what the head
-    reads of the target before each token (its feature, w = d; beside it, for an EAGLE-3 head, the outputs of the
-    layers it fuses, w = (k + 1) d); target_features [R, L, d]: the feature after it (what the head predicts); laws
-    [R, L, V]: the target's law of the next token; positions [R, L]; guided_laws [R / 2, L, V] or None: images only,
-    the law the decoding samples, classifier-free guidance over the conditional rows [0, R/2) and their
-    unconditional twins [R/2, R)."""
-
-    tokens: torch.Tensor
-    features: torch.Tensor
-    target_features: torch.Tensor
-    laws: torch.Tensor
-    positions: torch.Tensor
-    guided_laws: torch.Tensor | None = None
 
 
 class TextTeacher:
@@ -233,39 +217,6 @@ def soft_cross_entropy(p: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return -(p * logits.log_softmax(-1)).sum(-1)
 
 
-def eagle_steps(head: EagleHead, batch: Pairs, unroll: int, noise: float):
-    """The head's predictions [R, L, d] at each unrolled step 0 .. unroll (step s valid from column s on)."""
-    tokens, features, positions = batch.tokens, head.fuse(batch.features), batch.positions
-    R, L = tokens.shape
-    c = head.config
-    if noise:
-        features = features + noise * (2 * torch.rand_like(features) - 1)
-    cache = tuple(torch.zeros(R, c.n_head, (unroll + 1) * L, c.feature_size // c.n_head) for _ in range(2))
-    column = torch.arange(L)
-    slot_step, slot_column = torch.arange((unroll + 1) * L) // L, torch.arange((unroll + 1) * L) % L
-    outputs = []
-    for s in range(unroll + 1):
-        # column i at step s drafts depth s + 1: it sees the true pairs up to i - s, then steps 1..s on the diagonal
-        seen = ((slot_step == 0) & (slot_column[None, :] <= column[:, None] - s)) | (
-            (slot_step >= 1) & (slot_step <= s) & (slot_column[None, :] == column[:, None] - s + slot_step))
-        seen |= (slot_step == s) & (slot_column[None, :] == column[:, None])  # itself
-        hidden = head(tokens, features, positions, seen[None, None].expand(R, 1, L, -1), cache,
-                      (s * L + column).expand(R, L))
-        outputs.append(hidden)
-        cache = tuple(x.clone() for x in cache)  # the next step writes its keys beside these, not over them
-        features = torch.cat([features[:, :1], hidden[:, :-1]], 1)  # step s + 1 reads step s's predictions
-    return outputs
-
-
-def hydra_steps(head: HydraHead, batch: Pairs, noise: float):
-    """Head k's predictions [R, L - k, d] (column i: root = the feature before token i, then tokens i .. i + k)."""
-    tokens, features = batch.tokens, batch.features
-    if noise:
-        features = features + noise * (2 * torch.rand_like(features) - 1)
-    L = tokens.shape[1]
-    return [head(features[:, : L - k], tokens.unfold(1, k + 1, 1)) for k in range(head.num_heads)]
-
-
 def depth_losses(head, batch: Pairs, predictions, feature_weight: float, guidance_scale: float | None = None,
                  align_share: float = 1.0, tv_weight: float = 0.0) -> list[torch.Tensor]:
     """Per depth d (index of `predictions`): the mean soft CE to the target's law plus `feature_weight` x SmoothL1
@@ -290,19 +241,8 @@ def depth_losses(head, batch: Pairs, predictions, feature_weight: float, guidanc
     return losses
 
 
-def aligned(head, predictions: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Depth d's predictions for the labels of columns d.. (EAGLE's step d is valid from column d on; Hydra's head
-    d predicts, at column i, the label of column i + d)."""
-    if isinstance(head, EagleHead):
-        return [hidden[:, d:] for d, hidden in enumerate(predictions)]
-    return predictions
-
-
 def predictions_of(head, batch, args, training: bool):
-    noise = args.noise if training else 0.0
-    if isinstance(head, EagleHead):
-        return eagle_steps(head, batch, args.unroll, noise)
-    return hydra_steps(head, batch, noise)
+    return unrolled_predictions(head, batch, args.unroll, args.noise if training else 0.0)
 
 
 @torch.no_grad()

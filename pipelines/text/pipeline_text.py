@@ -27,9 +27,9 @@ from mmspec.models.judge import JudgeHead
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
-from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, WITH_DRAFT_MODEL
+from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, ONLINE_DRAFTERS, WITH_DRAFT_MODEL
 from mmspec.text.methods import TextDraftHeads, TextSpeculation
-from mmspec.text.online import OnlineDistillation
+from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
 
@@ -110,19 +110,38 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         self.decoding = decoding
         self.step_graphs: StepGraphs | None = None  # `enable_cuda_graphs`
         self.online: OnlineDistillation | None = None  # `enable_online_drafting`
+        self.online_drafter = "model"  # what it trains: "model", "eagle" or "hydra"
 
-    def enable_online_drafting(self, **options) -> OnlineDistillation:
-        """Keep the draft LM learning from the target while the pipeline serves (online speculative decoding,
-        `mmspec.text.online.OnlineDistillation`; options: `every`, `buffer`, `steps`, `rows_per_step`, `lr`,
-        `divergence`, `positions`, `seed`). Every call that drafts with the draft LM (`"model"`, `"cascade"`,
-        `"tree"`, or auto's choice of one) is recorded; updates run in a background thread and are swapped in before
-        a call, never during one, so every decoding stays exact. Off by default; returns the learner (its `updates`
-        and `losses`)."""
-        if self.draft is None:
+    def enable_online_drafting(self, drafter: str = "model", **options) -> OnlineDistillation:
+        """Keep a drafter learning from the target while the pipeline serves (online speculative decoding): the draft
+        LM (`drafter="model"`, `mmspec.text.online.OnlineDistillation`), recorded on every call that drafts with it
+        (`"model"`, `"cascade"`, `"tree"`, or auto's choice of one), or the EAGLE or Hydra head (`"eagle"`,
+        `"hydra"`, `OnlineHeadDistillation`, with `unroll` too), recorded on every `"heads"` call of that kind.
+        options: `every`, `buffer`, `steps`, `rows_per_step`, `lr`, `divergence`, `positions`, `seed`. Updates run
+        in a background thread and are swapped in before a call, never during one, so every decoding stays exact.
+        Off by default; returns the learner (its `updates` and `losses`)."""
+        if drafter not in ONLINE_DRAFTERS:
+            raise ValueError(f"drafter must be one of {ONLINE_DRAFTERS}, got {drafter!r}")
+        if drafter == "model" and self.draft is None:
             raise ValueError("enable_online_drafting needs a draft LM (from_pretrained(..., draft=...))")
+        head = getattr(self, f"{drafter}_head", None)
+        if drafter != "model" and head is None:
+            raise ValueError(f"enable_online_drafting(drafter={drafter!r}) needs the pipeline's {drafter}_head")
         self.disable_online_drafting()
-        self.online = OnlineDistillation(self.draft, **options)
+        if drafter == "model":
+            self.online = OnlineDistillation(self.draft, **options)
+        else:
+            self.online = OnlineHeadDistillation(self.target, head, **options)
+        self.online_drafter = drafter
         return self.online
+
+    def learns_online(self, decoding: DecodingComponent) -> bool:
+        """Whether the online learner (if any) records a call of `decoding`: one that drafts with what it trains."""
+        if self.online is None:
+            return False
+        if self.online_drafter == "model":
+            return getattr(decoding, "drafter", None) in WITH_DRAFT_MODEL
+        return isinstance(decoding, TextDraftHeads) and decoding.kind == self.online_drafter
 
     def disable_online_drafting(self) -> None:
         """Stop learning: a running update finishes and is swapped in; the draft keeps what it learned."""
@@ -315,7 +334,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         ids, mask = encoded["input_ids"].to(self.target.device), encoded["attention_mask"].to(self.target.device)
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         self.replays_graphs()
-        online = self.online if getattr(decoding, "drafter", None) in WITH_DRAFT_MODEL else None
+        online = self.online if self.learns_online(decoding) else None
         if online is not None:
             online.before_request()
         with self.progress_bar(total=max_new_tokens) as progress:

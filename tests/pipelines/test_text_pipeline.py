@@ -253,12 +253,35 @@ def test_online_drafting_learns_from_draft_model_requests_between_calls(pipe):
             weight.copy_(original)
 
 
+def test_online_drafting_of_a_head_learns_from_its_kinds_calls(pipe):
+    """drafter="eagle": recorded are the heads calls with the EAGLE head (not the draft LM's, not Hydra's); its
+    update is swapped in before the next call."""
+    learner = pipe.enable_online_drafting("eagle", every=1, steps=1, background=False)
+    served = [w.clone() for w in pipe.eagle_head.parameters()]
+    pipe("def f(x):\n", decoding="model", max_new_tokens=8)
+    pipe("def f(x):\n", decoding="heads", kind="hydra", max_new_tokens=8)
+    assert learner.requests == 0
+    pipe("def f(x):\n", decoding="heads", max_new_tokens=8, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert learner.requests == 1 and learner.updates == 0
+    pipe("def f(x):\n", decoding="heads", max_new_tokens=8)
+    assert learner.requests == 2 and learner.updates == 1
+    assert not all(torch.equal(a, b) for a, b in zip(served, pipe.eagle_head.parameters()))
+    pipe.disable_online_drafting()
+    with torch.no_grad():
+        for weight, original in zip(pipe.eagle_head.parameters(), served):
+            weight.copy_(original)
+
+
 def test_online_drafting_needs_a_draft_and_valid_options(pipe):
     with pytest.raises(ValueError, match="divergence"):
         pipe.enable_online_drafting(divergence="jsd")
     without_draft = SpeculativeTextPipeline(pipe.target, pipe.tokenizer)
     with pytest.raises(ValueError, match="needs a draft LM"):
         without_draft.enable_online_drafting()
+    with pytest.raises(ValueError, match="needs the pipeline's hydra_head"):
+        without_draft.enable_online_drafting("hydra")
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        pipe.enable_online_drafting("medusa")
 
 
 def test_the_embedded_pipeline_runs_kangaroo_and_judge_decoding(pipe):

@@ -3,7 +3,10 @@ requests it serves, at the logit that predicted each recorded token (OSD's offse
 the logit at the token's own index learns less than the right one and is rejected); an update lands only between
 requests; and a stream whose draft has learned online still decodes the target's exact law (chi-square against the
 exact joint law). The law cannot depend on which weights drafted: every draft records the law it was drawn from,
-and the rule's and proposer's mutation companions (`test_generate_law`) cover a recorded law that is not it."""
+and the rule's and proposer's mutation companions (`test_generate_law`) cover a recorded law that is not it.
+The same for draft heads (`OnlineHeadDistillation`, EAGLE and Hydra): they learn from the target's features at the
+served tokens, the offset mutant (a label column one token late) learns less, and a head learned online keeps the
+law."""
 
 import threading
 
@@ -12,10 +15,24 @@ import torch
 
 from mmspec.text import online, speculative_generate
 from mmspec.text.drafters import ModelDrafter
-from mmspec.text.online import OnlineDistillation, ServedRow, divergence, student_logits
+from mmspec.text.head_drafters import HeadDrafter
+from mmspec.text.online import (
+    OnlineDistillation,
+    OnlineHeadDistillation,
+    ServedRow,
+    divergence,
+    head_student_logits,
+    student_logits,
+)
 from tests.conftest import tiny_llama
 from tests.text.table_lm import TableLM, random_table
 from tests.text.test_generate_law import ALPHA, EOS, PROMPT_MASK, PROMPTS, V, law_test
+from tests.text.test_head_drafters import head
+
+
+def drafter_of(target, draft):
+    """A draft LM's chains, or a draft head's (`draft` bound to `target`)."""
+    return HeadDrafter(target, draft) if hasattr(draft, "logits") else ModelDrafter(draft)
 
 
 def serve(target, draft, learner, requests, rows=32, seed=0, max_new_tokens=8):
@@ -24,8 +41,9 @@ def serve(target, draft, learner, requests, rows=32, seed=0, max_new_tokens=8):
     ids, mask = PROMPTS.repeat(rows // 2, 1), PROMPT_MASK.repeat(rows // 2, 1)
     for r in range(requests):
         learner.before_request()
-        out, stats = speculative_generate(target, ids, mask, drafter=ModelDrafter(draft), max_new_tokens=max_new_tokens,
-                                          temperature=1.0, draft_length=3, eos_token_id=EOS, pad_token_id=EOS,
+        out, stats = speculative_generate(target, ids, mask, drafter=drafter_of(target, draft),
+                                          max_new_tokens=max_new_tokens, temperature=1.0, draft_length=3,
+                                          eos_token_id=EOS, pad_token_id=EOS,
                                           generator=torch.Generator().manual_seed(seed + r))
         learner.after_request(target, out, mask, stats)
     learner.wait()
@@ -33,15 +51,19 @@ def serve(target, draft, learner, requests, rows=32, seed=0, max_new_tokens=8):
 
 
 def mean_tv(draft, target, seed=100, rows=64, max_new_tokens=8):
-    """Mean total variation between the draft's and the target's laws at every token of fresh target samples."""
+    """Mean total variation between the draft's (a head's: at every depth) and the target's laws at every token of
+    fresh target samples."""
     ids, mask = PROMPTS.repeat(rows // 2, 1), PROMPT_MASK.repeat(rows // 2, 1)
-    out, stats = speculative_generate(target, ids, mask, drafter=ModelDrafter(draft), max_new_tokens=max_new_tokens,
-                                      temperature=1.0, eos_token_id=EOS, pad_token_id=EOS,
-                                      generator=torch.Generator().manual_seed(seed))
-    recorder = OnlineDistillation(draft, positions="all")
+    out, stats = speculative_generate(target, ids, mask, drafter=drafter_of(target, draft),
+                                      max_new_tokens=max_new_tokens, temperature=1.0, draft_length=3,
+                                      eos_token_id=EOS, pad_token_id=EOS, generator=torch.Generator().manual_seed(seed))
+    is_head = hasattr(draft, "logits")
+    recorder = (OnlineHeadDistillation(target, draft, positions="all") if is_head
+                else OnlineDistillation(draft, positions="all"))
     recorder.record(target, out, mask, stats)
     with torch.no_grad():
-        logits, target_logprobs = student_logits(draft, list(recorder.buffer))
+        rows = list(recorder.buffer)
+        logits, target_logprobs = head_student_logits(draft, rows, 2) if is_head else student_logits(draft, rows)
     recorder.close()
     return float(divergence(logits, target_logprobs, "tvd"))
 
@@ -119,6 +141,52 @@ def test_an_update_lands_only_between_requests(monkeypatch):
     learner.close()
 
 
+def head_learned_tv(kind):
+    """(mean TV before, after) of a random `kind` head that served 12 requests learning online."""
+    target, drafting = TableLM(random_table(V, 0)), head(kind)
+    before = mean_tv(drafting, target)
+    learner = OnlineHeadDistillation(target, drafting, every=1, steps=8, rows_per_step=32, lr=1e-2, positions="all",
+                                     background=False)
+    serve(target, drafting, learner, requests=12)
+    learner.close()
+    assert learner.updates == 12
+    return before, mean_tv(drafting, target)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "hydra"])
+def test_online_heads_learn_the_targets_law(kind):
+    before, after = head_learned_tv(kind)
+    assert after < 0.6 * before, f"mean TV {before:.3f} -> {after:.3f}"
+
+
+def late_head_student_logits(model, rows, unroll):
+    """Mutation: each recorded token's law paired with the head's prediction one column late (the pair of the token
+    itself, not of the one before it)."""
+    late = [ServedRow(r.ids, r.positions + 1, r.target_logprobs, r.features) for r in rows]
+    return head_student_logits(model, late, unroll)
+
+
+def test_online_head_offset_mutant_learns_less(monkeypatch):
+    _, right = head_learned_tv("eagle")
+    monkeypatch.setattr(online, "head_student_logits", late_head_student_logits)  # what the learner trains through
+    _, late = head_learned_tv("eagle")
+    assert late > 1.5 * right, f"offset loss reached TV {late:.3f}, the right one {right:.3f}"
+
+
+def test_the_head_loss_reads_the_pair_before_each_token():
+    """Depth 0 at a recorded token t: the head's prediction from the pair (x_{t-1}, f_{t-2}), as its drafting reads."""
+    target, drafting = TableLM(random_table(V, 0)), head("eagle")
+    OnlineHeadDistillation(target, drafting).close()  # binds the head to the target
+    ids = torch.tensor([0, 3, 1, 2, 4])
+    features = torch.randn(5, drafting.config.feature_size)
+    row = ServedRow(ids, torch.tensor([3, 4]), torch.zeros(2, V), features)
+    logits, _ = head_student_logits(drafting, [row], unroll=0)
+    cache = tuple(torch.zeros(1, 1, 4, drafting.config.feature_size) for _ in range(2))
+    causal = torch.ones(1, 1, 4, 4).tril().bool()
+    hidden = drafting(ids[None, 1:], features[None, :-1], torch.arange(1, 5)[None], causal, cache, torch.arange(4)[None])
+    torch.testing.assert_close(logits, drafting.logits(hidden[0, [1, 2]]))
+
+
 @pytest.mark.parametrize("draft_length,temperature,top_k", [(3, 1.0, 0), (2, 0.8, 3)])
 def test_a_draft_learned_online_keeps_the_targets_law(draft_length, temperature, top_k):
     target, draft = TableLM(random_table(V, 0)), tiny_llama(vocab_size=V, hidden_size=16, num_layers=1, seed=1)
@@ -132,8 +200,27 @@ def test_a_draft_learned_online_keeps_the_targets_law(draft_length, temperature,
     learner.close()
 
 
+def test_a_head_learned_online_keeps_the_targets_law():
+    target, drafting = TableLM(random_table(V, 0)), head("eagle")
+    learner = OnlineHeadDistillation(target, drafting, every=1, steps=4, lr=1e-2)  # in the background
+    serve(target, drafting, learner, requests=4)
+    assert learner.updates >= 1
+    p_value, stats = law_test(target, HeadDrafter(target, drafting), 1.0, 0, draft_length=3)
+    assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
+    assert 0 < stats.accepted < stats.drafted
+    learner.close()
+
+
 @pytest.mark.parametrize("option,value", [("every", 0), ("buffer", 1.5), ("lr", 0), ("divergence", "rkl"),
                                           ("positions", "rejected"), ("steps", True)])
 def test_bad_options_are_refused_by_name(option, value):
     with pytest.raises(ValueError, match=option):
         OnlineDistillation(tiny_llama(vocab_size=V, hidden_size=16, num_layers=1), **{option: value})
+
+
+def test_an_online_head_refuses_what_is_not_a_head():
+    target = TableLM(random_table(V, 0))
+    with pytest.raises(TypeError, match="head must be a draft head"):
+        OnlineHeadDistillation(target, tiny_llama(vocab_size=V, hidden_size=16, num_layers=1))
+    with pytest.raises(ValueError, match="unroll"):
+        OnlineHeadDistillation(target, head("eagle"), unroll=-1)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from mmspec.core import head_drafting
+from mmspec.core import head_drafting, head_training
 from mmspec.core.head_drafting import HeadProposer
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.models.heads import EagleHead, HydraHead
@@ -52,10 +52,10 @@ def test_training_steps_give_the_drafting_laws(tiny_llama, kind, monkeypatch):  
     batch = teacher.pairs(sequence)
     with torch.no_grad():
         if kind != "hydra":
-            predictions = train_heads.eagle_steps(head, batch, unroll=1, noise=0.0)
+            predictions = head_training.eagle_steps(head, batch, unroll=1, noise=0.0)
             laws = [head.logits(hidden).softmax(-1)[0] for hidden in predictions]  # step s, column i
         else:
-            predictions = train_heads.hydra_steps(head, batch, noise=0.0)
+            predictions = head_training.hydra_steps(head, batch, noise=0.0)
             laws = [head.logits(hidden).softmax(-1)[0] for hidden in predictions]  # head k, column i
     checked_second = 0
     for last, q, drafts in rounds:
@@ -129,11 +129,11 @@ def test_partial_alignment_aligns_only_its_share_of_the_feature():
     head = EagleHead(feature_size=8, vocab_size=16, n_head=2, ffn_hidden=8)
     head.bind(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
     tokens = torch.randint(0, 16, (2, 5))
-    batch = train_heads.Pairs(tokens, torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.rand(2, 5, 16).softmax(-1),
+    batch = head_training.Pairs(tokens, torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.rand(2, 5, 16).softmax(-1),
                               torch.arange(5).expand(2, -1))
     moved = batch._replace(target_features=torch.cat([batch.target_features[..., :4],
                                                       batch.target_features[..., 4:] + 5], -1))
-    predictions = train_heads.eagle_steps(head, batch, unroll=1, noise=0.0)
+    predictions = head_training.eagle_steps(head, batch, unroll=1, noise=0.0)
 
     def losses(b, share):
         return torch.stack(train_heads.depth_losses(head, b, predictions, 1.0, align_share=share))
@@ -186,12 +186,12 @@ def test_the_tv_term_is_the_rejection_rate_of_the_law_decoding_accepts_against()
     head.bind(torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16))
     tokens = torch.randint(0, 16, (4, 5))
     laws = torch.rand(4, 5, 16).softmax(-1)
-    batch = train_heads.Pairs(tokens, torch.randn(4, 5, 8), torch.randn(4, 5, 8), laws, torch.arange(5).expand(4, -1),
+    batch = head_training.Pairs(tokens, torch.randn(4, 5, 8), torch.randn(4, 5, 8), laws, torch.arange(5).expand(4, -1),
                               torch.rand(2, 5, 16).softmax(-1))
-    predictions = train_heads.eagle_steps(head, batch, unroll=1, noise=0.0)
+    predictions = head_training.eagle_steps(head, batch, unroll=1, noise=0.0)
     plain = train_heads.depth_losses(head, batch, predictions, 1.0, 3.0)
     weighted = train_heads.depth_losses(head, batch, predictions, 1.0, 3.0, tv_weight=2.0)
-    for d, hidden in enumerate(train_heads.aligned(head, predictions)):
+    for d, hidden in enumerate(head_training.aligned(head, predictions)):
         logits = head.logits(hidden).double()
         q = (logits[2:] + 3.0 * (logits[:2] - logits[2:])).softmax(-1)  # conditional rows first, then their twins
         alpha = torch.minimum(batch.guided_laws[:, d:].double(), q).sum(-1).mean()
@@ -199,6 +199,6 @@ def test_the_tv_term_is_the_rejection_rate_of_the_law_decoding_accepts_against()
     text = batch._replace(guided_laws=None)  # text: the plain laws are the ones decoding accepts against
     plain = train_heads.depth_losses(head, text, predictions, 1.0)
     weighted = train_heads.depth_losses(head, text, predictions, 1.0, tv_weight=2.0)
-    for d, hidden in enumerate(train_heads.aligned(head, predictions)):
+    for d, hidden in enumerate(head_training.aligned(head, predictions)):
         alpha = torch.minimum(laws[:, d:].double(), head.logits(hidden).double().softmax(-1)).sum(-1).mean()
         torch.testing.assert_close((weighted[d] - plain[d]).double(), 2.0 * (1 - alpha), atol=1e-6, rtol=1e-5)
