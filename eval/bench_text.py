@@ -132,7 +132,7 @@ METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ou
                 "ours_model_len16", "ours_tree", "ours_tree_n30", "ours_tree_full30", "ours_opt_tree", "ours_stand",
                 "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
                 "ours_eagle_tree_n30", *CASCADES, HEAD_CASCADE, *TREE_CASCADES, "ours_specdecpp",
-                "ours_vocabtrim", *ONLINE_LEARNERS, *KANGAROOS,
+                "ours_vocabtrim", "ours_eagle_vocabtrim", *ONLINE_LEARNERS, *KANGAROOS,
                 "ours_judge")  # `make_methods`' keys, and the online stream's learner
 # Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
 # nodes (HEAD_TREE) and the positional tree of 30 built for the head's own measured acceptance (as "ours_tree_n30" is
@@ -218,12 +218,14 @@ def load_heads(target_name: str, target) -> dict:
 
 
 @torch.no_grad()
-def head_token_latency(target, head, context: int = 64, repeats: int = 50) -> float:
+def head_token_latency(target, head, vocabulary: torch.Tensor | None = None, context: int = 64,
+                       repeats: int = 50) -> float:
     """Median seconds of one drafted token of an EAGLE head at batch 1 after `context` tokens (one head call and
-    its readout through the target's LM head), the cost `forward_latency` gives for a model."""
-    HeadDrafter(target, head)  # binds the head to the target's embedding and LM head
+    its readout through the target's LM head, or its `vocabulary` rows), the cost `forward_latency` gives for a
+    model."""
+    reader = HeadDrafter(target, head, vocabulary=vocabulary).reader  # bound to the target's embedding and LM head
     d, device = head.config.feature_size, target.device
-    session = head.session(1, context + 8, 1, False, device)
+    session = reader.session(1, context + 8, 1, False, device)
     positions = torch.arange(context, device=device)[None]
     session.prefill(torch.zeros(1, context, dtype=torch.long, device=device), torch.randn(1, context, d, device=device),
                     positions, torch.ones(1, context, dtype=torch.bool, device=device))
@@ -295,7 +297,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         return tree(lambda t: HeadTreeDrafter(target, heads["eagle"], shape_at(t), lookup_after=lookup_after))
 
     exit_layer = target.config.early_exit_layer
-    trimmed = draft_vocabulary(target, draft, VOCABTRIM_SIZE)
+    trimmed = draft_vocabulary(target, VOCABTRIM_SIZE)
     return {
         "ar": hf(),
         "hf_assisted": hf(assistant_model=draft),
@@ -328,6 +330,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_specdecpp": ours(lambda: ModelDrafter(draft, acceptance_head=heads["acceptance"]),
                                lambda: DraftLengthSchedule(SPECDECPP_LENGTH)),
         "ours_vocabtrim": ours(lambda: ModelDrafter(draft, vocabulary=trimmed)),
+        "ours_eagle_vocabtrim": ours(lambda: HeadDrafter(target, heads["eagle"], vocabulary=trimmed)),
         "ours_judge": ours(lambda: ModelDrafter(draft), acceptance=attached(Judge(head=heads["judge"]), target)),
         "ours_eagle": ours(lambda: HeadDrafter(target, heads["eagle"])),
         HEAD_CASCADE: ours(lambda: HeadDrafter(target, heads["eagle"], lookup_after=1)),
@@ -422,21 +425,23 @@ def compare_cascades(methods: dict, prompts: list[str], tokenizer, device, repea
 
 def compare_with_plain_chain(methods: dict, prompts: list[str], tokenizer, counter) -> tuple[list[Row], dict]:
     """SpecDec++'s learned draft length ("ours_specdecpp") and VocabTrim's draft ("ours_vocabtrim") against the
-    plain chain ("ours_model") on `prompts`, at T = 0 and 1, batch 1: their rows, and per temperature SpecDec++'s
-    reduction of the draft tokens rejected per new token (`specdecpp_wasted_draft_reduction_t*`, 1 - learned /
-    plain) and ratio of tokens per target forward (`specdecpp_tokens_per_forward_ratio_t*`), and VocabTrim's
-    relative loss of acceptance (`vocabtrim_acceptance_loss_t*`, 1 - its accepted / drafted over the plain
-    chain's)."""
+    plain chain ("ours_model"), and VocabTrim's EAGLE head ("ours_eagle_vocabtrim") against the full one
+    ("ours_eagle"), on `prompts`, at T = 0 and 1, batch 1: their rows, and per temperature SpecDec++'s reduction of
+    the draft tokens rejected per new token (`specdecpp_wasted_draft_reduction_t*`, 1 - learned / plain) and ratio
+    of tokens per target forward (`specdecpp_tokens_per_forward_ratio_t*`), and VocabTrim's relative loss of
+    acceptance (`vocabtrim_acceptance_loss_t*`, `vocabtrim_head_acceptance_loss_t*`: 1 - its accepted / drafted
+    over the untrimmed drafter's)."""
     rows, figures = [], {}
     for temperature in (0.0, 1.0):
-        plain, learned, trimmed = (measure(name, methods[name], prompts, tokenizer, counter, 1, temperature, 1)
-                                   for name in ("ours_model", "ours_specdecpp", "ours_vocabtrim"))
-        rows += [plain, learned, trimmed]
+        plain, learned, trimmed, eagle, trimmed_eagle = (
+            measure(name, methods[name], prompts, tokenizer, counter, 1, temperature, 1)
+            for name in ("ours_model", "ours_specdecpp", "ours_vocabtrim", "ours_eagle", "ours_eagle_vocabtrim"))
+        rows += [plain, learned, trimmed, eagle, trimmed_eagle]
         t = f"t{temperature:g}"
         figures[f"specdecpp_wasted_draft_reduction_{t}"] = 1 - learned.wasted_per_token / plain.wasted_per_token
         figures[f"specdecpp_tokens_per_forward_ratio_{t}"] = learned.tokens_per_forward / plain.tokens_per_forward
-        figures[f"vocabtrim_acceptance_loss_{t}"] = 1 - (trimmed.accepted / trimmed.drafted) / (
-            plain.accepted / plain.drafted)
+        for key, cut, full in (("vocabtrim", trimmed, plain), ("vocabtrim_head", trimmed_eagle, eagle)):
+            figures[f"{key}_acceptance_loss_{t}"] = 1 - (cut.accepted / cut.drafted) / (full.accepted / full.drafted)
     return rows, figures
 
 
@@ -483,12 +488,11 @@ def draft_round_latency(draft, vocabulary: torch.Tensor | None = None, length: i
                                                   sampling, generator), draft.device, repeats)
 
 
-def draft_flops_ratio(draft, vocabulary: torch.Tensor) -> float:
-    """Multiply-adds per drafted token of the trimmed draft over the full one: its decoder's linear maps (attention
-    over a short context left out) plus its head's |S| (or V) rows."""
-    head = draft.get_output_embeddings()
-    decoder = sum(m.weight.numel() for m in draft.modules() if isinstance(m, torch.nn.Linear) and m is not head)
-    return (decoder + vocabulary.numel() * head.in_features) / (decoder + head.weight.numel())
+def draft_flops_ratio(drafter: torch.nn.Module, readout: torch.nn.Linear, vocabulary: torch.Tensor) -> float:
+    """Multiply-adds per drafted token of the trimmed drafter (a draft LM, or a head) over the full one: its own
+    linear maps (attention over a short context left out) plus |S| (or V) rows of its LM head `readout`."""
+    own = sum(m.weight.numel() for m in drafter.modules() if isinstance(m, torch.nn.Linear) and m is not readout)
+    return (own + vocabulary.numel() * readout.in_features) / (own + readout.weight.numel())
 
 
 def best_ar(rows: list[Row], batch_size: int, temperature: float) -> float:
@@ -649,7 +653,7 @@ def main(argv: list[str] | None = None) -> dict:
     with torch.no_grad():
         if {name for names in CASCADE_GROUPS.values() for name in names} <= chosen:
             ratios.update(compare_cascades(methods, prompts[:n_prompts], tokenizer, device))
-        if {"ours_specdecpp", "ours_vocabtrim"} <= chosen:
+        if {"ours_model", "ours_specdecpp", "ours_vocabtrim", "ours_eagle", "ours_eagle_vocabtrim"} <= chosen:
             stop_rows, figures = compare_with_plain_chain(methods, more_prompts, tokenizer, counter)
             ratios.update(figures)
         if "ours_judge" in chosen:
@@ -674,9 +678,13 @@ def main(argv: list[str] | None = None) -> dict:
     early_exit = early_exit_view(target, target.config.early_exit_layer)
     ratios["layerskip_target_cost_ratio"] = forward_latency(early_exit) / target_latency
     ratios["heads_draft_cost_ratio"] = head_token_latency(target, heads["eagle"]) / target_latency
-    trimmed = draft_vocabulary(target, draft, VOCABTRIM_SIZE)
+    trimmed = draft_vocabulary(target, VOCABTRIM_SIZE)
     ratios["vocabtrim_draft_cost_ratio"] = draft_round_latency(draft, trimmed) / draft_round_latency(draft)
-    ratios["vocabtrim_draft_flops_ratio"] = draft_flops_ratio(draft, trimmed)
+    ratios["vocabtrim_draft_flops_ratio"] = draft_flops_ratio(draft, draft.get_output_embeddings(), trimmed)
+    eagle = heads["eagle"]
+    ratios["vocabtrim_head_cost_ratio"] = (head_token_latency(target, eagle, trimmed) /
+                                           head_token_latency(target, eagle))
+    ratios["vocabtrim_head_flops_ratio"] = draft_flops_ratio(eagle, target.get_output_embeddings(), trimmed)
     print(table)
     print(json.dumps(ratios, indent=2))
     if args.json:

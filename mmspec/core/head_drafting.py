@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from mmspec.core import vocabulary
 from mmspec.core.drafting import DraftLaw
 from mmspec.core.drafts import Draft
 from mmspec.core.model import Logits
@@ -84,8 +85,13 @@ class HeadProposer:
     """Drafts chains and trees with a head `session` (`mmspec.models.heads.HeadSession`) for B rows, from the
     features `tap` caught of the target's forwards. After `prefill`, each `chain` / `tree` call is one round."""
 
-    def __init__(self, session: Any, tap: FeatureTap, batch_size: int, device: torch.device):
+    def __init__(self, session: Any, tap: FeatureTap, batch_size: int, device: torch.device,
+                 vocabulary: torch.Tensor | None = None, vocab_size: int | None = None):
+        if (vocabulary is None) != (vocab_size is None):
+            raise ValueError("a trimmed head needs both its vocabulary and the target's vocab_size")
         self.session, self.tap = session, tap
+        # VocabTrim: the session's laws are over the ids `vocabulary` ([|S|]); chains widen each draw to the target's
+        self.vocabulary, self.vocab_size = vocabulary, vocab_size
         self.kept = torch.ones(batch_size, dtype=torch.long, device=device)  # model-view tokens read with features
         self.forwards = 0  # head calls of the rounds so far (the stats' draft_forwards)
         # the last tree's (tokens, parent, real) [B, N] and depth: its accepted path's features are read next round
@@ -155,26 +161,36 @@ class HeadProposer:
         self.session.begin_round(committed, seq.shape[1])
         q = law(root, torch.zeros(B, 1, dtype=torch.long, device=device), sampling)  # [B, 1, V]
         draws = uniform((B, length), generator, device, q.dtype)
-        tokens, laws = [inverse_cdf(q, draws[:, :1])], [q]
+        token, q = self._drawn(q, draws[:, :1])
+        tokens, laws = [token], [q]
         paths = torch.full((B, 1, length), -1, dtype=torch.long, device=device)
         for i in range(1, length):  # node i - 1 is the chain's i-th draft; its path is nodes 0 .. i - 1
             paths[:, :, i - 1] = i - 1
             self.forwards += 1
             logits = self.session.expand(torch.full((B, 1), i - 1, device=device), paths.clone(), torch.cat(tokens, 1),
                                          torch.ones(B, 1, dtype=torch.bool, device=device))
-            q = law(logits, torch.full((B, 1), i, device=device), sampling)
-            tokens.append(inverse_cdf(q, draws[:, i : i + 1]))
+            token, q = self._drawn(law(logits, torch.full((B, 1), i, device=device), sampling), draws[:, i : i + 1])
+            tokens.append(token)
             laws.append(q)
         self.session.end_round()
         lengths = torch.full((B,), length, dtype=torch.long, device=device) if budget is None else budget.clamp(
             max=length)
         return Draft(torch.cat(tokens, 1), lengths, torch.cat(laws, 1))
 
+    def _drawn(self, q: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draws [B, 1] from q [B, 1, V'] with uniforms u [B, 1], as the target's ids, and their law V wide."""
+        tokens = inverse_cdf(q, u)
+        if self.vocabulary is None:
+            return tokens, q
+        return vocabulary.widen(tokens, q, self.vocabulary, self.vocab_size)
+
     def tree(self, seq: torch.Tensor, committed: torch.Tensor, shape: TreeShape, law: DraftLaw,
              sampling: SamplingConfig, generator: Generators, lookup: TreeLookup | None = None) -> DraftTree:
         """A tree of `shape` after each row's committed tokens (seq, committed as in `chain`). At temperature 0 the
         children are the top tokens of the temperature-1 law (deterministic). lookup: a horizontal cascade, the
         levels past its `after` from its point masses (`grow_tree`)."""
+        if self.vocabulary is not None:
+            raise ValueError("a trimmed head drafts chains; its trees would draw children over the vocabulary's ids")
         B = committed.shape[0]
         root = self._root(seq, committed)
         self.session.begin_round(committed, seq.shape[1])

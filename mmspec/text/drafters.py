@@ -221,22 +221,26 @@ def trimmed_view(model, vocabulary: torch.Tensor):
     sorted): logits [..., |S|] in that order, from its head's rows gathered once. The rest is shared."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"a draft vocabulary trims a transformers draft model's head, got {type(model).__name__}")
-    V = model.config.vocab_size
+    view = module_view(model)
+    view.set_output_embeddings(trimmed_readout(model.get_output_embeddings(), vocabulary))
+    return view
+
+
+def trimmed_readout(head: torch.nn.Linear, vocabulary: torch.Tensor) -> torch.nn.Linear:
+    """A new LM head of the rows of `head` ([V, d]) at the ids `vocabulary` ([|S|] long, distinct, sorted)."""
+    V = head.out_features
     if not isinstance(vocabulary, torch.Tensor) or vocabulary.ndim != 1 or vocabulary.dtype != torch.long:
         raise TypeError("vocabulary must be a 1-D torch.long tensor of token ids")
     if vocabulary.numel() < 1 or int(vocabulary.min()) < 0 or int(vocabulary.max()) >= V or not bool(
             (vocabulary[1:] > vocabulary[:-1]).all()):
         raise ValueError(f"vocabulary must hold distinct sorted token ids in [0, {V}), got {vocabulary.numel()} ids")
-    head = model.get_output_embeddings()
     trimmed = torch.nn.Linear(head.in_features, vocabulary.numel(), bias=head.bias is not None,
                               device=head.weight.device, dtype=head.weight.dtype)
     with torch.no_grad():
         trimmed.weight.copy_(head.weight[vocabulary.to(head.weight.device)])
         if head.bias is not None:
             trimmed.bias.copy_(head.bias[vocabulary.to(head.weight.device)])
-    view = module_view(model)
-    view.set_output_embeddings(trimmed)
-    return view
+    return trimmed
 
 
 def check_exit_layer(exit_layer, n_layers: int) -> None:

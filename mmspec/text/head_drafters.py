@@ -14,7 +14,15 @@ import torch
 from mmspec.core.head_drafting import FeatureTap, HeadProposer, check_draft_depth
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
-from mmspec.text.drafters import ChainDrafter, check_lookup_after, draft_lookup, looked_up_tail, text_law
+from mmspec.text.drafters import (
+    ChainDrafter,
+    check_lookup_after,
+    draft_lookup,
+    looked_up_tail,
+    module_view,
+    text_law,
+    trimmed_readout,
+)
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import DYNAMIC_TREE, LookupAfter, TreeDrafter
 
@@ -42,6 +50,8 @@ class WithHead:
             raise TypeError(f"a head drafter needs the target transformers model, got {type(target).__name__}")
         self.tap = bind_head(head, target)
         self.head, self.target = head, target
+        self.reader = head  # what drafts: the head, or a view of it trimmed to a draft vocabulary
+        self.vocabulary: torch.Tensor | None = None
         self.vocab_size = head.config.vocab_size
         self.proposer: HeadProposer | None = None
 
@@ -50,7 +60,9 @@ class WithHead:
         return 0 if self.proposer is None else self.proposer.forwards
 
     def capture_key(self) -> tuple:
-        return type(self), type(self.head), next(self.head.parameters()).data_ptr(), getattr(self, "shape", None)
+        trimmed = None if self.vocabulary is None else tuple(self.vocabulary.tolist())
+        weights = next(self.head.parameters()).data_ptr()
+        return type(self), type(self.head), weights, getattr(self, "shape", None), trimmed
 
     def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
         B, device = rows.batch_size, rows.tokens.device
@@ -68,9 +80,10 @@ class WithHead:
             features = prompt_features.gather(1, j.clamp(min=0)[..., None].expand(-1, -1, prompt_features.shape[-1]))
             positions = j + 1
         nodes = getattr(getattr(self, "shape", None), "nodes", rows.lookahead)
-        session = self.head.session(B, tokens.shape[1] + rows.seq.shape[1] + nodes + 2, B, False, device)
+        session = self.reader.session(B, tokens.shape[1] + rows.seq.shape[1] + nodes + 2, B, False, device)
         session.offsets = n.clone()
-        self.proposer = HeadProposer(session, self.tap, B, device)
+        trim = () if self.vocabulary is None else (self.vocabulary.to(device), self.vocab_size)
+        self.proposer = HeadProposer(session, self.tap, B, device, *trim)
         self.proposer.prefill(tokens, features, positions, valid)
 
     def select(self, index: torch.Tensor) -> None:
@@ -82,14 +95,20 @@ class HeadDrafter(WithHead, ChainDrafter):
     head's processed law q. target: the transformers causal LM the head was trained on; head: an `EagleHead` or
     `HydraHead`. lookup_after: a horizontal cascade (CS-Drafting): the head drafts the first N positions, prompt
     lookup (n-grams up to `max_ngram`) the rest, point masses, as far as it finds a match (None: the head drafts
-    every position)."""
+    every position). vocabulary: VocabTrim's draft vocabulary ([|S|] long ids, `frequent_vocabulary`): the head
+    reads out only those rows of the target's LM head, its law renormalised over them (None: all)."""
 
     capturable = False  # its first round reads the prefill's law, the others catch up: two shapes of step
 
-    def __init__(self, target, head, lookup_after: int | None = None, max_ngram: int = 3):
+    def __init__(self, target, head, lookup_after: int | None = None, max_ngram: int = 3,
+                 vocabulary: torch.Tensor | None = None):
         check_lookup_after(lookup_after)
         self.attach(target, head)
         self.lookup_after, self.max_ngram = lookup_after, max_ngram
+        if vocabulary is not None:
+            self.reader = module_view(head)
+            self.reader.__dict__["lm_head"] = trimmed_readout(head.lm_head, vocabulary)  # not a submodule: bound
+            self.vocabulary = vocabulary
 
     def schedule(self, draft_length):
         schedule = super().schedule(draft_length)

@@ -93,7 +93,7 @@ class TextSpeculation(TextDecoding):
                                           high_open=True, only={"drafter": ("model", "layerskip", "kangaroo")})
     exit_layer: int | None = setting(None, "layer-skip drafts with the target's first N layers (default: the "
                                      "config's early_exit_layer)", kind=int, low=1, only={"drafter": ("layerskip",)})
-    draft_vocabulary: int | None = setting(None, "VocabTrim: the draft LM's head scores only the N tokens its target "
+    draft_vocabulary: int | None = setting(None, "VocabTrim: the draft LM's head scores only the N tokens the target "
                                            "writes most (its config's token_ranking) and the special tokens "
                                            "(default: all)", kind=int, low=1, only={"drafter": ("model",)})
     max_ngram: int = setting(3, "the longest n-gram prompt lookup looks up", low=1,
@@ -189,7 +189,7 @@ class TextSpeculation(TextDecoding):
             raise ValueError(f"drafter={self.drafter!r} needs a draft model; this pipeline has none")
         if self.draft_vocabulary is not None:
             return ModelDrafter(draft, confidence_threshold=self.confidence_threshold,
-                                vocabulary=draft_vocabulary(target, draft, self.draft_vocabulary))
+                                vocabulary=draft_vocabulary(target, self.draft_vocabulary))
         if self.drafter == "model" and self.schedule == LEARNED:
             if self.acceptance_head is None:
                 raise ValueError("schedule='learned' needs an acceptance head: load a pipeline that has an "
@@ -237,17 +237,17 @@ def attached(acceptance: AcceptanceRule, target: Any) -> AcceptanceRule:
     return acceptance
 
 
-def draft_vocabulary(target: Any, draft: Any, size: int):
-    """VocabTrim's vocabulary for `draft`: the `size` ids first in its config's `token_ranking`
-    (`mmspec.zoo.train_vocabulary`) and the target's special tokens (EOS, padding, BOS)."""
+def draft_vocabulary(target: Any, size: int):
+    """VocabTrim's vocabulary for a drafter of `target` (its draft LM or a draft head): the `size` ids first in the
+    target's config's `token_ranking` (`mmspec.zoo.train_vocabulary`) and its special tokens (EOS, padding, BOS)."""
     from mmspec.core.vocabulary import frequent_vocabulary
 
-    ranking = getattr(draft.config, "token_ranking", None)
+    ranking = getattr(target.config, "token_ranking", None)
     if ranking is None:
-        raise ValueError("draft_vocabulary needs the draft's token ranking (its config's token_ranking): write it "
-                         "with python -m mmspec.zoo.train_vocabulary --draft <its folder>")
+        raise ValueError("draft_vocabulary needs the target's token ranking (its config's token_ranking): write it "
+                         "with python -m mmspec.zoo.train_vocabulary --target <its folder>")
     if size > len(ranking):
-        raise ValueError(f"draft_vocabulary={size} exceeds the draft's vocabulary of {len(ranking)}")
+        raise ValueError(f"draft_vocabulary={size} exceeds the target's vocabulary of {len(ranking)}")
     specials = [getattr(target.config, f"{name}_token_id", None) for name in ("eos", "pad", "bos")]
     flat = [i for s in specials if s is not None for i in ([s] if isinstance(s, int) else s)]
     return frequent_vocabulary(ranking, size, keep=flat)
@@ -274,6 +274,9 @@ class TextDraftHeads(TextDecoding):
     lookup_after: int | None = setting(None, "a horizontal cascade: the head drafts the first N positions (a "
                                        "tree's first N levels), prompt lookup the rest (default: every position "
                                        "from the head)", kind=int, low=1)
+    draft_vocabulary: int | None = setting(None, "VocabTrim: a chain's head reads out only the N tokens the target "
+                                           "writes most (its config's token_ranking) and the special tokens "
+                                           "(default: all)", kind=int, low=1)
     acceptance: AcceptanceRule = Exact()
     head: Any = runtime()
 
@@ -285,6 +288,8 @@ class TextDraftHeads(TextDecoding):
         if self.lookup_after is not None and self.lookup_after >= depth:
             raise ValueError(f"lookup_after={self.lookup_after} must be below the draft's depth {depth} (draft_length, "
                              "or the tree's levels): the positions after it are prompt lookup's")
+        if self.draft_vocabulary is not None and self.tree_size:
+            raise ValueError("draft_vocabulary trims a chain's head: it needs tree_size=0")
 
     def reads(self, field: str) -> bool:
         """draft_length is not read by a positional tree, tree_rates only by one."""
@@ -303,7 +308,8 @@ class TextDraftHeads(TextDecoding):
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}>")
         if self.tree_size:
             return HeadTreeDrafter(target, self.head, self.tree_shape(), lookup_after=self.lookup_after)
-        return HeadDrafter(target, self.head, lookup_after=self.lookup_after)
+        vocabulary = None if self.draft_vocabulary is None else draft_vocabulary(target, self.draft_vocabulary)
+        return HeadDrafter(target, self.head, lookup_after=self.lookup_after, vocabulary=vocabulary)
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):
         """`speculative_generate` with this head's drafter (`draft` is not read)."""

@@ -1,14 +1,15 @@
-"""Rank a draft model's tokens by how often its target writes them, for VocabTrim's draft vocabularies.
+"""Rank a target's tokens by how often it writes them, for VocabTrim's draft vocabularies (of its draft LM and its
+draft heads).
 
-    python -m mmspec.zoo.train_vocabulary                     # the embedded pair: writes pycode/draft/config.json
-    python -m mmspec.zoo.train_vocabulary --target my-lm --draft my-draft-folder
+    python -m mmspec.zoo.train_vocabulary                     # the embedded target: writes pycode/target/config.json
+    python -m mmspec.zoo.train_vocabulary --target my-lm-folder
 
 The target continues 32-token windows of the code corpus at temperature 1 (VocabTrim, Goel et al. 2025: the
-target's own text is the calibration set that keeps acceptance best); the tokens it wrote are counted, and the draft
-model's `config.json` gets `token_ranking` (every token id, most frequent first; ties and unseen ids by id) with
+target's own text is the calibration set that keeps acceptance best); the tokens it wrote are counted, and the
+target's `config.json` gets `token_ranking` (every token id, most frequent first; ties and unseen ids by id) with
 `token_ranking_tokenizer` (the SHA-256 of the tokenizer file it counted with: which ids the ranking means).
-`TextSpeculation(drafter="model", draft_vocabulary=N)` keeps the first N ids and the special tokens. The samples are
-kept in `--work-dir` (shared with `mmspec.zoo.train_acceptance`) and reused.
+`TextSpeculation(drafter="model", draft_vocabulary=N)` and `TextDraftHeads(draft_vocabulary=N)` keep the first N ids
+and the special tokens. The samples are kept in `--work-dir` (shared with `mmspec.zoo.train_acceptance`) and reused.
 """
 
 from __future__ import annotations
@@ -40,25 +41,24 @@ def token_ranking(tokens: torch.Tensor, vocab_size: int) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_sample_arguments(parser, "the draft model folder whose config.json gets the ranking", held_out=False)
+    add_sample_arguments(parser, held_out=False)
     args = parser.parse_args(argv)
     for name in ("samples", "new_tokens", "sample_batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     try:
-        draft_folder = Path(resolve_model(args.draft, "--draft"))
-        resolve_model(args.target, "--target")
+        target_folder = Path(resolve_model(args.target, "--target"))
     except ValueError as error:
         parser.error(str(error))
-    if not (draft_folder / "config.json").is_file() or not (draft_folder / "tokenizer.json").is_file():
-        parser.error(f"--draft: {draft_folder} needs a config.json and a tokenizer.json")
+    if not (target_folder / "config.json").is_file() or not (target_folder / "tokenizer.json").is_file():
+        parser.error(f"--target: {target_folder} needs a config.json and a tokenizer.json")
 
     target, tokenizer = load_causal_lm(args.target)
     written = target_samples(args, target, tokenizer)[:, PROMPT_TOKENS:]
     ranking = token_ranking(written, target.config.vocab_size)
-    config_path = draft_folder / "config.json"
+    config_path = target_folder / "config.json"
     config = json.loads(config_path.read_text())
-    config.update(token_ranking=ranking, token_ranking_tokenizer=tokenizer_digest(draft_folder))
+    config.update(token_ranking=ranking, token_ranking_tokenizer=tokenizer_digest(target_folder))
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     seen = int((torch.bincount(written.flatten(), minlength=len(ranking)) > 0).sum())
     print(f"{written.numel()} tokens counted, {seen} of {len(ranking)} ids seen; ranking written to {config_path}")

@@ -1,7 +1,7 @@
-"""VocabTrim's draft vocabulary (`mmspec.core.vocabulary`, `ModelDrafter(vocabulary=...)`): the trimmed draft
-drafts from its law renormalised over S and records it V-wide, so the output keeps the target's law (chi-square
-against the exact joint law) and greedy output stays the target's; a draft that draws over S but reads its index as
-a token id (the "first |S| ids" map) is rejected by the same test."""
+"""VocabTrim's draft vocabulary (`mmspec.core.vocabulary`, `ModelDrafter(vocabulary=...)`, `HeadDrafter(vocabulary=
+...)`): the trimmed draft LM or head drafts from its law renormalised over S and records it V-wide, so the output
+keeps the target's law (chi-square against the exact joint law) and greedy output stays the target's; a drafter that
+draws over S but reads its index as a token id (the "first |S| ids" map) is rejected by the same test."""
 
 import pytest
 import torch
@@ -11,21 +11,53 @@ from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.vocabulary import frequent_vocabulary
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import ModelDrafter, trimmed_view
+from mmspec.text.head_drafters import HeadDrafter
+from mmspec.text.methods import TextDraftHeads, TextSpeculation, draft_vocabulary
 from tests.text.table_lm import TableLM, random_table
 from tests.text.test_generate import prompts
 from tests.text.test_generate_law import ALPHA, EOS, V, law_test
+from tests.text.test_head_drafters import head
 
 KEPT = torch.tensor([0, 2, EOS])
 WIDEN = vocabulary.widen
 
 
-@pytest.mark.parametrize("draft_length,temperature,top_k", [(3, 1.0, 0), (2, 0.7, 2)])
-def test_trimmed_draft_keeps_the_targets_law(draft_length, temperature, top_k):
-    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
-    p_value, stats = law_test(target, ModelDrafter(draft, vocabulary=KEPT), temperature, top_k,
-                              draft_length=draft_length)
+def trimmed_drafter(kind, target):
+    """The draft LM's or the EAGLE head's chains, trimmed to KEPT."""
+    if kind == "model":
+        return ModelDrafter(TableLM(random_table(V, 1)), vocabulary=KEPT)
+    return HeadDrafter(target, head("eagle"), vocabulary=KEPT)
+
+
+@pytest.mark.parametrize("kind,draft_length,temperature,top_k", [("model", 3, 1.0, 0), ("model", 2, 0.7, 2),
+                                                                 ("head", 3, 1.0, 0), ("head", 2, 0.7, 2)])
+def test_trimmed_draft_keeps_the_targets_law(kind, draft_length, temperature, top_k):
+    target = TableLM(random_table(V, 0))
+    p_value, stats = law_test(target, trimmed_drafter(kind, target), temperature, top_k, draft_length=draft_length)
     assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
     assert 0 < stats.accepted < stats.drafted
+
+
+def test_a_trimmed_head_drafts_only_the_vocabulary():
+    """Every token the trimmed head drafts is in S, and its recorded law is zero outside S."""
+    target = TableLM(random_table(V, 0))
+    drafter = HeadDrafter(target, head("eagle"), vocabulary=KEPT)
+    captured = []
+    ids = torch.tensor([[1, 3, 2], [3, 1, 1]])
+    original = drafter.propose
+
+    def propose(*args):
+        draft = original(*args)
+        captured.append(draft)
+        return draft
+
+    drafter.propose = propose
+    speculative_generate(target, ids, drafter=drafter, max_new_tokens=6, temperature=1.0, draft_length=3,
+                         generator=torch.Generator().manual_seed(0))
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[KEPT] = False
+    assert captured and all(torch.isin(d.tokens, KEPT).all() for d in captured)
+    assert all(d.q[..., outside].abs().max() == 0 for d in captured)
 
 
 def test_trimmed_draft_law_is_the_full_law_renormalised_over_the_vocabulary(tiny_draft):
@@ -69,8 +101,25 @@ def first_ids_map(index, q, kept, vocab_size):
     return index, wide
 
 
-def test_first_ids_map_is_rejected(monkeypatch):
+@pytest.mark.parametrize("kind", ["model", "head"])
+def test_first_ids_map_is_rejected(kind, monkeypatch):
     monkeypatch.setattr(vocabulary, "widen", first_ids_map)
-    target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
-    p_value, _ = law_test(target, ModelDrafter(draft, vocabulary=KEPT), 1.0, 0, draft_length=3)
+    target = TableLM(random_table(V, 0))
+    p_value, _ = law_test(target, trimmed_drafter(kind, target), 1.0, 0, draft_length=3)
     assert p_value < ALPHA, f"the mutant map was not detected (p = {p_value:.2e})"
+
+
+def test_the_vocabulary_comes_from_the_targets_ranking(tiny_target):
+    with pytest.raises(ValueError, match="needs the target's token ranking"):
+        draft_vocabulary(tiny_target, 4)
+    tiny_target.config.token_ranking = list(range(47, -1, -1))
+    try:
+        assert draft_vocabulary(tiny_target, 3).tolist() == sorted({45, 46, 47, *[
+            i for i in (tiny_target.config.eos_token_id, tiny_target.config.pad_token_id,
+                        tiny_target.config.bos_token_id) if i is not None]})
+    finally:
+        del tiny_target.config.token_ranking
+    with pytest.raises(ValueError, match="draft_vocabulary trims a chain's head"):
+        TextDraftHeads(tree_size=8, draft_vocabulary=16)
+    with pytest.raises(ValueError, match="draft_vocabulary"):
+        TextSpeculation(drafter="ngram", draft_vocabulary=16)

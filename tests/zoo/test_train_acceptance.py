@@ -47,13 +47,13 @@ def test_the_commands_run_and_save(tmp_path):
     assert tuple(head.config.stop_threshold) == (metrics["stop_threshold"]["greedy"],
                                                  metrics["stop_threshold"]["sampled"])
     assert 0 <= metrics["sampled"]["mean_label"] <= 1 and metrics["examples"] == 4 * 39
-    draft = tmp_path / "draft"
-    shutil.copytree(ZOO_DIR / "pycode" / "draft", draft)
-    train_vocabulary.main(["--draft", str(draft), "--samples", "6", "--new-tokens", "8", "--sample-batch", "3",
+    target = tmp_path / "target"
+    shutil.copytree(ZOO_DIR / "pycode" / "target", target)
+    train_vocabulary.main(["--target", str(target), "--samples", "6", "--new-tokens", "8", "--sample-batch", "3",
                            "--work-dir", str(tmp_path / "work")])
-    config = json.loads((draft / "config.json").read_text())
+    config = json.loads((target / "config.json").read_text())
     assert sorted(config["token_ranking"]) == list(range(4096))
-    assert config["token_ranking_tokenizer"] == train_vocabulary.tokenizer_digest(draft)
+    assert config["token_ranking_tokenizer"] == train_vocabulary.tokenizer_digest(target)
     written = torch.load(tmp_path / "work" / "samples.pt")[:, train_vocabulary.PROMPT_TOKENS :]
     assert config["token_ranking"][0] == int(torch.bincount(written.flatten()).argmax())
 
