@@ -101,8 +101,8 @@ HEAD_CASCADE = "ours_eagle_cascade"  # the EAGLE head's first position, prompt l
 # model's positional tree of 30 nodes and of the EAGLE head's dynamic tree (HEAD_TREE)
 TREE_LOOKUP_AFTER = 2
 TREE_CASCADES = {"ours_tree_n30_cascade": "ours_tree_n30", "ours_eagle_tree_cascade": "ours_eagle_tree"}
-# Each cascade's speed against its drafter's alone, timed in turns prompt by prompt over CASCADE_REPEATS passes
-# (`compare_cascades`): a slow spell of a shared machine then slows both
+# Each cascade's speed against its drafter's alone, timed in turns prompt by prompt over CASCADE_REPEATS passes, the
+# median of the paired ratios (`compare_cascades`): a slow spell of a shared machine then moves one pair, not the figure
 CASCADE_GROUPS = {"cascade": ("ours_model", *CASCADES), "heads_cascade": ("ours_eagle", HEAD_CASCADE),
                   **{cascade.removeprefix("ours_").replace("_n30", ""): (drafter, cascade)
                      for cascade, drafter in TREE_CASCADES.items()}}
@@ -398,28 +398,36 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
 
 def compare_cascades(methods: dict, prompts: list[str], tokenizer, device, repeats: int = CASCADE_REPEATS) -> dict:
     """Each cascade against its drafter alone (`CASCADE_GROUPS`), at T = 0 and 1, batch 1, on `prompts`: the methods
-    of a group take turns prompt by prompt, `repeats` passes; the best cascade's tokens/s (mean new tokens over the
-    median seconds of a pass) over the drafter's, `<group>_speedup_over_drafter_t*_bs1`."""
+    of a group take turns prompt by prompt, `repeats` passes. `<group>_speedup_over_drafter_t*_bs1`: the best
+    cascade's median, over the (pass, prompt) pairs, of its tokens/s over the drafter's on the same prompt just
+    before (a slow spell of a shared machine then hits one pair, not the figure); printed beside it, each method's
+    tokens/s over a pass (mean new tokens over the median seconds)."""
     encoded = [tokenizer([prompt], return_tensors="pt").to(device) for prompt in prompts]
     figures = {}
     for temperature in (0.0, 1.0):
         for group, names in CASCADE_GROUPS.items():
             for name in names:  # warm-up
                 methods[name](encoded[0], temperature, seed=12345)
-            seconds = {name: [0.0] * repeats for name in names}
-            tokens = dict.fromkeys(names, 0)
+            speeds = {name: [] for name in names}  # tokens/s per (pass, prompt)
+            passes = {name: [[0, 0.0] for _ in range(repeats)] for name in names}  # [tokens, seconds] per pass
             for repeat in range(repeats):
                 for i, enc in enumerate(encoded):
                     for name in names:
                         start = time.perf_counter()
                         sequences, _ = methods[name](enc, temperature, seed=1000 * repeat + i)
                         synchronize(device)
-                        seconds[name][repeat] += time.perf_counter() - start
-                        tokens[name] += int((sequences[:, enc["input_ids"].shape[1] :] != tokenizer.pad_token_id).sum())
-            speed = {name: tokens[name] / repeats / statistics.median(seconds[name]) for name in names}
-            figures[f"{group}_speedup_over_drafter_t{temperature:g}_bs1"] = max(speed[n] for n in names[1:]) / speed[
-                names[0]]
-            print(f"{group} T={temperature:g}: " + ", ".join(f"{n} {speed[n]:.1f} tok/s" for n in names), flush=True)
+                        seconds = time.perf_counter() - start
+                        new = int((sequences[:, enc["input_ids"].shape[1] :] != tokenizer.pad_token_id).sum())
+                        speeds[name].append(new / seconds)
+                        passes[name][repeat][0] += new
+                        passes[name][repeat][1] += seconds
+            drafter, cascades = names[0], names[1:]
+            figures[f"{group}_speedup_over_drafter_t{temperature:g}_bs1"] = max(
+                statistics.median(c / d for c, d in zip(speeds[name], speeds[drafter], strict=True))
+                for name in cascades)
+            per_pass = {name: statistics.mean(tokens for tokens, _ in passes[name]) /
+                        statistics.median(seconds for _, seconds in passes[name]) for name in names}
+            print(f"{group} T={temperature:g}: " + ", ".join(f"{n} {per_pass[n]:.1f} tok/s" for n in names), flush=True)
     return figures
 
 

@@ -82,7 +82,7 @@ def online_acceptance_gain(target, draft, tokenizer, temperature: float, max_new
     frozen = serve_stream(target, draft, tokenizer, prompts, temperature, max_new_tokens, measure_from=learn_prompts)
     if hasattr(draft, "logits"):  # a head: its copy reads through the same target embedding and LM head
         bind_head(draft, target)
-        learning = copy_sharing(draft, OnlineHeadDistillation.shared(draft))
+        learning = copy_sharing(draft, (draft.embedding, draft.lm_head))
         learner = OnlineHeadDistillation(target, learning, background=False, **LEARNER)
     else:
         learning = copy.deepcopy(draft)

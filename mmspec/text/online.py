@@ -52,6 +52,14 @@ def copy_sharing(module: torch.nn.Module, shared: tuple = ()) -> torch.nn.Module
     return copy.deepcopy(module, {id(part): part for part in shared})
 
 
+def frozen_view(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` reading the same weights, detached: a loss through it computes no gradient of them."""
+    view = copy.copy(module)
+    view._parameters = {name: None if weight is None else torch.nn.Parameter(weight.detach(), requires_grad=False)
+                        for name, weight in module._parameters.items()}
+    return view
+
+
 def divergence(student_logits: torch.Tensor, target_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
     """Mean over positions of D(p ‖ q): student_logits, target_logprobs [P, V] (q from the logits, p the target's);
     "fkl": KL(p ‖ q), the soft cross-entropy less p's entropy; "tvd": ½ Σ |p − q| = 1 − Σ min(p, q)."""
@@ -138,8 +146,7 @@ class OnlineDistillation:
         self.draft, self.every, self.steps, self.rows_per_step = draft, every, steps, rows_per_step
         self.divergence, self.positions = divergence, positions
         self.buffer: deque[ServedRow] = deque(maxlen=buffer)
-        # the student shares what the draft reads but does not learn (a head's target embedding and LM head)
-        self.student = copy_sharing(draft, self.shared(draft)).float().train()
+        self.student = self.student_of(draft)
         self.optimizer = torch.optim.AdamW(self.student.parameters(), lr=lr, weight_decay=0.0)
         self.sampler = torch.Generator().manual_seed(seed)
         self.requests, self.updates, self.losses = 0, 0, []
@@ -148,10 +155,9 @@ class OnlineDistillation:
         self._running: Future | None = None
         self._lock = threading.Lock()  # the buffer: appended by the serving thread, sampled by the worker
 
-    @staticmethod
-    def shared(draft: torch.nn.Module) -> tuple:
-        """What the student shares with the serving draft instead of copying (nothing, for a draft LM)."""
-        return ()
+    def student_of(self, draft: torch.nn.Module) -> torch.nn.Module:
+        """The copy of the draft that learns (float32, in training mode)."""
+        return copy.deepcopy(draft).float().train()
 
     def target_features(self) -> torch.Tensor | None:
         """[B, S, w], what a head reads of the target's last forward (None: a draft LM reads none)."""
@@ -245,10 +251,12 @@ class OnlineHeadDistillation(OnlineDistillation):
         self.unroll = unroll
         super().__init__(head, **options)
 
-    @staticmethod
-    def shared(draft: torch.nn.Module) -> tuple:
-        """The target's embedding and LM head, which the head reads through (`bind_head`)."""
-        return draft.embedding, draft.lm_head
+    def student_of(self, head: torch.nn.Module) -> torch.nn.Module:
+        """A copy of the head reading through the target's own embedding and LM head (`bind_head`), detached: the
+        student learns, the target's weights get no gradient."""
+        student = copy_sharing(head, (head.embedding, head.lm_head)).float().train()
+        student.bind(frozen_view(head.embedding), frozen_view(head.lm_head))
+        return student
 
     def target_features(self) -> torch.Tensor:
         return self.tap.features

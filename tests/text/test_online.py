@@ -150,6 +150,7 @@ def head_learned_tv(kind):
     serve(target, drafting, learner, requests=12)
     learner.close()
     assert learner.updates == 12
+    assert all(weight.grad is None for weight in target.parameters())  # the student reads them detached
     return before, mean_tv(drafting, target)
 
 
