@@ -1,7 +1,7 @@
 """Text speculative decoding benchmark on the embedded pair (mmspec/zoo/pycode), in one process.
 
     python -m mmspec.eval.bench_text          # full: 16 held-out prompts, 128 new tokens
-    python -m mmspec.eval.bench_text --quick  # < 3 minutes: 4 prompts, 64 new tokens
+    python -m mmspec.eval.bench_text --quick  # about 15 minutes on 2 CPU cores: 4 prompts, 64 new tokens
     python -m mmspec.eval.bench_text --json bench_text.json
 
 Prompts come from the held-out split of the corpus. Every method runs on the same target, prompts and seeds, after a
@@ -11,19 +11,20 @@ generation with the same draft (its defaults, and with our draft length), transf
 drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft trees of the draft model: the fixed
 trees of TREE_NODES and 30 nodes built for its measured positional acceptance, the full binary tree of 30 nodes,
 OPT-Tree (T = 0 only: deterministic children); STAND's model-free n-gram memory; the draft heads on the target's
-features, `HEADS`; cascades of the draft model over prompt lookup, `CASCADES`; SpecDec++'s learned draft length;
-Kangaroo's exit adapter, `KANGAROOS`; judge decoding, lossy) at batch 1; AR and ours (chains of 4, 2 and 1, the
-positional tree, which keeps BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and its best 14 and 6) at batch 8. The
-summary ratios take the best of ours against the best transformers assisted run (batch 1) and against AR (batch 8),
-the best tree's tokens per forward against the best chain's, STAND's tokens per forward against transformers' prompt
-lookup, and the heads' best tokens per forward against the draft model's chain and (at one tree of 30 nodes) its tree,
-the best cascade's speed against the draft model's chain, and SpecDec++ and VocabTrim against the plain chain on
-STOP_PROMPTS more prompts (`compare_with_plain_chain`: draft tokens rejected per new token, tokens per forward,
-acceptance), and VocabTrim's drafting time and multiply-adds per round against the plain chain's, Kangaroo against the
-plain early exit, judge decoding against the exact rule on the same STOP_PROMPTS prompts, greedy (`compare_judge`:
-tokens per forward, the share of completions without a syntax error, the distortion), and online speculative
-decoding's acceptance on a shifted stream against the frozen draft's, for the draft model and the EAGLE head
-(`eval/online_stream.py`, `--stream-prompts`).
+features, `HEADS`; cascades of the draft model, of its tree and of the EAGLE head over prompt lookup, `CASCADES`,
+`TREE_CASCADES`; SpecDec++'s learned draft length; Kangaroo's exit adapter, `KANGAROOS`; judge decoding, lossy) at batch
+1; AR and ours (chains of 4, 2 and 1, the positional tree, which keeps BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and
+its best 14 and 6) at batch 8. The summary ratios take the best of ours against the best transformers assisted run
+(batch 1) and against AR (batch 8), the best tree's tokens per forward against the best chain's, STAND's tokens per
+forward against transformers' prompt lookup, and the heads' best tokens per forward against the draft model's chain and
+(at one tree of 30 nodes) its tree, each cascade's speed against its drafter's (timed in turns, `compare_cascades`), and
+SpecDec++ and VocabTrim (of the draft model and of the EAGLE head) against the untrimmed drafter on STOP_PROMPTS more
+prompts (`compare_with_plain_chain`: draft tokens rejected per new token, tokens per forward, acceptance), and
+VocabTrim's drafting time and multiply-adds per round against the untrimmed drafter's, Kangaroo against the plain early
+exit, judge decoding against the exact rule on the same STOP_PROMPTS prompts, greedy (`compare_judge`: tokens per
+forward, the share of completions without a syntax error, the distortion), and online speculative decoding's acceptance
+on a shifted stream against the frozen draft's, for the draft model and the EAGLE head (`eval/online_stream.py`,
+`--stream-prompts`).
 
 Positional trees (`TreeShape.positional`, Sequoia's) need the rate at which walks accept a node's k-th child: an
 untimed calibration pass per temperature and drafter (the draft model, the EAGLE head) measures it
