@@ -91,9 +91,10 @@ class TextTab:
             seed = gr.Number(label="Seed", value=0, precision=0)
         with gr.Row():
             settings = [control.build(visible=False) for control in self.controls]
-        online = gr.Checkbox(value=False, visible=self.pipe.draft is not None, elem_id="text-online",
-                             label="Online drafting: the draft LM keeps learning from the target between requests "
-                                   "(the draft-LM drafters; exact)")
+        learners = self.pipe.draft is not None or self.pipe.eagle_head is not None or self.pipe.hydra_head is not None
+        online = gr.Checkbox(value=False, visible=learners, elem_id="text-online",
+                             label="Online drafting: the drafter keeps learning from the target between requests "
+                                   "(the draft LM, or the chosen kind of head; exact)")
         acceptance = gr.Radio(self.rules, value="exact", elem_id="text-acceptance",
                               label="Acceptance of a chain drafter's drafts (exact: lossless; the others lossy)")
         with gr.Row():
@@ -128,7 +129,8 @@ class TextTab:
         if acceptance != "exact":
             settings["acceptance"] = acceptance
 
-        COMPUTE.submit(self.learn_online, bool(online)).result()
+        learner = settings.get("kind", "eagle") if method == "heads" else "model"
+        COMPUTE.submit(self.learn_online, bool(online), learner).result()
         ar, ar_latency = self.timed(prompt, "ar", seed, **sampling)
         rows = [stats_row("AR (target.generate)", ar.stats, ar_latency, ar_latency)]
         yield ar.texts[0], "", rows, f"AR: {int(ar.stats.new_tokens[0])} tokens in {ar_latency:.2f} s."
@@ -144,16 +146,20 @@ class TextTab:
             status += (f" Lossy ({acceptance}): {fast.stats.excess_acceptance:.3f} excess acceptance per position "
                        "(its distortion bound).")
         if self.pipe.online is not None:
+            learner = "draft LM" if self.pipe.online_drafter == "model" else f"{self.pipe.online_drafter} head"
             status += (f" Online drafting: {self.pipe.online.requests} requests recorded, {self.pipe.online.updates} "
-                       "updates of the draft swapped in.")
+                       f"updates of the {learner} swapped in.")
         yield ar.texts[0], highlight_pieces(fast.pieces[0]), rows, status
 
-    def learn_online(self, on: bool) -> None:
-        """Turn the pipeline's online drafting on (OSD's defaults) or off, on the compute thread."""
-        if on and self.pipe.online is None and self.pipe.draft is not None:
-            self.pipe.enable_online_drafting()
-        elif not on and self.pipe.online is not None:
+    def learn_online(self, on: bool, learner: str) -> None:
+        """Turn the pipeline's online drafting of `learner` ("model", "eagle" or "hydra") on (OSD's defaults), if the
+        pipeline has it, or off, on the compute thread; a learner of another drafter stops first (keeping what it
+        learned)."""
+        if self.pipe.online is not None and not (on and self.pipe.online_drafter == learner):
             self.pipe.disable_online_drafting()
+        present = self.pipe.draft if learner == "model" else getattr(self.pipe, f"{learner}_head", None)
+        if on and self.pipe.online is None and present is not None:
+            self.pipe.enable_online_drafting(learner)
 
     def timed(self, prompt: str, method: str, seed: int, **options):
         """(output, seconds) of one pipeline call on the compute thread."""

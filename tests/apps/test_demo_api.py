@@ -95,7 +95,10 @@ def test_text_tab_learns_online_when_asked(client):
     settings = [c.default for c in TextTab.text_controls()]
     status = client.predict("def f(x):\n", "model", 1.0, 16, 0, *settings, True, "exact",
                             api_name="/complete_text")[3]
-    assert "Online drafting: 1 requests recorded" in status
+    assert "Online drafting: 1 requests recorded" in status and "of the draft LM" in status
+    status = client.predict("def f(x):\n", "heads", 1.0, 16, 0, *settings, True, "exact",
+                            api_name="/complete_text")[3]  # the head's own learner takes over
+    assert "Online drafting: 1 requests recorded" in status and "of the eagle head" in status
     status = client.predict("def f(x):\n", "model", 1.0, 16, 0, *settings, False, "exact",
                             api_name="/complete_text")[3]
     assert "Online drafting" not in status
