@@ -363,6 +363,11 @@ def positional_acceptance(target, make_drafter, tokenizer, prompts: list[str], m
     return rates
 
 
+def new_tokens(sequences: torch.Tensor, encoded, tokenizer) -> int:
+    """The tokens a call generated: `sequences` past the `encoded` prompts, padding left out."""
+    return int((sequences[:, encoded["input_ids"].shape[1] :] != tokenizer.pad_token_id).sum())
+
+
 def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repeats) -> Row:
     device = counter.device
     encoded = [tokenizer(b, return_tensors="pt", padding=True).to(device) for b in batches(prompts, batch_size)]
@@ -375,8 +380,7 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
         for i, enc in enumerate(encoded):
             counter.count = 0
             sequences, stats = fn(enc, temperature, seed=1000 * repeat + i)
-            generated = sequences[:, enc["input_ids"].shape[1] :]
-            new += int((generated != tokenizer.pad_token_id).sum())
+            new += new_tokens(sequences, enc, tokenizer)
             # ours count their own forwards: a step replayed from a CUDA graph fires no hook
             forwards += counter.count if stats is None else stats.target_forwards
             if stats is not None:
@@ -418,7 +422,7 @@ def compare_cascades(methods: dict, prompts: list[str], tokenizer, device, repea
                         sequences, _ = methods[name](enc, temperature, seed=1000 * repeat + i)
                         synchronize(device)
                         seconds = time.perf_counter() - start
-                        new = int((sequences[:, enc["input_ids"].shape[1] :] != tokenizer.pad_token_id).sum())
+                        new = new_tokens(sequences, enc, tokenizer)
                         speeds[name].append(new / seconds)
                         passes[name][repeat][0] += new
                         passes[name][repeat][1] += seconds

@@ -341,8 +341,7 @@ def serve_online(pipe, args, call: dict) -> int:
     (updates in the background, swapped in before a request); one line of acceptance per request."""
     import torch
 
-    learner = pipe.enable_online_drafting(args.settings.get("kind", "eagle") if args.method == "heads" else "model",
-                                          every=args.online_every)
+    learner = pipe.enable_online_drafting(pipe.online_drafter_for(args.method, args.settings), every=args.online_every)
     generator = torch.Generator(args.device).manual_seed(args.seed)
     for i, prompt in enumerate(args.prompt):
         out = pipe(prompt, decoding=args.method, generator=generator, **call, **args.settings)

@@ -14,7 +14,7 @@ from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_pr
 from mmspec.apps.tabs.settings import Control, decoding_controls
 from mmspec.core.registry import decodings
 from mmspec.core.settings import specs
-from mmspec.text.kinds import DRAFTERS
+from mmspec.text.kinds import DRAFTERS, ONLINE_DRAFTERS
 from mmspec.text.methods import TextSpeculation
 
 # one background per forward, cycled, so that neighbouring forwards' accepted drafts are told apart
@@ -91,7 +91,7 @@ class TextTab:
             seed = gr.Number(label="Seed", value=0, precision=0)
         with gr.Row():
             settings = [control.build(visible=False) for control in self.controls]
-        learners = self.pipe.draft is not None or self.pipe.eagle_head is not None or self.pipe.hydra_head is not None
+        learners = any(self.pipe.online_source(drafter) is not None for drafter in ONLINE_DRAFTERS)
         online = gr.Checkbox(value=False, visible=learners, elem_id="text-online",
                              label="Online drafting: the drafter keeps learning from the target between requests "
                                    "(the draft LM, or the chosen kind of head; exact)")
@@ -129,8 +129,7 @@ class TextTab:
         if acceptance != "exact":
             settings["acceptance"] = acceptance
 
-        learner = settings.get("kind", "eagle") if method == "heads" else "model"
-        COMPUTE.submit(self.learn_online, bool(online), learner).result()
+        COMPUTE.submit(self.learn_online, bool(online), self.pipe.online_drafter_for(method, settings)).result()
         ar, ar_latency = self.timed(prompt, "ar", seed, **sampling)
         rows = [stats_row("AR (target.generate)", ar.stats, ar_latency, ar_latency)]
         yield ar.texts[0], "", rows, f"AR: {int(ar.stats.new_tokens[0])} tokens in {ar_latency:.2f} s."
@@ -157,8 +156,7 @@ class TextTab:
         learned)."""
         if self.pipe.online is not None and not (on and self.pipe.online_drafter == learner):
             self.pipe.disable_online_drafting()
-        present = self.pipe.draft if learner == "model" else getattr(self.pipe, f"{learner}_head", None)
-        if on and self.pipe.online is None and present is not None:
+        if on and self.pipe.online is None and self.pipe.online_source(learner) is not None:
             self.pipe.enable_online_drafting(learner)
 
     def timed(self, prompt: str, method: str, seed: int, **options):

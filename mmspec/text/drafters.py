@@ -26,7 +26,7 @@ from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import AcceptanceRule, rule_from
 from mmspec.core.stats import PhaseTimer
-from mmspec.text.kinds import SCHEDULES
+from mmspec.text.kinds import SCHEDULES, check_lookup_after, check_max_ngram
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
@@ -364,8 +364,7 @@ class CascadeDrafter(ModelDrafter):
 
     def __init__(self, model, max_ngram: int = 3, lookup_after: int | None = None):
         super().__init__(model)
-        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
-            raise ValueError(f"max_ngram must be an int >= 1, got {max_ngram!r}")
+        check_max_ngram(max_ngram)
         check_lookup_after(lookup_after)
         self.max_ngram, self.lookup_after = max_ngram, lookup_after
 
@@ -379,12 +378,6 @@ class CascadeDrafter(ModelDrafter):
         lookup = draft_lookup(rows, width, self.max_ngram)
         draft = self.proposer.cascade(rows.seq, rows.committed, first, text_law, sampling, generator, lookup)
         return looked_up_tail(draft, lookup, width, budget)
-
-
-def check_lookup_after(lookup_after: int | None) -> None:
-    if lookup_after is not None and (isinstance(lookup_after, bool) or not isinstance(lookup_after, int)
-                                     or lookup_after < 1):
-        raise ValueError(f"lookup_after must be None or an int >= 1, got {lookup_after!r}")
 
 
 def draft_lookup(rows: TextRows, width: int, max_ngram: int):
@@ -416,14 +409,6 @@ def tree_lookup(rows: TextRows, max_ngram: int):
         return following.view(B, F), (available > 0).view(B, F)
 
     return propose
-
-
-def check_tree_lookup(lookup_after: int | None, depth: int) -> None:
-    """A tree's horizontal cascade must leave the drafter a level and prompt lookup one: 1 <= lookup_after < depth."""
-    check_lookup_after(lookup_after)
-    if lookup_after is not None and lookup_after >= depth:
-        raise ValueError(f"lookup_after={lookup_after} must be below the tree's depth {depth}: the levels after it "
-                         "are prompt lookup's")
 
 
 def looked_up_tail(draft: Draft, lookup, width: int, budget: torch.Tensor) -> Draft:

@@ -16,13 +16,13 @@ from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 from mmspec.text.drafters import (
     ChainDrafter,
-    check_lookup_after,
     draft_lookup,
     looked_up_tail,
     module_view,
     text_law,
     trimmed_readout,
 )
+from mmspec.text.kinds import check_lookup_after
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import DYNAMIC_TREE, LookupAfter, TreeDrafter
 

@@ -22,7 +22,15 @@ from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting, specs
 from mmspec.core.tree_shape import TREE_RATES_HELP, TreeShape, check_sized_tree, sized_tree
-from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, LEARNED, SCHEDULES, TREE_DRAFTERS, WITH_DRAFT_MODEL
+from mmspec.text.kinds import (
+    CHAIN_DRAFTERS,
+    DRAFTERS,
+    LEARNED,
+    SCHEDULES,
+    TREE_DRAFTERS,
+    WITH_DRAFT_MODEL,
+    check_tree_lookup,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -137,9 +145,8 @@ class TextSpeculation(TextDecoding):
                 raise ValueError(f"tree_rates: {error}") from None
         if self.drafter == "tree" and self.lookup_after is None and self.max_ngram != TextSpeculation.max_ngram:
             raise ValueError("max_ngram applies to a tree with lookup_after (prompt lookup's levels)")
-        if self.drafter == "tree" and self.lookup_after is not None and self.lookup_after >= self.tree_shape().depth:
-            raise ValueError(f"lookup_after={self.lookup_after} must be below the tree's depth "
-                             f"{self.tree_shape().depth}: the levels after it are prompt lookup's")
+        if self.drafter == "tree":
+            check_tree_lookup(self.lookup_after, self.tree_shape().depth)
         if (self.drafter == "cascade" and self.lookup_after is not None and self.schedule == "constant"
                 and self.lookup_after >= self.draft_length):
             raise ValueError(f"lookup_after={self.lookup_after} must be below draft_length={self.draft_length}: the "

@@ -27,7 +27,8 @@ from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import RULE_NAMES
 from mmspec.core.trees import DraftTree
-from mmspec.text.drafters import Drafter, WithDraftModel, check_tree_lookup, early_exit_view, text_law, tree_lookup
+from mmspec.text.drafters import Drafter, WithDraftModel, early_exit_view, text_law, tree_lookup
+from mmspec.text.kinds import check_max_ngram, check_tree_lookup
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
@@ -109,8 +110,7 @@ class LookupAfter:
 
     def cascade(self, lookup_after: int | None, max_ngram: int) -> None:
         check_tree_lookup(lookup_after, self.shape.depth)
-        if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:
-            raise ValueError(f"max_ngram must be an int >= 1, got {max_ngram!r}")
+        check_max_ngram(max_ngram)
         self.lookup_after, self.max_ngram = lookup_after, max_ngram
 
     def lookup(self, rows: TextRows) -> TreeLookup | None:

@@ -122,18 +122,29 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         Off by default; returns the learner (its `updates` and `losses`)."""
         if drafter not in ONLINE_DRAFTERS:
             raise ValueError(f"drafter must be one of {ONLINE_DRAFTERS}, got {drafter!r}")
-        if drafter == "model" and self.draft is None:
+        learning = self.online_source(drafter)
+        if learning is None and drafter == "model":
             raise ValueError("enable_online_drafting needs a draft LM (from_pretrained(..., draft=...))")
-        head = getattr(self, f"{drafter}_head", None)
-        if drafter != "model" and head is None:
+        if learning is None:
             raise ValueError(f"enable_online_drafting(drafter={drafter!r}) needs the pipeline's {drafter}_head")
         self.disable_online_drafting()
         if drafter == "model":
-            self.online = OnlineDistillation(self.draft, **options)
+            self.online = OnlineDistillation(learning, **options)
         else:
-            self.online = OnlineHeadDistillation(self.target, head, **options)
+            self.online = OnlineHeadDistillation(self.target, learning, **options)
         self.online_drafter = drafter
         return self.online
+
+    def online_source(self, drafter: str) -> torch.nn.Module | None:
+        """What `enable_online_drafting(drafter)` trains: the draft LM ("model") or the head of that kind (None if
+        the pipeline has none)."""
+        return self.draft if drafter == "model" else getattr(self, f"{drafter}_head", None)
+
+    @staticmethod
+    def online_drafter_for(decoding: str, settings: dict) -> str:
+        """The drafter a call of `decoding` (a name) with `settings` drafts with, as `enable_online_drafting` names
+        it: the head of its `kind` for "heads", else the draft LM ("model")."""
+        return settings.get("kind", TextDraftHeads.kind) if decoding == "heads" else "model"
 
     def learns_online(self, decoding: DecodingComponent) -> bool:
         """Whether the online learner (if any) records a call of `decoding`: one that drafts with what it trains."""
