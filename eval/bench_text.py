@@ -12,19 +12,19 @@ drafter chains of 4, 8 and 16 tokens, n-gram, layer skip, adaptive length; draft
 trees of TREE_NODES and 30 nodes built for its measured positional acceptance, the full binary tree of 30 nodes,
 OPT-Tree (T = 0 only: deterministic children); STAND's model-free n-gram memory; the draft heads on the target's
 features, `HEADS`; cascades of the draft model, of its tree and of the EAGLE head over prompt lookup, `CASCADES`,
-`TREE_CASCADES`; SpecDec++'s learned draft length; Kangaroo's exit adapter, `KANGAROOS`; judge decoding, lossy) at batch
-1; AR and ours (chains of 4, 2 and 1, the positional tree, which keeps BATCH_TOKENS // 8 - 1 = 15 nodes at batch 8, and
-its best 14 and 6) at batch 8. The summary ratios take the best of ours against the best transformers assisted run
-(batch 1) and against AR (batch 8), the best tree's tokens per forward against the best chain's, STAND's tokens per
-forward against transformers' prompt lookup, and the heads' best tokens per forward against the draft model's chain and
-(at one tree of 30 nodes) its tree, each cascade's speed against its drafter's (timed in turns, `compare_cascades`), and
-SpecDec++ and VocabTrim (of the draft model and of the EAGLE head) against the untrimmed drafter on STOP_PROMPTS more
-prompts (`compare_with_plain_chain`: draft tokens rejected per new token, tokens per forward, acceptance), and
-VocabTrim's drafting time and multiply-adds per round against the untrimmed drafter's, Kangaroo against the plain early
-exit, judge decoding against the exact rule on the same STOP_PROMPTS prompts, greedy (`compare_judge`: tokens per
-forward, the share of completions without a syntax error, the distortion), and online speculative decoding's acceptance
-on a shifted stream against the frozen draft's, for the draft model and the EAGLE head (`eval/online_stream.py`,
-`--stream-prompts`).
+`TREE_CASCADES`; SpecDec++'s learned draft length; Kangaroo's exit adapter, `KANGAROOS`, and S2D's sorted exits; judge
+decoding, lossy) at batch 1; AR and ours (chains of 4, 2 and 1, the positional tree, which keeps BATCH_TOKENS // 8 - 1 =
+15 nodes at batch 8, and its best 14 and 6) at batch 8. The summary ratios take the best of ours against the best
+transformers assisted run (batch 1) and against AR (batch 8), the best tree's tokens per forward against the best
+chain's, STAND's tokens per forward against transformers' prompt lookup, and the heads' best tokens per forward against
+the draft model's chain and (at one tree of 30 nodes) its tree, each cascade's speed against its drafter's (timed in
+turns, `compare_in_turns`), and SpecDec++ and VocabTrim (of the draft model and of the EAGLE head) against the untrimmed
+drafter on STOP_PROMPTS more prompts (`compare_with_plain_chain`: draft tokens rejected per new token, tokens per
+forward, acceptance), and VocabTrim's drafting time and multiply-adds per round against the untrimmed drafter's,
+Kangaroo against the plain early exit and S2D against Kangaroo, judge decoding against the exact rule on the same
+STOP_PROMPTS prompts, greedy (`compare_judge`: tokens per forward, the share of completions without a syntax error, the
+distortion), and online speculative decoding's acceptance on a shifted stream against the frozen draft's, for the draft
+model and the EAGLE head (`eval/online_stream.py`, `--stream-prompts`).
 
 Positional trees (`TreeShape.positional`, Sequoia's) need the rate at which walks accept a node's k-th child: an
 untimed calibration pass per temperature and drafter (the draft model, the EAGLE head) measures it
@@ -77,6 +77,7 @@ from mmspec.text.drafters import (
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
 from mmspec.text.methods import attached, draft_vocabulary
 from mmspec.text.rows import TextRows
+from mmspec.text.sorted_exits import SortedExitDrafter
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm, resolve_model
 from mmspec.zoo.text_corpus import held_out_prompts, syntax_valid
@@ -102,12 +103,14 @@ HEAD_CASCADE = "ours_eagle_cascade"  # the EAGLE head's first position, prompt l
 # model's positional tree of 30 nodes and of the EAGLE head's dynamic tree (HEAD_TREE)
 TREE_LOOKUP_AFTER = 2
 TREE_CASCADES = {"ours_tree_n30_cascade": "ours_tree_n30", "ours_eagle_tree_cascade": "ours_eagle_tree"}
-# Each cascade's speed against its drafter's alone, timed in turns prompt by prompt over CASCADE_REPEATS passes, the
-# median of the paired ratios (`compare_cascades`): a slow spell of a shared machine then moves one pair, not the figure
-CASCADE_GROUPS = {"cascade": ("ours_model", *CASCADES), "heads_cascade": ("ours_eagle", HEAD_CASCADE),
-                  **{cascade.removeprefix("ours_").replace("_n30", ""): (drafter, cascade)
-                     for cascade, drafter in TREE_CASCADES.items()}}
-CASCADE_REPEATS = 5
+# Speeds timed in turns prompt by prompt over TURN_REPEATS passes against the drafter they build on, the median of
+# the paired ratios (`compare_in_turns`): a slow spell of a shared machine then moves one pair, not the figure. Each
+# cascade against its drafter alone, and S2D's sorted exits against Kangaroo's one exit of the same adapter.
+TURN_GROUPS = {"cascade": ("ours_model", *CASCADES), "heads_cascade": ("ours_eagle", HEAD_CASCADE),
+               **{cascade.removeprefix("ours_").replace("_n30", ""): (drafter, cascade)
+                  for cascade, drafter in TREE_CASCADES.items()},
+               "s2d": ("ours_kangaroo", "ours_s2d")}
+TURN_REPEATS = 5
 # SpecDec++'s learned draft length: the draft model drafts up to SPECDECPP_LENGTH tokens and stops where its
 # acceptance head (pycode/acceptance_head) says; compared with the plain chain of DRAFT_LENGTH on STOP_PROMPTS
 # prompts (--quick: a quarter), more than the table's: at T = 1 tokens per forward vary a lot between samples
@@ -120,6 +123,9 @@ VOCABTRIM_SIZE = 1024
 # with the double early exit (the paper's confidence 0.6, at most 6 drafts)
 KANGAROO_CONFIDENCE, KANGAROO_LENGTH = 0.6, 6
 KANGAROOS = ("ours_kangaroo", "ours_kangaroo_exit")
+# S2D: the same adapter (trained sorted, at several exits) at the exit each row chooses per step, chains of
+# DRAFT_LENGTH; compared with Kangaroo's chain at its one exit
+S2D_EXIT_THRESHOLD = 0.3
 # Online speculative decoding: the draft model, and the EAGLE head, learning while they serve a shifted stream
 # (`eval/online_stream.py`), against the same drafter frozen; STREAM_NEW_TOKENS per prompt. learner: (the frozen
 # drafter's row, what drafts: "draft" or a head's kind, the prefix of its figures)
@@ -134,7 +140,7 @@ METHOD_NAMES = ("ar", "hf_assisted", "hf_assisted_len4", "hf_prompt_lookup", "ou
                 "ours_tree_n14", "ours_tree_n6", "ours_eagle", "ours_hydra", "ours_eagle_tree",
                 "ours_eagle_tree_n30", *CASCADES, HEAD_CASCADE, *TREE_CASCADES, "ours_specdecpp",
                 "ours_vocabtrim", "ours_eagle_vocabtrim", *ONLINE_LEARNERS, *KANGAROOS,
-                "ours_judge")  # `make_methods`' keys, and the online stream's learner
+                "ours_s2d", "ours_judge")  # `make_methods`' keys, and the online stream's learner
 # Drafts from heads on the target's features: the EAGLE head's chains of DRAFT_LENGTH, EAGLE-2's dynamic tree of 16
 # nodes (HEAD_TREE) and the positional tree of 30 built for the head's own measured acceptance (as "ours_tree_n30" is
 # for the draft model's: the two compare drafters at one tree); the Hydra head's chains.
@@ -312,6 +318,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_kangaroo": ours(lambda: KangarooDrafter(target, heads["kangaroo"])),
         "ours_kangaroo_exit": ours(lambda: KangarooDrafter(target, heads["kangaroo"], KANGAROO_CONFIDENCE),
                                    lambda: DraftLengthSchedule(KANGAROO_LENGTH)),
+        "ours_s2d": ours(lambda: SortedExitDrafter(target, heads["kangaroo"], S2D_EXIT_THRESHOLD)),
         "ours_adaptive": ours(lambda: ModelDrafter(draft, confidence_threshold=0.3),
                               lambda: DraftLengthSchedule(DRAFT_LENGTH, kind="heuristic", max_length=8)),
         # The best draft length shrinks as the batch grows (verification is no longer free): batch 8 also tries 1 and 2.
@@ -401,16 +408,17 @@ def measure(name, fn, prompts, tokenizer, counter, batch_size, temperature, repe
     return row
 
 
-def compare_cascades(methods: dict, prompts: list[str], tokenizer, device, repeats: int = CASCADE_REPEATS) -> dict:
-    """Each cascade against its drafter alone (`CASCADE_GROUPS`), at T = 0 and 1, batch 1, on `prompts`: the methods
-    of a group take turns prompt by prompt, `repeats` passes. `<group>_speedup_over_drafter_t*_bs1`: the best
-    cascade's median, over the (pass, prompt) pairs, of its tokens/s over the drafter's on the same prompt just
-    before (a slow spell of a shared machine then hits one pair, not the figure); printed beside it, each method's
-    tokens/s over a pass (mean new tokens over the median seconds)."""
+def compare_in_turns(methods: dict, groups: dict, prompts: list[str], tokenizer, device,
+                     repeats: int = TURN_REPEATS) -> dict:
+    """Each group's methods against its first, the drafter they build on (`TURN_GROUPS`), at T = 0 and 1, batch 1,
+    on `prompts`: the methods of a group take turns prompt by prompt, `repeats` passes.
+    `<group>_speedup_over_drafter_t*_bs1`: the best method's median, over the (pass, prompt) pairs, of its tokens/s
+    over the drafter's on the same prompt just before (a slow spell of a shared machine then hits one pair, not the
+    figure); printed beside it, each method's tokens/s over a pass (mean new tokens over the median seconds)."""
     encoded = [tokenizer([prompt], return_tensors="pt").to(device) for prompt in prompts]
     figures = {}
     for temperature in (0.0, 1.0):
-        for group, names in CASCADE_GROUPS.items():
+        for group, names in groups.items():
             for name in names:  # warm-up
                 methods[name](encoded[0], temperature, seed=12345)
             speeds = {name: [] for name in names}  # tokens/s per (pass, prompt)
@@ -426,10 +434,10 @@ def compare_cascades(methods: dict, prompts: list[str], tokenizer, device, repea
                         speeds[name].append(new / seconds)
                         passes[name][repeat][0] += new
                         passes[name][repeat][1] += seconds
-            drafter, cascades = names[0], names[1:]
+            drafter, others = names[0], names[1:]
             figures[f"{group}_speedup_over_drafter_t{temperature:g}_bs1"] = max(
                 statistics.median(c / d for c, d in zip(speeds[name], speeds[drafter], strict=True))
-                for name in cascades)
+                for name in others)
             per_pass = {name: statistics.mean(tokens for tokens, _ in passes[name]) /
                         statistics.median(seconds for _, seconds in passes[name]) for name in names}
             print(f"{group} T={temperature:g}: " + ", ".join(f"{n} {per_pass[n]:.1f} tok/s" for n in names), flush=True)
@@ -583,6 +591,10 @@ def summary(rows: list[Row]) -> dict:
         **{f"kangaroo_{kind}_over_layerskip_t{t:g}_bs1": (lambda figure=figure, t=t: max(
             figure(m, 1, t) for m in KANGAROOS) / figure("ours_layerskip", 1, t))
            for kind, figure in (("tokens_per_forward", per_forward), ("speedup", tps)) for t in (0.0, 1.0)},
+        # S2D's exit chosen per step against Kangaroo's one exit, with the same adapter (speed: `compare_in_turns`)
+        **{f"s2d_tokens_per_forward_over_kangaroo_t{t:g}_bs1": (lambda t=t: per_forward("ours_s2d", 1, t) /
+                                                               per_forward("ours_kangaroo", 1, t))
+           for t in (0.0, 1.0)},
     }
     found = {}
     for name, ratio in ratios.items():
@@ -664,8 +676,9 @@ def main(argv: list[str] | None = None) -> dict:
     taken = len(prompts) + calibration_prompts  # more prompts, none of the table's or calibration's
     more_prompts = held_out_prompts(taken + stop_prompts)[taken:]
     with torch.no_grad():
-        if {name for names in CASCADE_GROUPS.values() for name in names} <= chosen:
-            ratios.update(compare_cascades(methods, prompts[:n_prompts], tokenizer, device))
+        groups = {group: names for group, names in TURN_GROUPS.items() if set(names) <= chosen}
+        if groups:
+            ratios.update(compare_in_turns(methods, groups, prompts[:n_prompts], tokenizer, device))
         if {"ours_model", "ours_specdecpp", "ours_vocabtrim", "ours_eagle", "ours_eagle_vocabtrim"} <= chosen:
             stop_rows, figures = compare_with_plain_chain(methods, more_prompts, tokenizer, counter)
             ratios.update(figures)

@@ -42,7 +42,7 @@ def table_rows() -> list[tuple[str, str, tuple[str, ...]]]:
 # more rows of the same kind that the README's table (at its length limit) leaves out
 TREE_ROWS = [('mmspec text "x = 1" --method tree --draft-length 3',
               "mmspec text: error: --draft-length applies to --method model / ngram / layerskip / cascade / kangaroo / "
-              "heads (or auto) only", ()),
+              "s2d / heads (or auto) only", ()),
              ('mmspec text "x = 1" --method stand --acceptance typical',
               ("mmspec text: error: --acceptance typical is for chain drafters; --method stand is verified by exact "
                "tree rules"), ()),

@@ -177,9 +177,15 @@ class StaticCausalLMAdapter(CausalLMAdapter):
             allowed = torch.arange(self.capacity, device=positions.device) <= positions[:, :, None]
         state.cache.write = positions if write is None else write
         dtype = self.model.dtype if isinstance(getattr(self.model, "dtype", None), torch.dtype) else torch.float32
-        mask = torch.where(allowed, torch.zeros((), dtype=dtype, device=positions.device), torch.finfo(dtype).min)
-        return self.backbone(**inputs, attention_mask=mask[:, None], position_ids=positions, use_cache=True,
-                             **{self.cache_keyword: state.cache})
+        return self.backbone(**inputs, attention_mask=additive_mask(allowed, dtype), position_ids=positions,
+                             use_cache=True, **{self.cache_keyword: state.cache})
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[R, 1, W, S] attention mask of `dtype`: 0 where `allowed` [R, W, S] (a query may see the slot), else -inf's
+    stand-in (a transformers backbone adds a 4-D mask as it is)."""
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
 
 
 def as_static_model(model, capacity: int):

@@ -8,6 +8,10 @@ The adapter owns only the attention block and its two RMS norms (Kangaroo's 67 M
 (`mmspec.text.drafters.KangarooDrafter`), so the draft's law is recorded as it is drawn and verification is exact;
 Kangaroo's double early exit stops a row's chain where the exit's top-1 confidence falls below a threshold
 (`mmspec.core.draft_stops.ConfidenceStop`).
+
+An adapter trained at several exits at once (`exit_layers`; S2D's sorted fine-tuning, Kavehzadeh et al. 2024, arXiv
+2407.01955) serves each of them: the nested drafts of the target's first 2, 4, 6 ... layers, one chosen per step
+(`mmspec.text.sorted_exits.SortedExitDrafter`).
 """
 
 from __future__ import annotations
@@ -34,13 +38,18 @@ class KangarooAdapter(ModelMixin, ConfigMixin):
 
     exit_layer: how many of the target's layers it reads the output of; hidden_size, num_attention_heads,
     num_key_value_heads, head_dim, rms_norm_eps, rope_theta, max_position_embeddings: the target's (its rotary table
-    is the target's own, shared through the view)."""
+    is the target's own, shared through the view); exit_layers: every exit it was trained for (sorted, S2D's sorted
+    fine-tuning; None: `exit_layer` alone), `exit_layer` among them (the exit a Kangaroo drafter uses)."""
 
     @register_to_config
     def __init__(self, exit_layer: int = 3, hidden_size: int = 192, num_attention_heads: int = 6,
                  num_key_value_heads: int = 6, head_dim: int = 32, rms_norm_eps: float = 1e-6,
-                 rope_theta: float = 10000.0, max_position_embeddings: int = 1024):
+                 rope_theta: float = 10000.0, max_position_embeddings: int = 1024,
+                 exit_layers: list[int] | None = None):
         super().__init__()
+        if exit_layers is not None and (list(exit_layers) != sorted(set(exit_layers)) or exit_layer not in exit_layers):
+            raise ValueError(f"exit_layers must be distinct, ascending and hold exit_layer ({exit_layer}), got "
+                             f"{exit_layers}")
         config = LlamaConfig(hidden_size=hidden_size, num_attention_heads=num_attention_heads,
                              num_key_value_heads=num_key_value_heads, head_dim=head_dim, intermediate_size=1,
                              num_hidden_layers=exit_layer + 1, rms_norm_eps=rms_norm_eps,
@@ -50,19 +59,26 @@ class KangarooAdapter(ModelMixin, ConfigMixin):
         self.block.mlp, self.block.post_attention_layernorm = NoFeedForward(), nn.Identity()
         self.norm = LlamaRMSNorm(hidden_size, eps=rms_norm_eps)
 
+    @property
+    def exits(self) -> tuple[int, ...]:
+        """The exits it serves, ascending: `exit_layers`, or `exit_layer` alone."""
+        return tuple(self.config.exit_layers or (self.config.exit_layer,))
+
     @classmethod
-    def for_target(cls, target, exit_layer: int) -> KangarooAdapter:
-        """A new adapter for a transformers Llama-style `target` exiting after `exit_layer` layers, its attention
-        initialised from the target's next layer (training then starts from a block that already reads those
-        features) and its norm from the target's final norm."""
+    def for_target(cls, target, exit_layer: int, exit_layers: list[int] | None = None) -> KangarooAdapter:
+        """A new adapter for a transformers Llama-style `target` exiting after `exit_layer` layers (and, sorted, at
+        each of `exit_layers`), its attention initialised from the target's layer after `exit_layer` (training then
+        starts from a block that already reads those features) and its norm from the target's final norm."""
         config = target.config
-        check_exit_layer(exit_layer, config.num_hidden_layers)
+        for layer in exit_layers or (exit_layer,):
+            check_exit_layer(layer, config.num_hidden_layers)
         adapter = cls(exit_layer=exit_layer, hidden_size=config.hidden_size,
                       num_attention_heads=config.num_attention_heads,
                       num_key_value_heads=config.num_key_value_heads,
                       head_dim=getattr(config, "head_dim", config.hidden_size // config.num_attention_heads),
                       rms_norm_eps=config.rms_norm_eps, rope_theta=config.rope_parameters["rope_theta"],
-                      max_position_embeddings=config.max_position_embeddings)
+                      max_position_embeddings=config.max_position_embeddings,
+                      exit_layers=None if exit_layers is None else sorted(exit_layers))
         following = target.model.layers[exit_layer]
         adapter.block.self_attn.load_state_dict(following.self_attn.state_dict())
         adapter.block.input_layernorm.load_state_dict(following.input_layernorm.state_dict())

@@ -1,8 +1,8 @@
 """The text engine: `speculative_generate` for any transformers causal LM (batch > 1, per-row acceptance), its chain
-drafters (a small model, the target's early exit with or without Kangaroo's adapter, n-gram prompt lookup, their
-cascade) and draft-length schedules, online distillation of the draft LM while it serves, its tree drafters
-(dynamic, OPT-Tree and positional trees of a draft model or the early exit, STAND's n-gram memory), and the text
-decodings (`AR`, `TextSpeculation`, `mmspec.text.methods`). Models run through the core's protocol
+drafters (a small model, the target's early exit with or without Kangaroo's adapter, S2D's sorted exits, n-gram
+prompt lookup, their cascade) and draft-length schedules, online distillation of the draft LM while it serves, its
+tree drafters (dynamic, OPT-Tree and positional trees of a draft model or the early exit, STAND's n-gram memory), and
+the text decodings (`AR`, `TextSpeculation`, `mmspec.text.methods`). Models run through the core's protocol
 (`mmspec.adapters.CausalLMAdapter`); the acceptance and tree rules are the core's. Names are exported lazily, so the
 decodings' settings load without torch.
 """
@@ -27,6 +27,7 @@ _EXPORTS = {
     "early_exit_view": "mmspec.text.drafters",
     "kangaroo_view": "mmspec.text.drafters",
     "OnlineDistillation": "mmspec.text.online",
+    "SortedExitDrafter": "mmspec.text.sorted_exits",
     "LayerSkipTreeDrafter": "mmspec.text.tree_drafters",
     "ModelTreeDrafter": "mmspec.text.tree_drafters",
     "StandDrafter": "mmspec.text.tree_drafters",

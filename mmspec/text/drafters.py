@@ -267,28 +267,50 @@ def early_exit_view(model, exit_layer: int):
     return view
 
 
-def kangaroo_view(target, adapter):
-    """The draft model of Kangaroo: a causal LM sharing the target's embedding, first `adapter.config.exit_layer`
-    layers and LM head, with the adapter's block as its last layer and the adapter's norm as its final norm. It has
-    its own config (so its own, shallower cache) and its own module dicts (the target's hooks do not fire)."""
-    if not all(hasattr(adapter, name) for name in ("block", "norm", "config")):  # duck-typed: models sit above text
-        raise TypeError(f"adapter must be a KangarooAdapter (mmspec.models.kangaroo), got {type(adapter).__name__}")
-    exit_layer = adapter.config.exit_layer
-    check_exit_layer(exit_layer, target.config.num_hidden_layers)
-    if adapter.config.hidden_size != target.config.hidden_size:
-        raise ValueError(f"the adapter reads features of width {adapter.config.hidden_size}; the target's are "
-                         f"{target.config.hidden_size} wide")
+def kangaroo_view(target, adapter, exit_layer: int | None = None):
+    """The draft model of Kangaroo: a causal LM sharing the target's embedding, first `exit_layer` layers (default:
+    the adapter's `config.exit_layer`; a sorted adapter's other exits too) and LM head, with the adapter's block as
+    its last layer and the adapter's norm as its final norm. It has its own config (so its own, shallower cache) and
+    its own module dicts (the target's hooks do not fire)."""
+    exit_layer = check_adapter(target, adapter, exit_layer)
     config = copy.deepcopy(target.config)
     config.num_hidden_layers = exit_layer + 1
     backbone = module_view(target.model)
-    backbone._modules["layers"] = torch.nn.ModuleList([*target.model.layers[:exit_layer], adapter.block])
+    backbone._modules["layers"] = torch.nn.ModuleList([*target.model.layers[:exit_layer],
+                                                       block_at(adapter.block, exit_layer)])
     backbone._modules["norm"] = adapter.norm
-    # the adapter's attention reads the masks the target's backbone builds for its own attention implementation
-    adapter.block.self_attn.config._attn_implementation = target.config._attn_implementation
     backbone.config = config
     view = module_view(target)
     view._modules["model"] = backbone
     view.config = config
+    return view
+
+
+def check_adapter(target, adapter, exit_layer: int | None = None) -> int:
+    """The exit a Kangaroo `adapter` drafts `target` from (`exit_layer`, one of those it was trained for; default
+    its own), after checking that it reads the target's features; its attention then reads the masks the target's
+    backbone builds for its own attention implementation."""
+    if not all(hasattr(adapter, name) for name in ("block", "norm", "config")):  # duck-typed: models sit above text
+        raise TypeError(f"adapter must be a KangarooAdapter (mmspec.models.kangaroo), got {type(adapter).__name__}")
+    exit_layer = adapter.config.exit_layer if exit_layer is None else exit_layer
+    check_exit_layer(exit_layer, target.config.num_hidden_layers)
+    trained = tuple(adapter.config.exit_layers or (adapter.config.exit_layer,))
+    if exit_layer not in trained:
+        raise ValueError(f"the adapter was trained for exit layers {list(trained)}, not {exit_layer}")
+    if adapter.config.hidden_size != target.config.hidden_size:
+        raise ValueError(f"the adapter reads features of width {adapter.config.hidden_size}; the target's are "
+                         f"{target.config.hidden_size} wide")
+    adapter.block.self_attn.config._attn_implementation = target.config._attn_implementation
+    return exit_layer
+
+
+def block_at(block: torch.nn.Module, slot: int) -> torch.nn.Module:
+    """A decoder layer sharing `block`'s weights whose attention keeps its keys and values in cache layer `slot`."""
+    if block.self_attn.layer_idx == slot:
+        return block
+    view, attention = module_view(block), module_view(block.self_attn)
+    attention.layer_idx = slot
+    view._modules["self_attn"] = attention
     return view
 
 

@@ -3,8 +3,8 @@ module that imports nothing, so the text decodings' settings (`mmspec.text.metho
 (`mmspec.text.drafters`) share them without importing each other."""
 
 # the drafters of chains: a draft LM, prompt lookup, an early exit, the draft LM over prompt lookup (a cascade), an
-# early exit with a trained adapter (Kangaroo)
-CHAIN_DRAFTERS = ("model", "ngram", "layerskip", "cascade", "kangaroo")
+# early exit with a trained adapter (Kangaroo), the nested exits of a sorted adapter (S2D)
+CHAIN_DRAFTERS = ("model", "ngram", "layerskip", "cascade", "kangaroo", "s2d")
 TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft LM's tree, STAND's n-gram memory
 DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
 WITH_DRAFT_MODEL = ("model", "cascade", "tree")  # the drafters that run a draft LM

@@ -83,8 +83,9 @@ class TextSpeculation(TextDecoding):
     name: ClassVar[str] = "speculative"
     drafter: str = setting("model", "'model': the draft LM; 'layerskip': the target's first layers; 'ngram': prompt "
                            "lookup; 'cascade': the draft LM over prompt lookup (CS-Drafting); 'kangaroo': the target's "
-                           "first layers and a trained exit adapter (Kangaroo); 'tree': the draft LM's tree (RSD); "
-                           "'stand': an n-gram memory of the target's laws",
+                           "first layers and a trained exit adapter (Kangaroo); 's2d': the exit adapter at the exit "
+                           "each row chooses per step among those it was trained for (S2D); 'tree': the draft LM's "
+                           "tree (RSD); 'stand': an n-gram memory of the target's laws",
                            choices=DRAFTERS)
     draft_length: int = setting(4, "tokens drafted per target forward", low=1, only={"drafter": CHAIN_DRAFTERS})
     schedule: str = setting("constant", "draft length per step: 'constant', transformers' 'heuristic' (+2 after "
@@ -98,7 +99,11 @@ class TextSpeculation(TextDecoding):
                                            high=1, low_open=True, high_open=True, only={"drafter": ("model",)})
     confidence_threshold: float = setting(0.0, "a row stops drafting after a token whose draft probability is below "
                                           "it (0 = never; Kangaroo's double early exit: 0.6)", low=0, high=1,
-                                          high_open=True, only={"drafter": ("model", "layerskip", "kangaroo")})
+                                          high_open=True,
+                                          only={"drafter": ("model", "layerskip", "kangaroo", "s2d")})
+    exit_threshold: float = setting(0.3, "drafter 's2d': a row drafts the step through the shallowest exit whose "
+                                    "top-1 probability for its first token reaches it (else the deepest; 0.3: the "
+                                    "embedded pair's best)", low=0, high=1, low_open=True, only={"drafter": ("s2d",)})
     exit_layer: int | None = setting(None, "layer-skip drafts with the target's first N layers (default: the "
                                      "config's early_exit_layer)", kind=int, low=1, only={"drafter": ("layerskip",)})
     draft_vocabulary: int | None = setting(None, "VocabTrim: the draft LM's head scores only the N tokens the target "
@@ -210,11 +215,16 @@ class TextSpeculation(TextDecoding):
             return ModelTreeDrafter(draft, self.tree_shape(), lookup_after=self.lookup_after, max_ngram=self.max_ngram)
         if self.drafter == "stand":
             return StandDrafter()
+        if self.drafter in ("kangaroo", "s2d") and self.kangaroo_adapter is None:
+            raise ValueError(f"drafter={self.drafter!r} needs an exit adapter: load a pipeline that has a "
+                             "kangaroo_adapter, or pass kangaroo_adapter=<KangarooAdapter>")
         if self.drafter == "kangaroo":
-            if self.kangaroo_adapter is None:
-                raise ValueError("drafter='kangaroo' needs an exit adapter: load a pipeline that has a "
-                                 "kangaroo_adapter, or pass kangaroo_adapter=<KangarooAdapter>")
             return KangarooDrafter(target, self.kangaroo_adapter, confidence_threshold=self.confidence_threshold)
+        if self.drafter == "s2d":
+            from mmspec.text.sorted_exits import SortedExitDrafter
+
+            return SortedExitDrafter(target, self.kangaroo_adapter, exit_threshold=self.exit_threshold,
+                                     confidence_threshold=self.confidence_threshold)
         if self.drafter == "layerskip":
             exit_layer = self.exit_layer or getattr(target.config, "early_exit_layer", None)
             if exit_layer is None:

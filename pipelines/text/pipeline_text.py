@@ -199,12 +199,14 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     def methods(self) -> tuple[str, ...]:
         """The drafters this pipeline can run, "heads" where it has an EAGLE head (the default kind), and "ar"
         (`"model"`, `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config,
-        `"kangaroo"` an exit adapter)."""
+        `"kangaroo"` an exit adapter, `"s2d"` one trained at several exits)."""
         unavailable = set(WITH_DRAFT_MODEL) if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
         if self.kangaroo_adapter is None:
             unavailable.add("kangaroo")
+        if self.kangaroo_adapter is None or len(self.kangaroo_adapter.exits) < 2:
+            unavailable.add("s2d")
         if self.eagle_head is None:
             unavailable.add("heads")
         return tuple(m for m in (*DRAFTERS, "heads", "ar") if m not in unavailable)

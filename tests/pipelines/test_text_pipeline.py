@@ -48,7 +48,8 @@ def test_tree_drafters_take_tree_settings_and_refuse_chain_ones(pipe):
     assert out.stats.method == TextSpeculation(drafter="tree", tree_depth=3, tree_branching=3).describe()
     assert out.stats.tree_acceptance is not None and out.stats.tokens_per_target_forward > 1
     with pytest.raises(ValueError,
-                       match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip' / 'cascade' / 'kangaroo', not 'tree'"):
+                       match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip' / 'cascade' / "
+                             "'kangaroo' / 's2d', not 'tree'"):
         TextSpeculation(drafter="tree", draft_length=6)
     with pytest.raises(ValueError, match="acceptance='typical' is for chain drafters"):
         TextSpeculation(drafter="stand", acceptance="typical")
@@ -284,12 +285,14 @@ def test_online_drafting_needs_a_draft_and_valid_options(pipe):
         pipe.enable_online_drafting("medusa")
 
 
-def test_the_embedded_pipeline_runs_kangaroo_and_judge_decoding(pipe):
-    """The shipped adapter and judge load beside the target: Kangaroo drafts exactly (greedy equals AR), judge
-    decoding reports its distortion."""
-    assert "kangaroo" in pipe.methods and pipe.judge_head is not None
+def test_the_embedded_pipeline_runs_kangaroo_s2d_and_judge_decoding(pipe):
+    """The shipped adapter (sorted: exits 2, 3, 4, 6) and judge load beside the target: Kangaroo and S2D draft
+    exactly (greedy equals AR), judge decoding reports its distortion."""
+    assert {"kangaroo", "s2d"} <= set(pipe.methods) and pipe.judge_head is not None
+    assert pipe.kangaroo_adapter.exits == (2, 3, 4, 6)
     ar = pipe(PROMPTS, decoding="ar", max_new_tokens=16)
-    kangaroo = pipe(PROMPTS, decoding="kangaroo", max_new_tokens=16)
-    assert kangaroo.texts == ar.texts and kangaroo.stats.accepted > 0
+    for method in ("kangaroo", "s2d"):
+        out = pipe(PROMPTS, decoding=method, max_new_tokens=16)
+        assert out.texts == ar.texts and out.stats.accepted > 0
     judged = pipe(PROMPTS, decoding="model", acceptance="judge", max_new_tokens=16)
     assert judged.stats.excess_acceptance is not None and judged.stats.excess_acceptance >= 0

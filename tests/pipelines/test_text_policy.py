@@ -41,7 +41,8 @@ def test_candidates_are_ar_and_the_drafters_that_read_the_settings(pipe, candida
     assert candidates == {"ar": TextAR(), "model": TextSpeculation(drafter="model"),
                           "ngram": TextSpeculation(drafter="ngram"), "layerskip": TextSpeculation(drafter="layerskip"),
                           "cascade": TextSpeculation(drafter="cascade"),
-                          "kangaroo": TextSpeculation(drafter="kangaroo"), "heads": TextDraftHeads(kind="eagle")}
+                          "kangaroo": TextSpeculation(drafter="kangaroo"), "s2d": TextSpeculation(drafter="s2d"),
+                          "heads": TextDraftHeads(kind="eagle")}
     assert {"tree", "stand"} <= set(pipe.methods)  # named, not auto-chosen
     assert set(pipe.auto_candidates({"max_ngram": 4})) == {"ar", "ngram", "cascade"}  # prompt lookup's readers
     longer = pipe.auto_candidates({"draft_length": 6})
@@ -53,13 +54,13 @@ def test_candidates_are_ar_and_the_drafters_that_read_the_settings(pipe, candida
 
 
 def test_the_fastest_measured_decoding_wins_and_ar_when_none_pays(tmp_path, pipe, candidates):
-    rates = {"model": 300.0, "ngram": 420.0, "layerskip": 260.0, "cascade": 290.0, "kangaroo": 270.0, "heads": 280.0,
-             "ar": 240.0}
+    rates = {"model": 300.0, "ngram": 420.0, "layerskip": 260.0, "cascade": 290.0, "kangaroo": 270.0, "s2d": 265.0,
+             "heads": 280.0, "ar": 240.0}
     policy = policy_with_rates(tmp_path / "a", pipe, candidates, rates)
     name, reason = policy.choose(pipe, PROMPTS, candidates, SAMPLING)
     assert name == "ngram" and reason.startswith("auto: ngram, 1.75x AR's tokens/s") and "cached" in reason
-    slow = {"model": 230.0, "ngram": 250.0, "layerskip": 200.0, "cascade": 235.0, "kangaroo": 220.0, "heads": 245.0,
-            "ar": 240.0}  # 1.04x < 1.05x
+    slow = {"model": 230.0, "ngram": 250.0, "layerskip": 200.0, "cascade": 235.0, "kangaroo": 220.0, "s2d": 215.0,
+            "heads": 245.0, "ar": 240.0}  # 1.04x < 1.05x
     name, reason = policy_with_rates(tmp_path / "b", pipe, candidates, slow).choose(pipe, PROMPTS, candidates,
                                                                                     SAMPLING)
     assert name == "ar" and "no drafter pays" in reason
@@ -68,7 +69,7 @@ def test_the_fastest_measured_decoding_wins_and_ar_when_none_pays(tmp_path, pipe
 def test_its_own_runs_move_the_choice(tmp_path, pipe, candidates):
     policy = policy_with_rates(tmp_path, pipe, candidates,
                                {"model": 300.0, "ngram": 420.0, "layerskip": 260.0, "cascade": 290.0, "kangaroo": 270.0,
-                                "heads": 280.0, "ar": 240.0})
+                                "s2d": 265.0, "heads": 280.0, "ar": 240.0})
     assert policy.choose(pipe, PROMPTS, candidates, SAMPLING)[0] == "ngram"
     key = policy.key(1, 0.0, candidates)
     for _ in range(3):  # prompt lookup stops paying on the caller's text
