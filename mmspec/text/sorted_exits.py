@@ -56,8 +56,8 @@ class NestedExits:
     take rotary `position_embeddings`), level j being `levels[j]` (the target's layers l_{j-1} + 1 .. l_j) and
     `exit_blocks[j]` (the adapter's block after layer l_j, its keys and values in cache layer l_k + j), then the
     adapter's norm and the target's LM head. The layers are called one by one, sharing a window's rotary table and
-    mask: a level is a few layers, and a backbone's own forward per level would cost more than they do on a small
-    model. Shapes: B rows, W window tokens, S slots, d features."""
+    mask, so a level pays for its layers only, not for a backbone's own mask and rotary work each time. Shapes: B
+    rows, W window tokens, S slots, d features."""
 
     def __init__(self, target, adapter):
         exits = tuple(adapter.config.exit_layers or (adapter.config.exit_layer,))
