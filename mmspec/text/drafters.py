@@ -169,8 +169,7 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
 
     def __init__(self, model, confidence_threshold: float = 0.0, acceptance_head=None,
                  stop_threshold: float | None = None, vocabulary: torch.Tensor | None = None):
-        if not 0 <= confidence_threshold < 1:
-            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        stop = confidence_stop(confidence_threshold)
         if confidence_threshold and acceptance_head is not None:
             raise ValueError("confidence_threshold and acceptance_head are two stop rules: give one")
         if stop_threshold is not None and acceptance_head is None:
@@ -179,9 +178,7 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
             raise ValueError("an acceptance_head reads the draft's full law: it does not take a trimmed vocabulary")
         self.attach(model if vocabulary is None else trimmed_view(model, vocabulary))
         self.vocabulary = vocabulary
-        self.stop = ConfidenceStop(confidence_threshold) if confidence_threshold else None
-        if acceptance_head is not None:
-            self.stop = learned_stop(model, acceptance_head, stop_threshold)
+        self.stop = stop if acceptance_head is None else learned_stop(model, acceptance_head, stop_threshold)
 
     @property
     def capturable(self) -> bool:
@@ -191,6 +188,14 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
     def propose(self, rows, budget, width, sampling, generator) -> Draft:
         return self.proposer.chain(rows.seq, rows.committed, width, text_law, sampling, generator, budget,
                                    self.stop)
+
+
+def confidence_stop(threshold: float) -> ConfidenceStop | None:
+    """The stop after a token whose draft probability is below `threshold` (a drafter's confidence_threshold, in
+    [0, 1)); None for 0, which never stops."""
+    if not 0 <= threshold < 1:
+        raise ValueError(f"confidence_threshold must be in [0, 1), got {threshold}")
+    return ConfidenceStop(threshold) if threshold else None
 
 
 def learned_stop(model, head, threshold: float | None) -> LearnedStop:
@@ -290,13 +295,13 @@ def check_adapter(target, adapter, exit_layer: int | None = None) -> int:
     """The exit a Kangaroo `adapter` drafts `target` from (`exit_layer`, one of those it was trained for; default
     its own), after checking that it reads the target's features; its attention then reads the masks the target's
     backbone builds for its own attention implementation."""
-    if not all(hasattr(adapter, name) for name in ("block", "norm", "config")):  # duck-typed: models sit above text
+    # duck-typed: mmspec.models sits above the text engine
+    if not all(hasattr(adapter, name) for name in ("block", "norm", "config", "exits")):
         raise TypeError(f"adapter must be a KangarooAdapter (mmspec.models.kangaroo), got {type(adapter).__name__}")
     exit_layer = adapter.config.exit_layer if exit_layer is None else exit_layer
     check_exit_layer(exit_layer, target.config.num_hidden_layers)
-    trained = tuple(adapter.config.exit_layers or (adapter.config.exit_layer,))
-    if exit_layer not in trained:
-        raise ValueError(f"the adapter was trained for exit layers {list(trained)}, not {exit_layer}")
+    if exit_layer not in adapter.exits:
+        raise ValueError(f"the adapter was trained for exit layers {list(adapter.exits)}, not {exit_layer}")
     if adapter.config.hidden_size != target.config.hidden_size:
         raise ValueError(f"the adapter reads features of width {adapter.config.hidden_size}; the target's are "
                          f"{target.config.hidden_size} wide")

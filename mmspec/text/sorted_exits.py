@@ -1,6 +1,6 @@
-"""Sorted multiple exits (S2D, Kavehzadeh et al. 2024, arXiv 2407.01955) on Kangaroo's exit adapter: one adapter
-trained at several exits l_1 < ... < l_k of the target at once (`KangarooAdapter(exit_layers=...)`, sorted
-fine-tuning: `python -m mmspec.zoo.train_kangaroo --exit-layers 2 3 4 6`) makes k nested drafts, the target's first
+"""Sorted multiple exits (S2D, Kavehzadeh et al. 2024, arXiv 2407.01955) on Kangaroo's exit adapter: one adapter trained
+at several exits l_1 < ... < l_k of the target at once (`KangarooAdapter(exit_layers=...)`, sorted fine-tuning:
+`python -m mmspec.zoo.train_kangaroo --exit-layer 3 --exit-layers 2 3 4 6`) makes k nested drafts, the target's first
 l_j layers then the adapter, and each row drafts a step's chain through the exit it chooses for that step.
 
 `NestedExits` runs them on one cache: the target's first l_k layers, then the adapter's attention at each exit in
@@ -24,12 +24,11 @@ import torch
 
 from mmspec.adapters.causal_lm import Prompt, cache_keyword
 from mmspec.adapters.static_cache import SlotCache, additive_mask
-from mmspec.core.draft_stops import ConfidenceStop
 from mmspec.core.drafting import stop_after
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import process_logits
 from mmspec.core.rng import inverse_cdf, uniform
-from mmspec.text.drafters import ChainDrafter, block_at, check_adapter
+from mmspec.text.drafters import ChainDrafter, block_at, check_adapter, confidence_stop
 
 
 @dataclass
@@ -60,7 +59,7 @@ class NestedExits:
     rows, W window tokens, S slots, d features."""
 
     def __init__(self, target, adapter):
-        exits = tuple(adapter.config.exit_layers or (adapter.config.exit_layer,))
+        exits = adapter.exits
         for exit_layer in exits:
             check_adapter(target, adapter, exit_layer)
         backbone, deepest = target.model, exits[-1]
@@ -163,15 +162,13 @@ class SortedExitDrafter(ChainDrafter):
     def __init__(self, target, adapter, exit_threshold: float = 0.3, confidence_threshold: float = 0.0):
         if not 0 < exit_threshold <= 1:
             raise ValueError(f"exit_threshold must be in (0, 1], got {exit_threshold}")
-        if not 0 <= confidence_threshold < 1:
-            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        self.stop = confidence_stop(confidence_threshold)
         self.nested = NestedExits(target, adapter)
         if len(self.nested.exit_layers) < 2:
             raise ValueError(f"sorted exits need an adapter trained at two exits or more (exit_layers), this one has "
                              f"{list(self.nested.exit_layers)}: train one with python -m mmspec.zoo.train_kangaroo "
                              f"--exit-layers ...")
         self.exit_threshold, self.vocab_size = exit_threshold, target.config.vocab_size
-        self.stop = ConfidenceStop(confidence_threshold) if confidence_threshold else None
         self.exits_taken = torch.zeros(len(self.nested.exit_layers), dtype=torch.long)
         self.forwards = 0
 

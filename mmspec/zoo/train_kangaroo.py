@@ -3,7 +3,7 @@ draft for it (`TextSpeculation(drafter="kangaroo")`).
 
     python -m mmspec.zoo.train_kangaroo                     # the embedded target: writes pycode/kangaroo_adapter/
     python -m mmspec.zoo.train_kangaroo --target my-lm --exit-layer 2 --out-dir my-lm-kangaroo
-    python -m mmspec.zoo.train_kangaroo --exit-layers 2 3 4 6     # sorted: one adapter for four exits (S2D)
+    python -m mmspec.zoo.train_kangaroo --exit-layer 3 --exit-layers 2 3 4 6   # sorted: one adapter, four exits (S2D)
 
 1. Samples: the target continues 32-token windows of the code corpus at temperature 1, kept in the work folder and
    shared with `train_acceptance` (Kangaroo trains on the target's own outputs, as EAGLE does).
@@ -46,9 +46,9 @@ def exit_losses(exits: NestedExits, target, tokens: torch.Tensor, tv_weight: flo
         output = target(input_ids=tokens, output_hidden_states=True)
         p = output.logits.float().softmax(-1)
     losses, entropies = [], []
-    for logits in exits.exit_logits(output.hidden_states):
-        entropies.append(soft_cross_entropy(p, logits.float()).mean())
-        losses.append(entropies[-1] + tv_weight * total_variation(p, logits.float()).mean())
+    for logits in (logits.float() for logits in exits.exit_logits(output.hidden_states)):
+        entropies.append(soft_cross_entropy(p, logits).mean())
+        losses.append(entropies[-1] + tv_weight * total_variation(p, logits).mean())
     return torch.stack(losses).mean(), torch.stack(entropies).mean()
 
 
