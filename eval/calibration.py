@@ -59,7 +59,8 @@ def pit_values(pipe, prompts: list[str], tokens: torch.Tensor, sampling: Samplin
         condition = pipe.encode_prompt(prompts[start : start + batch_size], None, None)
         uncond = None
         if sampling.guidance_scale != 1.0:
-            uncond = model(ids, model.unconditional(len(ids), ids.device), None)
+            null = model.unconditional(len(ids), ids.device)
+            uncond = model(ids, null, model.unconditional_mask(condition.mask))
         probs = process_logits(model(ids, condition.states, condition.mask), sampling, uncond).double()  # [b, N, V]
         ordered, order = probs.sort(-1, descending=True)
         rank = order.argsort(-1).gather(-1, ids[..., None])  # [b, N, 1]: x's place in the ordered vocabulary

@@ -101,7 +101,8 @@ def mean_token_entropy(pipe, captions: list[str], tokens: torch.Tensor, guidance
     cond = model(tokens, condition.states, condition.mask)
     uncond = None
     if guidance_scale != 1.0:
-        uncond = model(tokens, model.unconditional(len(captions), tokens.device), None)
+        uncond = model(tokens, model.unconditional(len(captions), tokens.device),
+                       model.unconditional_mask(condition.mask))
     p = process_logits(cond, SamplingConfig(guidance_scale=guidance_scale), uncond)
     return (-(p * p.clamp_min(1e-30).log()).sum(-1)).mean().item()
 

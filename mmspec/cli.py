@@ -43,7 +43,7 @@ MAX_QUOTE = 60  # characters of a user's input quoted in an error
 # pipeline arguments whose names reach an error message, as the flags users typed
 FLAGS = {"num_images_per_prompt": "--n", "guidance_scale": "--guidance-scale", "negative_prompt": "--negative-prompt",
          "max_new_tokens": "--max-new-tokens", "top_k": "--top-k", "top_p": "--top-p", "temperature": "--temperature",
-         "num_inference_steps": "--steps", "drafter": "--method"}
+         "num_inference_steps": "--steps", "drafter": "--method", "cfg_interval": "--cfg-interval"}
 
 
 class UsageError(ValueError):
@@ -275,7 +275,7 @@ def check_text(args) -> None:
 def check_generate(args) -> None:
     check_prompts(args.prompt)
     for flag_name, low in (("--n", 1), ("--seed", 0), ("--guidance-scale", 0), ("--temperature", 0), ("--top-k", 0),
-                           ("--height", 1), ("--width", 1), ("--upscale", 1)):
+                           ("--height", 1), ("--width", 1), ("--upscale", 1), ("--cfg-interval", -1)):
         check_number(args, flag_name, low)
     check_number(args, "--top-p", 0, 1, low_open=True)
     args.component = check_image_decoding(args)
@@ -396,7 +396,8 @@ def run_generate(args) -> int:
     from mmspec.pipelines.auto import image_pipeline_from_arguments
 
     pipe = image_pipeline_from_arguments(args).to(args.device)
-    call = {"num_images_per_prompt": args.n, "guidance_scale": args.guidance_scale, "temperature": args.temperature,
+    call = {"num_images_per_prompt": args.n, "guidance_scale": args.guidance_scale, "cfg_interval": args.cfg_interval,
+            "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
             "negative_prompt": args.negative_prompt}
     decoding = args.component or args.decoding  # the component the flags built, or "auto"
@@ -531,6 +532,8 @@ def build_parser() -> Parser:
     image.add_argument("--seed", type=int, default=0, help="image i uses seed + i")
     image.add_argument("--guidance-scale", type=float, default=None,
                        help="classifier-free guidance; 1 = off (default: the family's, 3 for the embedded model)")
+    image.add_argument("--cfg-interval", type=int, default=-1,
+                       help="LlamaGen's cfg_interval: image tokens 0 .. N + 1 guided, the rest unguided (-1 = all)")
     image.add_argument("--temperature", type=float, default=1.0)
     image.add_argument("--top-k", type=int, default=None, help="default: the family's (0 = all codes)")
     image.add_argument("--height", type=int, default=None, help="pixels (default: the model's native size)")

@@ -192,6 +192,7 @@ class ARImagePipeline(MMSpecPipeline):
         width: int | None = None,
         num_images_per_prompt: int = 1,
         guidance_scale: float | None = None,
+        cfg_interval: int = -1,
         negative_prompt: str | list[str] | None = None,
         temperature: float = 1.0,
         top_k: int | None = None,
@@ -214,6 +215,9 @@ class ARImagePipeline(MMSpecPipeline):
             guidance_scale (`float`, *optional*): classifier-free guidance scale s >= 0, combined on logits as
                 `uncond + s * (cond - uncond)` before temperature / top-k / top-p; 1.0 turns guidance off (no
                 unconditional rows are run). Defaults to the family's recommended value (`default_guidance_scale`).
+            cfg_interval (`int`, defaults to -1): LlamaGen's `generate(cfg_interval=)`, with its count: image tokens
+                0 .. cfg_interval + 1 are guided, the later ones sampled from the conditional logits alone; -1 guides
+                every token.
             negative_prompt (`str` or `list[str]`, *optional*): the unconditional rows' text, for the families whose
                 CFG takes one (Emu3); the others raise.
             temperature (`float`, defaults to 1.0): softmax temperature; 0 = greedy.
@@ -258,7 +262,8 @@ class ARImagePipeline(MMSpecPipeline):
         tensor_inputs = self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)
         guidance_scale = self.default_guidance_scale if guidance_scale is None else guidance_scale
         top_k = self.default_top_k if top_k is None else top_k
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale)
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, guidance_scale=guidance_scale,
+                                  cfg_interval=cfg_interval)
         decoding = self.decoding_for_call(decoding, decoding_settings)
         if not isinstance(decoding, str):
             decoding.check_sampling(temperature)

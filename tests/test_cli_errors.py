@@ -95,13 +95,17 @@ def test_a_device_the_machine_lacks_is_one_line_before_any_model_loads(command, 
 
 
 def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, capsys):
-    """An image size the model cannot make and a prompt longer than its text context: exit 2, one line that quotes a
-    long prompt shortened, nothing written."""
+    """An image size the model cannot make and a released checkpoint missing a weight: exit 2, one line that names
+    what is wrong, nothing written."""
+    from tests.models.test_llamagen import write_release
+
+    release = tmp_path / "release"
+    write_release(release, drop="layers.0.feed_forward.w2.weight")
     cases = [
         (["generate", "a red circle", "--height", "100"], "mmspec generate: error: this LlamaGen model cannot "
          "generate a 100x64 (height x width) image; its token grid makes 64x64 only"),
-        (["generate", "a red circle " * 400], "mmspec generate: error: prompt 'a red circle a red circle a red "
-         "circle a'... is 1200 tokens long; the model's text context holds 16"),
+        (["generate", "a red circle", "--model", str(release)], f"mmspec generate: error: {release / 't2i_tiny_64.pt'}"
+         " lacks 1 weight(s) of this LlamaGenTransformer: layers.0.feed_forward.w2.weight"),
     ]
     for argv, expected in cases:
         out = tmp_path / "out.png"
@@ -109,7 +113,7 @@ def test_what_only_the_loaded_model_can_judge_is_one_line_too(tmp_path, capsys):
             main([*argv, "--out", str(out)])
         assert exit_info.value.code == 2
         assert capsys.readouterr().err.splitlines()[-1] == expected
-        assert not out.exists() and list(tmp_path.iterdir()) == []
+        assert not out.exists() and sorted(tmp_path.iterdir()) == [release]
 
 
 @pytest.mark.parametrize("command", [["--help"], ["generate", "--help"], ["text", "--help"], ["video", "--help"],

@@ -60,7 +60,7 @@ def sample_orders(seeds: torch.Tensor, seq_len: int) -> torch.Tensor:
 
 
 class _Conditioner:
-    """One model's encoder-decoder pass and head for the tokens of a step (CFG with the linear schedule); graphs:
+    """One model's encoder-decoder pass and head for the tokens of a step (CFG at the step's scale); graphs:
     where its head's reverse chains replay from (None: eager)."""
 
     def __init__(self, model, labels: torch.Tensor | None, guidance_scale: float, graphs: SamplerGraphs | None = None):
@@ -83,9 +83,16 @@ class _Conditioner:
         return cond.reshape(-1, z.shape[-1]), uncond.reshape(-1, z.shape[-1])
 
 
-def _cfg_at(guidance_scale: float, seq_len: int, unknown_after: int) -> float:
-    """MAR's linear CFG schedule: 1 + (s - 1) (L - unknown tokens after the step) / L."""
-    return 1 + (guidance_scale - 1) * (seq_len - unknown_after) / seq_len
+CFG_SCHEDULES = ("linear", "constant")
+
+
+def guidance_at(guidance_scale: float, cfg_schedule: str, seq_len: int, unknown_after: int) -> float:
+    """The guidance scale of a step after which `unknown_after` of the seq_len tokens are still unknown, as LTH14/mar's
+    `sample_tokens` sets it: "constant" = s; "linear" (Muse's) = 1 + (s - 1) (L - m) / L, where m is the step's mask
+    length, the unknown count floored at 1, so the last step is guided by 1 + (s - 1) (L - 1) / L, not s."""
+    if cfg_schedule == "constant":
+        return guidance_scale
+    return 1 + (guidance_scale - 1) * (seq_len - max(unknown_after, 1)) / seq_len
 
 
 def _noise(seeds, positions, schedule, dim, attempt=0):
@@ -246,14 +253,17 @@ class SpeculativeSteps:
 def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
            labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
            on_step: StepHook | None = None, plan: list[int] | None = None,
-           graphs: SamplerGraphs | None = None) -> tuple[torch.Tensor, ContinuousStats]:
+           graphs: SamplerGraphs | None = None, cfg_schedule: str = "linear") -> tuple[torch.Tensor, ContinuousStats]:
     """The loop of every continuous decoding (`ContinuousDecoding.run`): tokens [B, L, C] and the stats. AR runs
     the target on `plan` (default MAR's cosine schedule of `num_iter` steps); `ContinuousSpeculation` drafts with
     `draft`. graphs: the diffusion heads' chains replay from there (`mmspec.continuous.graphs`; None: eager).
+    cfg_schedule: how the guidance scale moves over the steps (`guidance_at`: "linear" or "constant").
     on_step: called after every target pass as `on_step(step, tokens known per row, {"latents": tokens [B, L,
     C] (zeros where unknown), "known": [B, L] bool})` (a speculative run's draft steps are never shown); a true return
     stops there."""
     _check(target, seeds, labels)
+    if cfg_schedule not in CFG_SCHEDULES:
+        raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {cfg_schedule!r}")
     B, L, C = seeds.numel(), target.config.seq_len, target.config.token_dim
     given_plan, plan = plan, cosine_plan(L, num_iter) if plan is None else plan
     if sum(plan) != L or min(plan) < 1:
@@ -267,7 +277,8 @@ def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule
     for step, count in enumerate(plan):
         positions = orders[:, done : done + count]  # [B, n]
         done += count
-        shown = steps(state, step, positions, _cfg_at(guidance_scale, L, L - done), step == len(plan) - 1)
+        cfg = guidance_at(guidance_scale, cfg_schedule, L, L - done)
+        shown = steps(state, step, positions, cfg, step == len(plan) - 1)
         if shown and on_step is not None and on_step(step, done, {"latents": state.tokens, "known": ~state.unknown}):
             break
     return state.tokens, _finish(state.stats, B, done, start)

@@ -3,7 +3,7 @@
 draft MAR. Every continuous component runs the same way:
 
     component.run(target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step, plan,
-                  graphs) -> (tokens [B, L, C], ContinuousStats)
+                  graphs, cfg_schedule) -> (tokens [B, L, C], ContinuousStats)
 
 The settings live here, without torch; running imports the engine (`mmspec.continuous.mar_decoding`).
 """
@@ -28,12 +28,13 @@ class ContinuousDecoding(DecodingComponent):
     modality: ClassVar[str] = "continuous"
 
     def run(self, target, draft, seeds, num_iter, schedule, labels=None, guidance_scale=1.0, temperature=1.0,
-            on_step=None, plan=None, graphs=None):
-        """graphs: a `mmspec.continuous.graphs.SamplerGraphs` the diffusion heads' chains replay from (None: eager)."""
+            on_step=None, plan=None, graphs=None, cfg_schedule="linear"):
+        """graphs: a `mmspec.continuous.graphs.SamplerGraphs` the diffusion heads' chains replay from (None: eager);
+        cfg_schedule: "linear" or "constant" (`mmspec.continuous.mar_decoding.guidance_at`)."""
         from mmspec.continuous.mar_decoding import decode
 
         return decode(self, target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step,
-                      plan, graphs)
+                      plan, graphs, cfg_schedule)
 
     def steps(self, target, draft, labels, guidance_scale, schedule, temperature, num_iter, plan, state, graphs):
         """The step strategy the loop runs each MAR step with (`mmspec.continuous.mar_decoding`)."""

@@ -20,12 +20,16 @@ class SamplingConfig:
     top_k: keep the k most likely tokens; 0 keeps all.
     top_p: keep the smallest set of most likely tokens whose mass reaches top_p (nucleus); 1.0 keeps all.
     guidance_scale: CFG scale applied as `uncond + (cond - uncond) * scale` when unconditional logits are given.
+    cfg_interval: LlamaGen's `generate(cfg_interval=)`: image tokens 0 .. cfg_interval + 1 are guided, later ones
+        take the conditional logits alone; -1 guides every token. Applied by the image decoders, which know the
+        position each law is for (`mmspec.image.loop.probs_of`); `process_logits` guides whatever it is given.
     """
 
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
     guidance_scale: float = 1.0
+    cfg_interval: int = -1
 
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
@@ -40,6 +44,10 @@ class SamplingConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not self.guidance_scale >= 0:
             raise ValueError(f"guidance_scale must be >= 0, got {self.guidance_scale}")
+        if isinstance(self.cfg_interval, bool) or not isinstance(self.cfg_interval, int):
+            raise TypeError(f"cfg_interval must be an int, got {type(self.cfg_interval).__name__}")
+        if self.cfg_interval < -1:
+            raise ValueError(f"cfg_interval must be >= -1 (-1 = guide every token), got {self.cfg_interval}")
 
     @property
     def greedy(self) -> bool:

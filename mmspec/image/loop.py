@@ -120,9 +120,12 @@ def forced_at(forced: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 def probs_of(logits: Logits, sampling: SamplingConfig, positions: torch.Tensor,
              forced: torch.Tensor | None = None) -> torch.Tensor:
     """Processed probabilities [B, W, V] of (CFG-paired) logits [B, W, V] that predict the image tokens at
-    `positions` [B, W]; where `forced` [N] names a token the law is that token's one-hot (positions >= N are
-    scratch and left as they are)."""
-    p = process_logits(logits.cond, sampling, logits.uncond)
+    `positions` [B, W]; past `sampling.cfg_interval` the conditional logits alone; where `forced` [N] names a token
+    the law is that token's one-hot (positions >= N are scratch and left as they are)."""
+    uncond = logits.uncond
+    if uncond is not None and sampling.cfg_interval >= 0:  # uncond = cond makes the guided logits cond exactly
+        uncond = torch.where((positions > sampling.cfg_interval + 1)[..., None], logits.cond, uncond)
+    p = process_logits(logits.cond, sampling, uncond)
     if forced is None:
         return p
     token = forced_at(forced, positions)  # [B, W]

@@ -52,7 +52,9 @@ TEXT_ENCODER_CONFIG = {"d_model": 128, "d_kv": 32, "d_ff": 256, "num_layers": 2,
                        "relative_attention_num_buckets": 16, "relative_attention_max_distance": 32, "dropout_rate": 0.0}
 TRANSFORMER_CONFIG = {"vocab_size": 1024, "dim": 256, "n_layer": 6, "n_head": 8, "model_type": "t2i",
                       "caption_dim": 128, "cls_token_num": TEXT_CONTEXT, "grid_size": 16, "class_dropout_prob": 0.1,
-                      "token_dropout_p": 0.0, "resid_dropout_p": 0.0, "ffn_dropout_p": 0.0}
+                      "token_dropout_p": 0.0, "resid_dropout_p": 0.0, "ffn_dropout_p": 0.0,
+                      # the shipped model's null caption sees all 16 slots (LlamaGen's own: the prompt's mask)
+                      "null_caption_mask": "all"}
 DRAFT_CONFIG = {**TRANSFORMER_CONFIG, "dim": 192, "n_layer": 2, "n_head": 6}
 STAGE_SEEDS = {"vq": 10, "ar": 20, "draft": 30}
 RENDER_CHUNK = 5000  # scenes per rendering process

@@ -19,12 +19,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mmspec.core.component import DecodingComponent
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
+from mmspec.models.llamagen.captions import clean_caption
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.graphs import WindowGraphs
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.pipelines.ar_image import ARImagePipeline, size_error
 
 logger = logging.getLogger(__name__)
+
+
+def quoted(text: str, limit: int = 40) -> str:
+    return repr(text[:limit] + "..." if len(text) > limit else text)
 
 
 class LlamaGenPipeline(ARImagePipeline):
@@ -125,18 +130,18 @@ class LlamaGenPipeline(ARImagePipeline):
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None = None,
                       adapter: LlamaGenAdapter | None = None) -> LlamaGenCondition:
-        """Text states [B, T, caption_dim] left-padded to the transformer's T condition slots, with their mask."""
+        """Text states [B, T, caption_dim] left-padded to the transformer's T condition slots, with their mask.
+
+        Each prompt is cleaned as LlamaGen cleans its captions (`clean_caption`: lower case, URLs, markup and
+        punctuation runs removed, ...), and a prompt longer than T tokens is cut to its first T (the tokenizer's end
+        token kept), with a warning naming what was cut, as LlamaGen's T5 embedder truncates."""
         if negative_prompt is not None:
             raise ValueError("LlamaGenPipeline takes no negative_prompt: its unconditional rows are the learned null "
                              "caption")
-        # max_length padding neither truncates nor pads a longer prompt, so its row length exposes it
-        encoded = self.tokenizer(prompts, padding="max_length", max_length=self.text_context, padding_side="left")
-        for text, ids in zip(prompts, encoded["input_ids"], strict=True):
-            if len(ids) > self.text_context:
-                raise ValueError(
-                    f"prompt {text[:40]!r}{'...' if len(text) > 40 else ''} is {len(ids)} tokens long; the model's "
-                    f"text context holds {self.text_context}"
-                )
+        captions = [clean_caption(p) for p in prompts]
+        encoded = self.tokenizer(captions, padding="max_length", max_length=self.text_context, truncation=True,
+                                 padding_side="left")
+        self.warn_truncated(captions, encoded["input_ids"])
         input_ids, mask = torch.tensor(encoded["input_ids"]), torch.tensor(encoded["attention_mask"])
         unk = self.tokenizer.unk_token_id
         if unk is not None and (input_ids == unk).any():
@@ -146,6 +151,16 @@ class LlamaGenPipeline(ARImagePipeline):
         input_ids, mask = input_ids.to(device), mask.to(device)
         states = self.text_encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
         return LlamaGenCondition(states.to(self.transformer.dtype), mask.bool())
+
+    def warn_truncated(self, captions: list[str], kept: list[list[int]]) -> None:
+        """One warning per caption whose tokens did not all fit the text context (kept: the ids that went in)."""
+        special = set(self.tokenizer.all_special_ids)
+        for caption, ids, full in zip(captions, kept, self.tokenizer(captions)["input_ids"], strict=True):
+            if len(full) > self.text_context:
+                words = [i for i in full if i not in special]
+                cut = self.tokenizer.decode(words[sum(i not in special for i in ids):])
+                logger.warning("prompt %s is %d tokens long and the model's text context holds %d; this part was "
+                               "cut: %r", quoted(caption), len(full), self.text_context, cut)
 
     @classmethod
     def from_llamagen_checkpoints(cls, gpt: str | Path, vq: str | Path, text_encoder: str | Path | PreTrainedModel,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import PIL.Image
@@ -19,11 +20,13 @@ from diffusers.utils import BaseOutput
 from mmspec.continuous import methods  # noqa: F401  registers the continuous decodings
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.graphs import SamplerGraphs
+from mmspec.continuous.mar_decoding import CFG_SCHEDULES
 from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.component import DecodingComponent
 from mmspec.core.rng import Generators, check_generators, sample_seeds
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.pipelines.base import MMSpecPipeline
+from mmspec.zoo import resolve_model
 
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 
@@ -63,13 +66,51 @@ class MARPipeline(MMSpecPipeline):
         self.sampler_graphs: SamplerGraphs | None = None  # `enable_cuda_graphs`
         self.image_processor = VaeImageProcessor(vae_scale_factor=vae.downsample_factor, do_normalize=True)
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """A zoo name, a folder written by `save_pretrained`, or a MAR release folder as LTH14/mar publishes one (no
+        `model_index.json`: its `checkpoint-last.pth` and the KL-16 `kl16.ckpt`; see `from_mar_release`, which takes
+        the keyword arguments then)."""
+        path = Path(resolve_model(pretrained_model_name_or_path))
+        if path.is_dir() and not (path / "model_index.json").is_file() and any(path.glob("*.pth")):
+            return cls.from_mar_release(path, **kwargs)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
+    def from_mar_release(cls, folder: str | Path, vae: str | Path | None = None, model: str | None = None,
+                         weights: str = "model_ema", vae_config: dict | None = None, dtype: torch.dtype | None = None,
+                         **config) -> MARPipeline:
+        """A MAR release folder: the model file (`checkpoint-last.pth`, the one `.pth` there) and the KL-16
+        autoencoder (`kl16.ckpt` in the folder, or `vae=` its path).
+
+        model: the size (`mar_base`, `mar_large`, `mar_huge`); None reads it from the file. weights: `"model_ema"`
+        (what MAR's evaluation and demo load) or `"model"`. `config` overrides fields of the model's config (e.g.
+        `x0_clip`), `vae_config` those of the autoencoder's (KL-16 by default). Missing files and weights raise a
+        ValueError naming them.
+        """
+        folder = Path(folder)
+        models = sorted(folder.glob("*.pth"))
+        if len(models) != 1:
+            raise ValueError(f"{folder} must hold one MAR model file (checkpoint-last.pth), found "
+                             f"{[p.name for p in models] or 'none'}")
+        if vae is None:
+            vae = folder / "kl16.ckpt"
+            if not vae.is_file():
+                raise ValueError(f"{folder} has no KL-16 autoencoder (kl16.ckpt): put it in the folder or pass "
+                                 "vae='path/to/kl16.ckpt'")
+        transformer = MARModel.from_mar_checkpoint(models[0], model, weights=weights, **config).eval()
+        autoencoder = KLAutoencoder.from_mar_checkpoint(vae, **{"embed_dim": transformer.config.token_dim,
+                                                                **(vae_config or {})}).eval()
+        pipe = cls(transformer, autoencoder)
+        return pipe if dtype is None else pipe.to(dtype=dtype)
+
     def graph_stores(self, on: bool) -> None:
         """The diffusion heads' reverse chains (`mmspec.continuous.graphs`): all `num_diffusion_steps` sampler steps
         of a step's tokens in one graph, for the target and the draft alike (a token's chain is thousands of small
         kernels, bound by their launches on a GPU), captured on the second call of a shape."""
         self.sampler_graphs = SamplerGraphs(cuda=True) if on else None
 
-    def check_inputs(self, class_labels, generator, output_type, num_iter, num_diffusion_steps):
+    def check_inputs(self, class_labels, generator, output_type, num_iter, num_diffusion_steps, cfg_schedule="linear"):
         if isinstance(class_labels, int):
             class_labels = [class_labels]
         if not isinstance(class_labels, list) or not class_labels or not all(
@@ -78,6 +119,8 @@ class MARPipeline(MMSpecPipeline):
         classes = self.transformer.config.num_classes
         if not all(0 <= c < classes for c in class_labels):
             raise ValueError(f"class_labels must be in [0, {classes}), got {class_labels}")
+        if cfg_schedule not in CFG_SCHEDULES:
+            raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {cfg_schedule!r}")
         check_generators(generator, len(class_labels))
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
@@ -91,7 +134,8 @@ class MARPipeline(MMSpecPipeline):
 
     @torch.no_grad()
     def __call__(self, class_labels: int | list[int], num_iter: int = 64, num_diffusion_steps: int = 100,
-                 guidance_scale: float = 3.0, temperature: float = 1.0, generator: Generators = None,
+                 guidance_scale: float = 3.0, cfg_schedule: str = "linear", temperature: float = 1.0,
+                 generator: Generators = None,
                  output_type: str = "pil", return_dict: bool = True,
                  decoding: DecodingComponent | str | dict | None = None, plan: list[int] | None = None,
                  callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
@@ -105,7 +149,10 @@ class MARPipeline(MMSpecPipeline):
                 schedule; e.g. `mmspec.continuous.mar_decoding.coarsen(cosine_plan(L, n), n_pre, gamma)` is the
                 schedule whose law `acceptance="exact"` samples.
             num_diffusion_steps (`int`, defaults to 100): reverse diffusion steps of the head per token.
-            guidance_scale (`float`, defaults to 3.0): CFG on the head's eps with MAR's linear schedule; 1 = off.
+            guidance_scale (`float`, defaults to 3.0): CFG on the head's eps; 1 = off.
+            cfg_schedule (`str`, defaults to `"linear"`): LTH14/mar's `cfg_schedule`: `"linear"` guides step s by
+                1 + (guidance_scale - 1) (L - m) / L, m the tokens still unknown after it (at least 1, so the last
+                step too is below guidance_scale); `"constant"` guides every step by guidance_scale.
             temperature (`float`, defaults to 1.0): scales the std of every reverse step.
             generator (`torch.Generator` or list): one per image makes each image depend on its own seed only.
             output_type (`str`): `"pil"`, `"np"`, `"pt"` or `"latent"` (tokens [B, L, C]).
@@ -128,7 +175,7 @@ class MARPipeline(MMSpecPipeline):
         """
         decoding = self.decoding_for_call(decoding, decoding_settings)
         decoding.check_sampling(temperature)
-        labels = self.check_inputs(class_labels, generator, output_type, num_iter, num_diffusion_steps)
+        labels = self.check_inputs(class_labels, generator, output_type, num_iter, num_diffusion_steps, cfg_schedule)
         names = self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)
         device = self._execution_device
         seeds = sample_seeds(generator, len(labels)).to(device)
@@ -140,7 +187,7 @@ class MARPipeline(MMSpecPipeline):
             on_step = self.step_hook(callback_on_step_end, names, progress)
             tokens, stats = decoding.run(self.transformer, self.draft_transformer, seeds, num_iter, schedule,
                                          label_tensor, guidance_scale, temperature, on_step, plan,
-                                         self.sampler_graphs)
+                                         self.sampler_graphs, cfg_schedule)
         stats.describe(decoding)
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         self.maybe_free_model_hooks()

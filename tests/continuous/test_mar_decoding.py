@@ -173,3 +173,48 @@ def test_draft_token_shape_must_match_the_target(pair):
     other = MARModel(**{**TINY, "token_dim": 3})
     with pytest.raises(ValueError, match=r"draft tokens \(seq_len, token_dim\) = \(16, 3\) do not match"):
         generate_speculative(target, other, torch.arange(2), 8, DiffusionSchedule.cosine(5))
+
+
+def upstream_guidance(guidance_scale: float, seq_len: int, num_iter: int) -> list[float]:
+    """The per-step scale of LTH14/mar's `sample_tokens(cfg_schedule="linear")`, restated from its loop: the mask
+    length after step s is max(1, min(unknown - 1, floor(L cos(pi/2 (s+1)/num_iter)))), the scale
+    1 + (s - 1) (L - mask_len) / L, and the last step predicts every token still unknown."""
+    unknown, scales = seq_len, []
+    for step in range(num_iter):
+        mask_len = max(1, min(unknown - 1, math.floor(seq_len * math.cos(math.pi / 2 * (step + 1) / num_iter))))
+        scales.append(1 + (guidance_scale - 1) * (seq_len - mask_len) / seq_len)
+        unknown = 0 if step == num_iter - 1 else mask_len
+    return scales
+
+
+class GuidanceRecorder:
+    """A decoding whose steps only record the guidance scale the loop gives each step."""
+
+    def __init__(self):
+        self.seen = []
+
+    def steps(self, *args):
+        return self
+
+    def __call__(self, state, step, positions, cfg, last):
+        self.seen.append(cfg)
+        return False
+
+
+@pytest.mark.parametrize(("num_iter", "guidance_scale"), [(16, 3.0), (5, 2.9), (1, 4.0), (9, 0.5)])
+def test_the_loop_guides_every_step_as_upstream_s_linear_schedule(num_iter, guidance_scale):
+    """Every step, the last included (where the linear schedule stays below s: 1 + (s - 1)(L - 1)/L), and the
+    constant schedule guides every step by s."""
+    from mmspec.continuous.mar_decoding import decode
+
+    model, seeds, schedule = tiny_mar(), torch.tensor([0, 1]), DiffusionSchedule.cosine(4)
+    recorder = GuidanceRecorder()
+    decode(recorder, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale)
+    expected = upstream_guidance(guidance_scale, TINY["seq_len"], num_iter)
+    assert recorder.seen == pytest.approx(expected, abs=1e-12)
+    assert recorder.seen[-1] == pytest.approx(1 + (guidance_scale - 1) * (TINY["seq_len"] - 1) / TINY["seq_len"])
+    constant = GuidanceRecorder()
+    decode(constant, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale, cfg_schedule="constant")
+    assert constant.seen == [guidance_scale] * num_iter
+    with pytest.raises(ValueError, match=r"cfg_schedule must be one of \('linear', 'constant'\), got 'cosine'"):
+        decode(constant, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale, cfg_schedule="cosine")

@@ -15,15 +15,17 @@ from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_transformer, tiny_vq
 
 def recompute_sampling(model, states, mask, sampling: SamplingConfig, generators) -> torch.Tensor:
     """Reference sampler: every token from a full teacher-forced pass (no cache); CFG from a second pass with the
-    unconditional prefix. Draws in the same order as the decoders (one uniform per row per token)."""
+    unconditional prefix, for image tokens 0 .. cfg_interval + 1 only when `sampling.cfg_interval` >= 0 (LlamaGen's
+    `generate`). Draws in the same order as the decoders (one uniform per row per token)."""
     B, N = states.shape[0], model.num_image_tokens
     tokens = torch.zeros(B, 0, dtype=torch.long)
     for i in range(N):
         padded = torch.cat([tokens, torch.zeros(B, 1, dtype=torch.long)], 1)  # the last input token is not read
         cond = model(padded, states, mask)[:, i]
         uncond = None
-        if sampling.guidance_scale != 1.0:
-            uncond = model(padded, model.unconditional(B, states.device), None)[:, i]
+        if sampling.guidance_scale != 1.0 and (sampling.cfg_interval < 0 or i <= sampling.cfg_interval + 1):
+            null = model.unconditional(B, states.device)
+            uncond = model(padded, null, model.unconditional_mask(mask))[:, i]
         tokens = torch.cat([tokens, sample(process_logits(cond, sampling, uncond), generators)[:, None]], 1)
     return tokens
 

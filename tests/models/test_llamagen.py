@@ -59,22 +59,55 @@ def test_cached_windows_and_per_row_rollback_equal_full_recompute(model_type):
     assert torch.allclose(got[filled], reference[filled], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("model_type", ["t2i", "c2i"])
-def test_adapter_cfg_rows_match_separate_conditional_and_unconditional_passes(model_type):
+@pytest.mark.parametrize(("model_type", "null_caption_mask"), [("t2i", "prompt"), ("t2i", "all"), ("c2i", "prompt")])
+def test_adapter_cfg_rows_match_separate_conditional_and_unconditional_passes(model_type, null_caption_mask):
+    """The unconditional twins see the null caption through the prompt's own padding mask (LlamaGen's `generate()`
+    and training), or through every slot for a model trained so (`null_caption_mask="all"`)."""
     g = torch.Generator().manual_seed(1)
     model = tiny_transformer(model_type, dtype=torch.float32)
+    model.register_to_config(null_caption_mask=null_caption_mask)
     adapter = LlamaGenAdapter(model, tiny_vq(dtype=torch.float32))
-    B, N = 2, model.num_image_tokens
-    states, mask = t2i_condition(B, g) if model_type == "t2i" else (torch.tensor([1, 4]), None)
+    B, N = 3, model.num_image_tokens
+    if model_type == "t2i":
+        states = torch.randn(B, TEXT_CONTEXT, 16, generator=g)
+        mask = torch.arange(TEXT_CONTEXT) >= TEXT_CONTEXT - torch.tensor([2, 4, TEXT_CONTEXT])[:, None]  # left-padded
+    else:
+        states, mask = torch.tensor([1, 4, 0]), None
     tokens = torch.randint(0, 24, (B, N), generator=g)
     with torch.no_grad():
         state, first = adapter.prefill(LlamaGenCondition(states, mask), cfg=True)
         rest = adapter.forward(tokens[:, : N - 1], state)
         cond = model(tokens, states, mask)
-        uncond = model(tokens, model.unconditional(B, tokens.device), None)
+        null = model.unconditional(B, tokens.device)
+        uncond = model(tokens, null, model.unconditional_mask(mask))
+        uncond_all = model(tokens, null, None)
     assert torch.allclose(torch.cat([first.cond, rest.cond], 1), cond, atol=1e-5, rtol=0)
     assert torch.allclose(torch.cat([first.uncond, rest.uncond], 1), uncond, atol=1e-5, rtol=0)
     assert not torch.allclose(cond, uncond, atol=1e-2)
+    if model_type == "t2i":
+        T = TEXT_CONTEXT
+        null_keys = state.cache.key_valid[B:, :T]
+        assert torch.equal(null_keys, mask if null_caption_mask == "prompt" else torch.ones_like(mask))
+        # the conventions differ for padded prompts only: rows 0, 1 are padded, row 2 fills the context
+        differ = (uncond - uncond_all).abs().amax(dim=(1, 2))
+        assert (differ[:2] > 1e-2).all() == (null_caption_mask == "prompt") and differ[2] < 1e-5
+
+
+def test_training_drops_captions_under_the_model_s_null_caption_mask():
+    """A dropped caption (CFG training) is the null caption seen through the convention the model samples with."""
+    g = torch.Generator().manual_seed(2)
+    model = tiny_transformer("t2i", dtype=torch.float32)
+    states = torch.randn(2, TEXT_CONTEXT, 16, generator=g)
+    mask = torch.arange(TEXT_CONTEXT) >= TEXT_CONTEXT - torch.tensor([2, 3])[:, None]
+    tokens = torch.randint(0, 24, (2, model.num_image_tokens), generator=g)
+    drop = torch.tensor([True, False])
+    for convention in ("prompt", "all"):
+        model.register_to_config(null_caption_mask=convention)
+        with torch.no_grad():
+            trained = model(tokens, states, mask, drop)
+            null = model(tokens[:1], model.unconditional(1, tokens.device), model.unconditional_mask(mask[:1]))
+            kept = model(tokens[1:], states[1:], mask[1:])
+        assert torch.allclose(trained[:1], null, atol=1e-5) and torch.allclose(trained[1:], kept, atol=1e-5)
 
 
 def test_per_row_trees_grown_over_two_calls_attend_along_each_path():
@@ -184,8 +217,9 @@ def test_gpt_loads_official_key_layout(tmp_path, model_type):
     assert state["layers.0.attention.wqkv.weight"].shape == ((4 + 2 * 2) * 8, 32)  # 4 query heads, 2 kv heads
     save_official(tmp_path / "gpt.pt", {f"module.{k}" if model_type == "t2i" else k: v for k, v in state.items()},
                   wrapper="model" if model_type == "c2i" else "ema")
+    weights = None if model_type == "c2i" else "ema"
     loaded = LlamaGenTransformer.from_llamagen_checkpoint(tmp_path / "gpt.pt", image_size=64, downsample=16,
-                                                          n_head=4, n_kv_head=2, multiple_of=16)
+                                                          weights=weights, n_head=4, n_kv_head=2, multiple_of=16)
     c = loaded.config
     assert (c.model_type, c.dim, c.n_layer, c.vocab_size, c.grid_size) == (model_type, 32, 2, 24, 4)
     assert (c.num_classes if model_type == "c2i" else c.cls_token_num) == (5 if model_type == "c2i" else TEXT_CONTEXT)
@@ -263,29 +297,57 @@ def test_vq_nearest_code_round_trip_and_decode_shapes():
         vq.decode(torch.full((1, 16), 24), (4, 4))
 
 
-def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_path):
+RELEASE_GPT = {"n_head": 4, "n_kv_head": 2, "multiple_of": 16}  # what a tiny GPT's width cannot tell
+RELEASE_VQ = {"ch": 32, "ch_mult": (1, 1), "num_res_blocks": 1, "z_channels": 32}
+
+
+def write_release(folder, reference=None, drop: str | None = None) -> None:
+    """LlamaGen's t2i release as its scripts write it, into `folder`: the GPT `.pt` with its training extras (an EMA
+    copy beside "model", a KV cache saved after sampling), the VQ `.pt` with its codebook-usage counter, and a T5
+    folder. reference: the tiny pipeline whose weights are written (None: a GPT-B-width one-layer GPT, whose head
+    count the loader infers, beside the tiny VQ and T5); drop: a GPT weight left out."""
+    from tests.models.llamagen_tiny import tiny_text_encoder, tiny_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if reference is None:
+        torch.manual_seed(0)
+        gpt = LlamaGenTransformer(vocab_size=24, dim=768, n_layer=1, n_head=12, model_type="t2i", caption_dim=16,
+                                  cls_token_num=TEXT_CONTEXT, grid_size=4).half()
+        vq, encoder, tokenizer = tiny_vq(dtype=torch.float32), tiny_text_encoder(dtype=torch.float32), tiny_tokenizer()
+    else:
+        gpt, vq, encoder, tokenizer = reference.transformer, reference.vqvae, reference.text_encoder, reference.tokenizer
+    weights = {k: v for k, v in gpt.state_dict().items() if k != drop}
+    cache = {f"layers.{i}.attention.kv_cache.{name}": torch.zeros(2, 1, 8, 4) for i in range(gpt.config.n_layer)
+             for name in ("k_cache", "v_cache")}
+    ema = {k: torch.zeros_like(v) for k, v in weights.items()}
+    torch.save({"model": {**weights, **cache}, "ema": ema, "optimizer": {}, "steps": 10,
+                "args": argparse.Namespace(gpt_model="GPT-B")}, folder / f"t2i_tiny_{4 * 16}.pt")
+    save_official(folder / "vq_ds16_t2i.pt", {**vq.state_dict(), "quantize.codebook_used": torch.zeros(65536)})
+    encoder.save_pretrained(folder / "flan-t5-xl")
+    tokenizer.save_pretrained(folder / "flan-t5-xl")
+
+
+def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_path, caplog):
     """The official t2i files (GPT .pt, VQ .pt, a T5 folder) assemble a LlamaGenPipeline that generates what the same
-    weights do in code; a c2i GPT and a VQ file without its decoder are refused with the reason."""
+    weights do in code: the "model" weights (the EMA copy on request), the files' extras ignored and logged; a c2i
+    GPT, a GPT or VQ file missing a weight and a file with an unknown entry are refused with the reason."""
+    import logging
+
     from mmspec.pipelines.auto import AutoARImagePipeline
     from mmspec.pipelines.llamagen import LlamaGenPipeline
     from tests.models.llamagen_tiny import tiny_pipeline
 
     reference = tiny_pipeline(dtype=torch.float32)
-    save_official(tmp_path / "t2i.pt", {f"module.{k}": v for k, v in reference.transformer.state_dict().items()},
-                  wrapper="ema")
-    save_official(tmp_path / "vq.pt", reference.vqvae.state_dict())
-    reference.text_encoder.save_pretrained(tmp_path / "t5")
-    reference.tokenizer.save_pretrained(tmp_path / "t5")
-    vq_config = {"ch": 32, "ch_mult": (1, 1), "num_res_blocks": 1, "z_channels": 32}
-    gpt_config = {"n_head": 4, "n_kv_head": 2, "multiple_of": 16}
-    pipe = LlamaGenPipeline.from_llamagen_checkpoints(tmp_path / "t2i.pt", tmp_path / "vq.pt", tmp_path / "t5",
-                                                      image_size=64, gpt_config=gpt_config, vq_config=vq_config)
-    # the release as a folder (names as published): one from_pretrained, through the auto registry too
     release = tmp_path / "release"
-    release.mkdir()
-    for source, name in (("t2i.pt", "t2i_XL_stage1_64.pt"), ("vq.pt", "vq_ds16_t2i.pt"), ("t5", "flan-t5-xl")):
-        (release / name).symlink_to(tmp_path / source)
-    from_folder = AutoARImagePipeline.from_pretrained(release, gpt_config=gpt_config, vq_config=vq_config)
+    write_release(release, reference)
+    gpt, vq = release / "t2i_tiny_64.pt", release / "vq_ds16_t2i.pt"
+    with caplog.at_level(logging.INFO, logger="mmspec.models.checkpoint"):
+        pipe = LlamaGenPipeline.from_llamagen_checkpoints(gpt, vq, release / "flan-t5-xl", image_size=64,
+                                                          gpt_config=RELEASE_GPT, vq_config=RELEASE_VQ)
+    assert "ignored 4 entries that are not LlamaGenTransformer weights: layers.0.attention.kv_cache.k_cache" \
+        in caplog.text and "ignored 1 entries that are not LlamaGenVQModel weights: quantize.codebook_used" in caplog.text
+    # the release as a folder (names as published): one from_pretrained, through the auto registry too
+    from_folder = AutoARImagePipeline.from_pretrained(release, gpt_config=RELEASE_GPT, vq_config=RELEASE_VQ)
     assert isinstance(from_folder, LlamaGenPipeline) and from_folder.native_size == 8
     reference.set_progress_bar_config(disable=True)
     prompts = ["a red circle", "a blue square on the left"]
@@ -294,11 +356,24 @@ def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_pa
         loaded.set_progress_bar_config(disable=True)
         images = loaded(prompts, generator=torch.Generator().manual_seed(0), output_type="np", decoding="sjd").images
         assert np.array_equal(images, b)
+    ema = LlamaGenTransformer.from_llamagen_checkpoint(gpt, image_size=64, weights="ema", **RELEASE_GPT)
+    assert all(v.abs().sum() == 0 for v in ema.state_dict().values())
+    with pytest.raises(ValueError, match=r"weights='model_ema': t2i_tiny_64.pt has no such entry; its weight "
+                                         r"entries are \['args', 'ema', 'model', 'optimizer'\]|no such entry"):
+        LlamaGenTransformer.from_llamagen_checkpoint(gpt, image_size=64, weights="model_ema", **RELEASE_GPT)
     save_official(tmp_path / "c2i.pt", tiny_transformer("c2i", dtype=torch.float32).state_dict())
     with pytest.raises(ValueError, match="class-conditional"):
-        LlamaGenPipeline.from_llamagen_checkpoints(tmp_path / "c2i.pt", tmp_path / "vq.pt", tmp_path / "t5",
-                                                   image_size=64, gpt_config=gpt_config, vq_config=vq_config)
+        LlamaGenPipeline.from_llamagen_checkpoints(tmp_path / "c2i.pt", vq, release / "flan-t5-xl", image_size=64,
+                                                   gpt_config=RELEASE_GPT, vq_config=RELEASE_VQ)
     save_official(tmp_path / "encoder_only.pt", {k: v for k, v in reference.vqvae.state_dict().items()
                                                  if not k.startswith("decoder.")})
-    with pytest.raises(ValueError, match=r"lacks \d+ VQ decoder weight"):
-        LlamaGenVQModel.from_llamagen_checkpoint(tmp_path / "encoder_only.pt", **vq_config)
+    with pytest.raises(ValueError, match=r"lacks \d+ weight\(s\) of this LlamaGenVQModel: decoder\."):
+        LlamaGenVQModel.from_llamagen_checkpoint(tmp_path / "encoder_only.pt", **RELEASE_VQ)
+    cut = tmp_path / "cut"
+    write_release(cut, reference, drop="cls_embedding.uncond_embedding")
+    with pytest.raises(ValueError, match=r"t2i_tiny_64.pt lacks 1 weight\(s\) of this LlamaGenTransformer: "
+                                         r"cls_embedding.uncond_embedding$"):
+        LlamaGenPipeline.from_pretrained(cut, gpt_config=RELEASE_GPT, vq_config=RELEASE_VQ)
+    save_official(tmp_path / "lora.pt", {**reference.transformer.state_dict(), "lora.A": torch.zeros(2)})
+    with pytest.raises(ValueError, match="lora.pt has 1 entry this LlamaGenTransformer does not have: lora.A"):
+        LlamaGenTransformer.from_llamagen_checkpoint(tmp_path / "lora.pt", image_size=64, **RELEASE_GPT)

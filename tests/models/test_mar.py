@@ -80,7 +80,7 @@ def test_official_state_dict_loads_strictly_and_save_load_round_trips(tmp_path):
         assert torch.equal(a, b), name
     bad = dict(model.state_dict())
     bad["extra.weight"] = bad.pop("fake_latent")
-    with pytest.raises(ValueError, match=r"not a mar_base state dict: missing \['fake_latent'\]"):
+    with pytest.raises(ValueError, match=r"the state dict lacks 1 weight\(s\) of this MARModel: fake_latent"):
         MARModel.from_official_state_dict(bad, "mar_base", **overrides)
     with pytest.raises(ValueError, match="name must be one of"):
         MARModel.preset("mar_tiny")
@@ -120,7 +120,7 @@ def test_official_checkpoint_file_loads_its_ema_weights(tmp_path):
                 "args": argparse.Namespace(model="mar_base")}, tmp_path / "checkpoint-last.pth")
     loaded = MARModel.from_mar_checkpoint(tmp_path / "checkpoint-last.pth", "mar_base", **TINY)
     assert all(torch.equal(a, b) for a, b in zip(ema.state_dict().values(), loaded.state_dict().values()))
-    raw = MARModel.from_mar_checkpoint(tmp_path / "checkpoint-last.pth", "mar_base", ema=False, **TINY)
+    raw = MARModel.from_mar_checkpoint(tmp_path / "checkpoint-last.pth", "mar_base", weights="model", **TINY)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), raw.state_dict().values()))
     with pytest.raises(ValueError, match="is not a file"):
         MARModel.from_mar_checkpoint(tmp_path / "missing.pth", "mar_base")

@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 import torch
 
@@ -47,12 +49,27 @@ def test_tiny_autoencoder_round_trips_shapes_and_weights(tmp_path):
     assert torch.equal(again.decode(mean), vae.decode(mean))
 
 
-def test_official_kl16_file_loads_strictly(tmp_path):
+def test_official_kl16_file_loads_with_its_loss_entries_and_refuses_what_is_not_there(tmp_path, caplog):
+    """As LDM saves kl16.ckpt: the training loss's entries beside the weights are ignored and logged; a missing
+    weight, an undeclared entry or another configuration is refused by name."""
     config = dict(embed_dim=4, ch=32, ch_mult=(1, 2), num_res_blocks=1, encoder_attn_resolutions=(16,), resolution=32)
     torch.manual_seed(1)
     vae = KLAutoencoder(**config)
-    torch.save({"model": vae.state_dict()}, tmp_path / "kl16.ckpt")
-    loaded = KLAutoencoder.from_mar_checkpoint(tmp_path / "kl16.ckpt", **config)
+    loss = {"loss.logvar": torch.zeros(()), "loss.discriminator.main.0.weight": torch.ones(2, 3)}
+    torch.save({"model": {**vae.state_dict(), **loss}, "epoch": 7}, tmp_path / "kl16.ckpt")
+    with caplog.at_level(logging.INFO, logger="mmspec.models.checkpoint"):
+        loaded = KLAutoencoder.from_mar_checkpoint(tmp_path / "kl16.ckpt", **config)
     assert all(torch.equal(a, b) for a, b in zip(vae.state_dict().values(), loaded.state_dict().values()))
-    with pytest.raises(ValueError, match="is not a KL autoencoder of this configuration"):
+    assert "ignored 2 entries that are not KLAutoencoder weights: loss.discriminator.main.0.weight, loss.logvar" \
+        in caplog.text
+    with pytest.raises(ValueError, match=r"lacks 28 weight\(s\) of this KLAutoencoder: decoder\.up\.2\."):
         KLAutoencoder.from_mar_checkpoint(tmp_path / "kl16.ckpt", **{**config, "ch_mult": (1, 2, 2)})
+    with pytest.raises(ValueError, match="is not a KL autoencoder of this configuration"):
+        KLAutoencoder.from_mar_checkpoint(tmp_path / "kl16.ckpt", **{**config, "ch": 64})
+    state = vae.state_dict()
+    torch.save({"model": {k: v for k, v in state.items() if k != "post_quant_conv.bias"}}, tmp_path / "cut.ckpt")
+    with pytest.raises(ValueError, match=r"cut.ckpt lacks 1 weight\(s\) of this KLAutoencoder: post_quant_conv.bias"):
+        KLAutoencoder.from_mar_checkpoint(tmp_path / "cut.ckpt", **config)
+    torch.save({"model": {**state, "lpips.net.weight": torch.ones(1)}}, tmp_path / "other.ckpt")
+    with pytest.raises(ValueError, match="other.ckpt has 1 entry this KLAutoencoder does not have: lpips.net.weight"):
+        KLAutoencoder.from_mar_checkpoint(tmp_path / "other.ckpt", **config)

@@ -94,6 +94,47 @@ def test_pipeline_equals_sampling_from_the_recomputed_model(pipe, guidance_scale
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("cfg_interval", [0, 5])
+def test_cfg_interval_guides_the_first_tokens_only_as_llamagen_generate(pipe, cfg_interval):
+    """LlamaGen's count: image tokens 0 .. cfg_interval + 1 guided, later ones from the conditional logits; every
+    decoding samples that law (greedy SJD = greedy AR), and it is not the law of guiding every token."""
+    from mmspec.core.probs import SamplingConfig
+
+    sampling = SamplingConfig(temperature=0.9, top_k=6, guidance_scale=4.0, cfg_interval=cfg_interval)
+    condition = pipe.encode_prompt(PROMPTS)
+    with torch.no_grad():
+        expected = recompute_sampling(pipe.transformer, condition.states, condition.mask, sampling, seeded(7, 8))
+    call = dict(guidance_scale=4.0, temperature=0.9, top_k=6, output_type="latent")
+    got = pipe(PROMPTS, cfg_interval=cfg_interval, generator=seeded(7, 8), decoding="ar", **call).images
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, pipe(PROMPTS, generator=seeded(7, 8), decoding="ar", **call).images)
+    greedy = dict(guidance_scale=4.0, temperature=0.0, cfg_interval=cfg_interval, output_type="latent")
+    ar = pipe(PROMPTS, decoding="ar", **greedy).images
+    assert torch.equal(pipe(PROMPTS, decoding="sjd", window=5, **greedy).images, ar)
+
+
+def test_prompts_are_cleaned_as_llamagen_cleans_its_captions(pipe):
+    """Upper case, markup, runs of spaces and a trailing mark reach the text encoder as LlamaGen's T5 saw captions."""
+    clean = pipe.encode_prompt(["a red circle on the left"])
+    for prompt in ("  A RED   Circle on the LEFT ", "<b>a red</b> circle on the left", "a red circle on the left-"):
+        condition = pipe.encode_prompt([prompt])
+        assert torch.equal(condition.states, clean.states) and torch.equal(condition.mask, clean.mask), prompt
+
+
+def test_a_prompt_longer_than_the_text_context_is_cut_with_a_warning(pipe, caplog):
+    """As LlamaGen's T5 embedder truncates (to the 6 slots of the tiny model), with one warning naming the cut."""
+    import logging
+
+    long_prompt = "a red circle on the left a blue square"
+    with caplog.at_level(logging.WARNING, logger="mmspec.pipelines.llamagen.pipeline_llamagen"):
+        condition = pipe.encode_prompt([long_prompt, "a red circle"])
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["prompt 'a red circle on the left a blue square' is 9 tokens long and the model's text "
+                        "context holds 6; this part was cut: 'a blue square'"]
+    first_six = pipe.encode_prompt(["a red circle on the left"])
+    assert torch.allclose(condition.states[:1], first_six.states, atol=1e-12) and condition.mask[0].all()
+
+
 def test_callback_sees_every_step_and_interrupt_stops_early(pipe):
     seen = []
 
@@ -149,7 +190,8 @@ def test_callback_cannot_replace_committed_tokens(pipe):
     [
         ({"prompt": []}, ValueError, "empty list"),
         ({"prompt": 3}, TypeError, "prompt must be"),
-        ({"prompt": "a red circle " * 3}, ValueError, "text context holds 6"),
+        ({"cfg_interval": -2}, ValueError, "cfg_interval must be >= -1"),
+        ({"cfg_interval": 2.5}, TypeError, "cfg_interval must be an int"),
         ({"guidance_scale": -1.0}, ValueError, "guidance_scale"),
         ({"temperature": -0.5}, ValueError, "temperature"),
         ({"num_images_per_prompt": 0}, ValueError, "num_images_per_prompt"),

@@ -159,3 +159,52 @@ def test_replayed_chains_through_the_pipeline_and_cuda_graphs_refused_on_a_cpu(p
         pipe.sampler_graphs = None
     with pytest.raises(ValueError, match=r"enable_cuda_graphs needs the pipeline on a CUDA device"):
         pipe.enable_cuda_graphs()
+
+
+TINY_KL = dict(ch=32, ch_mult=(1, 2, 2), num_res_blocks=1, encoder_attn_resolutions=(), resolution=16)
+TINY_HEADS = dict(encoder_num_heads=4, decoder_num_heads=4)  # a width no official size has
+
+
+def write_mar_release(folder, model: MARModel, vae: KLAutoencoder, drop: str | None = None) -> None:
+    """A MAR release as LTH14/mar publishes it: `checkpoint-last.pth` as its training script saves it (raw and EMA
+    weights, optimizer, epoch, scaler, args) and LDM's `kl16.ckpt` (weights beside its loss's entries)."""
+    import argparse
+
+    folder.mkdir(parents=True, exist_ok=True)
+    ema = {k: v for k, v in model.state_dict().items() if k != drop}
+    raw = {k: torch.zeros_like(v) for k, v in ema.items()}
+    torch.save({"model": raw, "model_ema": ema, "optimizer": {}, "epoch": 399, "scaler": {},
+                "args": argparse.Namespace(model="mar_tiny", cfg=3.0)}, folder / "checkpoint-last.pth")
+    torch.save({"model": {**vae.state_dict(), "loss.logvar": torch.zeros(())}}, folder / "kl16.ckpt")
+
+
+def test_a_mar_release_folder_loads_as_published_and_generates(pipe, tmp_path):
+    """from_pretrained(folder) on checkpoint-last.pth + kl16.ckpt: the EMA weights and the autoencoder, the size
+    read from the weights, the same images as the pipeline built from them in code; the raw weights on request;
+    a missing weight, a missing autoencoder and a folder of two models are refused by name."""
+    write_mar_release(tmp_path / "mar", pipe.transformer, pipe.vae)
+    loaded = MARPipeline.from_pretrained(tmp_path / "mar", vae_config=TINY_KL, **TINY_HEADS)
+    assert loaded.draft_transformer is None and loaded.transformer.config.seq_len == TINY["seq_len"]
+    expected = MARPipeline(pipe.transformer, pipe.vae)
+    for p in (loaded, expected):
+        p.set_progress_bar_config(disable=True)
+    images = [p([1, 2], generator=[torch.Generator().manual_seed(s) for s in (0, 1)], output_type="np", **CALL).images
+              for p in (loaded, expected)]
+    assert images[0].shape == (2, 16, 16, 3) and (images[0] == images[1]).all()
+    raw = MARPipeline.from_mar_release(tmp_path / "mar", weights="model", vae_config=TINY_KL, **TINY_HEADS)
+    assert all(v.abs().sum() == 0 for v in raw.transformer.state_dict().values())
+    write_mar_release(tmp_path / "cut", pipe.transformer, pipe.vae, drop="fake_latent")
+    with pytest.raises(ValueError, match=r"checkpoint-last.pth lacks 1 weight\(s\) of this MARModel: fake_latent$"):
+        MARPipeline.from_pretrained(tmp_path / "cut", vae_config=TINY_KL, **TINY_HEADS)
+    (tmp_path / "mar" / "kl16.ckpt").rename(tmp_path / "kl16.ckpt")
+    with pytest.raises(ValueError, match=r"has no KL-16 autoencoder \(kl16.ckpt\): put it in the folder or pass vae="):
+        MARPipeline.from_pretrained(tmp_path / "mar", vae_config=TINY_KL, **TINY_HEADS)
+    again = MARPipeline.from_pretrained(tmp_path / "mar", vae=tmp_path / "kl16.ckpt", vae_config=TINY_KL,
+                                        **TINY_HEADS)
+    assert torch.equal(again.vae.post_quant_conv.weight, pipe.vae.post_quant_conv.weight)
+    with pytest.raises(ValueError, match="encoder width 32 is not an official MAR size"):
+        MARPipeline.from_pretrained(tmp_path / "mar", vae=tmp_path / "kl16.ckpt", vae_config=TINY_KL)
+    torch.save({}, tmp_path / "mar" / "checkpoint-10.pth")
+    with pytest.raises(ValueError, match=r"must hold one MAR model file \(checkpoint-last.pth\), found "
+                                         r"\['checkpoint-10.pth', 'checkpoint-last.pth'\]"):
+        MARPipeline.from_pretrained(tmp_path / "mar")

@@ -94,16 +94,25 @@ def test_every_component_class_of_mmspec_models_is_exported_from_mmspec():
 
 def test_a_folder_saved_with_module_paths_still_loads_and_generates_the_same_tokens(tmp_path):
     """The fixture was written by `save_pretrained` before public paths (commit 2e4d902): a tiny LlamaGen pipeline
-    with a draft, float32, with the tokens it generated then (AR, CFG 2, one seed per prompt)."""
+    with a draft, float32, with the tokens it generated then (AR, CFG 2, one seed per prompt). Its config predates
+    `null_caption_mask`, so it now loads with LlamaGen's own ("prompt": the null caption under the prompt's
+    padding mask); under the one mmspec used then ("all") it generates exactly the recorded tokens, and under
+    LlamaGen's other ones, its short prompts being padded: the mask is the only change."""
     assert components(SAVED_BEFORE)["transformer"] == ["mmspec.models.llamagen.gpt", "LlamaGenTransformer"]
     expected = json.loads((SAVED_BEFORE / "expected_tokens.json").read_text())
     for loader in (LlamaGenPipeline, AutoARImagePipeline):
         pipe = loader.from_pretrained(SAVED_BEFORE, dtype=torch.float32)
         pipe.set_progress_bar_config(disable=True)
-        tokens = pipe(expected["prompt"], decoding=expected["decoding"], guidance_scale=expected["guidance_scale"],
-                      generator=[torch.Generator().manual_seed(s) for s in expected["seeds"]],
-                      output_type="latent").images
-        assert tokens.tolist() == expected["tokens"]
+        assert pipe.transformer.config.null_caption_mask == "prompt"
+
+        def tokens():
+            return pipe(expected["prompt"], decoding=expected["decoding"], guidance_scale=expected["guidance_scale"],
+                        generator=[torch.Generator().manual_seed(s) for s in expected["seeds"]],
+                        output_type="latent").images.tolist()
+
+        assert tokens() != expected["tokens"]
+        pipe.transformer.register_to_config(null_caption_mask="all")
+        assert tokens() == expected["tokens"]
     pipe.save_pretrained(tmp_path)  # saved again: public paths
     assert components(tmp_path)["transformer"] == ["mmspec", "LlamaGenTransformer"]
 

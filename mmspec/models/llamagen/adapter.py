@@ -17,7 +17,8 @@ from mmspec.models.llamagen.vq import LlamaGenVQModel
 @dataclass(frozen=True)
 class LlamaGenCondition:
     """states: c2i class labels [B] long, or t2i text-encoder states [B, T, caption_dim], left-padded (valid tokens
-    last); mask: t2i [B, T] bool, True for real text tokens (None = all real)."""
+    last); mask: t2i [B, T] bool, True for real text tokens (None = all real). The unconditional twins of CFG see
+    the null caption through the mask the transformer's `null_caption_mask` names (`unconditional_mask`)."""
 
     states: torch.Tensor
     mask: torch.Tensor | None = None
@@ -72,8 +73,12 @@ class LlamaGenAdapter:
             prefix = torch.cat([prefix, model.embed_condition(model.unconditional(B, prefix.device))])  # [2B, T, dim]
         new_cache = model.new_cache if self.graphs is None else self.graphs.cache
         cache = new_cache(prefix.shape[0], device=prefix.device, dtype=prefix.dtype, extra_slots=max_window)
+        T = prefix.shape[1]
         if condition.mask is not None:
-            cache.key_valid[:B, : prefix.shape[1]] = condition.mask
+            cache.key_valid[:B, :T] = condition.mask
+            null_mask = model.unconditional_mask(condition.mask)
+            if cfg and null_mask is not None:
+                cache.key_valid[B:, :T] = null_mask  # the twins see the null caption under the prompt's mask
         logits = model.forward_window(prefix, cache)[:, -1:]  # [B or 2B, 1, V]
         state = LlamaGenState(cache, B, cfg)
         return state, Logits.from_rows(logits, B, cfg)

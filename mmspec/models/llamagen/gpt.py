@@ -24,9 +24,22 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from mmspec.models.checkpoint import load_official_state_dict
+from mmspec.models.checkpoint import load_official_state_dict, load_weights
+
+# what LlamaGen's sampling scripts read, in their order; a training run's EMA copy ("ema") is an option
+SAMPLING_KEYS = ("model", "module", "state_dict")
+
+# what LlamaGen's sampling scripts read, in their order; a training run's EMA copy ("ema") is an option
+SAMPLING_KEYS = ("model", "module", "state_dict")
 
 MODEL_TYPES = ("c2i", "t2i")
+# Which caption slots the unconditional (null-caption) rows of a t2i model attend to: "prompt" = the slots the
+# prompt's own padding mask keeps (LlamaGen's training and `generate()`: a dropped caption keeps its mask), "all" =
+# every slot of the null caption (how the embedded zoo model was trained). A model keeps the convention it was
+# trained with; its config says which.
+NULL_CAPTION_MASKS = ("prompt", "all")
+# Entries of released GPT files that are not weights: the static KV cache of a model saved after sampling.
+KNOWN_EXTRAS = ("layers.*.attention.kv_cache.*",)
 # Official sizes (autoregressive/models/gpt.py `GPT_models`): width -> (layers, heads). Widths are unique, so a
 # checkpoint's width names its size.
 OFFICIAL_SIZES = {
@@ -217,6 +230,8 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
     """LlamaGen GPT for class- (c2i) or text-conditional (t2i) image-token generation.
 
     Defaults are the official GPT-B c2i model for 256px images with the ds16 tokenizer (16x16 = 256 tokens).
+    `null_caption_mask` (t2i): which caption slots the unconditional rows see, "prompt" (the prompt's own padding
+    mask, as LlamaGen trains and samples) or "all" (see `NULL_CAPTION_MASKS`).
     """
 
     @register_to_config
@@ -241,10 +256,13 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         token_dropout_p: float = 0.1,
         resid_dropout_p: float = 0.1,
         ffn_dropout_p: float = 0.1,
+        null_caption_mask: str = "prompt",
     ):
         super().__init__()
         if model_type not in MODEL_TYPES:
             raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+        if null_caption_mask not in NULL_CAPTION_MASKS:
+            raise ValueError(f"null_caption_mask must be one of {NULL_CAPTION_MASKS}, got {null_caption_mask!r}")
         if dim % n_head or (dim // n_head) % 4:
             raise ValueError(f"dim / n_head must be a multiple of 4 (2-D RoPE), got dim={dim}, n_head={n_head}")
         if model_type == "c2i" and cls_token_num != 1:
@@ -312,6 +330,12 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
             return torch.full((batch_size,), self.config.num_classes, dtype=torch.long, device=device)
         return self.cls_embedding.uncond_embedding[None].expand(batch_size, -1, -1)
 
+    def unconditional_mask(self, condition_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """The caption mask [B, T] bool of the unconditional twins of samples whose captions have `condition_mask`
+        [B, T] (None = all real): the prompt's own under `null_caption_mask="prompt"`, None (every slot) under
+        "all"."""
+        return condition_mask if self.config.null_caption_mask == "prompt" else None
+
     # ---- full-sequence pass (training, reference) -------------------------------------------------------------------
     def forward(
         self,
@@ -321,8 +345,9 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         drop: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Teacher-forced logits for every image token: tokens [B, N'] (N' <= N), condition as in `embed_condition`,
-        condition_mask [B, T] bool (True = real token; None = all real). Returns logits [B, N', V] float32, row i
-        predicting tokens[:, i] from the condition and tokens[:, :i]."""
+        condition_mask [B, T] bool (True = real token; None = all real); drop [B] bool, rows whose caption is replaced
+        by the null caption, which then sees the slots `null_caption_mask` says. Returns logits [B, N', V] float32,
+        row i predicting tokens[:, i] from the condition and tokens[:, :i]."""
         B, n = tokens.shape
         T = self.config.cls_token_num
         if n > self.num_image_tokens:
@@ -332,7 +357,8 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         S = x.shape[1]
         key_valid = torch.ones(B, S, dtype=torch.bool, device=x.device)
         if condition_mask is not None:
-            key_valid[:, :T] = condition_mask if drop is None else condition_mask | drop[:, None]
+            dropped_see_all = drop is not None and self.config.null_caption_mask == "all"
+            key_valid[:, :T] = condition_mask | drop[:, None] if dropped_see_all else condition_mask
         slots = torch.arange(S, device=x.device).expand(B, S)
         h = self._blocks(x, slots, self._mask(slots, key_valid), None)
         return self.output(self.norm(h[:, T - 1 :])).float()
@@ -441,14 +467,18 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
     # ---- official checkpoints ---------------------------------------------------------------------------------------
     @classmethod
     def from_llamagen_checkpoint(cls, path: str | Path, image_size: int = 256, downsample: int = 16,
-                                 **config) -> LlamaGenTransformer:
+                                 weights: str | None = None, **config) -> LlamaGenTransformer:
         """Load an official LlamaGen GPT `.pt` file (`c2i_B_256.pt`, `c2i_L_384.pt`, `c2i_XL_384.pt`, `t2i_XL_*.pt`).
 
         Width, depth, vocabulary, class count / caption width and prefix length are read from the weights; the head
         count follows from the width (official sizes); `image_size / downsample` is the token grid (the checkpoint
-        does not record it: 256px ds16 -> 16x16, 384px -> 24x24). `config` overrides any field.
+        does not record it: 256px ds16 -> 16x16, 384px -> 24x24). weights: the file's entry to read; None = what
+        LlamaGen's sampling scripts read ("model", else "module", else "state_dict"), "ema" for the EMA copy a
+        training run kept. Entries that are not weights (a KV
+        cache saved with the model) are ignored and logged; a missing weight is refused by name. `config` overrides
+        any field (the GPT follows LlamaGen's caption masking, `null_caption_mask="prompt"`).
         """
-        state = load_official_state_dict(path)
+        state = load_official_state_dict(path, SAMPLING_KEYS, weights)
         if "tok_embeddings.weight" not in state:
             raise ValueError(f"{path} has no 'tok_embeddings.weight': not a LlamaGen GPT checkpoint")
         if image_size % downsample:
@@ -466,9 +496,10 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         if "cls_embedding.embedding_table.weight" in state:
             inferred.update(model_type="c2i", cls_token_num=1,
                             num_classes=state["cls_embedding.embedding_table.weight"].shape[0] - 1)
-        else:
-            token_num, caption_dim = state["cls_embedding.uncond_embedding"].shape
-            inferred.update(model_type="t2i", cls_token_num=token_num, caption_dim=caption_dim)
+        elif "cls_embedding.cap_proj.fc1.weight" in state:
+            null = state.get("cls_embedding.uncond_embedding")  # if missing, the load below names it
+            inferred.update(model_type="t2i", cls_token_num=120 if null is None else null.shape[0],
+                            caption_dim=state["cls_embedding.cap_proj.fc1.weight"].shape[1])
         inferred.update(config)
         if inferred["n_head"] is None:
             raise ValueError(f"width {dim} is not an official LlamaGen size ({sorted(sizes)}); pass n_head=")
@@ -477,5 +508,5 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         if model.layers[0].feed_forward.w1.out_features != hidden:
             raise ValueError(f"{path}: feed-forward width {hidden} does not follow from dim {dim}; pass "
                              "multiple_of= / ffn_dim_multiplier=")
-        model.load_state_dict(state, strict=True)
+        load_weights(model, state, str(path), KNOWN_EXTRAS)
         return model.eval()

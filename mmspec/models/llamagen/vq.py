@@ -23,7 +23,10 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from mmspec.models.autoencoder_blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm
-from mmspec.models.checkpoint import load_official_state_dict
+from mmspec.models.checkpoint import load_official_state_dict, load_weights
+from mmspec.models.llamagen.gpt import SAMPLING_KEYS
+
+KNOWN_EXTRAS = ("quantize.codebook_used",)  # training's codebook-usage counter, in every released VQ file
 
 
 class _Level(nn.Module):
@@ -206,22 +209,18 @@ class LlamaGenVQModel(ModelMixin, ConfigMixin):
         return self.decode_latents(z_q.permute(0, 3, 1, 2)), vq_loss, ids
 
     @classmethod
-    def from_llamagen_checkpoint(cls, path: str | Path, **config) -> LlamaGenVQModel:
+    def from_llamagen_checkpoint(cls, path: str | Path, weights: str | None = None, **config) -> LlamaGenVQModel:
         """Load an official LlamaGen VQ `.pt` file (`vq_ds16_c2i.pt`, `vq_ds16_t2i.pt`, `vq_ds8_c2i.pt`).
 
         The codebook size and dimension are read from the weights; `config` overrides the rest (default: the official
-        VQ-16 layout; pass `ch_mult=(1, 2, 2, 4)` for the ds8 tokenizer).
+        VQ-16 layout; pass `ch_mult=(1, 2, 2, 4)` for the ds8 tokenizer). weights: the file's entry to read (None = "model",
+        as LlamaGen's scripts load it; "ema" for a training run's EMA copy). The codebook-usage counter of training is ignored (logged); a
+        missing weight is refused by name.
         """
-        state = load_official_state_dict(path)
-        state.pop("quantize.codebook_used", None)  # training-time usage statistics, not a weight
+        state = load_official_state_dict(path, SAMPLING_KEYS, weights)
         if "quantize.embedding.weight" not in state:
             raise ValueError(f"{path} has no 'quantize.embedding.weight': not a LlamaGen VQ checkpoint")
         codebook_size, embed_dim = state["quantize.embedding.weight"].shape
         model = cls(codebook_size=codebook_size, codebook_embed_dim=embed_dim, **config)
-        missing = sorted(set(model.state_dict()) - set(state))
-        if missing:
-            decoder = [key for key in missing if key.startswith(("decoder.", "post_quant_conv."))]
-            what = f"VQ decoder weight(s), e.g. {decoder[:3]}" if decoder else f"weight(s), e.g. {missing[:3]}"
-            raise ValueError(f"{path} lacks {len(missing)} {what} (or was saved with another config: {config})")
-        model.load_state_dict(state, strict=True)
+        load_weights(model, state, str(path), KNOWN_EXTRAS)
         return model.eval()

@@ -12,6 +12,7 @@ widths.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
-from mmspec.models.checkpoint import load_official_state_dict
+from mmspec.models.checkpoint import load_checkpoint, load_weights, state_dict_of
 
 # the official sizes (README table; the CSpD runner hard-codes the head sizes the same way)
 MAR_PRESETS = {
@@ -234,20 +235,72 @@ class MARModel(ModelMixin, ConfigMixin):
         return MARHead(self, z, z_uncond, guidance_scale)
 
     @classmethod
-    def from_mar_checkpoint(cls, path, name: str, ema: bool = True, **overrides) -> MARModel:
-        """A preset from an official `checkpoint-last.pth` (LTH14/mar's model zoo): its EMA weights by default."""
-        keys = ("model_ema", "model") if ema else ("model",)
-        return cls.from_official_state_dict(load_official_state_dict(path, keys), name, **overrides)
+    def from_mar_checkpoint(cls, path, name: str | None = None, weights: str = "model_ema",
+                            **overrides) -> MARModel:
+        """An official `checkpoint-last.pth` (LTH14/mar's model zoo, or a training run's): its EMA weights by default,
+        as MAR's evaluation and demo load them (`weights="model"` for the raw ones).
+
+        name: the size (`mar_base`, `mar_large`, `mar_huge`); None reads it from the file (the `args.model` its
+        training script saved, else the widths and depths of its weights). `overrides` change any config field.
+        """
+        checkpoint = load_checkpoint(path)
+        state = state_dict_of(checkpoint, Path(path).name, weights=weights)
+        saved = getattr(checkpoint.get("args"), "model", None)
+        return cls.from_official_state_dict(state, name or (saved if saved in MAR_PRESETS else None),
+                                            source=str(path), **overrides)
 
     @classmethod
-    def from_official_state_dict(cls, state_dict: dict[str, torch.Tensor], name: str, **overrides) -> MARModel:
-        """A preset loaded from an official checkpoint's `model` / `model_ema` weights; every key must match."""
-        model = cls.preset(name, **overrides)
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"not a {name} state dict: missing {sorted(missing)[:5]}, unexpected "
-                             f"{sorted(unexpected)[:5]} ({len(missing)} / {len(unexpected)} in all)")
+    def from_official_state_dict(cls, state_dict: dict[str, torch.Tensor], name: str | None = None,
+                                 source: str = "the state dict", **overrides) -> MARModel:
+        """A model loaded from an official checkpoint's `model` / `model_ema` weights: the preset `name`, or (None)
+        the config the weights imply (`config_from_state_dict`). Every weight is required and every entry must be
+        one of the model's."""
+        if name is not None and name not in MAR_PRESETS:
+            raise ValueError(f"name must be one of {sorted(MAR_PRESETS)}, got {name!r}")
+        if name is not None:
+            config = MAR_PRESETS[name]
+        else:
+            heads = {k: overrides[k] for k in ("encoder_num_heads", "decoder_num_heads") if k in overrides}
+            config = cls.config_from_state_dict(state_dict, **heads)
+        model = cls(**{**config, **overrides})
+        try:
+            load_weights(model, state_dict, source)
+        except RuntimeError as error:  # a tensor of another shape: the weights are another size's
+            raise ValueError(f"{source} is not a {name or 'MAR'} of this configuration: "
+                             f"{str(error).splitlines()[1].strip()}") from None
         return model
+
+    @staticmethod
+    def config_from_state_dict(state_dict: dict[str, torch.Tensor], encoder_num_heads: int | None = None,
+                               decoder_num_heads: int | None = None) -> dict:
+        """The config official weights imply: widths, depths, sequence and buffer lengths, class count, token
+        channels and the head's size are read from the tensors; the attention head counts, unless given, follow
+        from the widths (the official sizes: 768 -> 12 heads, 1024 and 1280 -> 16)."""
+        def depth(prefix: str) -> int:
+            return len({key[len(prefix):].split(".")[0] for key in state_dict if key.startswith(prefix)})
+
+        if "z_proj.weight" not in state_dict:
+            raise ValueError("no 'z_proj.weight' among the weights: not a MAR checkpoint")
+        width, token_dim = state_dict["z_proj.weight"].shape
+        decoder_width = state_dict["decoder_embed.weight"].shape[0]
+        seq_len = state_dict["diffusion_pos_embed_learned"].shape[1]
+        official = {config["encoder_embed_dim"]: config["encoder_num_heads"] for config in MAR_PRESETS.values()}
+        heads = {}
+        for what, dim, given in (("encoder", width, encoder_num_heads), ("decoder", decoder_width, decoder_num_heads)):
+            if given is None and dim not in official:
+                raise ValueError(f"{what} width {dim} is not an official MAR size ({sorted(official)}); pass name= "
+                                 f"or {what}_num_heads=")
+            heads[what] = given or official[dim]
+        return dict(
+            seq_len=seq_len, token_dim=token_dim, num_classes=state_dict["class_emb.weight"].shape[0],
+            buffer_size=state_dict["encoder_pos_embed_learned"].shape[1] - seq_len,
+            encoder_embed_dim=width, encoder_depth=depth("encoder_blocks."), encoder_num_heads=heads["encoder"],
+            decoder_embed_dim=decoder_width, decoder_depth=depth("decoder_blocks."),
+            decoder_num_heads=heads["decoder"],
+            mlp_ratio=state_dict["encoder_blocks.0.mlp.fc1.weight"].shape[0] / width,
+            diffloss_d=depth("diffloss.net.res_blocks."),
+            diffloss_w=state_dict["diffloss.net.input_proj.weight"].shape[0],
+        )
 
 
 class MARHead:

@@ -15,7 +15,9 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 
 from mmspec.models.autoencoder_blocks import AttnBlock, Downsample, ResnetBlock, Upsample, group_norm
-from mmspec.models.checkpoint import load_official_state_dict
+from mmspec.models.checkpoint import load_official_state_dict, load_weights
+
+KNOWN_EXTRAS = ("loss.*",)  # LDM's training loss (its log-variance, LPIPS and discriminator), saved with the weights
 
 
 class _Level(nn.Module):
@@ -127,11 +129,13 @@ class KLAutoencoder(ModelMixin, ConfigMixin):
 
     @classmethod
     def from_mar_checkpoint(cls, path, **config) -> KLAutoencoder:
-        """The autoencoder of an official `kl16.ckpt` (its `model` weights; every key must match); `config`
-        overrides the KL-16 defaults."""
+        """The autoencoder of an official `kl16.ckpt` (its `model` weights, as MAR loads them); `config` overrides the
+        KL-16 defaults. The training loss's entries the file carries (`loss.logvar`, the LPIPS and discriminator
+        weights) are ignored and logged; a missing weight or a tensor of another shape is refused."""
         model = cls(**config)
-        missing, unexpected = model.load_state_dict(load_official_state_dict(path, ("model",)), strict=False)
-        if missing or unexpected:
-            raise ValueError(f"{path} is not a KL autoencoder of this configuration: missing {sorted(missing)[:5]}, "
-                             f"unexpected {sorted(unexpected)[:5]} ({len(missing)} / {len(unexpected)} in all)")
+        try:
+            load_weights(model, load_official_state_dict(path, weights="model"), str(path), KNOWN_EXTRAS)
+        except RuntimeError as error:  # a tensor of another shape
+            raise ValueError(f"{path} is not a KL autoencoder of this configuration: "
+                             f"{str(error).splitlines()[1].strip()}") from None
         return model
