@@ -14,6 +14,10 @@ from mmspec.pipelines.ar_image import ARImagePipeline, left_padded, size_error
 
 IMAGE_START, IMAGE_WRAPPER = "<|image start|>", "<|image token|>"  # Emu3's fixed tokens around the size text
 NATIVE_SIZE = 720  # Emu3-Gen's default image area is 720 x 720 pixels
+# the unconditional rows' text when the call gives none: the negative prompt of Emu3's own generation script
+NEGATIVE_PROMPT = ("lowres, bad anatomy, bad hands, text, error, missing fingers, extra digit, fewer digits, cropped, "
+                   "worst quality, low quality, normal quality, jpeg artifacts, signature, watermark, username, "
+                   "blurry.")
 
 
 def image_prompt(text: str, height: int, width: int) -> str:
@@ -24,8 +28,9 @@ def image_prompt(text: str, height: int, width: int) -> str:
 
 class Emu3Pipeline(ARImagePipeline):
     r"""Emu3-Gen text-to-image: `prompt<|image start|>h*w<|image token|>` -> h rows of visual tokens closed by
-    end-of-line tokens (forced at their positions) -> Emu3's VQ decoder. CFG runs the negative prompt (default empty)
-    with the same image prefix as batched rows.
+    end-of-line tokens (forced at their positions) -> Emu3's VQ decoder. CFG runs the negative prompt (default: the
+    one of Emu3's `image_generation.py`, `NEGATIVE_PROMPT`) with the same image prefix as batched rows. Emu3's script
+    also appends " masterpiece, film grained, best quality." to every prompt; add it to yours for its images.
 
     Components:
         model ([`~transformers.Emu3ForConditionalGeneration`]): e.g. `BAAI/Emu3-Gen-hf`.
@@ -74,8 +79,11 @@ class Emu3Pipeline(ARImagePipeline):
 
     @torch.no_grad()
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None, adapter: Emu3Adapter):
-        negatives = negative_prompt or [""] * len(prompts)
-        rows, negative_rows = ([self.tokenizer(image_prompt(text, adapter.height, adapter.width))["input_ids"]
+        negatives = negative_prompt or [NEGATIVE_PROMPT] * len(prompts)
+        # BOS written out, as Emu3's processors do: its GPT-style tokenizer adds none of its own
+        bos = [self.tokenizer.bos_token_id]
+        rows, negative_rows = ([bos + self.tokenizer(image_prompt(text, adapter.height, adapter.width),
+                                                     add_special_tokens=False)["input_ids"]
                                 for text in texts] for texts in (prompts, negatives))
         longest = max(len(row) for row in rows + negative_rows) + adapter.grid[0] * adapter.grid[1] + 3
         if longest > self.model.config.text_config.max_position_embeddings:

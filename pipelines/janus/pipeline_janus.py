@@ -70,5 +70,7 @@ class JanusPipeline(ARImagePipeline):
         if negative_prompt is not None:
             raise ValueError("JanusPipeline takes no negative_prompt: Janus's unconditional rows are the prompt with "
                              "every token but BOS and begin-of-image padded out")
-        rows = [self.tokenizer(PROMPT_TEMPLATE.format(prompt=p))["input_ids"] + [adapter.boi] for p in prompts]
+        # Janus's SFT template strips the user's message (`apply_sft_template_for_multi_turn_prompts`)
+        rows = [self.tokenizer(PROMPT_TEMPLATE.format(prompt=p.strip()))["input_ids"] + [adapter.boi]
+                for p in prompts]
         return PromptCondition(*left_padded(rows, adapter.pad, self._execution_device))

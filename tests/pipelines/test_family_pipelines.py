@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from mmspec.pipelines.auto import AutoARImagePipeline
 from mmspec.pipelines.emu3 import Emu3Pipeline
+from mmspec.pipelines.emu3.pipeline_emu3 import NEGATIVE_PROMPT
 from mmspec.pipelines.janus import JanusPipeline
 from mmspec.pipelines.lumina_mgpt import LuminaMGPTPipeline
 from mmspec.pipelines.pipeline_output import ARImagePipelineOutput
@@ -27,7 +28,7 @@ def word_tokenizer(vocab: dict[str, int], specials: list[str], bos: str | None, 
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     if bos is not None:
         backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad, unk_token="<unk>",
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token=pad, unk_token="<unk>", bos_token=bos,
                                    additional_special_tokens=specials)
 
 
@@ -88,8 +89,15 @@ def test_prompts_follow_each_family_s_template():
     e = test_emu3
     assert condition.input_ids.tolist() == [[e.BOS, 20, 21, e.BOI, 8, e.WRAPPER]]
     assert condition.negative_ids.tolist() == [[e.BOS, 9, e.BOI, 8, e.WRAPPER]]
-    assert emu3.encode_prompt(["a"], None, emu3.image_adapter(12, 16)).negative_ids.tolist() == [
-        [e.BOS, e.BOI, 8, e.WRAPPER]]  # default: the image prefix alone
+    default = emu3.encode_prompt(["a"], None, emu3.image_adapter(12, 16)).negative_ids  # Emu3's script's negative
+    assert torch.equal(default, emu3.encode_prompt(["a"], [NEGATIVE_PROMPT], emu3.image_adapter(12, 16)).negative_ids)
+    assert default.shape[1] == 4 + len(NEGATIVE_PROMPT.split())
+    # Janus's template strips the message; Emu3 writes its BOS out whether or not the tokenizer adds one
+    assert torch.equal(janus.encode_prompt(["  a red circle \n"], None, janus.image_adapter()).input_ids,
+                       janus.encode_prompt(["a red circle"], None, janus.image_adapter()).input_ids)
+    emu3.tokenizer._tokenizer.post_processor = None  # a GPT-style tokenizer: no BOS of its own
+    assert emu3.encode_prompt(["a red"], ["ugly"], emu3.image_adapter(12, 16)).input_ids.tolist() == [
+        [e.BOS, 20, 21, e.BOI, 8, e.WRAPPER]]
     lumina = lumina_pipeline()
     condition = lumina.encode_prompt(["a red circle"], None, lumina.image_adapter(4, 8))
     lm = test_lumina_mgpt
