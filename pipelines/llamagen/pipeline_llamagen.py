@@ -155,7 +155,8 @@ class LlamaGenPipeline(ARImagePipeline):
     def warn_truncated(self, captions: list[str], kept: list[list[int]]) -> None:
         """One warning per caption whose tokens did not all fit the text context (kept: the ids that went in)."""
         special = set(self.tokenizer.all_special_ids)
-        for caption, ids, full in zip(captions, kept, self.tokenizer(captions)["input_ids"], strict=True):
+        full_ids = self.tokenizer(captions, verbose=False)["input_ids"]  # uncut: its own warning would repeat ours
+        for caption, ids, full in zip(captions, kept, full_ids, strict=True):
             if len(full) > self.text_context:
                 words = [i for i in full if i not in special]
                 cut = self.tokenizer.decode(words[sum(i not in special for i in ids):])

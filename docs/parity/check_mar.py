@@ -5,7 +5,7 @@ its training script saves (`model` + `model_ema`), loaded by ours. Both sample w
 same diffusion noise: upstream's `torch.randn` / `randn_like` calls are fed the noise mmspec keys by (sample, position,
 diffusion step). Compared at every MAR step: the guidance scale and the tokens drawn. Writes the results as JSON.
 
-    python docs/parity/mar.py --upstream path/to/mar --deps path/to/deps --work /tmp/mar-parity \
+    python docs/parity/check_mar.py --upstream path/to/mar --deps path/to/deps --work /tmp/mar-parity \
         --json eval/results/parity_mar.json
 
 --upstream: a checkout of LTH14/mar (its commit is recorded); --deps: a folder with timm (`pip install --target

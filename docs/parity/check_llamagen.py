@@ -4,7 +4,7 @@ Upstream builds and saves the GPT and VQ as its training scripts do; its T5Embed
 sample_t2i's left-padding is applied, and generate() runs. Ours loads the files and runs the same prompts through
 LlamaGenPipeline (AR and SJD). Writes the results as JSON.
 
-    python docs/parity/llamagen.py --upstream path/to/LlamaGen --deps path/to/deps --work /tmp/llamagen-parity \
+    python docs/parity/check_llamagen.py --upstream path/to/LlamaGen --deps path/to/deps --work /tmp/llamagen-parity \
         --json eval/results/parity_llamagen.json
 
 --upstream: a checkout of FoundationVision/LlamaGen (its commit is recorded); --deps: a folder with beautifulsoup4
