@@ -9,16 +9,13 @@ left-padded batch. Writes the results as JSON.
 
     python docs/parity/check_janus.py --upstream path/to/Janus --deps path/to/deps --json eval/results/parity_janus.json
 """
-from common import arguments, upstream_commit, write
+from common import arguments, greedy_and_guided, parity_row, upstream_commit, write
 
 args = arguments(work=False)
 import torch
 
-from mmspec.core.probs import SamplingConfig
-from mmspec.image import AR, SJD
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.janus import JanusAdapter
-from tests.models.family_checks import run
 from tests.models.test_janus import BOI, BOS, PAD, tiny_janus
 
 torch.set_grad_enabled(False)
@@ -50,14 +47,6 @@ def repo_loop(input_ids: list[int], cfg_weight: float) -> tuple[torch.Tensor, to
     return torch.cat(generated), torch.stack(guided)
 
 
-def ours_guided_logits(condition: PromptCondition, tokens: torch.Tensor, cfg_weight: float) -> torch.Tensor:
-    adapter = JanusAdapter(model)
-    state, first = adapter.prefill(condition, cfg=True)
-    rest = adapter.forward(tokens[:, :-1], state)
-    cond, uncond = (torch.cat([a, b], 1) for a, b in ((first.cond, rest.cond), (first.uncond, rest.uncond)))
-    return uncond + cfg_weight * (cond - uncond)
-
-
 longest = max(len(p) for p in PROMPTS)
 condition = PromptCondition(torch.tensor([[PAD] * (longest - len(p)) + p for p in PROMPTS]),
                             torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in PROMPTS]))
@@ -66,14 +55,6 @@ results = {"upstream": "deepseek-ai/Janus", "commit": upstream_commit(args), "pr
 for cfg_weight in (1.0, 4.0, 5.0, 7.5):
     theirs = [repo_loop(p, cfg_weight) for p in PROMPTS]
     their_tokens, their_logits = torch.stack([t for t, _ in theirs]), torch.stack([g for _, g in theirs])
-    sampling = SamplingConfig(0, guidance_scale=cfg_weight)
-    ar, _ = run(AR(), JanusAdapter(model), condition, sampling)
-    sjd, _ = run(SJD(window=5), JanusAdapter(model), condition, sampling)
-    logits = ours_guided_logits(condition, their_tokens, cfg_weight)
-    results["rows"].append({
-        "guidance": cfg_weight, "guided_logits_max_abs_diff": float((logits - their_logits).abs().max()),
-        "logit_scale": float(their_logits.abs().max()),
-        "greedy_ar_equal": float((ar == their_tokens).float().mean()),
-        "greedy_sjd_equal": float((sjd == their_tokens).float().mean()),
-    })
+    ours = greedy_and_guided(JanusAdapter(model), condition, their_tokens, cfg_weight)
+    results["rows"].append(parity_row(cfg_weight, ours, (their_tokens, their_logits)))
 write(results, args)

@@ -17,18 +17,16 @@ import contextlib
 import copy
 import io
 import math
-from typing import Optional
 from pathlib import Path
+from typing import Optional
 
-from common import arguments, upstream_commit, write
+from common import arguments, greedy_and_guided, parity_row, score_recorder, upstream_commit, write
 
 args = arguments(work=False)
 import torch
 import transformers
 from transformers import ChameleonConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from mmspec.core.probs import SamplingConfig
-from mmspec.image import AR, SJD
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import PromptCondition
 from mmspec.models.lumina_mgpt import LuminaMGPTAdapter, LuminaMGPTForConditionalGeneration, grid_token
@@ -87,19 +85,10 @@ ids = torch.tensor([[PAD] * (max(map(len, PROMPTS)) - len(p)) + p for p in PROMP
 mask = (torch.arange(ids.shape[1]) >= ids.shape[1] - torch.tensor([len(p) for p in PROMPTS])[:, None]).long()
 
 
-class Recorder(LogitsProcessor):
-    def __init__(self):
-        self.steps = []
-
-    def __call__(self, input_ids, scores):
-        self.steps.append(scores[:, codes_bpe].clone())
-        return scores
-
-
 def repo_loop(cfg: float, classes: dict):
     """generate with the authors' processors (image top-k at the codebook size: every code kept), greedy: (span ids
     [B, SPAN], guided log-laws over the codes [B, SPAN, CODES])."""
-    recorder = Recorder()
+    recorder = score_recorder(codes_bpe)
     processors = LogitsProcessorList([
         classes["LLMImageStartTriggeredUnbatchedClassifierFreeGuidanceLogitsProcessor"](
             guidance_scale=cfg, model=model, image_start_token_id=START, image_end_token_id=END,
@@ -117,39 +106,15 @@ def repo_loop(cfg: float, classes: dict):
     return out[:, ids.shape[1]:], torch.stack(recorder.steps, 1).log_softmax(-1)
 
 
-def ours(cfg: float, tokens: torch.Tensor):
-    condition = PromptCondition(ids, mask)
-    sampling = SamplingConfig(0, guidance_scale=cfg)
-    ar = run_tokens(AR(), condition, sampling)
-    sjd = run_tokens(SJD(window=5), condition, sampling)
-    local = (tokens[..., None] == adapter.token_ids).float().argmax(-1)
-    state, first = adapter.prefill(condition, cfg=cfg != 1.0)
-    rest = adapter.forward(local[:, :-1], state)
-    guided = torch.cat([first.cond, rest.cond], 1)[..., :-1]
-    if cfg != 1.0:
-        uncond = torch.cat([first.uncond, rest.uncond], 1)[..., :-1]
-        guided = uncond + cfg * (guided - uncond)
-    return adapter.to_bpe(ar), adapter.to_bpe(sjd), guided.log_softmax(-1)
-
-
-def run_tokens(decoding, condition, sampling):
-    from tests.models.family_checks import run
-
-    return run(decoding, adapter, condition, sampling)[0]
-
-
 classes = upstream_processors()
 results = {"upstream": "Alpha-VLLM/Lumina-mGPT", "commit": upstream_commit(args),
            "prompt_tokens": [len(p) for p in PROMPTS], "rows": []}
 free = (torch.arange(SPAN) + 1) % (W + 1) != 0
+condition = PromptCondition(ids, mask)
 for cfg in (1.0, 3.0, 4.0, 7.5):
     their_tokens, their_laws = repo_loop(cfg, classes)
-    ar, sjd, laws = ours(cfg, their_tokens)
-    results["rows"].append({
-        "guidance": cfg,
-        "guided_log_law_max_abs_diff": float((laws - their_laws)[:, free].abs().max()),
-        "log_law_scale": float(their_laws[:, free].abs().max()),
-        "greedy_ar_equal": float((ar == their_tokens).float().mean()),
-        "greedy_sjd_equal": float((sjd == their_tokens).float().mean()),
-    })
+    local = (their_tokens[..., None] == adapter.token_ids).float().argmax(-1)  # BPE -> local ids
+    ar, sjd, guided = greedy_and_guided(adapter, condition, local, cfg)
+    ours = adapter.to_bpe(ar), adapter.to_bpe(sjd), guided[..., :-1]  # the codes' columns (last: new line)
+    results["rows"].append(parity_row(cfg, ours, (their_tokens, their_laws), free, law=True))
 write(results, args)

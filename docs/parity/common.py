@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
@@ -33,3 +35,50 @@ def write(results: dict, args: argparse.Namespace) -> None:
     with open(args.json, "w") as file:
         json.dump(results, file, indent=1)
     print(json.dumps(results))
+
+
+def greedy_and_guided(adapter, condition, local_tokens, guidance: float):
+    """What mmspec makes of a family's prompts: greedy AR and SJD (window 5) image-span tokens [B, N] (local ids),
+    and the guided logits [B, N, V] of each span position teacher-forced on `local_tokens` [B, N] (local ids)."""
+    from mmspec.core.probs import SamplingConfig
+    from mmspec.image import AR, SJD
+    from tests.models.family_checks import run
+
+    sampling = SamplingConfig(0, guidance_scale=guidance)
+    ar, sjd = (run(decoding, adapter, condition, sampling)[0] for decoding in (AR(), SJD(window=5)))
+    state, first = adapter.prefill(condition, cfg=guidance != 1.0)
+    rest = adapter.forward(local_tokens[:, :-1], state)
+    guided = torch.cat([first.cond, rest.cond], 1)
+    if guidance != 1.0:
+        uncond = torch.cat([first.uncond, rest.uncond], 1)
+        guided = uncond + guidance * (guided - uncond)
+    return ar, sjd, guided
+
+
+def score_recorder(columns: torch.Tensor):
+    """A transformers logits processor, last in a list, that keeps the scores of `columns` at every step
+    (`.steps`: one [B, len(columns)] tensor per step)."""
+    from transformers import LogitsProcessor
+
+    class Recorder(LogitsProcessor):
+        def __init__(self):
+            self.steps = []
+
+        def __call__(self, input_ids, scores):
+            self.steps.append(scores[:, columns].clone())
+            return scores
+
+    return Recorder()
+
+
+def parity_row(guidance: float, ours: tuple, theirs: tuple, positions=slice(None), law: bool = False) -> dict:
+    """One table row: ours = (AR tokens, SJD tokens, guided logits), theirs = (tokens, guided logits or log-laws);
+    law: compare log-probabilities (log_softmax of ours) instead of logits; positions: the span positions compared."""
+    ar, sjd, guided = ours
+    tokens, reference = theirs
+    guided = guided.log_softmax(-1) if law else guided
+    name = "guided_log_law" if law else "guided_logits"
+    return {"guidance": guidance, f"{name}_max_abs_diff": float((guided - reference)[:, positions].abs().max()),
+            f"{name}_scale": float(reference[:, positions].abs().max()),
+            "greedy_ar_equal": float((ar == tokens).float().mean()),
+            "greedy_sjd_equal": float((sjd == tokens).float().mean())}

@@ -105,7 +105,7 @@ def test_a_folder_saved_with_module_paths_still_loads_and_generates_the_same_tok
         pipe.set_progress_bar_config(disable=True)
         assert pipe.transformer.config.null_caption_mask == "prompt"
 
-        def tokens():
+        def tokens(pipe=pipe):
             return pipe(expected["prompt"], decoding=expected["decoding"], guidance_scale=expected["guidance_scale"],
                         generator=[torch.Generator().manual_seed(s) for s in expected["seeds"]],
                         output_type="latent").images.tolist()
