@@ -187,13 +187,22 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
     a decoding (the condition's prefill and token 0), which every decoding pays once."""
     device = model_device(model)
     overheads = {"prefill": measure_prefill(model, condition, sampling, repeats)}
+    N = model.grid[0] * model.grid[1]
     for candidate in candidates:
         decoding = candidate_decoding(candidate)
         decoding.check_model(model)  # as a decoding's run does (a head taps the target's features here)
         stats = SpecStats()
+
+        def started():
+            """The decoding's step on a new opening, its first iteration run (untimed): the host's bound on the
+            cache's fill levels starts afresh too (rollbacks only lower it to the image's end)."""
+            step = decoding.step(model, open_decoding(model, condition, sampling, None, stats, decoding.max_window,
+                                                      decoding), sampling, None, stats)
+            step()
+            return step
+
         opening = open_decoding(model, condition, sampling, None, stats, decoding.max_window, decoding)
-        rows = opening.first_token.shape[0]
-        tokens = torch.zeros(rows, decoding.forward_width, dtype=torch.long, device=device)
+        tokens = torch.zeros(opening.first_token.shape[0], decoding.forward_width, dtype=torch.long, device=device)
 
         def forward():
             logits = model.forward(tokens, opening.state)
@@ -201,9 +210,12 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
 
         alone = median_seconds(forward, device, repeats, warmup=1,
                                after=lambda: model.rollback(opening.state, torch.zeros_like(opening.first_token)))
-        step = decoding.step(model, opening, sampling, None, stats)
-        step()  # untimed
-        overheads[candidate_name(candidate)] = max(0.0, median_seconds(step, device, repeats) - alone)
+        step, seconds = started(), []
+        for _ in range(repeats):
+            if N - step.progress().min_committed <= decoding.forward_width:  # a small image is full: start another
+                step = started()
+            seconds.append(median_seconds(step, device, 1))
+        overheads[candidate_name(candidate)] = max(0.0, statistics.median(seconds) - alone)
     return overheads
 
 

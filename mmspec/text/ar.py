@@ -3,6 +3,7 @@ one token per forward) with its counters, seeded from the caller's generator."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -46,8 +47,9 @@ def generate_ar(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
                 eos_token_id: int | None = None, pad_token_id: int | None = None, generator: Generators = None,
                 on_step: StepHook | None = None) -> tuple[torch.Tensor, TextStats]:
     """`target.generate` (prompts [B, T], left-padded) with its counters: sequences [B, T + N] and TextStats. Sampling
-    runs on the global RNG, forked for the call and seeded with a draw of `generator` (one generator: transformers'
-    sampler has no per-row generators), so the caller's generator advances as with every other decoding."""
+    runs on the global RNG: without a generator it draws from it and advances it, so two calls differ; with one
+    (one generator: transformers' sampler has no per-row generators) on a fork of it seeded with a draw of
+    `generator`, so the caller's generator advances as with every other decoding and a seed repeats its sample."""
     if isinstance(generator, (list, tuple)):
         raise ValueError("decoding=AR() takes one generator: transformers' generate samples from the global RNG")
     sample = temperature > 0
@@ -55,11 +57,12 @@ def generate_ar(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | 
     if on_step is not None:
         criterion = StepCriterion(on_step, input_ids.shape[1], max_new_tokens, eos_token_id, pad_token_id)
         kwargs["stopping_criteria"] = StoppingCriteriaList([criterion])
-    seed = None if generator is None else int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
     start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
+    # without a generator, draw from the global RNG and advance it (as torch and transformers do); with one, sample
+    # on a fork of it seeded by the generator, which leaves the global RNG as it was
+    with contextlib.nullcontext() if generator is None else torch.random.fork_rng(devices=[]):
+        if generator is not None:
+            torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator, device=generator.device)))
         sequences = target.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=sample,
                                     max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, **kwargs)
     new = sequences[:, input_ids.shape[1] :]

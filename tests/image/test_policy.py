@@ -298,3 +298,20 @@ def test_auto_chooses_the_heads_chain_where_its_acceptance_pays_and_learns_from_
     assert len(policy.head_history) == 1 and not policy.history
     policy.reconsider()
     assert policy.choose(adapter, condition, 1, CFG, strong).decoding.name == "sjd"
+
+
+@pytest.mark.parametrize("grid_size", [2, 3])
+def test_auto_runs_on_a_model_of_a_few_image_tokens_with_an_empty_cache(tmp_path, monkeypatch, grid_size):
+    """Its timings start a new image whenever the one they step through is full (they once ran more AR steps than
+    a 2 x 2 image has and overflowed its cache)."""
+    from mmspec.pipelines.llamagen import LlamaGenPipeline
+    from tests.models.llamagen_tiny import tiny_text_encoder, tiny_tokenizer, tiny_transformer, tiny_vq
+
+    pipe = LlamaGenPipeline(tiny_transformer(grid_size=grid_size, dtype=torch.float32), tiny_vq(dtype=torch.float32),
+                            tiny_tokenizer(), tiny_text_encoder(dtype=torch.float32))
+    monkeypatch.setenv("MMSPEC_CACHE_DIR", str(tmp_path))  # an empty cache: everything is measured
+    pipe.set_progress_bar_config(disable=True)
+    out = pipe(["a red circle", "a blue square"], output_type="latent", generator=[torch.Generator().manual_seed(s)
+                                                                                  for s in (0, 1)])
+    assert out.images.shape == (2, grid_size**2) and (out.images >= 0).all()
+    assert out.stats.chosen_by.startswith("auto: ") and "measured now" in out.stats.chosen_by

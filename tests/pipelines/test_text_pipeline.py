@@ -179,6 +179,18 @@ def test_sampling_is_reproducible_per_generator(pipe):
     assert torch.equal(*ar)
 
 
+@pytest.mark.parametrize("decoding", ["ar", "model", "ngram"])
+def test_calls_without_a_generator_draw_afresh_from_the_global_rng(pipe, decoding):
+    """As torch and transformers sample: each call advances the global RNG, so two calls differ, and the same
+    global seed repeats them (AR once sampled on a fork of it restored afterwards: every call was the same)."""
+    kwargs = dict(decoding=decoding, max_new_tokens=24, temperature=1.0)
+    torch.manual_seed(5)
+    first, second = (pipe(PROMPTS[0], **kwargs).sequences for _ in range(2))
+    assert not torch.equal(first, second)
+    torch.manual_seed(5)
+    assert torch.equal(pipe(PROMPTS[0], **kwargs).sequences, first)
+
+
 def test_clear_errors(pipe):
     with pytest.raises(ValueError, match=r"decoding must be one of \('auto', 'ar', 'speculative', 'heads', 'model'"):
         pipe("x = 1", decoding="beam")
