@@ -32,6 +32,7 @@ _EXPORTS = {
     "Lantern": "mmspec.core.rules.lantern",
     "GSD": "mmspec.core.rules.gsd",
     "Typical": "mmspec.core.rules.typical",
+    "Judge": "mmspec.core.rules.judge",
     "Paper": "mmspec.continuous.paper",
     # your own methods and rules: a component or rule class, its settings, registered by name
     "DecodingComponent": "mmspec.core.component",

@@ -21,9 +21,11 @@ import importlib.util
 import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from mmspec import __version__
 from mmspec.core.component import DecodingComponent, component_from, rule_settings
 from mmspec.core.devices import add_device_arguments, parse_device  # no torch until a device is asked
 from mmspec.core.registry import decodings, rules
@@ -116,6 +118,11 @@ def check_output(path: str, extensions: tuple[str, ...], flag: str = "--out") ->
         raise UsageError(f"{flag} {quoted(path)}: the folder {quoted(str(folder))} does not exist")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise UsageError(f"{flag} {quoted(path)}: no permission to write there")
+    try:  # what the permission bits cannot tell (/proc, a read-only mount): a file made there and removed at once
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UsageError(f"{flag} {quoted(path)}: files cannot be written there ({error.strerror})") from None
 
 
 def check_model(name: str, flag: str) -> None:
@@ -495,6 +502,7 @@ def run_demo(args) -> int:
 # --- the parser ---------------------------------------------------------------------------------------------------
 def build_parser() -> Parser:
     parser = Parser(prog="mmspec", description="Speculative decoding for AR generation.")
+    parser.add_argument("--version", action="version", version=f"mmspec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")

@@ -182,3 +182,12 @@ def test_mmspec_generate_loads_a_transformers_family_checkpoint_folder(tmp_path,
         main(["generate", "a red circle", "--model", str(tmp_path / "emu3"), "--height", "13", "--width", "16",
               "--out", str(out)])
     assert exit_info.value.code == 2
+
+
+def test_version_answers_without_a_subcommand(capsys):
+    import mmspec
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out == f"mmspec {mmspec.__version__}\n"
+    assert mmspec.Judge.name == "judge"  # every acceptance rule is exported beside Exact, Lantern, GSD, Typical

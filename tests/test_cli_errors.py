@@ -51,7 +51,18 @@ TREE_ROWS = [('mmspec text "x = 1" --method tree --draft-length 3',
              ('mmspec text "x = 1" --kind hydra',  # auto runs the EAGLE head's chain, it cannot pick the kind
               "mmspec text: error: --kind applies to --method heads only", ()),
              ("mmspec generate x --decoding pjd --tree-width 2",
-              "mmspec generate: error: --tree-width applies to --decoding sjd / draft / heads only", ())]
+              "mmspec generate: error: --tree-width applies to --decoding sjd / draft / heads only", ()),
+             ("mmspec generate x --temperature inf",
+              "mmspec generate: error: --temperature must be a finite number >= 0, got inf", ()),
+             ('mmspec text "x = 1" --temperature inf',
+              "mmspec text: error: --temperature must be a finite number >= 0, got inf", ()),
+             ("mmspec generate x --guidance-scale inf",
+              "mmspec generate: error: --guidance-scale must be a finite number >= 0, got inf", ()),
+             ("mmspec generate x --cfg-interval -2", "mmspec generate: error: --cfg-interval must be >= -1, got -2",
+              ()),
+             ("mmspec generate x --out /proc/x.png",  # root may write anywhere by its bits; /proc takes no file
+              "mmspec generate: error: --out '/proc/x.png': files cannot be written there (No such file or directory)",
+              ())]
 ROWS = table_rows()
 
 

@@ -41,7 +41,8 @@ def test_the_wheel_holds_one_top_level_name(wheel):
     assert top_level == ["mmspec"]
     assert {name.split("/")[0] for name in names} == {"mmspec", wheel.name.split("-py3")[0] + ".dist-info"}
     for module in ("mmspec/pipelines/llamagen/pipeline_llamagen.py", "mmspec/apps/demo.py", "mmspec/eval/quality.py",
-                   "mmspec/zoo/shapes/model_index.json", "mmspec/zoo/shapes/transformer/config.json"):
+                   "mmspec/zoo/shapes/model_index.json", "mmspec/zoo/shapes/transformer/config.json",
+                   "mmspec/py.typed", "mmspec/models/llamagen/captions.py"):
         assert module in names
     assert any(n.startswith("mmspec/zoo/shapes/transformer/") and n.endswith(".safetensors") for n in names)
 

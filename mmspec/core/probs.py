@@ -7,6 +7,8 @@ draft law q, so the two are always processed identically.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -34,16 +36,16 @@ class SamplingConfig:
     def __post_init__(self):
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             raise TypeError(f"temperature must be a number, got {type(self.temperature).__name__}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise TypeError(f"top_k must be an int, got {type(self.top_k).__name__}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = no top-k filtering), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not self.guidance_scale >= 0:
-            raise ValueError(f"guidance_scale must be >= 0, got {self.guidance_scale}")
+        if not 0 <= self.guidance_scale < math.inf:
+            raise ValueError(f"guidance_scale must be a finite number >= 0, got {self.guidance_scale}")
         if isinstance(self.cfg_interval, bool) or not isinstance(self.cfg_interval, int):
             raise TypeError(f"cfg_interval must be an int, got {type(self.cfg_interval).__name__}")
         if self.cfg_interval < -1:

@@ -15,6 +15,7 @@ refuses bad arguments before torch loads.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -79,6 +80,9 @@ class Spec:
         allowed = (int,) if kind is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, allowed):
             raise TypeError(f"{name} must be {KINDS[kind]}, got {type(value).__name__}")
+        if isinstance(value, float) and math.isinf(value):
+            within = f" {self.bounds}" if self.bounds else ""
+            raise ValueError(f"{name} must be a finite number{within}, got {value:g}")
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
         if too_low or too_high or value != value:  # NaN is in no range

@@ -52,7 +52,10 @@ def test_inputs_are_not_modified_and_dtype():
 @pytest.mark.parametrize(
     "kwargs,match",
     [(dict(temperature=-1), "temperature"), (dict(top_k=-2), "top_k"), (dict(top_p=0), "top_p"),
-     (dict(top_p=1.01), "top_p"), (dict(guidance_scale=-1), "guidance_scale")],
+     (dict(top_p=1.01), "top_p"), (dict(guidance_scale=-1), "guidance_scale"),
+     (dict(temperature=float("inf")), "temperature must be a finite number >= 0"),
+     (dict(temperature=float("nan")), "temperature must be a finite number"),
+     (dict(guidance_scale=float("inf")), "guidance_scale must be a finite number >= 0")],
 )
 def test_bad_sampling_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
