@@ -3,7 +3,7 @@
     mmspec text "def fibonacci(n):" --method model|ngram|layerskip|ar [--max-new-tokens 64 --temperature 0 ...]
     mmspec generate "a red circle above a blue square on a striped background" --out out.png [--n 4 --seed 0 ...]
     mmspec generate "..." --decoding sjd --window 8 --acceptance lantern --lantern-delta 0.2
-    mmspec video --actions right*6 down*4 stay*2 --speculate 4 --out rollout.gif [--adaptive --strict --episode 0]
+    mmspec video --actions 'right*6' 'down*4' 'stay*2' --speculate 4 --out rollout.gif [--adaptive --strict --episode 0]
     mmspec demo [--port 7860 --only image|text|world ...]
 
 A thin front end: argument parsing and checking, then calls into the library (`mmspec.pipelines`, `mmspec.apps`). It
@@ -23,6 +23,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mmspec import __version__
@@ -152,11 +153,13 @@ def rule_fields(modality: str) -> dict[str, tuple[str, Spec, object]]:
     return found
 
 
-def add_setting(parser, name: str, owners: dict[str, tuple[Spec, object]], owner_word: str) -> None:
-    """A flag for setting `name`, typed from its spec; the help says what it does for each owner."""
+def add_setting(parser, name: str, owners: dict[str, tuple[Spec, object]], owner_word: str,
+                named: Callable[[str, str], str] | None = None) -> None:
+    """A flag for setting `name`, typed from its spec; the help says what it does for each owner (as
+    `named(setting, owner)` spells the owner on the command line, else by its name)."""
     spec = next(iter(owners.values()))[0]
-    helps = [f"{owner_word}{owner}: {own.help}" + (f" (default {default})" if default is not None else "")
-             for owner, (own, default) in owners.items()]
+    helps = [f"{owner_word}{named(name, owner) if named else owner}: {own.help}"
+             + (f" (default {default})" if default is not None else "") for owner, (own, default) in owners.items()]
     kwargs = {"default": None, "help": "; ".join(helps).replace("%", "%%")}
     if spec.kind is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -170,11 +173,13 @@ def add_setting(parser, name: str, owners: dict[str, tuple[Spec, object]], owner
     parser.add_argument(flag(name), **kwargs)
 
 
-def add_decoding_arguments(parser, modality: str, owner_word: str, skip: tuple[str, ...] = ()) -> None:
+def add_decoding_arguments(parser, modality: str, owner_word: str, skip: tuple[str, ...] = (),
+                           named: Callable[[str, str], str] | None = None) -> None:
     """Every registered `modality` decoding's settings as flags (`--window`), `--acceptance` and the rules' settings
-    (`--lantern-delta`)."""
+    (`--lantern-delta`). named(setting, decoding): how the help spells a decoding the command line names otherwise
+    (text's drafters)."""
     for name, owners in decoding_fields(modality, skip).items():
-        add_setting(parser, name, owners, owner_word)
+        add_setting(parser, name, owners, owner_word, named)
     lossless = [name for name, rule in rules(modality).items() if rule.lossless]
     parser.add_argument("--acceptance", choices=tuple(rules(modality)), default=None,
                         help=f"the acceptance rule ({', '.join(lossless)}: lossless, the others lossy and report "
@@ -231,12 +236,19 @@ def text_readers(name: str) -> list[str]:
     text decodings that have it (by name)."""
     readers = []
     for owner in decoding_fields("text", skip=("drafter",))[name]:
-        if owner == TextSpeculation.name:
-            only = specs(TextSpeculation)[name].only
-            readers += specs(TextSpeculation)["drafter"].choices if only is None else only["drafter"]
-        else:
-            readers.append(owner)
+        readers += drafters_reading(name) if owner == TextSpeculation.name else [owner]
     return readers
+
+
+def drafters_reading(name: str) -> tuple[str, ...]:
+    """TextSpeculation's drafters that read its setting `name`."""
+    only = specs(TextSpeculation)[name].only
+    return tuple(specs(TextSpeculation)["drafter"].choices if only is None else only["drafter"])
+
+
+def text_owner(name: str, owner: str) -> str:
+    """How `mmspec text --help` names a decoding of setting `name`: TextSpeculation by the drafters that read it."""
+    return " / ".join(drafters_reading(name)) if owner == TextSpeculation.name else owner
 
 
 def check_text_decoding(args) -> dict:
@@ -520,7 +532,7 @@ def build_parser() -> Parser:
     text.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     text.add_argument("--top-k", type=int, default=0)
     text.add_argument("--top-p", type=float, default=1.0)
-    add_decoding_arguments(text, "text", "--method ", skip=("drafter",))
+    add_decoding_arguments(text, "text", "--method ", skip=("drafter",), named=text_owner)
     text.add_argument("--seed", type=int, default=0)
     text.add_argument("--online-every", type=int, default=None, metavar="N",
                       help="online speculative decoding: serve the prompts one request at a time, the draft LM "
@@ -563,7 +575,8 @@ def build_parser() -> Parser:
 
     video = commands.add_parser("video", help="action-conditioned video with frame speculation (embedded world)")
     video.add_argument("--actions", nargs="+", required=True,
-                       help="one per frame: stay / up / down / left / right or 0-4, optionally *count (right*6)")
+                       help="one per frame: stay / up / down / left / right or 0-4, optionally *count, quoted for "
+                            "the shell ('right*6')")
     video.add_argument("--speculate", type=int, default=4, help="frames speculated per pass (1 = none)")
     video.add_argument("--adaptive", action="store_true", help="up to --speculate frames, by action persistence")
     video.add_argument("--pipelined", action="store_true", help="pipeline context passes into the next block")
