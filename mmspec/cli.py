@@ -24,9 +24,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 
-from mmspec import __version__
 from mmspec.core.component import DecodingComponent, component_from, rule_settings
 from mmspec.core.devices import add_device_arguments, parse_device  # no torch until a device is asked
 from mmspec.core.registry import decodings, rules
@@ -514,7 +514,7 @@ def run_demo(args) -> int:
 # --- the parser ---------------------------------------------------------------------------------------------------
 def build_parser() -> Parser:
     parser = Parser(prog="mmspec", description="Speculative decoding for AR generation.")
-    parser.add_argument("--version", action="version", version=f"mmspec {__version__}")
+    parser.add_argument("--version", action="version", version=f"mmspec {metadata.version('mmspec')}")
     commands = parser.add_subparsers(dest="command", required=True)
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")

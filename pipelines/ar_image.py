@@ -39,6 +39,8 @@ class ARImagePipeline(MMSpecPipeline):
     """Base of the discrete-token text-to-image pipelines (see the module docstring)."""
 
     modality = "image"
+    steps_instead = ("an AR image has a fixed number of tokens, and the decoding sets how many target forwards they "
+                     "take (decoding=SJD(window=16), AR())")
     _callback_tensor_inputs = ["tokens", "n_committed"]
     default_guidance_scale: float = 3.0
     default_top_k: int = 0

@@ -18,9 +18,11 @@ from pathlib import Path
 
 from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+import torch
 from diffusers.utils import is_accelerate_available
 
 from mmspec.core.component import DecodingComponent, StepHook, component_from, rule_settings, setting_keywords
+from mmspec.core.devices import check_available
 from mmspec.core.registry import decodings
 from mmspec.zoo import resolve_model
 
@@ -49,10 +51,41 @@ class MMSpecPipeline(DiffusionPipeline):
     _callback_tensor_inputs: list[str] = []  # what a step callback may ask for, first the default
     _interrupt = False  # a step callback sets it to stop the call early
     cuda_graphs: bool | None = None  # None: on whenever the pipeline is on a CUDA device (`enable_cuda_graphs`)
+    steps_instead: str | None = None  # what sets the work of a call, said to a caller who passes num_inference_steps
 
     @property
     def interrupt(self) -> bool:
         return self._interrupt
+
+    def to(self, *args, **kwargs):
+        """diffusers' `to(device, dtype)`; a device this machine lacks is a ValueError naming it (not torch's bare
+        assertion from deep inside the move)."""
+        device = kwargs.get("device", next((a for a in args if isinstance(a, (str, torch.device))), None))
+        if device is not None:
+            check_available(torch.device(device), f"{type(self).__name__}.to({str(device)!r})")
+        return super().to(*args, **kwargs)
+
+    def enable_model_cpu_offload(self, *args, **kwargs):
+        """diffusers' offload of each model to the CPU between its uses; it needs a GPU to offload from."""
+        self.refuse_offload_without_accelerator("enable_model_cpu_offload")
+        return super().enable_model_cpu_offload(*args, **kwargs)
+
+    def enable_sequential_cpu_offload(self, *args, **kwargs):
+        """diffusers' submodule-by-submodule offload to the CPU; it needs a GPU to offload from."""
+        self.refuse_offload_without_accelerator("enable_sequential_cpu_offload")
+        return super().enable_sequential_cpu_offload(*args, **kwargs)
+
+    def refuse_offload_without_accelerator(self, method: str) -> None:
+        if not torch.cuda.is_available():
+            raise ValueError(f"{type(self).__name__}.{method}() moves models between a GPU and the CPU; this machine "
+                             "has no GPU, and on the CPU the models already sit in CPU memory")
+
+    def enable_attention_slicing(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} does not support attention slicing: its models attend "
+                                  "through torch's scaled_dot_product_attention over a KV cache, which needs no "
+                                  "slicing to bound its memory")
+
+    disable_attention_slicing = enable_attention_slicing
 
     def enable_cuda_graphs(self) -> None:
         """Replay the decoding's steps from CUDA graphs (what each pipeline captures is in its `graph_stores`
@@ -108,6 +141,8 @@ class MMSpecPipeline(DiffusionPipeline):
         """Refuse, by name, call keywords that are no registered decoding's setting (`setting_keywords`: the fields
         of the modality's registered decodings and the rules' flat spellings; a TypeError, as Python's own)."""
         unknown = sorted(set(settings) - set(setting_keywords(self.modality)))
+        if "num_inference_steps" in unknown and self.steps_instead:  # a diffusers habit: say what counts steps here
+            raise TypeError(f"{type(self).__name__}() takes no num_inference_steps: {self.steps_instead}")
         if unknown:
             raise TypeError(f"{type(self).__name__}() got unexpected keyword argument(s) {unknown}")
 

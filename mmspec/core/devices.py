@@ -51,13 +51,20 @@ def parse_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
+    check_available(device, f"--device {name}")
+    return device
+
+
+def check_available(device: torch.device, what: str) -> None:
+    """A ValueError starting with `what` if this machine lacks `device` (a CUDA device, or that CUDA index)."""
+    import torch  # noqa: F811 (imported at run time only here)
+
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name}: no CUDA device here (torch {torch.__version__}, "
+            raise ValueError(f"{what}: no CUDA device here (torch {torch.__version__}, "
                              f"CUDA {torch.version.cuda or 'not built in'})")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return device
+            raise ValueError(f"{what}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def resolve_device(parser: argparse.ArgumentParser, name: str) -> torch.device:

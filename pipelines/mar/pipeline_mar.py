@@ -56,6 +56,7 @@ class MARPipeline(MMSpecPipeline):
     model_cpu_offload_seq = "transformer->vae"
     _optional_components = ["draft_transformer"]
     modality = "continuous"
+    steps_instead = "num_iter sets its AR steps and num_diffusion_steps the diffusion head's steps per token"
     _callback_tensor_inputs = ["latents", "known"]
 
     def __init__(self, transformer: MARModel, vae: KLAutoencoder, draft_transformer: MARModel | None = None,

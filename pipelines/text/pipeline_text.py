@@ -93,6 +93,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
 
     _optional_components = ["draft", "eagle_head", "hydra_head", "acceptance_head", "kangaroo_adapter", "judge_head"]
     modality = "text"
+    steps_instead = "max_new_tokens sets how many tokens it writes, the decoding how many target forwards they take"
     _callback_tensor_inputs = ["generated_ids", "new_tokens"]
 
     def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,

@@ -186,3 +186,33 @@ def test_text_calls_with_one_generator_continue_its_stream(decoding):
     first, second = (pipe(["b d c"] * 8, max_new_tokens=5, temperature=1.0, generator=generator, **decoding)
                      for _ in range(2))
     assert not torch.equal(first.sequences, second.sequences)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["speculative", "ar"])
+def test_calls_without_a_generator_draw_afresh_and_a_global_seed_repeats_them(case, plain):
+    """As torch and diffusers sample without a generator: each call advances the global RNG (two calls differ) and
+    `torch.manual_seed` repeats a call."""
+    pipe, case = case
+    decoding = AR() if plain else case.decoding
+    torch.manual_seed(11)
+    first, second = (torch.as_tensor(getattr(pipe(**case.inputs, decoding=decoding), case.result)) for _ in range(2))
+    assert not torch.equal(first, second)
+    torch.manual_seed(11)
+    assert torch.equal(torch.as_tensor(getattr(pipe(**case.inputs, decoding=decoding), case.result)), first)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_diffusers_habits_get_an_answer_that_says_why(case):
+    """`.to("cuda")` without CUDA, the offload and slicing helpers, a diffusion step count: one clear error each."""
+    pipe, case = case
+    name = type(pipe).__name__
+    with pytest.raises(ValueError, match=rf"^{name}\.to\('cuda'\): no CUDA device here"):
+        pipe.to("cuda")
+    with pytest.raises(ValueError, match=rf"^{name}\.enable_model_cpu_offload\(\) moves models between a GPU"):
+        pipe.enable_model_cpu_offload()
+    with pytest.raises(NotImplementedError, match=f"^{name} does not support attention slicing"):
+        pipe.enable_attention_slicing()
+    if pipe.steps_instead is not None:
+        with pytest.raises(TypeError, match=rf"^{name}\(\) takes no num_inference_steps: "):
+            pipe(**case.inputs, num_inference_steps=4)
+    assert pipe.to("cpu") is pipe
