@@ -86,7 +86,7 @@ class ARImagePipeline(MMSpecPipeline):
         pipeline; `pipe.decoding_policy.reconsider()` chooses again with what the runs reached, `remeasure()` also
         measures the cost curves again."""
         if getattr(self, "_decoding_policy", None) is None:
-            self._decoding_policy = DecodingPolicy()
+            self._decoding_policy = DecodingPolicy(progress=self.status_bar)
         return self._decoding_policy
 
     # --- state during a call ------------------------------------------------------------------------------------

@@ -87,6 +87,13 @@ class MMSpecPipeline(DiffusionPipeline):
 
     disable_attention_slicing = enable_attention_slicing
 
+    def status_bar(self, description: str, total: int):
+        """A progress bar for work other than the call's steps (the default's first measurements), under the
+        pipeline's progress bar settings (`set_progress_bar_config(disable=True)` silences it too)."""
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, **{**getattr(self, "_progress_bar_config", {}), "desc": description})
+
     def enable_cuda_graphs(self) -> None:
         """Replay the decoding's steps from CUDA graphs (what each pipeline captures is in its `graph_stores`
         docstring): captured on a first call, replayed by later calls of the same shape, outputs unchanged. A

@@ -39,14 +39,16 @@ seed gives the same image on every call; what later runs reach changes the choic
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ContextManager, Protocol
 
 import torch
 
@@ -75,6 +77,14 @@ HISTORY = 32  # runs the acceptance estimate averages over
 REPEATS = 5  # timed forwards per window (after one untimed), their median is the cost
 PRIOR_FILE = Path(__file__).with_name("compression_prior.json")
 SJD_SETTINGS = {"init": "horizontal", "coupling": "maximal"}  # the exact SJD mode the prior was measured with
+Tick = Callable[[], None] | None  # called after each part of a measurement (progress), or None
+
+
+class Bar(Protocol):
+    def update(self, n: int = 1) -> object: ...
+
+
+Progress = Callable[[str, int], ContextManager[Bar]]  # (what is timed, parts) -> a bar, e.g. tqdm(desc=, total=)
 
 
 @dataclass(frozen=True)
@@ -151,10 +161,10 @@ def model_fingerprint(model: DiscreteImageModel) -> dict:
 # calls, and a tensor made in inference mode cannot be written outside it
 @torch.no_grad()
 def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingConfig,
-                       windows=(1, *WINDOWS), repeats: int = REPEATS) -> dict[int, float]:
+                       windows=(1, *WINDOWS), repeats: int = REPEATS, tick: Tick = None) -> dict[int, float]:
     """Median seconds of one target forward of a W-token window plus the processing of its W logits, per W, for the
     samples of `condition` (their CFG rows when `sampling` guides), after half the image's tokens are cached; the
-    windows are timed in turn, `repeats` rounds after an untimed one."""
+    windows are timed in turn, `repeats` rounds after an untimed one. tick(): called after each round (progress)."""
     N = model.grid[0] * model.grid[1]
     cfg = sampling.guidance_scale != 1.0
     state, logits = model.prefill(condition, cfg=cfg, max_window=max(windows))
@@ -174,17 +184,20 @@ def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingC
                 process_logits(logits.cond, sampling, logits.uncond)
 
             seconds[W].append(median_seconds(step, device, 1, after=lambda: model.rollback(state, keep)))
+        if tick is not None:
+            tick()
     return {W: statistics.median(times[1:]) for W, times in seconds.items()}
 
 
 @torch.no_grad()
 def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
-                      repeats: int = REPEATS) -> dict[str, float]:
+                      repeats: int = REPEATS, tick: Tick = None) -> dict[str, float]:
     """Median seconds per iteration that each candidate's step (1: AR's) spends beyond its forward: the step's time,
     every phase synchronized, minus the same forward (and logits processing) timed alone at the same point, over
     `repeats` iterations at the start of an image after one untimed. It holds the drafting, verification, redraft,
     commit and bookkeeping, and what the forward loses to the work around it. Under "prefill": the seconds of opening
-    a decoding (the condition's prefill and token 0), which every decoding pays once."""
+    a decoding (the condition's prefill and token 0), which every decoding pays once. tick(): called after each
+    candidate (progress)."""
     device = model_device(model)
     overheads = {"prefill": measure_prefill(model, condition, sampling, repeats)}
     N = model.grid[0] * model.grid[1]
@@ -216,12 +229,14 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
                 step = started()
             seconds.append(median_seconds(step, device, 1))
         overheads[candidate_name(candidate)] = max(0.0, statistics.median(seconds) - alone)
+        if tick is not None:
+            tick()
     return overheads
 
 
 @torch.no_grad()
 def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
-                                block: int = 8, repeats: int = REPEATS) -> dict[str, float]:
+                                block: int = 8, repeats: int = REPEATS, tick: Tick = None) -> dict[str, float]:
     """Median seconds of one iteration of each candidate's whole step (1: AR's) as a decoding on a model with
     captured steps runs it: blocks of `block` iterations replayed from the model's step graphs, with the read of the
     progress that follows each block; timed on `repeats` decodings after an untimed one (whose block captures the
@@ -246,6 +261,8 @@ def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: 
             times.append((time.perf_counter() - began) / block)
             runner.finish()
         seconds[candidate_name(candidate)] = statistics.median(times[1:])
+        if tick is not None:
+            tick()
     return seconds
 
 
@@ -327,8 +344,10 @@ class DecodingPolicy:
 
     def __init__(self, cache: MeasurementCache | None = None, prior: dict[int, dict[int, float]] | None = None,
                  windows=WINDOWS, margin: float = MARGIN,
-                 tree_prior: dict[int, dict[tuple[int, int, int], float]] | None = None):
+                 tree_prior: dict[int, dict[tuple[int, int, int], float]] | None = None,
+                 progress: Progress | None = None):
         self.cache = cache if cache is not None else MeasurementCache("cost_curves")
+        self.progress = progress  # shows each measurement as it runs (a pipeline's progress bar), None: silent
         self.prior = prior if prior is not None else load_prior()
         self.tree_prior = tree_prior if tree_prior is not None else load_tree_prior()
         self.windows, self.margin = tuple(windows), margin
@@ -350,6 +369,16 @@ class DecodingPolicy:
         self._remeasure, self._fresh = True, set()
         self.reconsider()
 
+    @contextlib.contextmanager
+    def measuring(self, description: str, total: int) -> Iterator[Tick]:
+        """A tick to call after each of `total` parts of a measurement: a bar of `self.progress` says what is being
+        timed (the first call of a batch size measures for seconds to minutes), or nothing without one."""
+        if self.progress is None:
+            yield None
+            return
+        with self.progress(description, total) as bar:
+            yield lambda: bar.update(1)
+
     @staticmethod
     def curve_key(batch_size: int, sampling: SamplingConfig) -> str:
         return f"B={batch_size} {'cfg' if sampling.guidance_scale != 1.0 else 'no cfg'}"
@@ -364,7 +393,10 @@ class DecodingPolicy:
         curve = None if saved is None else {int(W): seconds for W, seconds in saved.items()}
         if curve is not None and set(curve) >= {1, *self.windows}:
             return curve, False
-        curve = measure_cost_curve(model, condition, sampling, (1, *self.windows))
+        windows = (1, *self.windows)
+        with self.measuring(f"timing window forwards {', '.join(map(str, windows))} for batch {batch_size}",
+                            1 + REPEATS) as tick:
+            curve = measure_cost_curve(model, condition, sampling, windows, tick=tick)
         self.cache.put(model_print, device_print, key, {str(W): seconds for W, seconds in curve.items()})
         self._fresh.add(key)
         return curve, True
@@ -379,7 +411,9 @@ class DecodingPolicy:
         saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
         if saved is not None and set(saved) >= wanted:
             return saved
-        overheads = measure_overheads(model, condition, sampling, candidates)
+        with self.measuring(f"timing the steps of {len(candidates)} decodings for batch {batch_size}",
+                            len(candidates)) as tick:
+            overheads = measure_overheads(model, condition, sampling, candidates, tick=tick)
         self.cache.put(model_print, device_print, key, overheads)
         self._fresh.add(key)
         return overheads
@@ -394,7 +428,9 @@ class DecodingPolicy:
         saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
         if saved is not None and set(saved) >= wanted:
             return saved, False
-        seconds = measure_replayed_iterations(model, condition, sampling, candidates)
+        with self.measuring(f"timing the replayed steps of {len(candidates)} decodings for batch {batch_size}",
+                            len(candidates)) as tick:
+            seconds = measure_replayed_iterations(model, condition, sampling, candidates, tick=tick)
         self.cache.put(model_print, device_print, key, seconds)
         self._fresh.add(key)
         return seconds, True

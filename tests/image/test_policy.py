@@ -3,6 +3,7 @@ wins (settings without one are refused, not read as a choice), and a cost curve 
 it was measured on."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -315,3 +316,30 @@ def test_auto_runs_on_a_model_of_a_few_image_tokens_with_an_empty_cache(tmp_path
                                                                                   for s in (0, 1)])
     assert out.images.shape == (2, grid_size**2) and (out.images >= 0).all()
     assert out.stats.chosen_by.startswith("auto: ") and "measured now" in out.stats.chosen_by
+
+
+def test_measuring_says_what_it_times_as_it_goes(tmp_path, adapter, pipe):
+    """The first call of a batch size times for seconds to minutes: each measurement shows a bar that names it and
+    advances to its end; a cached curve shows none."""
+    import contextlib
+
+    bars = []
+
+    @contextlib.contextmanager
+    def progress(description, total):
+        bar = {"description": description, "total": total, "done": 0}
+        bars.append(bar)
+        yield type("Bar", (), {"update": lambda self, n=1: bar.update(done=bar["done"] + n)})()
+
+    condition = pipe.encode_prompt(["a red circle"] * 2)
+    policy = DecodingPolicy(cache=MeasurementCache("cost_curves", tmp_path), prior=PRIOR, tree_prior={},
+                            progress=progress)
+    policy.choose(adapter, condition, 2, CFG)
+    assert [b["description"] for b in bars[:1]] == ["timing window forwards 1, 2, 3, 4, 6, 8, 12, 16, 24, 32 for batch 2"]
+    assert len(bars) == 2 and re.fullmatch(r"timing the steps of \d+ decodings for batch 2", bars[1]["description"])
+    assert all(b["done"] == b["total"] > 0 for b in bars)  # each bar reached its end
+    again = DecodingPolicy(cache=MeasurementCache("cost_curves", tmp_path), prior=PRIOR, tree_prior={},
+                           progress=progress)
+    shown = len(bars)
+    again.choose(adapter, condition, 2, CFG)
+    assert len(bars) == shown  # read from the cache: nothing timed, nothing shown
