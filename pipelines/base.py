@@ -16,9 +16,9 @@ import dataclasses
 import json
 from pathlib import Path
 
+import torch
 from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
-import torch
 from diffusers.utils import is_accelerate_available
 
 from mmspec.core.component import DecodingComponent, StepHook, component_from, rule_settings, setting_keywords
