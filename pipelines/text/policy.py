@@ -68,8 +68,11 @@ class TextDecodingPolicy:
         saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
         if saved is not None and set(saved) == set(candidates):
             return saved, False
-        measured = {name: self.tokens_per_second(pipe, prompts, decoding, sampling)
-                    for name, decoding in candidates.items()}
+        with pipe.status_bar(f"timing {len(candidates)} methods for batch {len(prompts)}", len(candidates)) as bar:
+            measured = {}
+            for name, decoding in candidates.items():
+                measured[name] = self.tokens_per_second(pipe, prompts, decoding, sampling)
+                bar.update(1)
         self.cache.put(model_print, device_print, key, measured)
         self._fresh.add(key)
         return measured, True
