@@ -108,3 +108,19 @@ def test_auto_is_the_default_and_an_explicit_decoding_wins(pipe):
         pipe("def f(x):\n", acceptance="typical")
     # greedy: whichever decoding auto runs, the completion is the target's own
     assert pipe("def f(x):\n", max_new_tokens=12).texts == pipe("def f(x):\n", decoding=AR(), max_new_tokens=12).texts
+
+
+def test_measuring_shows_a_bar_that_names_what_it_times(tmp_path, pipe, candidates, capsys):
+    """First use times every candidate (seconds to minutes on a CPU): a bar says so; a cached measurement shows
+    nothing."""
+    policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path))
+    pipe.set_progress_bar_config(disable=False)
+    try:
+        policy.rates(pipe, PROMPTS, candidates, SAMPLING)
+        first = capsys.readouterr().err
+        policy.rates(pipe, PROMPTS, candidates, SAMPLING)
+        again = capsys.readouterr().err
+    finally:
+        pipe.set_progress_bar_config(disable=True)
+    assert f"timing {len(candidates)} methods for batch 1" in first and f"{len(candidates)}/{len(candidates)}" in first
+    assert "timing" not in again
