@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -288,6 +289,29 @@ def check_text(args) -> None:
     check_model(args.target, "--target")
     if args.method in ("auto", *WITH_DRAFT_MODEL):
         check_model(args.draft, "--draft")
+    check_text_lengths(args.prompt, args.max_new_tokens, resolve_model(args.target, argument="--target"))
+
+
+def check_text_lengths(prompts: list[str], max_new_tokens: int, target) -> None:
+    """Every prompt and its new tokens fit the target's context (`max_position_embeddings`), counted by the target's
+    own tokenizer file before any model loads (a folder of the target; a hub id is checked by the loaded model)."""
+    folder = Path(target)
+    config, tokenizer_file = folder / "config.json", folder / "tokenizer.json"
+    if not (config.is_file() and tokenizer_file.is_file()):
+        return
+    context = json.loads(config.read_text()).get("max_position_embeddings")
+    if context is None:
+        return
+    if max_new_tokens >= context:
+        raise UsageError(f"--max-new-tokens {max_new_tokens}: the target's context holds {context} positions, "
+                         "the prompt's included")
+    from tokenizers import Tokenizer  # a Rust tokenizer: no torch, a fraction of a second
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    for prompt, encoding in zip(prompts, tokenizer.encode_batch(prompts), strict=True):
+        if len(encoding.ids) + max_new_tokens > context:
+            raise UsageError(f"prompt {quoted(prompt)} is {len(encoding.ids)} tokens long; with --max-new-tokens "
+                             f"{max_new_tokens} that is more than the {context} positions the target's context holds")
 
 
 def check_generate(args) -> None:

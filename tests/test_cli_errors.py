@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mmspec.cli import main
+from mmspec.cli import MAX_QUOTE, main
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = "a" * 5000
@@ -60,6 +60,11 @@ TREE_ROWS = [('mmspec text "x = 1" --method tree --draft-length 3',
               "mmspec generate: error: --guidance-scale must be a finite number >= 0, got inf", ()),
              ("mmspec generate x --cfg-interval -2", "mmspec generate: error: --cfg-interval must be >= -1, got -2",
               ()),
+             ('mmspec text "x = 1" --max-new-tokens 100000000', "mmspec text: error: --max-new-tokens 100000000: the "
+              "target's context holds 1024 positions, the prompt's included", ()),
+             (f'mmspec text "{"x = 1; " * 300}"', f"mmspec text: error: prompt '{('x = 1; ' * 300)[:MAX_QUOTE]}'... "
+              "(2,100 characters) is 1201 tokens long; with --max-new-tokens 64 that is more than the 1024 positions "
+              "the target's context holds", ()),
              ("mmspec generate x --out /proc/x.png",  # root may write anywhere by its bits; /proc takes no file
               "mmspec generate: error: --out '/proc/x.png': files cannot be written there (No such file or directory)",
               ())]
