@@ -43,6 +43,8 @@ DEMO_TABS = ("image", "text", "world")  # mmspec.apps.tabs.TABS, which imports G
 VIDEO_EXTRA = 'pip install "mmspec[video]" (from a clone: pip install -e ".[video]")'
 APP_EXTRA = 'pip install "mmspec[app]" (from a clone: pip install -e ".[app]")'
 MAX_QUOTE = 60  # characters of a user's input quoted in an error
+SPECULATE = 4  # `mmspec video`'s frames per pass unless --speculate says otherwise
+MAX_STEPS = 1000  # Euler steps per frame `mmspec video` takes (the zoo world is trained for 4; 1,000 is already slow)
 # pipeline arguments whose names reach an error message, as the flags users typed
 FLAGS = {"num_images_per_prompt": "--n", "guidance_scale": "--guidance-scale", "negative_prompt": "--negative-prompt",
          "max_new_tokens": "--max-new-tokens", "top_k": "--top-k", "top_p": "--top-p", "temperature": "--temperature",
@@ -344,9 +346,14 @@ def parse_actions(words: list[str], names: tuple[str, ...]) -> list[int]:
 def check_video(args) -> None:
     from mmspec.zoo.video_world import ACTIONS  # numpy and Pillow, no torch
 
-    parse_actions(args.actions, ACTIONS)
+    frames = len(parse_actions(args.actions, ACTIONS))
+    if args.speculate is None:
+        args.speculate = min(SPECULATE, frames)
     for flag in ("--speculate", "--steps", "--fps", "--upscale"):
         check_number(args, flag, 1)
+    if args.speculate > frames:  # frames past the rollout's end would be computed and thrown away
+        raise UsageError(f"--speculate {args.speculate}: more frames than the rollout's {frames} (--actions)")
+    check_number(args, "--steps", 1, MAX_STEPS)
     check_number(args, "--episode", 0)
     check_number(args, "--seed", 0)
     check_output(args.out, VIDEO_EXTENSIONS)
@@ -597,7 +604,9 @@ def build_parser() -> Parser:
     video.add_argument("--actions", nargs="+", required=True,
                        help="one per frame: stay / up / down / left / right or 0-4, optionally *count, quoted for "
                             "the shell ('right*6')")
-    video.add_argument("--speculate", type=int, default=4, help="frames speculated per pass (1 = none)")
+    video.add_argument("--speculate", type=int, default=None,
+                       help=f"frames speculated per pass, at most the rollout's (1 = none; default {SPECULATE}, or "
+                            "the rollout's frames when fewer)")
     video.add_argument("--adaptive", action="store_true", help="up to --speculate frames, by action persistence")
     video.add_argument("--pipelined", action="store_true", help="pipeline context passes into the next block")
     video.add_argument("--strict", action="store_true", help="one frame per pass, pipelined: sequential exactly")

@@ -65,6 +65,10 @@ TREE_ROWS = [('mmspec text "x = 1" --method tree --draft-length 3',
              (f'mmspec text "{"x = 1; " * 300}"', f"mmspec text: error: prompt '{('x = 1; ' * 300)[:MAX_QUOTE]}'... "
               "(2,100 characters) is 1201 tokens long; with --max-new-tokens 64 that is more than the 1024 positions "
               "the target's context holds", ()),
+             ("mmspec video --actions right --speculate 100000",
+              "mmspec video: error: --speculate 100000: more frames than the rollout's 1 (--actions)", ()),
+             ("mmspec video --actions right --speculate 1 --steps 100000",
+              "mmspec video: error: --steps must be in [1, 1000], got 100000", ()),
              ("mmspec generate x --out /proc/x.png",  # root may write anywhere by its bits; /proc takes no file
               "mmspec generate: error: --out '/proc/x.png': files cannot be written there (No such file or directory)",
               ())]
