@@ -327,6 +327,23 @@ def check_generate(args) -> None:
     check_model(args.model, "--model")
     if args.vqgan is not None and not Path(args.vqgan).is_file():
         raise UsageError(f"--vqgan {quoted(args.vqgan)}: no such file")
+    check_batch_fits(len(args.prompt) * args.n, resolve_model(args.model, argument="--model"))
+
+
+def check_batch_fits(images: int, model) -> None:
+    """`images` images' KV caches (with their CFG twins) fit half the memory this machine has free, for a saved
+    LlamaGen-layout pipeline (its transformer's config read, no weights); other folders are checked as they load."""
+    config_file = Path(model) / "transformer" / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if not {"n_layer", "dim", "cls_token_num", "grid_size"} <= set(config):
+        return
+    slots = config["cls_token_num"] + config["grid_size"] ** 2 + 32  # the condition, the image, a window's headroom
+    per_image = 2 * 2 * config["n_layer"] * slots * config["dim"] * 4  # (k, v) x (image, CFG twin), float32
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if images * per_image > free / 2:
+        raise UsageError(f"--n: {images:,} images need about {images * per_image / 2**30:,.1f} GiB of KV cache; this "
+                         f"machine has {free / 2**30:.1f} GiB free (at most {int(free / 2 / per_image):,} images at "
+                         "once)")
 
 
 def parse_actions(words: list[str], names: tuple[str, ...]) -> list[int]:

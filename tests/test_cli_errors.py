@@ -146,3 +146,13 @@ def test_help_answers_at_once_without_torch(command, report):
     report(f"mmspec {' '.join(command)}: {seconds:.2f} s")
     assert run.returncode == 0 and run.stdout.startswith("usage: mmspec") and run.stderr == ""
     assert seconds < 3  # about 0.1 s on 2 CPU cores; generous for a busy machine
+
+
+def test_a_batch_larger_than_memory_is_one_line_before_any_model_loads(tmp_path, capsys):
+    """--n 100,000,000 once built that many generators after loading the model; the KV caches it needs are measured
+    against the memory free here first (the exact figures are the machine's)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "x", "--n", "100000000", "--out", str(tmp_path / "x.png")])
+    assert exit_info.value.code == 2 and list(tmp_path.iterdir()) == []
+    assert re.fullmatch(r"mmspec generate: error: --n: 100,000,000 images need about [\d,.]+ GiB of KV cache; this "
+                        r"machine has [\d.]+ GiB free \(at most [\d,]+ images at once\)\n", capsys.readouterr().err)
