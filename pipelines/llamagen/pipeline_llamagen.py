@@ -143,6 +143,10 @@ class LlamaGenPipeline(ARImagePipeline):
                                  padding_side="left")
         self.warn_truncated(captions, encoded["input_ids"])
         input_ids, mask = torch.tensor(encoded["input_ids"]), torch.tensor(encoded["attention_mask"])
+        for prompt, row in zip(prompts, mask, strict=True):
+            if not row.any():
+                raise ValueError(f"prompt {quoted(prompt)} has no words left once cleaned as LlamaGen cleans captions "
+                                 "(URLs, markup, codes and punctuation runs are removed); say what to draw")
         unk = self.tokenizer.unk_token_id
         if unk is not None and (input_ids == unk).any():
             logger.warning("some prompt words are not in the text encoder's vocabulary and were read as %s",

@@ -191,6 +191,7 @@ def test_callback_cannot_replace_committed_tokens(pipe):
         ({"prompt": []}, ValueError, "empty list"),
         ({"prompt": 3}, TypeError, "prompt must be"),
         ({"cfg_interval": -2}, ValueError, "cfg_interval must be >= -1"),
+        ({"prompt": "@someone #123 www.example.com"}, ValueError, "has no words left once cleaned"),
         ({"cfg_interval": 2.5}, TypeError, "cfg_interval must be an int"),
         ({"guidance_scale": -1.0}, ValueError, "guidance_scale"),
         ({"temperature": -0.5}, ValueError, "temperature"),
