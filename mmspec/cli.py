@@ -385,6 +385,9 @@ def check_video(args) -> None:
 
 def check_demo(args) -> None:
     check_number(args, "--port", 1, 65535)
+    if not re.fullmatch(r"[\w.:-]+", args.host):  # an address or a host name
+        raise UsageError(f"--host {quoted(args.host)}: not an address (127.0.0.1, 0.0.0.0 = every interface, ::1) "
+                         "or a host name")
     for flag in ("--image-model", "--text-target", "--text-draft", "--video-model"):
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:

@@ -6,6 +6,7 @@ diffusion head, CFG) -> KL autoencoder -> pixels. `decoding=AR()` runs the targe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +112,8 @@ class MARPipeline(MMSpecPipeline):
         kernels, bound by their launches on a GPU), captured on the second call of a shape."""
         self.sampler_graphs = SamplerGraphs(cuda=True) if on else None
 
-    def check_inputs(self, class_labels, generator, output_type, num_iter, num_diffusion_steps, cfg_schedule="linear"):
+    def check_inputs(self, class_labels, generator, output_type, num_iter, num_diffusion_steps, cfg_schedule="linear",
+                     temperature=1.0):
         if isinstance(class_labels, int):
             class_labels = [class_labels]
         if not isinstance(class_labels, list) or not class_labels or not all(
@@ -120,6 +122,8 @@ class MARPipeline(MMSpecPipeline):
         classes = self.transformer.config.num_classes
         if not all(0 <= c < classes for c in class_labels):
             raise ValueError(f"class_labels must be in [0, {classes}), got {class_labels}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if cfg_schedule not in CFG_SCHEDULES:
             raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {cfg_schedule!r}")
         check_generators(generator, len(class_labels))
@@ -176,7 +180,8 @@ class MARPipeline(MMSpecPipeline):
         """
         decoding = self.decoding_for_call(decoding, decoding_settings)
         decoding.check_sampling(temperature)
-        labels = self.check_inputs(class_labels, generator, output_type, num_iter, num_diffusion_steps, cfg_schedule)
+        labels = self.check_inputs(class_labels, generator, output_type, num_iter, num_diffusion_steps, cfg_schedule,
+                                   temperature)
         names = self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)
         device = self._execution_device
         seeds = sample_seeds(generator, len(labels)).to(device)

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mmspec.core.capture import StepGraphs
 from mmspec.core.component import DecodingComponent, component_from
+from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
 from mmspec.core.settings import specs
@@ -270,6 +271,16 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             raise ValueError(f"prompt {empty[0]} is empty (or only whitespace); give text to complete")
         return prompts
 
+    def check_lengths(self, prompts: list[str], max_new_tokens: int) -> None:
+        """max_new_tokens an int >= 1, and the longest prompt and its new tokens within the target's context."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        context = getattr(self.target.config, "max_position_embeddings", None)
+        longest = max(len(ids) for ids in self.tokenizer(prompts, verbose=False)["input_ids"])
+        if context is not None and longest + max_new_tokens > context:
+            raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} exceeds the target's context "
+                             f"of {context} positions")
+
     @torch.no_grad()
     def __call__(
         self,
@@ -329,6 +340,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         if decoding is None and decoding_settings.get("drafter") is not None:
             decoding = "speculative"  # `drafter=` names the method
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
+        SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)  # refused here, before auto times anything
+        self.check_lengths(prompts, max_new_tokens)
         chosen_by = None
         auto = decoding == "auto" or decoding is None and self.decoding == "auto"
         if auto:  # settings narrow auto's candidates to the drafters that read them
