@@ -122,7 +122,8 @@ class MARPipeline(MMSpecPipeline):
         classes = self.transformer.config.num_classes
         if not all(0 <= c < classes for c in class_labels):
             raise ValueError(f"class_labels must be in [0, {classes}), got {class_labels}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+        if not number or not 0 <= temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if cfg_schedule not in CFG_SCHEDULES:
             raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {cfg_schedule!r}")
