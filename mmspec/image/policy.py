@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import statistics
 import time
 from collections import deque
@@ -69,12 +70,15 @@ from mmspec.image.methods.heads import DraftHeads
 from mmspec.image.methods.sjd import SJD
 from mmspec.image.protocol import DiscreteImageModel
 
+logger = logging.getLogger(__name__)
+
 WINDOWS = (2, 3, 4, 6, 8, 12, 16, 24, 32)  # the windows the policy considers (AR is W = 1)
 TREES = ((8, 2, 2), (16, 2, 2), (32, 2, 2))  # the frontier trees it considers: (window, tree_width, tree_depth)
 HEAD_LENGTHS = (1, 2, 3, 4)  # the draft head chains it considers: drafts per round
 MARGIN = 1.1  # predicted speedup SJD must reach to be chosen (the prediction's own error, within 20 % measured)
 HISTORY = 32  # runs the acceptance estimate averages over
 REPEATS = 5  # timed forwards per window (after one untimed), their median is the cost
+NOISE = 0.2  # how much cheaper than a narrower window a wider one may time before its curve is judged impossible
 PRIOR_FILE = Path(__file__).with_name("compression_prior.json")
 SJD_SETTINGS = {"init": "horizontal", "coupling": "maximal"}  # the exact SJD mode the prior was measured with
 Tick = Callable[[], None] | None  # called after each part of a measurement (progress), or None
@@ -319,6 +323,23 @@ def prior_row(prior: dict[int, dict], batch_size: int) -> dict:
     return prior[next((B for B in sizes if B >= batch_size), sizes[-1])]
 
 
+def consistent(curve: dict[int, float], noise: float = NOISE) -> bool:
+    """Whether a cost curve is physically possible: no window cheaper than a narrower one by more than `noise` (a
+    relative margin for timing noise). A curve timed while the machine was busy can break it (window 2 at a tenth of
+    window 1), and any prediction read from it would be wrong."""
+    widths = sorted(curve)
+    return all(curve[wide] >= (1 - noise) * curve[narrow] for narrow, wide in zip(widths, widths[1:], strict=False))
+
+
+def monotone(curve: dict[int, float]) -> dict[int, float]:
+    """The curve with each window at least as costly as every narrower one (what a wider forward does, up to noise)."""
+    widths, highest, result = sorted(curve), 0.0, {}
+    for W in widths:
+        highest = max(highest, curve[W])
+        result[W] = highest
+    return result
+
+
 def cost_at(curve: dict[int, float], width: int) -> float:
     """The curve's seconds at `width` tokens: measured, or linear between the nearest measured widths (beyond the
     widest, along its last segment)."""
@@ -392,11 +413,14 @@ class DecodingPolicy:
         saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
         curve = None if saved is None else {int(W): seconds for W, seconds in saved.items()}
         if curve is not None and set(curve) >= {1, *self.windows}:
-            return curve, False
+            if consistent(curve):
+                return curve, False
+            logger.warning("the cached cost curve for %s is impossible (a wider window timed cheaper than a "
+                           "narrower one): measuring it again", key)
         windows = (1, *self.windows)
         with self.measuring(f"timing window forwards {', '.join(map(str, windows))} for batch {batch_size}",
                             1 + REPEATS) as tick:
-            curve = measure_cost_curve(model, condition, sampling, windows, tick=tick)
+            curve = monotone(measure_cost_curve(model, condition, sampling, windows, tick=tick))
         self.cache.put(model_print, device_print, key, {str(W): seconds for W, seconds in curve.items()})
         self._fresh.add(key)
         return curve, True

@@ -343,3 +343,33 @@ def test_measuring_says_what_it_times_as_it_goes(tmp_path, adapter, pipe):
     shown = len(bars)
     again.choose(adapter, condition, 2, CFG)
     assert len(bars) == shown  # read from the cache: nothing timed, nothing shown
+
+
+def test_an_impossible_cached_curve_is_measured_again_and_a_measured_one_never_falls(tmp_path, adapter, pipe,
+                                                                                    caplog):
+    """A curve timed on a busy machine (window 2 at a tenth of window 1, as one was) is detected when read and
+    measured again; what is measured is made non-decreasing in the window, so no wider window is predicted cheaper.
+    Companion: a curve within the noise is read as it is."""
+    import logging
+
+    from mmspec.image.policy import consistent, monotone
+
+    assert monotone({1: 1.0, 2: 0.5, 4: 1.5, 8: 1.2}) == {1: 1.0, 2: 1.0, 4: 1.5, 8: 1.5}
+    assert consistent({1: 1.0, 2: 0.9, 4: 1.1}) and not consistent({1: 1.0, 2: 0.1, 4: 1.1})
+    cache = MeasurementCache("cost_curves", tmp_path)
+    poisoned = {1: 1.0, 2: 0.1, **{W: 1.0 + W / 10 for W in WINDOWS if W != 2}}
+    put_curve(cache, adapter, poisoned, batch_size=2)
+    policy = DecodingPolicy(cache=cache, prior=PRIOR, tree_prior={})
+    condition = pipe.encode_prompt(["a red circle"] * 2)
+    with caplog.at_level(logging.WARNING, logger="mmspec.image.policy"):
+        curve, measured = policy.cost_curve(adapter, condition, 2, CFG)
+    assert measured and "the cached cost curve for B=2 cfg is impossible" in caplog.text
+    widths = sorted(curve)
+    assert all(curve[a] <= curve[b] for a, b in zip(widths, widths[1:], strict=False))
+    saved = MeasurementCache("cost_curves", tmp_path).get(model_fingerprint(adapter), device_fingerprint(
+        torch.device("cpu")), "B=2 cfg")
+    assert {int(W): s for W, s in saved.items()} == curve  # the remeasured curve replaced the poisoned one
+    noisy = {1: 1.0, 2: 0.9, **{W: 1.0 + W / 10 for W in WINDOWS if W != 2}}  # 10 % cheaper: timing noise
+    put_curve(cache, adapter, noisy, batch_size=2)
+    assert DecodingPolicy(cache=cache, prior=PRIOR, tree_prior={}).cost_curve(adapter, condition, 2, CFG) == (
+        noisy, False)
