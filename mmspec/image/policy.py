@@ -521,6 +521,9 @@ class DecodingPolicy:
         candidates = {c: candidate_decoding(c) for c in (*self.windows, *trees, *self.head_chains(model, head,
                                                                                                      sampling))}
         iteration, prefill, measured = self.iteration_costs(model, condition, batch_size, sampling, candidates)
+        # no candidate's iteration costs less than AR's one-token step (its forward is wider, its step does more):
+        # a timing below it is noise, and would predict more than the candidate's tokens per forward
+        iteration = {c: max(seconds, iteration[1]) for c, seconds in iteration.items()}
         seconds = {c: prefill + N / self.compression(c, batch_size) * iteration[c] for c in candidates}
         best = min(seconds, key=seconds.get)
         decoding, speedup = candidates[best], (prefill + N * iteration[1]) / seconds[best]

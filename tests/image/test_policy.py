@@ -373,3 +373,13 @@ def test_an_impossible_cached_curve_is_measured_again_and_a_measured_one_never_f
     put_curve(cache, adapter, noisy, batch_size=2)
     assert DecodingPolicy(cache=cache, prior=PRIOR, tree_prior={}).cost_curve(adapter, condition, 2, CFG) == (
         noisy, False)
+
+
+def test_no_prediction_exceeds_the_candidate_s_tokens_per_forward(tmp_path, adapter, pipe):
+    """Even from a curve whose wide windows time cheaper than AR's forward (the noise a busy machine makes, below
+    the 20 % that marks a curve impossible), a candidate's iteration is priced at least as one AR step, so the
+    predicted speedup stays at most its compression (the prior's tokens per forward at that window)."""
+    cheap = {1: 1.0, **{W: 0.85 for W in WINDOWS}}  # every window 15 % cheaper than W = 1
+    policy = policy_with_curve(tmp_path, adapter, cheap, batch_size=1)
+    choice = policy.choose(adapter, pipe.encode_prompt(["a red circle"]), 1, CFG)
+    assert choice.predicted_speedup <= max(PRIOR[1].values()) + 1e-9
