@@ -366,11 +366,12 @@ def check_video(args) -> None:
     frames = len(parse_actions(args.actions, ACTIONS))
     if args.speculate is None:
         args.speculate = min(SPECULATE, frames)
-    for flag in ("--speculate", "--steps", "--fps", "--upscale"):
+    check_number(args, "--speculate", 1)
+    check_number(args, "--steps", 1, MAX_STEPS)
+    for flag in ("--fps", "--upscale"):
         check_number(args, flag, 1)
     if args.speculate > frames:  # frames past the rollout's end would be computed and thrown away
         raise UsageError(f"--speculate {args.speculate}: more frames than the rollout's {frames} (--actions)")
-    check_number(args, "--steps", 1, MAX_STEPS)
     check_number(args, "--episode", 0)
     check_number(args, "--seed", 0)
     check_output(args.out, VIDEO_EXTENSIONS)

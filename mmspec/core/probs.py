@@ -8,7 +8,6 @@ draft law q, so the two are always processed identically.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch

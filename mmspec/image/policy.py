@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import statistics
@@ -327,17 +328,14 @@ def consistent(curve: dict[int, float], noise: float = NOISE) -> bool:
     """Whether a cost curve is physically possible: no window cheaper than a narrower one by more than `noise` (a
     relative margin for timing noise). A curve timed while the machine was busy can break it (window 2 at a tenth of
     window 1), and any prediction read from it would be wrong."""
-    widths = sorted(curve)
-    return all(curve[wide] >= (1 - noise) * curve[narrow] for narrow, wide in zip(widths, widths[1:], strict=False))
+    rising = monotone(curve)  # each window's cost: the highest of it and every narrower one
+    return all(curve[W] >= (1 - noise) * rising[W] for W in curve)
 
 
 def monotone(curve: dict[int, float]) -> dict[int, float]:
     """The curve with each window at least as costly as every narrower one (what a wider forward does, up to noise)."""
-    widths, highest, result = sorted(curve), 0.0, {}
-    for W in widths:
-        highest = max(highest, curve[W])
-        result[W] = highest
-    return result
+    widths = sorted(curve)
+    return dict(zip(widths, itertools.accumulate((curve[W] for W in widths), max), strict=True))
 
 
 def cost_at(curve: dict[int, float], width: int) -> float:

@@ -76,14 +76,15 @@ def named(keys: list[str]) -> str:
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str,
-                 known_extras: tuple[str, ...] = ()) -> None:
+                 known_extras: tuple[str, ...] = (), what: str | None = None) -> None:
     """Load `state` into `model`, every weight required.
 
     known_extras: glob patterns of entries released files carry that are not the model's weights (`loss.*`); they
-    are dropped and listed in the log. A missing weight or any other entry raises a ValueError naming it (`source`
-    names the file in the message).
+    are dropped and listed in the log. A missing weight, any other entry or a tensor of another shape raises a
+    ValueError naming it (`source` names the file in the message, `what` the model: default its class name).
     """
-    expected = set(model.state_dict())
+    own = model.state_dict()
+    expected = set(own)
     extras = sorted(k for k in state if k not in expected)
     ignored = [k for k in extras if any(fnmatch.fnmatchcase(k, pattern) for pattern in known_extras)]
     unknown = sorted(set(extras) - set(ignored))
@@ -93,6 +94,12 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], source: str,
     if unknown:
         raise ValueError(f"{source} has {len(unknown)} entr{'y' if len(unknown) == 1 else 'ies'} this "
                          f"{type(model).__name__} does not have: {named(unknown)}")
+    reshaped = [k for k in sorted(expected) if state[k].shape != own[k].shape]
+    if reshaped:
+        key = reshaped[0]
+        raise ValueError(f"{source} is not a {what or type(model).__name__} of this configuration: {key} is "
+                         f"{list(state[key].shape)} in the file, {list(own[key].shape)} here ({len(reshaped)} tensors "
+                         "of another shape)")
     if ignored:
         logger.info("%s: ignored %d entries that are not %s weights: %s", source, len(ignored),
                     type(model).__name__, named(ignored))

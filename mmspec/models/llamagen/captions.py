@@ -129,5 +129,6 @@ def _clean_once(caption: str) -> str:
 
 
 def clean_caption(caption: str) -> str:
-    """A prompt as LlamaGen's T5 encoder saw its captions: cleaned twice, lower case (`T5Embedder.text_preprocessing`)."""
+    """A prompt as LlamaGen's T5 encoder saw its captions: cleaned twice, in lower case
+    (`T5Embedder.text_preprocessing`)."""
     return _clean_once(_clean_once(caption))

@@ -474,9 +474,9 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         count follows from the width (official sizes); `image_size / downsample` is the token grid (the checkpoint
         does not record it: 256px ds16 -> 16x16, 384px -> 24x24). weights: the file's entry to read; None = what
         LlamaGen's sampling scripts read ("model", else "module", else "state_dict"), "ema" for the EMA copy a
-        training run kept. Entries that are not weights (a KV
-        cache saved with the model) are ignored and logged; a missing weight is refused by name. `config` overrides
-        any field (the GPT follows LlamaGen's caption masking, `null_caption_mask="prompt"`).
+        training run kept. Entries that are not weights (a KV cache saved with the model) are ignored and logged; a
+        missing weight is refused by name. `config` overrides any field (the GPT follows LlamaGen's caption masking,
+        `null_caption_mask="prompt"`).
         """
         state = load_official_state_dict(path, SAMPLING_KEYS, weights)
         if "tok_embeddings.weight" not in state:

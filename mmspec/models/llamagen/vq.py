@@ -213,9 +213,9 @@ class LlamaGenVQModel(ModelMixin, ConfigMixin):
         """Load an official LlamaGen VQ `.pt` file (`vq_ds16_c2i.pt`, `vq_ds16_t2i.pt`, `vq_ds8_c2i.pt`).
 
         The codebook size and dimension are read from the weights; `config` overrides the rest (default: the official
-        VQ-16 layout; pass `ch_mult=(1, 2, 2, 4)` for the ds8 tokenizer). weights: the file's entry to read (None = "model",
-        as LlamaGen's scripts load it; "ema" for a training run's EMA copy). The codebook-usage counter of training is ignored (logged); a
-        missing weight is refused by name.
+        VQ-16 layout; pass `ch_mult=(1, 2, 2, 4)` for the ds8 tokenizer). weights: the file's entry to read (None =
+        "model", as LlamaGen's scripts load it; "ema" for a training run's EMA copy). The codebook-usage counter of
+        training is ignored (logged); a missing weight is refused by name.
         """
         state = load_official_state_dict(path, SAMPLING_KEYS, weights)
         if "quantize.embedding.weight" not in state:

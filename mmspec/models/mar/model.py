@@ -263,11 +263,7 @@ class MARModel(ModelMixin, ConfigMixin):
             heads = {k: overrides[k] for k in ("encoder_num_heads", "decoder_num_heads") if k in overrides}
             config = cls.config_from_state_dict(state_dict, **heads)
         model = cls(**{**config, **overrides})
-        try:
-            load_weights(model, state_dict, source)
-        except RuntimeError as error:  # a tensor of another shape: the weights are another size's
-            raise ValueError(f"{source} is not a {name or 'MAR'} of this configuration: "
-                             f"{str(error).splitlines()[1].strip()}") from None
+        load_weights(model, state_dict, source, what=name or "MAR")
         return model
 
     @staticmethod

@@ -133,9 +133,5 @@ class KLAutoencoder(ModelMixin, ConfigMixin):
         KL-16 defaults. The training loss's entries the file carries (`loss.logvar`, the LPIPS and discriminator
         weights) are ignored and logged; a missing weight or a tensor of another shape is refused."""
         model = cls(**config)
-        try:
-            load_weights(model, load_official_state_dict(path, weights="model"), str(path), KNOWN_EXTRAS)
-        except RuntimeError as error:  # a tensor of another shape
-            raise ValueError(f"{path} is not a KL autoencoder of this configuration: "
-                             f"{str(error).splitlines()[1].strip()}") from None
+        load_weights(model, load_official_state_dict(path, weights="model"), str(path), KNOWN_EXTRAS, "KL autoencoder")
         return model
