@@ -25,12 +25,11 @@ from common import arguments, greedy_and_guided, parity_row, score_recorder, ups
 args = arguments(work=False)
 import torch
 import transformers
-from transformers import ChameleonConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.hf_image import PromptCondition
-from mmspec.models.lumina_mgpt import LuminaMGPTAdapter, LuminaMGPTForConditionalGeneration, grid_token
-from tests.models.test_lumina_mgpt import image_token_name
+from mmspec.models.lumina_mgpt import LuminaMGPTAdapter, grid_token
+from tests.models.test_lumina_mgpt import tiny_chameleon
 
 torch.set_grad_enabled(False)
 CODES, H, W = 8192, 4, 4  # Chameleon's codebook; a 4 x 4-token image = 2 x 2 patches
@@ -52,29 +51,19 @@ def upstream_processors() -> dict:
     return {name: namespace[name] for name in wanted}
 
 
-def tiny_chameleon():
+def tiny_random_chameleon():
+    """A tiny Lumina-mGPT with the ids of Chameleon's vocabulary, its weights drawn at random."""
     vocab = {"<s>": BOS, "<pad>": PAD, "</s>": EOS, "<unk>": 3, "<eoss>": END, "<racm3:break>": START,
              "<reserved08706>": SEP, "<reserved08799>": NEW_LINE, "<image>": 8711}
     vocab.update({grid_token(n): 8804 + n for n in range(1, 9)})
     vocab.update({f"w{i}": i for i in WORDS})
-    shuffled = torch.randperm(CODES, generator=torch.Generator().manual_seed(1))  # BPE order != code order
-    vocab.update({image_token_name(int(code)): 4 + i for i, code in enumerate(shuffled)})
-    config = ChameleonConfig(
-        vocab_size=8830, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
-        vq_config={"embed_dim": 8, "num_embeddings": CODES, "latent_channels": 8, "base_channels": 32,
-                   "channel_multiplier": [1, 2]},
-        vocabulary_map=vocab)
-    torch.manual_seed(0)
-    model = LuminaMGPTForConditionalGeneration(config).eval()
+    model, vqgan = tiny_chameleon(vocab, vocab_size=8830, codes=CODES, first_image_id=4, pad=PAD, bos=BOS, eos=EOS)
     for parameter in model.parameters():  # transformers' init is near zero: logits would tie and compare trivially
         torch.nn.init.normal_(parameter, std=0.2)
-    vqgan = ChameleonVQGAN(n_embed=CODES, embed_dim=8, z_channels=32, ch=32, ch_mult=(1, 2), num_res_blocks=1,
-                           attn_resolutions=(8,), resolution=16).eval()
     return model, vqgan
 
 
-model, vqgan = tiny_chameleon()
+model, vqgan = tiny_random_chameleon()
 adapter = LuminaMGPTAdapter(model, vqgan, H, W)
 codes_bpe = adapter.token_ids[:-1]  # the BPE id of each code, in local order
 SUFFIX = adapter.prompt_suffix.tolist()

@@ -38,22 +38,29 @@ def image_token_name(code: int) -> str:
 
 
 def tiny_lumina(seed: int = 0):
-    from transformers import ChameleonConfig
-
     vocab = {f"w{i}": i for i in range(3, 30)}
     vocab.update({"<pad>": PAD, "<s>": BOS, "</s>": EOS, "<image>": 30, "<racm3:break>": START, "<eoss>": END,
                   "<reserved08799>": NEW_LINE, "<reserved08706>": SEP, "<reserved08801>": ONE_PATCH,
                   "<reserved08802>": TWO_PATCHES})
-    shuffled = torch.randperm(CODES, generator=torch.Generator().manual_seed(1))  # BPE order != code order
-    vocab.update({image_token_name(int(code)): 40 + i for i, code in enumerate(shuffled)})
+    return tiny_chameleon(vocab, vocab_size=64, codes=CODES, first_image_id=40, seed=seed)
+
+
+def tiny_chameleon(vocab: dict[str, int], vocab_size: int, codes: int, first_image_id: int, seed: int = 0,
+                   pad: int = PAD, bos: int = BOS, eos: int = EOS):
+    """(a tiny random Lumina-mGPT, its VQGAN) over `vocab` plus `codes` image tokens from `first_image_id` on, in
+    an order other than the codes' (as Chameleon's BPE ids are)."""
+    from transformers import ChameleonConfig
+
+    shuffled = torch.randperm(codes, generator=torch.Generator().manual_seed(1))  # BPE order != code order
+    vocab = {**vocab, **{image_token_name(int(code)): first_image_id + i for i, code in enumerate(shuffled)}}
     config = ChameleonConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
-        vq_config={"embed_dim": 8, "num_embeddings": CODES, "latent_channels": 8, "base_channels": 32,
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=pad, bos_token_id=bos, eos_token_id=eos,
+        vq_config={"embed_dim": 8, "num_embeddings": codes, "latent_channels": 8, "base_channels": 32,
                    "channel_multiplier": [1, 2]},
         vocabulary_map=vocab)
     torch.manual_seed(seed)
-    return LuminaMGPTForConditionalGeneration(config).eval(), ChameleonVQGAN(**VQGAN).eval()
+    return LuminaMGPTForConditionalGeneration(config).eval(), ChameleonVQGAN(**{**VQGAN, "n_embed": codes}).eval()
 
 
 @pytest.fixture(scope="module")
