@@ -29,12 +29,17 @@ STATUS_POLL_S = 1.0  # how often a page open during warm-up asks whether it is o
 
 
 class WarmUp:
-    """The background warm-up of a demo's tabs: one short call per method on the compute thread, so that no user
-    request is timed with lazy initialisation (cost curves, LANTERN tables). Requests sent meanwhile queue behind it
-    on the compute thread; `status()` says how far it is."""
+    """The background warm-up of a demo's tabs: each tab's `warm_up_calls()`, one short call per method, submitted
+    one at a time to the compute thread, so that no user request is timed with lazy initialisation (cost curves,
+    LANTERN tables). Requests sent meanwhile are answered between its calls; a request for "auto" runs AR until the
+    warm-up has timed auto (each tab's `cold` names what it has not run yet). `status()` says how far it is, and the
+    log says each call as it starts."""
 
     def __init__(self, tabs: Mapping[str, object]):
-        self.tabs, self.done, self.current, self.error = dict(tabs), threading.Event(), None, None
+        self.calls = [(kind, name, call) for kind, tab in tabs.items() for name, call in tab.warm_up_calls()]
+        self.tabs, self.done, self.finished, self.error = dict(tabs), threading.Event(), 0, None
+        for kind, tab in self.tabs.items():
+            tab.cold = {name for called_by, name, _ in self.calls if called_by == kind}
 
     def start(self) -> WarmUp:
         threading.Thread(target=self._run, name="mmspec-warm-up", daemon=True).start()
@@ -42,21 +47,25 @@ class WarmUp:
 
     def _run(self) -> None:
         try:
-            for kind, tab in self.tabs.items():
-                self.current = kind
-                LOG.info("warming up the %s tab", kind)
-                tab.warm_up()
+            for kind, name, call in self.calls:
+                LOG.info("warm-up %d/%d: the %s tab's %s", self.finished + 1, len(self.calls), kind, name)
+                COMPUTE.submit(call).result()
+                self.tabs[kind].cold.discard(name)
+                self.finished += 1
             LOG.info("warm-up done: ready")
         except Exception as error:  # the demo still serves; each request then reports its own failure
             self.error = error
             LOG.error("warm-up failed (%s: %s); requests run cold", type(error).__name__, error)
         finally:
+            for tab in self.tabs.values():
+                tab.cold = set()  # a failed warm-up leaves each method to warm on its first request
             self.done.set()
 
     def status(self) -> str:
         if not self.done.is_set():
-            return (f"⏳ Warming up the models ({self.current or 'starting'}): requests sent now wait for it and "
-                    "are timed fairly.")
+            kind, name, _ = self.calls[self.finished]
+            return (f"⏳ Warming up: {self.finished} of {len(self.calls)} calls done (now: the {kind} tab's {name}). "
+                    "Requests are answered meanwhile, between its calls; `auto` runs AR until it has been timed.")
         return "" if self.error is None else f"Warm-up failed ({self.error}); the first requests run cold."
 
 
@@ -118,8 +127,10 @@ def load_default_pipes(kinds=tuple(TABS), image_model: str | None = None, text_t
 
 def serve(kinds=tuple(TABS), image_model: str | None = None, text_target: str | None = None,
           text_draft: str | None = None, video_model: str | None = None, host: str = "127.0.0.1",
-          port: int = 7860, device="cpu", dtype: str = "float32") -> None:
-    """Load the pipelines (on the compute thread), serve at once, warm up in the background; blocks until stopped."""
+          port: int = 7860, device="cpu", dtype: str = "float32", warm_up: bool = True) -> None:
+    """Load the pipelines (on the compute thread), serve at once, warm up in the background (unless not
+    `warm_up`: each method then initialises on its first request, and "auto" times its candidates then); blocks
+    until stopped."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     LOG.info("loading %s", ", ".join(kinds))
     pipes = COMPUTE.submit(load_default_pipes, kinds, image_model, text_target, text_draft, video_model, device,
@@ -127,4 +138,4 @@ def serve(kinds=tuple(TABS), image_model: str | None = None, text_target: str | 
     for pipe in pipes.values():
         if hasattr(pipe, "set_progress_bar_config"):
             pipe.set_progress_bar_config(disable=True)  # a bar per request would flood the server log
-    build_demo(pipes, warm_up=True).launch(server_name=host, server_port=port, show_error=True)
+    build_demo(pipes, warm_up=warm_up).launch(server_name=host, server_port=port, show_error=True)

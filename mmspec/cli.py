@@ -555,7 +555,7 @@ def run_demo(args) -> int:
 
     serve(kinds=(args.only,) if args.only else DEMO_TABS, image_model=args.image_model, text_target=args.text_target,
           text_draft=args.text_draft, video_model=args.video_model, host=args.host, port=args.port,
-          device=args.device, dtype=args.dtype)
+          device=args.device, dtype=args.dtype, warm_up=args.warm_up)
     return 0
 
 
@@ -652,6 +652,9 @@ def build_parser() -> Parser:
                                                           "nextframe_shapes)")
     demo.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 = every interface)")
     demo.add_argument("--port", type=int, default=7860)
+    demo.add_argument("--no-warmup", dest="warm_up", action="store_false",
+                      help="serve without warming up: each method initialises on its first request (auto times its "
+                           "candidates then, for minutes on a CPU)")
     add_device_arguments(demo, default="auto")
     return parser
 
@@ -668,6 +671,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check(args)
         check_device(args)
+        model = getattr(args, "model", None) or getattr(args, "target", None)
+        # the first thing a user sees, at once: loading and a first run's measuring take seconds to minutes
+        print(f"{prog}: loading {model or 'the models'} on {args.device}", file=sys.stderr, flush=True)
         return run(args)
     except (ValueError, TypeError) as error:  # a usage error, or input a model refused (a size it cannot make)
         parser.exit(2, f"{prog}: error: {in_flag_terms(str(error))}\n")

@@ -305,7 +305,9 @@ class ARImagePipeline(MMSpecPipeline):
                     break
 
         if choice is not None and not self._interrupt:
-            self.decoding_policy.record(choice, batch_size, stats)
+            gap = self.decoding_policy.record(choice, batch_size, sampling, stats)
+            if gap is not None:
+                stats.chosen_by += f"; {gap}"
 
         # 4. Post-process
         if output_type == "latent":

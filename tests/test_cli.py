@@ -1,4 +1,5 @@
 import importlib.util
+import os
 import re
 from importlib.util import find_spec
 
@@ -125,7 +126,9 @@ def test_mmspec_demo_hands_its_options_to_the_demo(monkeypatch):
     assert main(["demo", "--port", "8000", "--only", "image", "--device", "cpu", "--dtype", "bfloat16"]) == 0
     assert received == [{"kinds": ("image",), "image_model": None, "text_target": None, "text_draft": None,
                          "video_model": None, "host": "127.0.0.1", "port": 8000, "device": torch.device("cpu"),
-                         "dtype": "bfloat16"}]
+                         "dtype": "bfloat16", "warm_up": True}]
+    assert main(["demo", "--no-warmup", "--device", "cpu"]) == 0
+    assert received[-1]["warm_up"] is False
     assert DEMO_TABS == tuple(TABS)  # the CLI names the tabs without importing Gradio
 
 
@@ -191,3 +194,26 @@ def test_version_answers_without_a_subcommand(capsys):
         main(["--version"])
     assert exit_info.value.code == 0 and capsys.readouterr().out == f"mmspec {mmspec.__version__}\n"
     assert mmspec.Judge.name == "judge"  # every acceptance rule is exported beside Exact, Lantern, GSD, Typical
+
+
+def test_with_an_empty_cache_generate_says_what_it_does_within_5_seconds(tmp_path, report):
+    """The first run on a machine measures it for seconds to minutes: the user sees a line at once, then progress
+    bars (loading, timing), not silence. The process is stopped after its first line."""
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "MMSPEC_CACHE_DIR": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "mmspec.cli", "generate", "a red circle", "--out",
+                                str(tmp_path / "x.png")], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        first = process.stderr.readline()
+        seconds = time.perf_counter() - started
+    finally:
+        process.kill()
+        process.wait()
+    report(f"mmspec generate, empty cache: first line after {seconds:.2f} s")
+    assert first.startswith("mmspec generate: loading shapes on cpu") and seconds < 5
+    assert not (tmp_path / "x.png").exists()

@@ -29,13 +29,24 @@ STATS_HEADERS = ["method", "target forwards", "tokens / forward", "latency (s)",
 
 class Tab(Protocol):
     """A demo tab around one pipeline. `build()` lays out its components inside the current `gr.Blocks`;
-    `warm_up()` runs one short call so that the first user request is not timed with lazy initialisation."""
+    `warm_up_calls()` lists (name, call) pairs, one short call per method to run on the compute thread so that no
+    user request is timed with lazy initialisation; `cold` holds the names not warmed yet (the demo's `WarmUp` keeps
+    it), and a tab runs AR where a request asks for "auto" while "auto" is cold (`while_cold`)."""
 
     title: str
+    cold: set[str]
 
     def build(self) -> None: ...
 
-    def warm_up(self) -> None: ...
+    def warm_up_calls(self) -> list[tuple[str, Callable[[], object]]]: ...
+
+
+def while_cold(tab: Tab, method: str) -> tuple[str, str]:
+    """(the method a request runs, a note for its status): "auto" runs AR while the warm-up has not timed auto's
+    candidates yet (that takes minutes on a CPU, and would hold every request queued behind it)."""
+    if method == "auto" and "auto" in tab.cold:
+        return "ar", " The warm-up is still timing auto's candidates: this request ran AR in its place."
+    return method, ""
 
 
 def stats_row(label: str, stats: SpecStats, latency: float, baseline_latency: float) -> list[str]:

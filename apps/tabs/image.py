@@ -11,8 +11,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import gradio as gr
 import numpy as np
@@ -27,6 +28,7 @@ from mmspec.apps.tabs.base import (
     check_prompt,
     shows_errors,
     stats_row,
+    while_cold,
 )
 from mmspec.apps.tabs.settings import decoding_controls, rule_controls
 from mmspec.core.registry import decodings, rules
@@ -143,6 +145,7 @@ class ImageTab:
 
     def __init__(self, pipe, preview_interval: float = PREVIEW_INTERVAL_S):
         self.pipe, self.preview_interval = pipe, preview_interval
+        self.cold: set[str] = set()  # what the warm-up has not run yet (none without one)
         self.vocab_size = pipe.transformer.config.vocab_size
         self.num_tokens = pipe.num_timesteps
         # the decodings this pipeline can run: it supplies their runtime parts (a draft model, a draft head)
@@ -229,7 +232,10 @@ class ImageTab:
         }
         fast = self.options(method, acceptance, values)
         self.warn_unknown_words(prompt)
-        label = method if method == "auto" else decodings("image")[method].__name__
+        method, cold = while_cold(self, method)
+        if cold:
+            fast = {"decoding": method}
+        label = method if method in ("auto", "ar") else decodings("image")[method].__name__
         label += "" if acceptance == "exact" else f" + {rules('image')[acceptance].__name__}"
 
         shown = [None, None, None, None]
@@ -246,7 +252,7 @@ class ImageTab:
                     else:
                         ar_latency = ar_latency or event.latency
                         rows.append(stats_row(name, event.stats, event.latency, ar_latency))
-                        status = self.summary(name, event, ar_latency)
+                        status = self.summary(name, event, ar_latency) + (cold if side else "")
                     yield *(files.save(image) for image in shown), rows, status
                     files.next_yield()
 
@@ -269,13 +275,13 @@ class ImageTab:
             gr.Warning("Some words are not in the model's vocabulary and are read as unknown; the embedded model "
                        "knows the words of its captions, e.g. the examples below the controls.")
 
-    def warm_up(self) -> None:
+    def warm_up_calls(self) -> list[tuple[str, Callable[[], object]]]:
         """One short call per decoding and per lossy rule (lazy initialisation: cost curves, the LANTERN neighbour
         table) before anyone is timed."""
-        calls = [{"decoding": "ar"}] + [{"decoding": name} for _, name in self.methods]
+        calls = {"ar": {"decoding": "ar"}} | {name: {"decoding": name} for _, name in self.methods}
         takers = [name for _, name in self.methods if name in decodings("image")
                   and "acceptance" in decodings("image")[name].settings()]
-        calls += [{"decoding": takers[0], "acceptance": rule} for rule in rules("image") if rule != "exact" and takers]
-        for options in calls:
-            COMPUTE.submit(self.pipe, EXAMPLES[0], generator=torch.Generator(self.pipe.device).manual_seed(0),
-                           output_type="latent", **options).result()
+        calls |= {rule: {"decoding": takers[0], "acceptance": rule} for rule in rules("image")
+                  if rule != "exact" and takers}
+        return [(name, partial(self.pipe, EXAMPLES[0], generator=torch.Generator(self.pipe.device).manual_seed(0),
+                               output_type="latent", **options)) for name, options in calls.items()]

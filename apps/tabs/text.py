@@ -6,11 +6,21 @@ from __future__ import annotations
 import html
 import inspect
 import time
+from collections.abc import Callable
+from functools import partial
 
 import gradio as gr
 import torch
 
-from mmspec.apps.tabs.base import COMPUTE, STATS_HEADERS, check_number, check_prompt, shows_errors, stats_row
+from mmspec.apps.tabs.base import (
+    COMPUTE,
+    STATS_HEADERS,
+    check_number,
+    check_prompt,
+    shows_errors,
+    stats_row,
+    while_cold,
+)
 from mmspec.apps.tabs.settings import Control, decoding_controls
 from mmspec.core.registry import decodings
 from mmspec.core.settings import specs
@@ -49,6 +59,7 @@ class TextTab:
 
     def __init__(self, pipe):
         self.pipe = pipe
+        self.cold: set[str] = set()  # what the warm-up has not run yet (none without one)
         speculative = [m for m in pipe.methods if m != "ar"]
         if not speculative:
             raise ValueError("the text pipeline offers no speculative method")
@@ -133,6 +144,7 @@ class TextTab:
         ar, ar_latency = self.timed(prompt, "ar", seed, **sampling)
         rows = [stats_row("AR (target.generate)", ar.stats, ar_latency, ar_latency)]
         yield ar.texts[0], "", rows, f"AR: {int(ar.stats.new_tokens[0])} tokens in {ar_latency:.2f} s."
+        method, cold = while_cold(self, method)
         fast, latency = self.timed(prompt, method, seed, **settings, **sampling)
         rows.append(stats_row(labels[method], fast.stats, latency, ar_latency))
         rate = fast.stats.acceptance_rate
@@ -148,7 +160,7 @@ class TextTab:
             learner = "draft LM" if self.pipe.online_drafter == "model" else f"{self.pipe.online_drafter} head"
             status += (f" Online drafting: {self.pipe.online.requests} requests recorded, {self.pipe.online.updates} "
                        f"updates of the {learner} swapped in.")
-        yield ar.texts[0], highlight_pieces(fast.pieces[0]), rows, status
+        yield ar.texts[0], highlight_pieces(fast.pieces[0]), rows, status + cold
 
     def learn_online(self, on: bool, learner: str) -> None:
         """Turn the pipeline's online drafting of `learner` ("model", "eagle" or "hydra") on (OSD's defaults), if the
@@ -169,6 +181,6 @@ class TextTab:
 
         return COMPUTE.submit(call).result()
 
-    def warm_up(self) -> None:
-        for method in ("ar", *(m for _, m in self.methods)):
-            COMPUTE.submit(self.pipe, "def f(x):\n", decoding=method, max_new_tokens=8).result()
+    def warm_up_calls(self) -> list[tuple[str, Callable[[], object]]]:
+        return [(method, partial(self.pipe, "def f(x):\n", decoding=method, max_new_tokens=8))
+                for method in dict.fromkeys(("ar", *(m for _, m in self.methods)))]

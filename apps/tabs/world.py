@@ -5,6 +5,7 @@ are shown with the running frame accounting (computed, discarded, rollbacks) and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import gradio as gr
 import numpy as np
@@ -60,6 +61,7 @@ class WorldTab:
     def __init__(self, pipe):
         self.pipe = pipe
         self.images = StreamedImages()
+        self.cold: set[str] = set()  # what the warm-up has not run yet (none without one)
 
     def build(self) -> None:
         gr.Markdown(
@@ -135,7 +137,12 @@ class WorldTab:
 
         return step
 
-    def warm_up(self) -> None:
-        sessions = self.open_world(0, FrameSpeculation(frames=4, context="pipelined"), seed=0, steps=4)
-        for action in (4, 4, 1):
-            COMPUTE.submit(sessions.step, action).result()
+    def warm_up_calls(self) -> list[tuple[str, Callable[[], object]]]:
+        def rollout():
+            world = episode(0, "heldout")
+            sessions = WorldSessions(self.pipe, render_frame(world, world.start),
+                                     FrameSpeculation(frames=4, context="pipelined"), 0, 4)
+            for action in (4, 4, 1):
+                sessions.step(action)
+
+        return [("speculation", rollout)]

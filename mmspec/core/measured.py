@@ -67,22 +67,39 @@ def synchronize(device: torch.device) -> None:
         getattr(torch, device.type).synchronize(device)
 
 
-def median_seconds(call: Callable[[], object], device: torch.device, repeats: int, warmup: int = 0,
-                   after: Callable[[], object] | None = None) -> float:
-    """Median wall-clock seconds of `repeats` calls of `call()` after `warmup` untimed ones, the device synchronized
-    before and after each (so the seconds are the work's); `after()` runs untimed after every call (a cache
-    rollback that puts the state back)."""
+Clock = Callable[[], float]  # seconds since an arbitrary start (time.perf_counter; a test's simulated machine)
+
+
+def timings(call: Callable[[], object], device: torch.device, repeats: int, warmup: int = 0,
+            after: Callable[[], object] | None = None, clock: Clock = time.perf_counter) -> list[float]:
+    """Wall-clock seconds of each of `repeats` calls of `call()` after `warmup` untimed ones, the device
+    synchronized before and after each (so the seconds are the work's); `after()` runs untimed after every call (a
+    cache rollback that puts the state back)."""
     times = []
     for repeat in range(warmup + repeats):
         synchronize(device)
-        began = time.perf_counter()
+        began = clock()
         call()
         synchronize(device)
         if repeat >= warmup:
-            times.append(time.perf_counter() - began)
+            times.append(clock() - began)
         if after is not None:
             after()
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(call: Callable[[], object], device: torch.device, repeats: int, warmup: int = 0,
+                   after: Callable[[], object] | None = None) -> float:
+    """The median of `timings(call, device, repeats, warmup, after)`: what a benchmark reports."""
+    return statistics.median(timings(call, device, repeats, warmup, after))
+
+
+def settled(times: list[float]) -> float:
+    """What a repeated timing costs on a quiet machine: the lower quartile of `times`. A busy machine (another job,
+    a browser, a build) adds time to a call far more often than a clock takes any away, so the fastest quarter
+    stands for the work; unlike the minimum, one spuriously short reading does not."""
+    ordered = sorted(times)
+    return ordered[(len(ordered) - 1) // 4]
 
 
 class MeasurementCache:

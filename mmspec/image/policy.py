@@ -44,6 +44,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import statistics
 import time
 from collections import deque
@@ -56,11 +57,13 @@ import torch
 
 from mmspec.core.capture import StepRunner
 from mmspec.core.measured import (
+    Clock,
     MeasurementCache,
     device_fingerprint,
-    median_seconds,
     modules_fingerprint,
+    settled,
     synchronize,
+    timings,
 )
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
@@ -78,8 +81,12 @@ TREES = ((8, 2, 2), (16, 2, 2), (32, 2, 2))  # the frontier trees it considers: 
 HEAD_LENGTHS = (1, 2, 3, 4)  # the draft head chains it considers: drafts per round
 MARGIN = 1.1  # predicted speedup SJD must reach to be chosen (the prediction's own error, within 20 % measured)
 HISTORY = 32  # runs the acceptance estimate averages over
-REPEATS = 5  # timed forwards per window (after one untimed), their median is the cost
+REPEATS = 5  # timed rounds per measurement (after one untimed); their lower quartile (`settled`) is the cost
 NOISE = 0.2  # how much cheaper than a narrower window a wider one may time before its curve is judged impossible
+ATTEMPTS = 3  # measurements of a cost curve before an impossible one is used as it came (made non-decreasing)
+PROBE_REPEATS = 3  # timed rounds of the probe that checks a cached curve before it is used
+PROBE_TOLERANCE = 0.3  # how far the probe's widest-to-AR cost ratio may stray from the cached curve's
+GAP = 2.0  # how many times slower (or faster) than predicted a run's iterations may go before the curve is refreshed
 PRIOR_FILE = Path(__file__).with_name("compression_prior.json")
 SJD_SETTINGS = {"init": "horizontal", "coupling": "maximal"}  # the exact SJD mode the prior was measured with
 Tick = Callable[[], None] | None  # called after each part of a measurement (progress), or None
@@ -95,14 +102,17 @@ Progress = Callable[[str, int], ContextManager[Bar]]  # (what is timed, parts) -
 @dataclass(frozen=True)
 class Choice:
     """What `DecodingPolicy.choose` picked: the decoding, its window (1 = AR; a head's chain: the tokens its forward
-    scores per row), the predicted speedup over AR, a one-line reason for the stats table, and the candidate it ran
-    as (None for AR)."""
+    scores per row), the predicted speedup over AR, a one-line reason for the stats table, the candidate it ran as
+    (None for AR), and the predicted seconds of one of its iterations and of opening a decoding (what a run's own
+    time is checked against)."""
 
     decoding: ImageDecoding
     window: int
     predicted_speedup: float
     reason: str
     candidate: int | tuple[int, int, int] | HeadChain | None = None
+    iteration_seconds: float | None = None
+    prefill_seconds: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -166,10 +176,12 @@ def model_fingerprint(model: DiscreteImageModel) -> dict:
 # calls, and a tensor made in inference mode cannot be written outside it
 @torch.no_grad()
 def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingConfig,
-                       windows=(1, *WINDOWS), repeats: int = REPEATS, tick: Tick = None) -> dict[int, float]:
-    """Median seconds of one target forward of a W-token window plus the processing of its W logits, per W, for the
-    samples of `condition` (their CFG rows when `sampling` guides), after half the image's tokens are cached; the
-    windows are timed in turn, `repeats` rounds after an untimed one. tick(): called after each round (progress)."""
+                       windows=(1, *WINDOWS), repeats: int = REPEATS, tick: Tick = None,
+                       clock: Clock = time.perf_counter) -> dict[int, float]:
+    """Seconds of one target forward of a W-token window plus the processing of its W logits, per W, for the samples
+    of `condition` (their CFG rows when `sampling` guides), after half the image's tokens are cached: the windows
+    are timed in turn, `repeats` rounds after an untimed one, and each window's `settled` time is its cost. tick():
+    called after each round (progress)."""
     N = model.grid[0] * model.grid[1]
     cfg = sampling.guidance_scale != 1.0
     state, logits = model.prefill(condition, cfg=cfg, max_window=max(windows))
@@ -179,7 +191,8 @@ def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingC
     keep = torch.full((B,), context, device=device)
     seconds: dict[int, list[float]] = {W: [] for W in windows}
     # Round robin over the windows, the first round untimed (allocator, kernel selection, a cold process's threads):
-    # a machine that speeds up or slows down meanwhile moves every window's time alike, so their ratios hold.
+    # a slow spell of the machine then falls on a few rounds of every window, not on all rounds of a few windows,
+    # and the lower quartile of each window's rounds steps over it.
     for _ in range(1 + repeats):
         for W in windows:
             tokens = torch.zeros(B, W, dtype=torch.long, device=device)
@@ -188,23 +201,23 @@ def measure_cost_curve(model: DiscreteImageModel, condition, sampling: SamplingC
                 logits = model.forward(tokens, state)
                 process_logits(logits.cond, sampling, logits.uncond)
 
-            seconds[W].append(median_seconds(step, device, 1, after=lambda: model.rollback(state, keep)))
+            seconds[W] += timings(step, device, 1, after=lambda: model.rollback(state, keep), clock=clock)
         if tick is not None:
             tick()
-    return {W: statistics.median(times[1:]) for W, times in seconds.items()}
+    return {W: settled(times[1:]) for W, times in seconds.items()}
 
 
 @torch.no_grad()
 def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
-                      repeats: int = REPEATS, tick: Tick = None) -> dict[str, float]:
-    """Median seconds per iteration that each candidate's step (1: AR's) spends beyond its forward: the step's time,
-    every phase synchronized, minus the same forward (and logits processing) timed alone at the same point, over
-    `repeats` iterations at the start of an image after one untimed. It holds the drafting, verification, redraft,
-    commit and bookkeeping, and what the forward loses to the work around it. Under "prefill": the seconds of opening
-    a decoding (the condition's prefill and token 0), which every decoding pays once. tick(): called after each
-    candidate (progress)."""
+                      repeats: int = REPEATS, tick: Tick = None, clock: Clock = time.perf_counter) -> dict[str, float]:
+    """Seconds per iteration that each candidate's step (1: AR's) spends beyond its forward: the step's time, every
+    phase synchronized, minus the same forward (and logits processing) timed alone just before it, the `settled`
+    difference of `repeats` such pairs at the start of an image after one untimed. It holds the drafting,
+    verification, redraft, commit and bookkeeping, and what the forward loses to the work around it. Under
+    "prefill": the seconds of opening a decoding (the condition's prefill and token 0), which every decoding pays
+    once. tick(): called after each candidate (progress)."""
     device = model_device(model)
-    overheads = {"prefill": measure_prefill(model, condition, sampling, repeats)}
+    overheads = {"prefill": measure_prefill(model, condition, sampling, repeats, clock)}
     N = model.grid[0] * model.grid[1]
     for candidate in candidates:
         decoding = candidate_decoding(candidate)
@@ -226,14 +239,17 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
             logits = model.forward(tokens, opening.state)
             process_logits(logits.cond, sampling, logits.uncond)
 
-        alone = median_seconds(forward, device, repeats, warmup=1,
-                               after=lambda: model.rollback(opening.state, torch.zeros_like(opening.first_token)))
-        step, seconds = started(), []
-        for _ in range(repeats):
+        def rollback():
+            model.rollback(opening.state, torch.zeros_like(opening.first_token))
+
+        # the forward alone and the step in pairs: a slow spell that spans a pair moves both of its times alike
+        step, differences = started(), []
+        for _ in range(1 + repeats):
             if N - step.progress().min_committed <= decoding.forward_width:  # a small image is full: start another
                 step = started()
-            seconds.append(median_seconds(step, device, 1))
-        overheads[candidate_name(candidate)] = max(0.0, statistics.median(seconds) - alone)
+            alone = timings(forward, device, 1, after=rollback, clock=clock)[0]
+            differences.append(timings(step, device, 1, clock=clock)[0] - alone)
+        overheads[candidate_name(candidate)] = max(0.0, settled(differences[1:]))
         if tick is not None:
             tick()
     return overheads
@@ -241,14 +257,15 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
 
 @torch.no_grad()
 def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
-                                block: int = 8, repeats: int = REPEATS, tick: Tick = None) -> dict[str, float]:
-    """Median seconds of one iteration of each candidate's whole step (1: AR's) as a decoding on a model with
+                                block: int = 8, repeats: int = REPEATS, tick: Tick = None,
+                                clock: Clock = time.perf_counter) -> dict[str, float]:
+    """Settled seconds of one iteration of each candidate's whole step (1: AR's) as a decoding on a model with
     captured steps runs it: blocks of `block` iterations replayed from the model's step graphs, with the read of the
     progress that follows each block; timed on `repeats` decodings after an untimed one (whose block captures the
     graphs the pipeline's own decodings then replay). Under "prefill": the seconds of opening a decoding. On a GPU a
     window forward and the kernels around it are then costed as one graph runs them, not as eager launches."""
     device = model_device(model)
-    seconds = {"prefill": measure_prefill(model, condition, sampling, repeats)}
+    seconds = {"prefill": measure_prefill(model, condition, sampling, repeats, clock)}
     for candidate in candidates:
         decoding = candidate_decoding(candidate)
         times = []
@@ -260,21 +277,22 @@ def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: 
             runner.run(1)  # a decoding's first iteration runs eagerly
             runner.run(block)
             synchronize(device)
-            began = time.perf_counter()
+            began = clock()
             runner.run(block)
             runner.step.progress()
-            times.append((time.perf_counter() - began) / block)
+            times.append((clock() - began) / block)
             runner.finish()
-        seconds[candidate_name(candidate)] = statistics.median(times[1:])
+        seconds[candidate_name(candidate)] = settled(times[1:])
         if tick is not None:
             tick()
     return seconds
 
 
-def measure_prefill(model: DiscreteImageModel, condition, sampling: SamplingConfig, repeats: int) -> float:
-    """Median seconds of opening a decoding (the condition's prefill and token 0), which every decoding pays once."""
-    return median_seconds(lambda: open_decoding(model, condition, sampling, None, SpecStats()), model_device(model),
-                          repeats, warmup=1)
+def measure_prefill(model: DiscreteImageModel, condition, sampling: SamplingConfig, repeats: int,
+                    clock: Clock = time.perf_counter) -> float:
+    """Settled seconds of opening a decoding (the condition's prefill and token 0), which every decoding pays once."""
+    return settled(timings(lambda: open_decoding(model, condition, sampling, None, SpecStats()), model_device(model),
+                           repeats, warmup=1, clock=clock))
 
 
 def candidate_name(candidate: int | tuple[int, int, int] | HeadChain) -> str:
@@ -357,16 +375,28 @@ class DecodingPolicy:
     `choose(model, condition, batch_size, sampling)` measures the cost curve on first use for that model, device,
     batch size and CFG setting (or reads it from `cache`), predicts T(W, B) for AR and every window and returns a
     `Choice`, the same one on every later call for them; `record(choice, batch_size, stats)` folds a finished run's
-    step compression into the acceptance estimate; `reconsider()` makes the next calls choose again with it, and
-    `remeasure()` also measures their cost curves again (overwriting the cached ones).
+    step compression into the acceptance estimate and checks its time against the prediction; `reconsider()` makes
+    the next calls choose again with it, and `remeasure()` also measures their cost curves again (overwriting the
+    cached ones).
+
+    A busy machine cannot mislead it for long: each measurement interleaves what it compares and keeps the lower
+    quartile of its rounds (`settled`); a curve on which a wider window costs less than a narrower one beyond `NOISE`
+    is measured again, up to `ATTEMPTS` times, and made non-decreasing; a cached curve is used only if it is possible
+    and a cheap probe (AR's forward and the widest window's, now) agrees with it within `PROBE_TOLERANCE`; no
+    candidate's iteration is priced below AR's; and a run whose iterations take more than `GAP` times the predicted
+    time (or less than 1 / `GAP`) has its cost curve measured again on the next call, which chooses again (`record`
+    returns the note its stats carry). `check_cached=False` trusts the cache: a cached curve is read as it is (if
+    possible) and a run's gap is reported but refreshes nothing. `clock` reads the seconds (a test passes a
+    simulated machine's).
     """
 
     def __init__(self, cache: MeasurementCache | None = None, prior: dict[int, dict[int, float]] | None = None,
                  windows=WINDOWS, margin: float = MARGIN,
                  tree_prior: dict[int, dict[tuple[int, int, int], float]] | None = None,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, clock: Clock = time.perf_counter, check_cached: bool = True):
         self.cache = cache if cache is not None else MeasurementCache("cost_curves")
         self.progress = progress  # shows each measurement as it runs (a pipeline's progress bar), None: silent
+        self.clock, self.check_cached = clock, check_cached
         self.prior = prior if prior is not None else load_prior()
         self.tree_prior = tree_prior if tree_prior is not None else load_tree_prior()
         self.windows, self.margin = tuple(windows), margin
@@ -375,6 +405,7 @@ class DecodingPolicy:
         self.head_history: deque[float] = deque(maxlen=HISTORY)
         self._fresh: set[str] = set()  # curve keys measured since the last remeasure()
         self._remeasure = False
+        self._stale: set[str] = set()  # measurement keys a run found off, measured again on their next use
         self._choices: dict[str, Choice] = {}  # (model, batch size, CFG) -> the choice that holds for them
 
     def reconsider(self) -> None:
@@ -402,26 +433,64 @@ class DecodingPolicy:
     def curve_key(batch_size: int, sampling: SamplingConfig) -> str:
         return f"B={batch_size} {'cfg' if sampling.guidance_scale != 1.0 else 'no cfg'}"
 
+    def saved(self, model_print: dict, device_print: dict, key: str) -> dict | None:
+        """The cached measurement under `key`, or None where it is to be measured again (`remeasure()`, or a run
+        that found it off)."""
+        if key in self._stale or self._remeasure and key not in self._fresh:
+            return None
+        return self.cache.get(model_print, device_print, key)
+
+    def store(self, model_print: dict, device_print: dict, key: str, values: dict[str, float]) -> None:
+        self.cache.put(model_print, device_print, key, values)
+        self._fresh.add(key)
+        self._stale.discard(key)
+
     def cost_curve(self, model: DiscreteImageModel, condition, batch_size: int,
                    sampling: SamplingConfig) -> tuple[dict[int, float], bool]:
         """(the cost curve, whether it was measured now rather than read from the cache)."""
         device = model_device(model)
         model_print, device_print = model_fingerprint(model), device_fingerprint(device)
         key = self.curve_key(batch_size, sampling)
-        saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
+        saved = self.saved(model_print, device_print, key)
         curve = None if saved is None else {int(W): seconds for W, seconds in saved.items()}
         if curve is not None and set(curve) >= {1, *self.windows}:
-            if consistent(curve):
+            doubt = self.doubt(curve, model, condition, batch_size, sampling)
+            if doubt is None:
                 return curve, False
-            logger.warning("the cached cost curve for %s is impossible (a wider window timed cheaper than a "
-                           "narrower one): measuring it again", key)
+            logger.warning("the cached cost curve for %s %s: measuring it again", key, doubt)
         windows = (1, *self.windows)
-        with self.measuring(f"timing window forwards {', '.join(map(str, windows))} for batch {batch_size}",
-                            1 + REPEATS) as tick:
-            curve = monotone(measure_cost_curve(model, condition, sampling, windows, tick=tick))
-        self.cache.put(model_print, device_print, key, {str(W): seconds for W, seconds in curve.items()})
-        self._fresh.add(key)
+        for attempt in range(1, ATTEMPTS + 1):
+            again = f" (again, {attempt} of {ATTEMPTS}: the last was impossible)" if attempt > 1 else ""
+            with self.measuring(f"timing window forwards {', '.join(map(str, windows))} for batch {batch_size}"
+                                f"{again}", 1 + REPEATS) as tick:
+                curve = measure_cost_curve(model, condition, sampling, windows, tick=tick, clock=self.clock)
+            if consistent(curve):
+                break
+        else:
+            logger.warning("the cost curve for %s timed impossible %d times (a wider window cheaper than a narrower "
+                           "one: is the machine busy?); each window is priced at least as every narrower one",
+                           key, ATTEMPTS)
+        curve = monotone(curve)
+        self.store(model_print, device_print, key, {str(W): seconds for W, seconds in curve.items()})
         return curve, True
+
+    def doubt(self, curve: dict[int, float], model: DiscreteImageModel, condition, batch_size: int,
+              sampling: SamplingConfig) -> str | None:
+        """Why a cached `curve` is not to be used, or None: it is impossible (`consistent`), or a probe now (AR's
+        forward and the widest window's, `PROBE_REPEATS` rounds) finds the widest window's cost in AR forwards off
+        the curve's by more than `PROBE_TOLERANCE` (a curve timed on a busy machine, or another machine's)."""
+        if not consistent(curve):
+            return "is impossible (a wider window timed cheaper than a narrower one)"
+        if not self.check_cached:
+            return None
+        widest = max(curve)
+        with self.measuring(f"checking the cached cost curve for batch {batch_size}", 1 + PROBE_REPEATS) as tick:
+            probe = measure_cost_curve(model, condition, sampling, (1, widest), PROBE_REPEATS, tick, self.clock)
+        expected, found = curve[widest] / curve[1], probe[widest] / probe[1]
+        if abs(math.log(found / expected)) <= math.log(1 + PROBE_TOLERANCE):
+            return None
+        return (f"disagrees with a probe now (window {widest} costs {found:.2f} AR forwards, the curve says "
+                f"{expected:.2f})")
 
     def overheads(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
                   candidates) -> dict[str, float]:
@@ -430,14 +499,13 @@ class DecodingPolicy:
         model_print, device_print = model_fingerprint(model), device_fingerprint(model_device(model))
         key = self.curve_key(batch_size, sampling) + " overhead"
         wanted = {"prefill", *(candidate_name(c) for c in candidates)}
-        saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
+        saved = self.saved(model_print, device_print, key)
         if saved is not None and set(saved) >= wanted:
             return saved
         with self.measuring(f"timing the steps of {len(candidates)} decodings for batch {batch_size}",
                             len(candidates)) as tick:
-            overheads = measure_overheads(model, condition, sampling, candidates, tick=tick)
-        self.cache.put(model_print, device_print, key, overheads)
-        self._fresh.add(key)
+            overheads = measure_overheads(model, condition, sampling, candidates, tick=tick, clock=self.clock)
+        self.store(model_print, device_print, key, overheads)
         return overheads
 
     def replayed_iterations(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
@@ -447,14 +515,14 @@ class DecodingPolicy:
         model_print, device_print = model_fingerprint(model), device_fingerprint(model_device(model))
         key = self.curve_key(batch_size, sampling) + " replayed"
         wanted = {"prefill", *(candidate_name(c) for c in candidates)}
-        saved = None if self._remeasure and key not in self._fresh else self.cache.get(model_print, device_print, key)
+        saved = self.saved(model_print, device_print, key)
         if saved is not None and set(saved) >= wanted:
             return saved, False
         with self.measuring(f"timing the replayed steps of {len(candidates)} decodings for batch {batch_size}",
                             len(candidates)) as tick:
-            seconds = measure_replayed_iterations(model, condition, sampling, candidates, tick=tick)
-        self.cache.put(model_print, device_print, key, seconds)
-        self._fresh.add(key)
+            seconds = measure_replayed_iterations(model, condition, sampling, candidates, tick=tick,
+                                                  clock=self.clock)
+        self.store(model_print, device_print, key, seconds)
         return seconds, True
 
     def prior_compression(self, window: int | tuple[int, int, int] | HeadChain, batch_size: int) -> float:
@@ -532,10 +600,11 @@ class DecodingPolicy:
             reason = (f"auto: {name} predicted {speedup:.2f}x AR at batch {batch_size} (an iteration with its "
                       f"{decoding.forward_width}-token forward costs {iteration[best] / iteration[1]:.1f} AR steps "
                       f"here{replayed}, cost curve {source})")
-            return Choice(decoding, getattr(decoding, "window", decoding.forward_width), speedup, reason, best)
+            return Choice(decoding, getattr(decoding, "window", decoding.forward_width), speedup, reason, best,
+                          iteration[best], prefill)
         reason = (f"auto: ar, no window pays at batch {batch_size} (best: {name} predicted "
                   f"{speedup:.2f}x < {self.margin}x; cost curve {source})")
-        return Choice(AR(), 1, 1.0, reason)
+        return Choice(AR(), 1, 1.0, reason, None, iteration[1], prefill)
 
     def iteration_costs(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
                         candidates: dict) -> tuple[dict, float, bool]:
@@ -551,13 +620,29 @@ class DecodingPolicy:
         iteration = {c: cost_at(curve, width) + outside[candidate_name(c)] for c, width in widths.items()}
         return iteration, outside["prefill"], measured
 
-    def record(self, choice: Choice, batch_size: int, stats) -> None:
-        """Fold the observed step compression of a finished run of `choice` into the acceptance estimate."""
-        if choice.candidate is None:
-            return
-        observed = float(stats.new_tokens.max()) / max(1, stats.target_forwards - stats.prefill_forwards)
-        prior = self.prior_compression(choice.candidate, batch_size)
-        self.history_of(choice.candidate).append(max(0.0, observed - 1.0) / (prior - 1.0))
+    def record(self, choice: Choice, batch_size: int, sampling: SamplingConfig, stats) -> str | None:
+        """Fold the observed step compression of a finished run of `choice` into the acceptance estimate, and check
+        the run's seconds per iteration against the prediction: off by more than `GAP`, the measurements behind the
+        choice are taken again on the next call, which chooses again. Returns the note for the run's stats then."""
+        iterations = stats.target_forwards - stats.prefill_forwards
+        if choice.candidate is not None:
+            observed = float(stats.new_tokens.max()) / max(1, iterations)
+            prior = self.prior_compression(choice.candidate, batch_size)
+            self.history_of(choice.candidate).append(max(0.0, observed - 1.0) / (prior - 1.0))
+        if not choice.iteration_seconds or iterations <= 0 or "total" not in stats.timings:
+            return None
+        ran = max(0.0, stats.timings["total"] - choice.prefill_seconds) / iterations
+        ratio = ran / choice.iteration_seconds
+        if 1 / GAP <= ratio <= GAP:
+            return None
+        note = f"its iterations took {ratio:.3g}x the predicted {choice.iteration_seconds * 1e3:.3g} ms"
+        if self.check_cached:
+            key = self.curve_key(batch_size, sampling)
+            self._stale |= {key, f"{key} overhead", f"{key} replayed"}
+            self.reconsider()
+            note += f": the cost curve for batch {batch_size} is measured again on the next call"
+        logger.warning("auto: %s", note)
+        return note
 
 
 def describe(decoding: ImageDecoding) -> str:

@@ -373,7 +373,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         if chosen_by is not None:
             stats.chosen_by = chosen_by
             if not self._interrupt:
-                self.decoding_policy.record(key, name, int(stats.new_tokens.sum()), time.perf_counter() - started)
+                gap = self.decoding_policy.record(key, name, int(stats.new_tokens.sum()),
+                                                  time.perf_counter() - started, len(prompts))
+                if gap is not None:
+                    stats.chosen_by += f"; {gap}"
         stats.describe(decoding)
         if online is not None:
             online.after_request(self.target, sequences, mask, stats)

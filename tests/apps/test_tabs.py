@@ -72,3 +72,43 @@ def test_closing_a_stream_interrupts_the_pipeline(zoo_pipes):
                                     preview_interval=1e9))
     assert isinstance(finished[-1], Result) and finished[-1].stats.target_forwards < 256
     assert (finished[-1].acceptance_map >= 0).all()
+
+
+def test_the_warm_up_counts_its_calls_and_requests_for_auto_run_ar_meanwhile(zoo_pipes):
+    """While the warm-up has not run auto's first call (which times its candidates for minutes on a CPU), an image or
+    text request for auto runs AR and says so; its status counts the calls; a request is answered between warm-up
+    calls (here, while the first one waits). Companion: once warmed, auto runs auto."""
+    import threading
+
+    from mmspec.apps.demo import WarmUp
+    from mmspec.apps.tabs.base import while_cold
+    from mmspec.apps.tabs.image import ImageTab
+    from mmspec.apps.tabs.text import TextTab
+
+    image, text = ImageTab(zoo_pipes["image"]), TextTab(zoo_pipes["text"])
+    release, entered = threading.Event(), threading.Event()
+    first = ("ar", lambda: (entered.set(), release.wait(60)))
+    image.warm_up_calls = lambda: [first, ("auto", lambda: None)]
+    text.warm_up_calls = lambda: [("auto", lambda: None)]
+    warming = WarmUp({"image": image, "text": text}).start()
+    assert entered.wait(60)
+    assert image.cold == {"ar", "auto"} and text.cold == {"auto"}
+    assert warming.status().startswith("⏳ Warming up: 0 of 3 calls done (now: the image tab's ar)")
+    assert while_cold(image, "auto")[0] == "ar" and "ran AR in its place" in while_cold(text, "auto")[1]
+    assert while_cold(image, "sjd") == ("sjd", "")
+    release.set()
+    assert warming.done.wait(60) and warming.error is None and warming.status() == ""
+    assert image.cold == text.cold == set() and while_cold(image, "auto") == ("auto", "")
+
+
+def test_each_tab_lists_one_warm_up_call_per_method(zoo_pipes):
+    from mmspec.apps.tabs.image import ImageTab
+    from mmspec.apps.tabs.text import TextTab
+    from mmspec.apps.tabs.world import WorldTab
+
+    image = ImageTab(zoo_pipes["image"])
+    names = [name for name, _ in image.warm_up_calls()]
+    assert names[:2] == ["ar", "auto"] and {"sjd", "lantern"} <= set(names) and len(names) == len(set(names))
+    text = [name for name, _ in TextTab(zoo_pipes["text"]).warm_up_calls()]
+    assert text[0] == "ar" and "auto" in text and len(text) == len(set(text))
+    assert [name for name, _ in WorldTab(zoo_pipes["world"]).warm_up_calls()] == ["speculation"]

@@ -8,7 +8,7 @@ import torch
 from mmspec import AR, TextSpeculation
 from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint
 from mmspec.pipelines.text import SpeculativeTextPipeline
-from mmspec.pipelines.text.policy import TextDecodingPolicy
+from mmspec.pipelines.text.policy import PER_FORWARD, ROUNDS, TextDecodingPolicy
 from mmspec.text.methods import AR as TextAR
 from mmspec.text.methods import TextDraftHeads
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
@@ -29,11 +29,15 @@ def candidates(pipe):
     return pipe.auto_candidates({})
 
 
-def policy_with_rates(tmp_path, pipe, candidates, rates: dict[str, float]) -> TextDecodingPolicy:
+def policy_with_rates(tmp_path, pipe, candidates, rates: dict[str, float],
+                      per_forward: dict[str, float] | None = None, check_cached: bool = False) -> TextDecodingPolicy:
+    """A policy whose cache holds `rates` (tokens/s) and `per_forward` (tokens per target forward, default 4 for
+    each drafter) for these candidates at batch 1, greedy; by default it trusts them (no probe)."""
     cache = MeasurementCache("text_methods", tmp_path)
-    policy = TextDecodingPolicy(cache=cache)
-    cache.put(modules_fingerprint(pipe.measured_modules), device_fingerprint(
-        torch.device("cpu")), policy.key(1, 0.0, candidates), rates)
+    policy = TextDecodingPolicy(cache=cache, check_cached=check_cached)
+    per_forward = {m: 1.0 if m == "ar" else 4.0 for m in rates} | (per_forward or {})
+    cache.put(modules_fingerprint(pipe.measured_modules), device_fingerprint(torch.device("cpu")),
+              policy.key(1, 0.0, candidates), rates | {m + PER_FORWARD: t for m, t in per_forward.items()})
     return policy
 
 
@@ -83,7 +87,8 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
     policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
     rates, measured = policy.rates(pipe, PROMPTS, candidates, SAMPLING)
     assert measured and set(rates) == set(candidates) and all(r > 0 for r in rates.values())
-    again = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
+    again = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8,
+                               check_cached=False)
     assert again.rates(pipe, PROMPTS, candidates, SAMPLING) == (rates, False)
     assert again.rates(pipe, PROMPTS * 2, candidates, SAMPLING)[1] is True  # another batch size: timed for it
     longer = pipe.auto_candidates({"draft_length": 6})  # other settings: timed for them
@@ -93,7 +98,8 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
     elsewhere = {**device_fingerprint(torch.device("cpu")), "name": "another CPU"}
     other = MeasurementCache("text_methods", tmp_path / "other")
     model_print = modules_fingerprint(pipe.measured_modules)
-    other.put(model_print, elsewhere, again.key(1, 0.0, candidates), {m: 1e9 for m in candidates})
+    other.put(model_print, elsewhere, again.key(1, 0.0, candidates),
+              {m: 1e9 for m in candidates} | {m + PER_FORWARD: 1.0 for m in candidates})
     assert TextDecodingPolicy(cache=other, calibration_tokens=8).rates(pipe, PROMPTS, candidates, SAMPLING)[1] is True
 
 
@@ -113,7 +119,7 @@ def test_auto_is_the_default_and_an_explicit_decoding_wins(pipe):
 def test_measuring_shows_a_bar_that_names_what_it_times(tmp_path, pipe, candidates, capsys):
     """First use times every candidate (seconds to minutes on a CPU): a bar says so; a cached measurement shows
     nothing."""
-    policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path))
+    policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), check_cached=False)
     pipe.set_progress_bar_config(disable=False)
     try:
         policy.rates(pipe, PROMPTS, candidates, SAMPLING)
@@ -122,5 +128,50 @@ def test_measuring_shows_a_bar_that_names_what_it_times(tmp_path, pipe, candidat
         again = capsys.readouterr().err
     finally:
         pipe.set_progress_bar_config(disable=True)
-    assert f"timing {len(candidates)} methods for batch 1" in first and f"{len(candidates)}/{len(candidates)}" in first
+    calls = len(candidates) * (1 + ROUNDS)  # a short untimed call each, then the interleaved timed rounds
+    assert f"timing {len(candidates)} methods for batch 1" in first and f"{calls}/{calls}" in first
     assert "timing" not in again
+
+
+def test_no_figure_exceeds_ar_s_times_its_tokens_per_forward(tmp_path, pipe, candidates):
+    """A busy machine timed AR slow and prompt lookup fast (10x AR's tokens/s) while prompt lookup accepted 1.5
+    tokens a forward: it is credited 1.5x at most, which the margin still lets through, and the reason says 1.50x."""
+    rates = {m: 200.0 for m in candidates} | {"ar": 240.0, "ngram": 2400.0}
+    policy = policy_with_rates(tmp_path, pipe, candidates, rates, per_forward={"ngram": 1.5})
+    name, reason = policy.choose(pipe, PROMPTS, candidates, SAMPLING)
+    assert name == "ngram" and reason.startswith("auto: ngram, 1.50x AR's tokens/s"), reason
+
+
+def test_cached_timings_a_probe_disagrees_with_are_timed_again(tmp_path, pipe, caplog):
+    """Figures cached on a busy machine (prompt lookup at 30x AR) are probed before use (AR and the cached best,
+    one round): the probe disagrees and every method is timed again. Companion: trusted (`check_cached=False`),
+    the same cache is read as it is."""
+    import logging
+
+    two = {name: c for name, c in pipe.auto_candidates({}).items() if name in ("ar", "ngram")}
+    rates = {"ar": 10.0, "ngram": 300.0}
+    per_forward = {"ngram": 40.0}  # not binding: the cache alone decides
+    trusting = policy_with_rates(tmp_path / "trusted", pipe, two, rates, per_forward, check_cached=False)
+    assert trusting.rates(pipe, PROMPTS, two, SAMPLING) == (rates, False)
+    checking = policy_with_rates(tmp_path / "checked", pipe, two, rates, per_forward, check_cached=True)
+    checking.calibration_tokens = 8
+    with caplog.at_level(logging.WARNING, logger="mmspec.pipelines.text.policy"):
+        measured, now = checking.rates(pipe, PROMPTS, two, SAMPLING)
+    assert now and measured != rates
+    assert "the cached method timings for B=1 greedy" in caplog.text and "disagree with a probe now" in caplog.text
+
+
+def test_a_chosen_run_far_off_its_figure_has_the_methods_timed_again(tmp_path, pipe):
+    """A run of the choice at a third of its measured tokens/s (as long as the calibration) is noted in the stats
+    and the next call times every method again; a shorter run, or one within `GAP`, changes nothing."""
+    two = {name: c for name, c in pipe.auto_candidates({}).items() if name in ("ar", "ngram")}
+    policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
+    name, reason = policy.choose(pipe, PROMPTS, two, SAMPLING)
+    assert "measured now" in reason
+    key, figure = policy.key(1, 0.0, two), policy._choices[policy.key(1, 0.0, two)][2]
+    assert policy.record(key, name, new_tokens=8, seconds=8 / (figure / 1.5)) is None  # within GAP
+    assert policy.record(key, name, new_tokens=4, seconds=4 / (figure / 3)) is None  # shorter than the calibration
+    assert policy.choose(pipe, PROMPTS, two, SAMPLING) == (name, reason)
+    note = policy.record(key, name, new_tokens=8, seconds=8 / (figure / 3))
+    assert note == f"it ran at 0.333x the tokens/s measured for {name}: the methods are timed again on the next call"
+    assert "measured now" in policy.choose(pipe, PROMPTS, two, SAMPLING)[1]
