@@ -398,12 +398,23 @@ def check_demo(args) -> None:
 
 
 # --- commands -----------------------------------------------------------------------------------------------------
-def print_comparison(runs: list[tuple[str, object, float]], unit: str, count: int) -> None:
-    """The table of a command's runs (name, stats, seconds), the first one the baseline of the speedup column."""
+def print_comparison(runs: list[tuple[str, object, float]], unit: str, count: int, report: str | None) -> None:
+    """The table of a command's runs (name, stats, seconds), the first one the baseline of the speedup column; with
+    `report` (--json), the same figures and each run's stats written there as JSON."""
     print(f"\n{'method':<10}{'target forwards':>17}{'tokens/forward':>16}{unit:>15}{'speedup':>9}")
     for name, stats, seconds in runs:
         print(f"{name:<10}{stats.target_forwards:>17}{stats.tokens_per_target_forward:>16.2f}"
               f"{seconds / count:>15.3f}{runs[0][2] / seconds:>8.2f}x")
+    write_report(report, [{"name": name, unit.replace("/", "_per_"): round(seconds / count, 6),
+                           "speedup": round(runs[0][2] / seconds, 4), "stats": stats.as_dict()}
+                          for name, stats, seconds in runs])
+
+
+def write_report(path: str | None, runs: list[dict]) -> None:
+    """--json: the command's runs as JSON at `path` (written whole or not at all); nothing without a path."""
+    if path is not None:
+        write_atomically(lambda file: Path(file).write_text(json.dumps({"runs": runs}, indent=1) + "\n"), path)
+        print(f"wrote {path}: the figures above as JSON")
 
 
 def serve_online(pipe, args, call: dict) -> int:
@@ -452,7 +463,7 @@ def run_text(args) -> int:
     if args.method != "ar" and args.compare:  # the same call by the target's own generate
         ar = decoded("ar").stats
         runs.insert(0, ("ar", ar, ar.timings["total"]))
-    print_comparison(runs, "ms/token", int(out.stats.new_tokens.sum()) / 1000)
+    print_comparison(runs, "ms/token", int(out.stats.new_tokens.sum()) / 1000, args.json)
     return 0
 
 
@@ -490,7 +501,7 @@ def run_generate(args) -> int:
     if args.decoding != "ar" and args.compare:
         ar = decoded("ar", output_type="latent").stats
         runs.insert(0, ("ar", ar, ar.timings["total"]))
-    print_comparison(runs, "seconds/image", len(out.images))
+    print_comparison(runs, "seconds/image", len(out.images), args.json)
     return 0
 
 
@@ -535,18 +546,39 @@ def run_video(args) -> int:
         runs.insert(0, ("sequential", None))
     pipe(start, actions[:2], decoding=speculation, num_inference_steps=args.steps)  # warm-up, untimed
     print(f"{'method':<13}{'FPS':>8}{'forwards':>10}{'computed':>10}{'discarded':>11}{'rollbacks':>11}")
+    reported = []
     for name, spec in runs:
         out = pipe(start, actions, decoding=spec, num_inference_steps=args.steps,
                    generator=torch.Generator(args.device).manual_seed(args.seed))
         s = out.stats
         print(f"{name:<13}{s.fps:>8.1f}{s.target_forwards:>10}{s.frames_computed:>10}{s.frames_discarded:>11}"
               f"{s.rollbacks:>11}")
+        reported.append({"name": name, "stats": s.as_dict()})
     frames = [frame.resize((frame.width * args.upscale,) * 2, 0) for frame in out.frames[0]]  # 0 = nearest
     if Path(args.out).suffix.lower() == ".mp4":
         write_atomically(lambda file: export_to_video(frames, file, fps=args.fps, macro_block_size=1), args.out)
     else:
         write_atomically(lambda file: export_to_gif(frames, file, fps=args.fps), args.out)
     print(f"wrote {args.out}: {len(frames)} frames of the {runs[-1][0]} rollout")
+    write_report(args.json, reported)
+    return 0
+
+
+def run_models(args) -> int:
+    """`mmspec models`: the embedded models, what each is, its size, and what uses it by default."""
+    from mmspec.zoo import IMAGE_CLIP, IMAGE_T2I, MAR_C2I, TEXT_DRAFT, VIDEO_WORLD, zoo_names, zoo_path
+
+    used_by = {IMAGE_T2I: "mmspec generate", TEXT_TARGET: "mmspec text", TEXT_DRAFT: "mmspec text (its draft)",
+               VIDEO_WORLD: "mmspec video", MAR_C2I: 'MARPipeline.from_pretrained("mar_shapes")',
+               IMAGE_CLIP: "python -m mmspec.eval.quality (CLIP score, FD-CLIP)"}
+    print(f"{'name':<18}{'class':<22}{'MB':>6}  default of")
+    for name in zoo_names():
+        folder = zoo_path(name)
+        index = folder / ("model_index.json" if (folder / "model_index.json").exists() else "config.json")
+        config = json.loads(index.read_text())
+        kind = config.get("_class_name") or (config.get("architectures") or ["?"])[0]
+        megabytes = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+        print(f"{name:<18}{kind:<22}{megabytes:>6.1f}  {used_by.get(name, '-')}")
     return 0
 
 
@@ -590,6 +622,7 @@ def build_parser() -> Parser:
                       help="auto: time the methods again instead of reading the cached figures")
     text.add_argument("--no-compare", dest="compare", action="store_false",
                       help="skip the run of the target's own generate that the method is compared with")
+    add_json_argument(text)
     add_device_arguments(text, default="auto")
 
     image = commands.add_parser("generate", help="text-to-image generation (default: the embedded shapes model)")
@@ -618,6 +651,7 @@ def build_parser() -> Parser:
     image.add_argument("--no-compare", dest="compare", action="store_false",
                        help="skip the plain-AR run that the chosen decoding is compared with")
     add_image_model_arguments(image)
+    add_json_argument(image)
     add_device_arguments(image, dtype=False, default="auto")  # --dtype is an image-model argument
     image.add_argument("--upscale", type=int, default=1, help="enlarge the written images (nearest neighbour)")
 
@@ -640,6 +674,7 @@ def build_parser() -> Parser:
     video.add_argument("--upscale", type=int, default=4, help="enlarge the written frames (nearest neighbour)")
     video.add_argument("--no-compare", dest="compare", action="store_false", help="skip the sequential run")
     video.add_argument("--model", default=VIDEO_WORLD, help="zoo name or saved NextFramePipeline folder")
+    add_json_argument(video)
     add_device_arguments(video, default="auto")
 
     demo = commands.add_parser("demo", help="the Gradio demo (AR vs speculative, side by side, live)",
@@ -656,11 +691,18 @@ def build_parser() -> Parser:
                       help="serve without warming up: each method initialises on its first request (auto times its "
                            "candidates then, for minutes on a CPU)")
     add_device_arguments(demo, default="auto")
+    commands.add_parser("models", help="list the embedded models", description="List the embedded (zoo) models: "
+                                                                               "name, class, size, what uses it")
     return parser
 
 
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the figures (each run's stats and "
+                                                                    "the comparison) to PATH as JSON")
+
+
 COMMANDS = {"text": (check_text, run_text), "generate": (check_generate, run_generate),
-            "video": (check_video, run_video), "demo": (check_demo, run_demo)}
+            "video": (check_video, run_video), "demo": (check_demo, run_demo), "models": (None, run_models)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -669,7 +711,11 @@ def main(argv: list[str] | None = None) -> int:
     prog = f"mmspec {args.command}"
     check, run = COMMANDS[args.command]
     try:
+        if check is None:  # loads nothing
+            return run(args)
         check(args)
+        if getattr(args, "json", None) is not None:
+            check_output(args.json, (".json",), "--json")
         check_device(args)
         model = getattr(args, "model", None) or getattr(args, "target", None)
         # the first thing a user sees, at once: loading and a first run's measuring take seconds to minutes

@@ -86,6 +86,33 @@ def test_mmspec_generate_writes_a_png_and_prints_stats(tmp_path, capsys):
         assert image.size == (2 * 64, 64)  # one row per prompt, --n columns
 
 
+def test_json_writes_the_figures_the_command_printed(tmp_path, capsys):
+    import json
+
+    report = tmp_path / "figures.json"
+    assert main(["generate", "a red circle", "--out", str(tmp_path / "x.png"), "--decoding", "sjd", "--window", "4",
+                 "--json", str(report)]) == 0
+    printed = capsys.readouterr().out
+    runs = json.loads(report.read_text())["runs"]
+    assert [run["name"] for run in runs] == ["ar", "sjd"] and runs[0]["stats"]["target_forwards"] == 256
+    assert f"{runs[1]['speedup']:.2f}x" in printed and runs[1]["stats"]["method"].startswith("SJD(window=4")
+    assert main(["video", "--actions", "right*2", "--speculate", "2", "--steps", "1", "--out",
+                 str(tmp_path / "v.gif"), "--json", str(report)]) == 0
+    runs = json.loads(report.read_text())["runs"]
+    assert [run["name"] for run in runs] == ["sequential", "speculative"] and runs[1]["stats"]["frames_emitted"] == 2
+    assert main(["text", "x = 1", "--method", "ngram", "--max-new-tokens", "4", "--json", str(report)]) == 0
+    assert [run["name"] for run in json.loads(report.read_text())["runs"]] == ["ar", "ngram"]
+
+
+def test_models_lists_the_embedded_models(capsys):
+    from mmspec.zoo import zoo_names
+
+    assert main(["models"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert set(rows) == set(zoo_names()) and "LlamaGenPipeline" in rows["shapes"]
+    assert rows["shapes"].endswith("mmspec generate") and rows["pycode/target"].endswith("mmspec text")
+
+
 def test_mmspec_generate_takes_sjd_options_and_can_skip_the_comparison(tmp_path, capsys):
     assert main(["generate", "a red circle", "--out", str(tmp_path / "x.png"), "--decoding", "sjd", "--window", "4",
                  "--init", "vertical", "--coupling", "gumbel", "--no-compare"]) == 0
