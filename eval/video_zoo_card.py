@@ -1,0 +1,137 @@
+"""Measure what the embedded next-frame world model shows, for its model card: over held-out episodes rolled out
+frame by frame under persistent actions (the true rollout's actions, 10 % change rate), the player's position error
+against the true rollout and whether it is still visible, and the frames' PSNR, at frames 8, 16, 32 and 64; and a
+strip of rollouts for docs/images.
+
+    python -m mmspec.eval.video_zoo_card            # 32 episodes, 64 frames (a few minutes on 2 CPU cores)
+    python -m mmspec.eval.video_zoo_card --quick    # 8 episodes
+
+The player is found the same way in both frames: the pixels that differ from the episode's scene without the player
+(background and obstacles, which never move) by more than `CHANGED` and lie within `NEAR_COLOR` of the player's
+colour; its position is their centroid, and it is visible when they cover at least `VISIBLE` of what they cover in
+the true frame. The estimate's own error on true frames is reported (`estimator_error_px`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mmspec.eval.devices import write_json
+from mmspec.pipelines.video import NextFramePipeline
+from mmspec.zoo import VIDEO_WORLD
+from mmspec.zoo.video_world import Episode, State, episode, persistent_actions, render_frame, rollout
+
+RESULTS = Path("eval") / "results" / "video_zoo_card.json"
+STRIP_PATH = Path("docs") / "images" / "nextframe_rollouts.png"
+FRAMES_SHOWN = (0, 8, 16, 32, 64)
+CHANGED = 60.0  # summed |RGB| difference from the scene without the player that marks a pixel as changed
+NEAR_COLOR = 120.0  # RGB distance from the player's colour within which a changed pixel counts as the player
+VISIBLE = 0.3  # share of the true frame's player pixels a frame must show for the player to count as visible
+WITHIN_PX = 3.0  # the card's position tolerance
+
+
+def player_pixels(frame: np.ndarray, scene: np.ndarray, color) -> np.ndarray:
+    """[H, W] bool: pixels of `frame` [H, W, 3] uint8 that differ from `scene` and are near the player's colour."""
+    frame, scene = frame.astype(np.float64), scene.astype(np.float64)
+    changed = np.abs(frame - scene).sum(-1) > CHANGED
+    near = np.linalg.norm(frame - np.asarray(color, dtype=np.float64), axis=-1) < NEAR_COLOR
+    return changed & near
+
+
+def centroid(mask: np.ndarray) -> np.ndarray | None:
+    """(x, y) of a mask's pixels (their centres), or None if it is empty."""
+    ys, xs = np.nonzero(mask)
+    return None if len(xs) == 0 else np.array([xs.mean() + 0.5, ys.mean() + 0.5])
+
+
+def scene_without_player(world: Episode) -> np.ndarray:
+    return render_frame(world, State(-100.0, -100.0))
+
+
+def measure(generated: np.ndarray, truth: np.ndarray, world: Episode) -> dict[str, np.ndarray]:
+    """Per frame of one rollout (generated and true [T, H, W, 3] uint8): position error (px; inf where the player
+    is not visible in the generated frame), visibility, PSNR (dB)."""
+    scene, color = scene_without_player(world), world.player.color
+    errors, visible = [], []
+    for made, true in zip(generated, truth, strict=True):
+        ours, theirs = player_pixels(made, scene, color), player_pixels(true, scene, color)
+        seen = ours.sum() >= VISIBLE * max(1, theirs.sum())
+        a, b = centroid(ours), centroid(theirs)
+        visible.append(bool(seen))
+        errors.append(float(np.linalg.norm(a - b)) if seen and a is not None and b is not None else float("inf"))
+    mse = ((generated.astype(np.float64) - truth.astype(np.float64)) / 255) ** 2
+    psnr = 10 * np.log10(1.0 / np.maximum(mse.reshape(len(mse), -1).mean(1), 1e-10))
+    return {"error_px": np.array(errors), "visible": np.array(visible), "psnr_db": psnr}
+
+
+def estimator_error(worlds: list[Episode], states: list[list[State]]) -> float:
+    """Mean distance between the estimate on true frames and the player's true centre: the estimate's own error."""
+    errors = []
+    for world, path in zip(worlds, states, strict=True):
+        scene = scene_without_player(world)
+        for state in path[:: max(1, len(path) // 8)]:
+            found = centroid(player_pixels(render_frame(world, state), scene, world.player.color))
+            if found is not None:
+                errors.append(float(np.hypot(found[0] - state.x, found[1] - state.y)))
+    return float(np.mean(errors))
+
+
+def strip(truths: list[np.ndarray], generated: list[np.ndarray], rows: int, upscale: int = 3) -> Image.Image:
+    """Per episode a true row over a generated row, at FRAMES_SHOWN (frame 0: the start, the same in both)."""
+    lines = []
+    for truth, made in zip(truths[:rows], generated[:rows], strict=True):
+        video = np.concatenate([truth[:1], made])
+        for frames in (truth, video):
+            lines.append(np.concatenate([frames[t] for t in FRAMES_SHOWN if t < len(frames)], axis=1))
+    picture = Image.fromarray(np.concatenate(lines, axis=0))
+    return picture.resize((picture.width * upscale, picture.height * upscale), Image.NEAREST)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=32, help="held-out episodes")
+    parser.add_argument("--frames", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=4, help="Euler steps per frame")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="8 episodes")
+    parser.add_argument("--json", default=str(RESULTS), help="where to write the figures")
+    parser.add_argument("--image", default=str(STRIP_PATH), help="where to write the strip of rollouts")
+    args = parser.parse_args(argv)
+    if args.episodes < 1 or args.frames < 1 or args.steps < 1:
+        parser.error("--episodes, --frames and --steps must be >= 1")
+    count = 8 if args.quick else args.episodes
+    worlds = [episode(i, "heldout") for i in range(count)]
+    actions = [persistent_actions(10**6 + i, args.frames, 0.1) for i in range(count)]
+    truths, states = zip(*(rollout(w, a) for w, a in zip(worlds, actions, strict=True)), strict=True)
+    pipe = NextFramePipeline.from_pretrained(VIDEO_WORLD, dtype=torch.float32)
+    out = pipe(np.stack([t[0] for t in truths]), torch.tensor(actions), num_inference_steps=args.steps,
+               generator=[torch.Generator().manual_seed(args.seed + i) for i in range(count)], output_type="np")
+    generated = [np.round(np.asarray(v) * 255).clip(0, 255).astype(np.uint8) for v in out.frames]
+    measured = [measure(g, t[1:], w) for g, t, w in zip(generated, truths, worlds, strict=True)]
+    report = {"model": VIDEO_WORLD, "episodes": count, "frames": args.frames, "steps": args.steps,
+              "estimator_error_px": round(estimator_error(worlds, list(states)), 3), "at_frame": {}}
+    for t in (8, 16, 32, 64):
+        if t > args.frames:
+            continue
+        errors = np.array([m["error_px"][t - 1] for m in measured])
+        report["at_frame"][t] = {
+            "player_visible_share": round(float(np.mean([m["visible"][t - 1] for m in measured])), 4),
+            f"visible_and_within_{WITHIN_PX:g}px_share": round(float(np.mean(errors <= WITHIN_PX)), 4),
+            "median_error_px": round(float(np.median(errors)), 3),
+            "psnr_db": round(float(np.mean([m["psnr_db"][t - 1] for m in measured])), 3),
+        }
+        print(f"frame {t}: {report['at_frame'][t]}")
+    write_json(args.json, report)
+    Path(args.image).parent.mkdir(parents=True, exist_ok=True)
+    strip(list(truths), generated, rows=3).save(args.image)
+    print(f"wrote {args.json} and {args.image}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

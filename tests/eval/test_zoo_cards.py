@@ -1,0 +1,56 @@
+"""The measurements behind the embedded models' cards: each one finds what it is meant to find on known input, and
+misses what it must miss (a loop that is not one, a player that is not there, another class)."""
+
+import numpy as np
+import pytest
+
+from mmspec.eval.mar_zoo_card import class_of, targets_of
+from mmspec.eval.text_zoo_card import distinct, loops
+from mmspec.eval.video_zoo_card import estimator_error, measure, scene_without_player
+from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, class_label
+from mmspec.zoo.video_world import State, episode, render_frame, rollout
+
+
+def test_distinct_n_counts_unique_n_grams():
+    assert distinct([1, 2, 3, 4], 2) == 1.0 and distinct([7, 7, 7, 7, 7], 1) == 0.2
+    assert distinct([1, 2, 1, 2, 1, 2], 2) == pytest.approx(2 / 5) and distinct([1], 3) == 1.0
+
+
+@pytest.mark.parametrize("text,looping", [
+    ('    """Return a list of a list of a list of a list of a list of a list', True),
+    ("    return x + y + y + y + y + y + y", True),
+    ("class _FTP_FTP_FTP_FTP_FTP_FTP:", True),
+    ("if a:\n    return value\nif b:\n    return value\nif c:\n    return value\n", True),
+    ("        x = 1", False),  # indentation
+    ("# ==========================", False),  # a rule
+    ("x = [0, 0, 0, 0, 0, 0]", False),  # data
+    ("def f(x):\n    return x\n\ndef g(y):\n    return y\n", False),
+])
+def test_a_loop_is_a_repeated_piece_or_line_and_nothing_else(text, looping):
+    assert loops(text) is looping
+
+
+def test_the_player_is_found_where_it_is_and_missed_where_it_is_not():
+    world = episode(3, "heldout")
+    frames, states = rollout(world, [4] * 6 + [2] * 6)
+    assert estimator_error([world], [states]) < 0.5  # the estimate on true frames: within half a pixel
+    same = measure(frames[1:], frames[1:], world)
+    assert (same["error_px"] == 0).all() and same["visible"].all() and (same["psnr_db"] > 90).all()
+    # companions: a rollout without the player (not visible), one whose player stayed at the start (off by the walk)
+    empty = np.stack([scene_without_player(world)] * (len(frames) - 1))
+    missing = measure(empty, frames[1:], world)
+    assert not missing["visible"].any() and np.isinf(missing["error_px"]).all()
+    stayed = measure(np.stack([render_frame(world, world.start)] * (len(frames) - 1)), frames[1:], world)
+    walked = np.array([np.hypot(s.x - world.start.x, s.y - world.start.y) for s in states[1:]])
+    assert np.abs(stayed["error_px"] - walked).max() < 0.6 and stayed["error_px"][-1] > 3
+    moved = State(world.start.x + 2, world.start.y)
+    assert measure(render_frame(world, moved)[None], frames[:1], world)["error_px"][0] == pytest.approx(2, abs=0.5)
+
+
+def test_a_mar_class_is_the_first_group_s_shape_and_the_background():
+    caption = "two small blue squares below a large red circle on a dotted background"
+    assert class_of(class_label(caption)) == (SHAPES.index("square"), BACKGROUNDS.index("dotted"))
+    background, present = targets_of([caption, "a large green cross on a plain background"])
+    assert background.tolist() == [BACKGROUNDS.index("dotted"), BACKGROUNDS.index("plain")]
+    assert present[0].nonzero().flatten().tolist() == sorted([SHAPES.index("square"), SHAPES.index("circle")])
+    assert present[1].nonzero().flatten().tolist() == [SHAPES.index("cross")]
