@@ -68,7 +68,9 @@ class DecodingStats:
 
     @property
     def tokens_per_target_forward(self) -> float:
-        """Generated tokens per target forward a row took part in (prefill included); 1.0 for AR."""
+        """Generated tokens per target forward a row took part in (prefill included): 1.0 for AR through
+        transformers' `generate`, whose prefill yields the first token; N / (N + 1) for N tokens of the speculative
+        loop drafting nothing (`NoDrafter`), whose prefill stops short of the last prompt token and yields none."""
         if self.new_tokens is None:
             return 0.0
         steps = 0 if self.steps is None else int(self.steps.sum())

@@ -65,6 +65,19 @@ def test_no_drafter_is_ar_through_the_loop(tiny_target, graphs):
         speculative_generate(tiny_target, ids, mask, drafter=NoDrafter(), draft_length=2)
 
 
+def test_ar_counts_its_own_forwards_through_generate_and_through_the_loop(tiny_target):
+    """transformers' generate: N forwards for N tokens (its prefill yields the first), 1.0 token per forward; the
+    speculative loop drafting nothing: N + 1 (its prefill stops short of the last prompt token), N / (N + 1)."""
+    from mmspec.text.methods import AR
+
+    ids, mask = prompts(1)
+    _, through_generate = AR().run(tiny_target, None, ids, mask, max_new_tokens=8, temperature=0)
+    _, through_loop = speculative_generate(tiny_target, ids, mask, drafter=NoDrafter(), max_new_tokens=8,
+                                           temperature=0)
+    assert (through_generate.target_forwards, through_generate.tokens_per_target_forward) == (8, 1.0)
+    assert (through_loop.target_forwards, through_loop.tokens_per_target_forward) == (9, 8 / 9)
+
+
 def test_eos_stops_each_row_on_its_own():
     """Row-wise EOS: a row that hits EOS is padded, the others go on to max_new_tokens."""
     model = tiny_llama(num_layers=2)
