@@ -20,6 +20,8 @@ SERVE_WITHIN_S = 60  # start to first page; loading the three pipelines takes a 
 TEXT = ("def fibonacci(n):\n", "model", 0.0, 16, 0)  # prompt, method, temperature, tokens, seed
 LIGHT = dict(method="auto", guidance=1.0)  # image requests without CFG rows: half the compute of the default
 
+pytestmark = pytest.mark.slow  # a server process under load: the slow tier
+
 
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:

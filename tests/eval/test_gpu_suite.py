@@ -21,6 +21,7 @@ def suite(*args: str, out: Path) -> subprocess.CompletedProcess:
                            sys.executable], capture_output=True, text=True, cwd=REPO, env=env, timeout=900, check=False)
 
 
+@pytest.mark.slow  # every benchmark's smoke run again, in one process: minutes
 def test_the_suite_runs_every_benchmark_on_the_cpu(tmp_path, record_property):
     """In two --only calls, as on a GPU lent for 10-minute commands: the second call's environment.json keeps the
     first call's runs."""
