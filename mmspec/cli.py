@@ -3,7 +3,7 @@
     mmspec text "def fibonacci(n):" --method model|ngram|layerskip|ar [--max-new-tokens 64 --temperature 0 ...]
     mmspec generate "a red circle above a blue square on a striped background" --out out.png [--n 4 --seed 0 ...]
     mmspec generate "..." --decoding sjd --window 8 --acceptance lantern --lantern-delta 0.2
-    mmspec video --actions 'right*6' 'down*4' 'stay*2' --speculate 4 --out rollout.gif [--adaptive --strict --episode 0]
+    mmspec video --actions 'right*6' 'down*4' 'stay*2' --frames 4 --out rollout.gif [--adaptive --context pipelined]
     mmspec demo [--port 7860 --only image|text|world ...]
 
 A thin front end: argument parsing and checking, then calls into the library (`mmspec.pipelines`, `mmspec.apps`). It
@@ -35,6 +35,7 @@ from mmspec.image import methods as image_methods  # noqa: F401  the image decod
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
 from mmspec.text.kinds import WITH_DRAFT_MODEL
 from mmspec.text.methods import TextDraftHeads, TextSpeculation
+from mmspec.video.methods import FrameSpeculation
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")  # what `mmspec generate --out` writes
@@ -43,7 +44,6 @@ DEMO_TABS = ("image", "text", "world")  # mmspec.apps.tabs.TABS, which imports G
 VIDEO_EXTRA = 'pip install "mmspec[video]" (from a clone: pip install -e ".[video]")'
 APP_EXTRA = 'pip install "mmspec[app]" (from a clone: pip install -e ".[app]")'
 MAX_QUOTE = 60  # characters of a user's input quoted in an error
-SPECULATE = 4  # `mmspec video`'s frames per pass unless --speculate says otherwise
 MAX_STEPS = 1000  # Euler steps per frame `mmspec video` takes (the zoo world is trained for 4; 1,000 is already slow)
 # pipeline arguments whose names reach an error message, as the flags users typed
 FLAGS = {"num_images_per_prompt": "--n", "guidance_scale": "--guidance-scale", "negative_prompt": "--negative-prompt",
@@ -364,14 +364,17 @@ def check_video(args) -> None:
     from mmspec.zoo.video_world import ACTIONS  # numpy and Pillow, no torch
 
     frames = len(parse_actions(args.actions, ACTIONS))
-    if args.speculate is None:
-        args.speculate = min(SPECULATE, frames)
-    check_number(args, "--speculate", 1)
+    settings, _ = given_settings(args, "video")
+    if args.decoding == "ar" and settings:
+        raise UsageError(f"{', '.join(map(flag, settings))} applies to --decoding speculative only")
     check_number(args, "--steps", 1, MAX_STEPS)
-    for flag in ("--fps", "--upscale"):
-        check_number(args, flag, 1)
-    if args.speculate > frames:  # frames past the rollout's end would be computed and thrown away
-        raise UsageError(f"--speculate {args.speculate}: more frames than the rollout's {frames} (--actions)")
+    for name in ("--fps", "--upscale"):
+        check_number(args, name, 1)
+    # frames past the rollout's end would be computed and thrown away: at most the rollout's, by default
+    settings.setdefault("frames", min(defaults(FrameSpeculation)["frames"], frames))
+    if settings["frames"] > frames:
+        raise UsageError(f"--frames {settings['frames']}: more frames than the rollout's {frames} (--actions)")
+    args.component = None if args.decoding == "ar" else built("video", args.decoding, settings, 1.0, ())
     check_number(args, "--episode", 0)
     check_number(args, "--seed", 0)
     check_output(args.out, VIDEO_EXTENSIONS)
@@ -522,7 +525,6 @@ def run_video(args) -> int:
     from diffusers.utils import export_to_gif, export_to_video
 
     from mmspec.pipelines.video import NextFramePipeline
-    from mmspec.video import FrameSpeculation
     from mmspec.zoo.video_world import ACTIONS, episode, render_frame
 
     actions = parse_actions(args.actions, ACTIONS)
@@ -534,13 +536,7 @@ def run_video(args) -> int:
     else:
         world = episode(args.episode, "heldout")
         start = render_frame(world, world.start)
-    if args.strict:
-        speculation = FrameSpeculation.strict()
-    elif args.speculate > 1 or args.adaptive:
-        speculation = FrameSpeculation(frames=args.speculate, adaptive=args.adaptive,
-                                       context="pipelined" if args.pipelined else "eager")
-    else:
-        speculation = None
+    speculation = args.component  # None: sequential generation alone (--decoding ar)
     runs = [("speculative" if speculation else "sequential", speculation)]
     if speculation is not None and args.compare:
         runs.insert(0, ("sequential", None))
@@ -659,12 +655,12 @@ def build_parser() -> Parser:
     video.add_argument("--actions", nargs="+", required=True,
                        help="one per frame: stay / up / down / left / right or 0-4, optionally *count, quoted for "
                             "the shell ('right*6')")
-    video.add_argument("--speculate", type=int, default=None,
-                       help=f"frames speculated per pass, at most the rollout's (1 = none; default {SPECULATE}, or "
-                            "the rollout's frames when fewer)")
-    video.add_argument("--adaptive", action="store_true", help="up to --speculate frames, by action persistence")
-    video.add_argument("--pipelined", action="store_true", help="pipeline context passes into the next block")
-    video.add_argument("--strict", action="store_true", help="one frame per pass, pipelined: sequential exactly")
+    video.add_argument("--decoding", choices=tuple(decodings("video")), default=FrameSpeculation.name,
+                       help=f"'{FrameSpeculation.name}': frame speculation with the settings below (--frames at most "
+                            "the rollout's; --frames 1 --context pipelined is sequential generation exactly); 'ar': "
+                            "sequential generation alone")
+    for name, owners in decoding_fields("video").items():
+        add_setting(video, name, owners, "--decoding ")
     video.add_argument("--steps", type=int, default=4, help="Euler steps per frame")
     video.add_argument("--episode", type=int, default=0, help="start from this held-out episode's first frame")
     video.add_argument("--image", default=None, help="start from this frame (a 32 x 32 image) instead")

@@ -96,7 +96,7 @@ def test_json_writes_the_figures_the_command_printed(tmp_path, capsys):
     runs = json.loads(report.read_text())["runs"]
     assert [run["name"] for run in runs] == ["ar", "sjd"] and runs[0]["stats"]["target_forwards"] == 256
     assert f"{runs[1]['speedup']:.2f}x" in printed and runs[1]["stats"]["method"].startswith("SJD(window=4")
-    assert main(["video", "--actions", "right*2", "--speculate", "2", "--steps", "1", "--out",
+    assert main(["video", "--actions", "right*2", "--frames", "2", "--steps", "1", "--out",
                  str(tmp_path / "v.gif"), "--json", str(report)]) == 0
     runs = json.loads(report.read_text())["runs"]
     assert [run["name"] for run in runs] == ["sequential", "speculative"] and runs[1]["stats"]["frames_emitted"] == 2
@@ -170,7 +170,7 @@ def test_mmspec_video_writes_a_gif_and_compares_with_sequential(tmp_path, capsys
     from PIL import Image
 
     out = tmp_path / "rollout.gif"
-    assert main(["video", "--actions", "right*3", "down", "2*2", "--speculate", "3", "--steps", "2", "--out",
+    assert main(["video", "--actions", "right*3", "down", "2*2", "--frames", "3", "--steps", "2", "--out",
                  str(out), "--upscale", "2"]) == 0
     printed = capsys.readouterr().out
     rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.startswith(("sequential", "spec"))}

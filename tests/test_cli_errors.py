@@ -53,7 +53,7 @@ def test_the_table_covers_every_command_and_the_issue_s_cases():
     commands = [command for command, _, _ in ROWS]
     assert len(ROWS) >= 40
     assert {shlex.split(c)[1] for c in commands} == {"generate", "text", "video", "demo"}
-    for case in ('--out /nonexistent/dir/x.png', '--out x.txt', 'generate ""', '--speculate 0', '--speculate -5',
+    for case in ('--out /nonexistent/dir/x.png', '--out x.txt', 'generate ""', '--frames 0', '--frames -5',
                  'text ""', '--n 0', "--out rollout.mp4", LONG):
         assert any(case in c for c in commands), case
 

@@ -22,7 +22,7 @@ from mmspec.apps.tabs.base import (
     while_cold,
 )
 from mmspec.apps.tabs.settings import Control, decoding_controls
-from mmspec.core.registry import decodings
+from mmspec.core.registry import decodings, rules
 from mmspec.core.settings import specs
 from mmspec.text.kinds import DRAFTERS, ONLINE_DRAFTERS
 from mmspec.text.methods import TextSpeculation
@@ -69,8 +69,9 @@ class TextTab:
         self.methods = [("auto: the fastest exact method here", "auto")] + [
             (f"{m}: {described.get(repr(m)) or first_sentence(decodings('text')[m])}", m) for m in speculative]
         self.controls = self.text_controls()
-        # the chain drafters' rules: judge decoding where the pipeline has a judge
-        self.rules = ["exact", *(["judge"] if pipe.judge_head is not None else []), "typical"]
+        # the registered rules whose runtime parts (a judge rule's head) this pipeline supplies
+        self.rules = [name for name, rule in rules("text").items()
+                      if not pipe.with_head(TextSpeculation(acceptance=rule())).acceptance.unsupplied()]
 
     @staticmethod
     def text_controls() -> list[Control]:

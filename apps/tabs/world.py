@@ -13,6 +13,8 @@ import PIL.Image
 import torch
 
 from mmspec.apps.tabs.base import COMPUTE, StreamedImages, check_number, shows_errors
+from mmspec.apps.tabs.settings import decoding_controls
+from mmspec.core.component import component_from
 from mmspec.video import FrameSpeculation
 from mmspec.zoo.video_world import ACTIONS, episode, render_frame
 
@@ -20,6 +22,7 @@ BUTTONS = (("left", "←"), ("up", "↑"), ("down", "↓"), ("right", "→"), ("
 WORLD_HEADERS = ["method", "frames emitted", "computed", "discarded", "rollbacks", "model forwards / frame", "FPS",
                  "speedup"]
 SHOWN_SIZE = 256
+MAX_FRAMES = 8  # frames speculated per pass the tab allows: a larger block makes a single press slow
 
 
 class WorldSessions:
@@ -62,6 +65,7 @@ class WorldTab:
         self.pipe = pipe
         self.images = StreamedImages()
         self.cold: set[str] = set()  # what the warm-up has not run yet (none without one)
+        self.controls = decoding_controls("video")  # frame speculation's settings (frames, adaptive, ...)
 
     def build(self) -> None:
         gr.Markdown(
@@ -73,11 +77,11 @@ class WorldTab:
         )
         with gr.Row():
             start_episode = gr.Number(label="Start: held-out episode", value=0, precision=0)
-            frames = gr.Slider(1, 8, value=4, step=1, label="Frames speculated per pass (N)")
-            adaptive = gr.Checkbox(label="Adaptive N (up to the slider)", value=False)
             steps = gr.Slider(1, 8, value=4, step=1, label="Euler steps per frame")
             seed = gr.Number(label="Seed", value=0, precision=0)
             start = gr.Button("Start", variant="primary", elem_id="world-start")
+        with gr.Row():
+            settings = [control.build(visible=True) for control in self.controls]
         with gr.Row():
             buttons = {name: gr.Button(label, elem_id=f"world-{name}") for name, label in BUTTONS}
         with gr.Row():
@@ -89,7 +93,7 @@ class WorldTab:
         status = gr.Markdown(elem_id="world-status")
         state = gr.State(None)
         outputs = [state, sequential, speculative, stats, status]
-        start.click(self.start, [start_episode, frames, adaptive, steps, seed], outputs, api_name="start_world",
+        start.click(self.start, [start_episode, steps, seed, *settings], outputs, api_name="start_world",
                     concurrency_limit=1)
         for name, button in buttons.items():
             button.click(self.stepper(name), [state], outputs, api_name=f"world_{name}", concurrency_limit=1)
@@ -109,12 +113,14 @@ class WorldTab:
         return COMPUTE.submit(WorldSessions, self.pipe, start, speculation, seed, steps).result()
 
     @shows_errors
-    def start(self, episode_index, frames, adaptive, steps, seed):
+    def start(self, episode_index, steps, seed, *values):
+        """Open both sessions; values: frame speculation's controls (`self.controls`), in their order."""
         index = check_number("Start: held-out episode", episode_index, 0, 10**6, integer=True)
-        n = check_number("Frames speculated per pass", frames, 1, 8, integer=True)
         steps = check_number("Euler steps per frame", steps, 1, 8, integer=True)
         seed = check_number("Seed", seed, 0, 2**31 - 1, integer=True)
-        speculation = FrameSpeculation(frames=n, adaptive=bool(adaptive), context="pipelined")
+        settings = {c.field: c.read(v) for c, v in zip(self.controls, values, strict=True)}
+        check_number("speculative frames", settings["frames"], 1, MAX_FRAMES, integer=True)
+        speculation = component_from(FrameSpeculation.name, "video", **settings)
         return self.outputs(self.open_world(index, speculation, seed, steps), f"Episode {index}: press an arrow.")
 
     def stepper(self, name: str):

@@ -315,19 +315,15 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                 [B]). Read-only (they sit in the KV cache). Set `pipe._interrupt = True` to end every row there.
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
-                unless set or saved otherwise). `TextSpeculation(drafter, ...)` drafts chains with `"model"` (the
-                draft LM), `"layerskip"` (the target's first layers), `"ngram"` (prompt lookup), `"cascade"` (the
-                draft LM over prompt lookup) or `"kangaroo"` (the target's first layers and an exit adapter), or
-                trees with
-                `"tree"` (the draft LM's) or `"stand"` (an n-gram memory of the target's laws), and verifies in one
-                target forward; `AR()` is the target alone. A name plus settings is the same call
-                (`decoding="ngram", draft_length=6`).
-            **decoding_settings: `TextSpeculation`'s settings (`drafter`, `draft_length`, `schedule`,
-                `stop_threshold`, `confidence_threshold`, `exit_layer`, `draft_vocabulary`, `max_ngram`,
-                `lookup_after`, `tree_depth`, `tree_branching`, `tree_rates`, `tree_nodes`, `acceptance`, and the
-                rules' flat spellings: `typical_epsilon`, ...) for the named
-                decoding or the pipeline's own component; with `"auto"` they narrow its candidates to the drafters
-                that read them (`acceptance="typical"` is lossy: name the decoding).
+                unless set or saved otherwise). A registered text decoding (`mmspec.core.registry.decodings("text")`:
+                `TextSpeculation`, whose `drafter` setting lists its drafters, `TextDraftHeads`, `AR()`), or a name:
+                a decoding's or a drafter's (`pipe.methods` lists what this pipeline can run). A name plus settings
+                is the same call (`decoding="ngram", draft_length=6`).
+            **decoding_settings: the named decoding's settings (`mmspec.core.settings.specs(TextSpeculation)` lists
+                them with their help; `mmspec text --help` shows them as flags), `acceptance` and the rules' flat
+                spellings (`typical_epsilon`, ...), for the named decoding or the pipeline's own component; with
+                `"auto"` they narrow its candidates to the drafters that read them (`acceptance="typical"` is lossy:
+                name the decoding).
             method (`str`, *optional*): the old spelling of `decoding` (`"auto"`, `"ar"` or a drafter's name).
         """
         # 1. Check inputs and resolve the decoding

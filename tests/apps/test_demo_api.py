@@ -161,7 +161,8 @@ def test_two_concurrent_requests_both_complete(demo_url):
 
 
 def test_world_tab_steps_a_sequential_and_a_speculative_session(client):
-    seq, spec, table, status = client.predict(0, 4, False, 2, 0, api_name="/start_world")
+    # episode, Euler steps, seed, then frame speculation's settings: frames, adaptive, frame cost, context
+    seq, spec, table, status = client.predict(0, 2, 0, 4, False, 0.2, "pipelined", api_name="/start_world")
     assert "press an arrow" in status and table["data"][0][1] == "0"
     statuses = [client.predict(api_name=f"/world_{name}")[3] for name in ("right", "right", "right")]
     assert "block of 4" in statuses[0] and all("no model call" in s for s in statuses[1:])
