@@ -34,7 +34,7 @@ from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
 from mmspec.text.kinds import WITH_DRAFT_MODEL
-from mmspec.text.methods import TextDraftHeads, TextSpeculation
+from mmspec.text.methods import TextDraftHeads, TextSpeculation, method_names
 from mmspec.video.methods import FrameSpeculation
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
 
@@ -595,8 +595,8 @@ def build_parser() -> Parser:
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")
     drafters = specs(TextSpeculation)["drafter"].choices
-    others = [name for name in decodings("text") if name not in ("ar", TextSpeculation.name)]
-    text.add_argument("--method", choices=("auto", *drafters, *others, "ar"), default="auto",
+    others = [name for name in method_names() if name not in (*drafters, "ar")]
+    text.add_argument("--method", choices=("auto", *method_names()), default="auto",
                       help="'auto': the fastest exact method here (each one timed on first use, cached); a drafter: "
                            f"{specs(TextSpeculation)['drafter'].help}; "
                            + "; ".join(f"'{name}': {decodings('text')[name].__doc__.split('. ')[0]}" for name in others)

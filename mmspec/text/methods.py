@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmspec.core.component import DecodingComponent
 from mmspec.core.head_kinds import HEAD_KINDS
-from mmspec.core.registry import register_decoding
+from mmspec.core.registry import decodings, register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting, specs
@@ -336,3 +336,12 @@ class TextDraftHeads(TextDecoding):
             options["draft_length"] = self.draft_length
         return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target),
                                     acceptance=attached(self.acceptance, target), **options)
+
+
+def method_names() -> tuple[str, ...]:
+    """What a text call can name as its decoding: each drafter of `TextSpeculation` (`"ngram"` = `TextSpeculation(
+    drafter="ngram")`), every other registered text decoding but AR (`"heads"`, and any a user registers), then
+    `"ar"`."""
+    drafters = specs(TextSpeculation)["drafter"].choices
+    others = [name for name in decodings("text") if name not in (AR.name, TextSpeculation.name)]
+    return (*drafters, *others, AR.name)

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mmspec.core.capture import StepGraphs
 from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.registry import decodings
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
 from mmspec.core.settings import specs
@@ -29,7 +30,7 @@ from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, ONLINE_DRAFTERS, WITH_DRAFT_MODEL
-from mmspec.text.methods import TextDraftHeads, TextSpeculation
+from mmspec.text.methods import TextDraftHeads, TextSpeculation, method_names
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
@@ -199,9 +200,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The drafters this pipeline can run, "heads" where it has an EAGLE head (the default kind), and "ar"
-        (`"model"`, `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config,
-        `"kangaroo"` an exit adapter, `"s2d"` one trained at several exits)."""
+        """The names of `method_names()` this pipeline can run: the drafters it has the parts of (`"model"`,
+        `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config, `"kangaroo"` an
+        exit adapter, `"s2d"` one trained at several exits), the other registered decodings whose runtime parts it
+        supplies (`"heads"`: an EAGLE head), and "ar"."""
         unavailable = set(WITH_DRAFT_MODEL) if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
@@ -209,9 +211,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             unavailable.add("kangaroo")
         if self.kangaroo_adapter is None or len(self.kangaroo_adapter.exits) < 2:
             unavailable.add("s2d")
-        if self.eagle_head is None:
-            unavailable.add("heads")
-        return tuple(m for m in (*DRAFTERS, "heads", "ar") if m not in unavailable)
+        # a registered decoding of its own whose runtime parts (a draft head) this pipeline cannot supply
+        unavailable |= {name for name in method_names() if name not in DRAFTERS
+                        and self.with_head(decodings("text")[name]()).unsupplied()}
+        return tuple(m for m in method_names() if m not in unavailable)
 
     @property
     def decoding_policy(self) -> TextDecodingPolicy:
@@ -231,7 +234,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                 raise ValueError(f"decoding={value!r} names drafter {value!r}; drafter={settings['drafter']!r} "
                                  "contradicts it")
             value, settings = "speculative", {**settings, "drafter": value}
-        return component_from(value, self.modality, names=("auto", "ar", "speculative", "heads", *DRAFTERS), **settings)
+        return component_from(value, self.modality, names=("auto", TextSpeculation.name, *method_names()), **settings)
 
     def auto_candidates(self, settings: dict) -> dict[str, DecodingComponent]:
         """What `"auto"` chooses between: `AR()`, every chain drafter of `methods` that reads all of `settings` (a

@@ -192,7 +192,7 @@ def test_calls_without_a_generator_draw_afresh_from_the_global_rng(pipe, decodin
 
 
 def test_clear_errors(pipe):
-    with pytest.raises(ValueError, match=r"decoding must be one of \('auto', 'ar', 'speculative', 'heads', 'model'"):
+    with pytest.raises(ValueError, match=r"decoding must be one of \('auto', 'speculative', 'model', 'ngram'"):
         pipe("x = 1", decoding="beam")
     with pytest.raises(ValueError, match="not both"):
         pipe("x = 1", decoding="ngram", method="ngram")
@@ -308,3 +308,37 @@ def test_the_embedded_pipeline_runs_kangaroo_s2d_and_judge_decoding(pipe):
         assert out.texts == ar.texts and out.stats.accepted > 0
     judged = pipe(PROMPTS, decoding="model", acceptance="judge", max_new_tokens=16)
     assert judged.stats.excess_acceptance is not None and judged.stats.excess_acceptance >= 0
+
+
+def test_a_registered_text_decoding_is_listed_where_its_parts_are_supplied(pipe):
+    """A text decoding registered from outside is a method name of every text pipeline that can supply its runtime
+    parts (here a draft head of the EAGLE kind, what `with_head` fills), and a `mmspec text --method` choice; a
+    pipeline without the part does not list it."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from mmspec.cli import build_parser
+    from mmspec.core.registry import register_decoding, unregister
+    from mmspec.core.settings import runtime
+    from mmspec.text.methods import TextDecoding, method_names
+
+    @dataclass(frozen=True)
+    class HeadedLookup(TextDecoding):
+        """A test decoding that needs an EAGLE head."""
+
+        name: ClassVar[str] = "headed_lookup"
+        kind: ClassVar[str] = "eagle"
+        head: object = runtime()
+
+    register_decoding(HeadedLookup)
+    try:
+        assert method_names()[-2:] == ("headed_lookup", "ar")
+        assert "headed_lookup" in pipe.methods
+        headless = type(pipe)(pipe.target, pipe.tokenizer, draft=pipe.draft)
+        assert "headed_lookup" not in headless.methods and "heads" not in headless.methods
+        choices = next(a for a in build_parser()._subparsers._group_actions[0].choices["text"]._actions
+                       if a.dest == "method").choices
+        assert "headed_lookup" in choices
+    finally:
+        unregister(HeadedLookup)
+    assert "headed_lookup" not in method_names()
