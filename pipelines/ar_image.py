@@ -11,7 +11,6 @@ checkpoints, `from_checkpoint_dir`. Every family is called the same way and retu
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from contextlib import closing
@@ -60,13 +59,6 @@ class ARImagePipeline(MMSpecPipeline):
     def draft_adapter(self):
         """The adapter of the pipeline's draft model for `decoding="draft"`, or None."""
         return None
-
-    def with_drafter(self, decoding: DecodingComponent) -> DecodingComponent:
-        """`decoding` with the pipeline's draft adapter in its runtime `drafter` field, or its draft head in its
-        `head` field (`with_head`), where it has one unset."""
-        if "drafter" in {f.name for f in dataclasses.fields(decoding)} and decoding.drafter is None:
-            return dataclasses.replace(decoding, drafter=self.draft_adapter())
-        return self.with_head(decoding)
 
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
         """`pipe.decoding` is `"auto"` (the default; see `decoding_policy`) or a component (`SJD(window=16)`,
@@ -283,7 +275,7 @@ class ARImagePipeline(MMSpecPipeline):
             choice = self.decoding_policy.choose(adapter, condition, batch_size, sampling,
                                                  getattr(self, "eagle_head", None))
             decoding = choice.decoding
-        decoder = self.with_drafter(decoding)
+        decoder = self.supplied(decoding)
 
         # 3. Decode image tokens
         stats, tokens = SpecStats(chosen_by=choice and choice.reason,

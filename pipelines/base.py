@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from diffusers.utils import is_accelerate_available
 from mmspec.core.component import DecodingComponent, StepHook, component_from, rule_settings, setting_keywords
 from mmspec.core.devices import check_available
 from mmspec.core.registry import decodings
+from mmspec.core.settings import Settings, runtime_fields
 from mmspec.zoo import resolve_model
 
 PUBLIC_LIBRARY = "mmspec"  # every component class of mmspec.models is exported from the mmspec facade
@@ -117,20 +119,27 @@ class MMSpecPipeline(DiffusionPipeline):
     def graph_stores(self, on: bool) -> None:
         """Make (on) or drop the pipeline's captured graphs; a pipeline without any has nothing to do."""
 
-    def with_head(self, decoding: DecodingComponent) -> DecodingComponent:
-        """`decoding` with the pipeline's heads in its runtime fields it left unset: its draft head of its `kind`
-        (`eagle_head`, `hydra_head`) in `head` (`DraftHeads`, `TextDraftHeads`), its `acceptance_head` and
-        `kangaroo_adapter` in the fields of those names (`TextSpeculation`'s learned draft length, its Kangaroo
-        drafter), and its `judge_head` in a judge rule's `head` (`acceptance="judge"`)."""
-        if getattr(decoding, "head", "absent") is None:
-            decoding = dataclasses.replace(decoding, head=getattr(self, f"{decoding.kind}_head", None))
-        for component in ("acceptance_head", "kangaroo_adapter"):
-            if getattr(decoding, component, "absent") is None:
-                decoding = dataclasses.replace(decoding, **{component: getattr(self, component, None)})
-        rule = getattr(decoding, "acceptance", None)
-        if getattr(rule, "head", "absent") is None and getattr(self, "judge_head", None) is not None:
-            decoding = dataclasses.replace(decoding, acceptance=dataclasses.replace(rule, head=self.judge_head))
-        return decoding
+    def supplied(self, component: Settings) -> Settings:
+        """`component` (a decoding, or a rule) with what this pipeline supplies in the runtime fields it left unset,
+        and so for the rule it holds: each field names the pipeline attribute that supplies it
+        (`runtime(supplied_by=...)`: a draft head by the component's `kind`, the `acceptance_head`, the
+        `kangaroo_adapter`, a judge rule's `judge_head`, an image draft model's adapter, whose method is called).
+        What the pipeline lacks stays unset (`component.unsupplied()` names it)."""
+        given = {}
+        for name, supply in runtime_fields(component).items():
+            source = supply.source(component)
+            if getattr(component, name) is None and source is not None:
+                value = getattr(self, source, None)
+                value = value() if inspect.ismethod(value) else value
+                if value is not None:
+                    given[name] = value
+        for field in dataclasses.fields(component):
+            held = getattr(component, field.name)
+            if isinstance(held, Settings) and field.name not in given:
+                inner = self.supplied(held)
+                if inner is not held:
+                    given[field.name] = inner
+        return dataclasses.replace(component, **given) if given else component
 
     @property
     def decoding(self) -> DecodingComponent | str:

@@ -150,7 +150,7 @@ class ImageTab:
         self.num_tokens = pipe.num_timesteps
         # the decodings this pipeline can run: it supplies their runtime parts (a draft model, a draft head)
         available = [name for name, cls in decodings("image").items() if name != "ar"
-                     and not pipe.with_drafter(cls()).unsupplied()]
+                     and not pipe.supplied(cls()).unsupplied()]
         self.methods = [("auto: the fastest exact decoding here", "auto")] + [
             (f"{decodings('image')[name].__name__} ({name})", name) for name in available]
         self.controls = setting_controls()

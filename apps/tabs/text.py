@@ -71,7 +71,7 @@ class TextTab:
         self.controls = self.text_controls()
         # the registered rules whose runtime parts (a judge rule's head) this pipeline supplies
         self.rules = [name for name, rule in rules("text").items()
-                      if not pipe.with_head(TextSpeculation(acceptance=rule())).acceptance.unsupplied()]
+                      if not pipe.supplied(rule()).unsupplied()]
 
     @staticmethod
     def text_controls() -> list[Control]:

@@ -8,8 +8,13 @@ command's flags and the demo's controls, and checks the pipelines' shorthand key
         init: str = setting("horizontal", "how positions no window has reached are drafted", choices=INITS)
 
 A field made with `runtime()` is not a setting: the pipeline supplies it when it runs (a draft model's adapter), and it
-is neither saved nor a flag. This module imports nothing but the standard library, so the CLI answers `--help` and
-refuses bad arguments before torch loads.
+is neither saved nor a flag; it names the pipeline attribute that supplies it, so one generic step fills it
+(`MMSpecPipeline.supplied`) and a new learned part costs one line:
+
+    head: Any = runtime(supplied_by="{kind}_head")   # the pipeline's eagle_head or hydra_head, by the field `kind`
+
+This module imports nothing but the standard library, so the CLI answers `--help` and refuses bad arguments before
+torch loads.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 SETTING = "mmspec.setting"  # the dataclasses metadata key of a field's `Spec`
-RUNTIME = "mmspec.runtime"  # ... of a field that is supplied when run, never saved
+RUNTIME = "mmspec.runtime"  # ... of a field that is supplied when run, never saved: its `Supply`
 KINDS = {int: "an int", float: "a number", bool: "a bool", str: "a str", tuple: "a sequence of numbers"}
 
 
@@ -103,9 +108,44 @@ def setting(default: Any, help: str, *, kind: type | None = None, low: float | N
     return dataclasses.field(default=default, metadata={SETTING: spec})
 
 
-def runtime(default: Any = None) -> Any:
-    """A dataclass field the caller supplies when running (not a setting: not saved, not a flag, not compared)."""
-    return dataclasses.field(default=default, repr=False, compare=False, metadata={RUNTIME: True})
+@dataclass(frozen=True)
+class Supply:
+    """Where a runtime field comes from. by: the pipeline attribute that supplies it, formatted with the object's
+    fields ("{kind}_head"); a method there is called for it. only: the field is read only under these values of
+    other fields (as a setting's `Spec.only`); unset elsewhere, nothing is missing."""
+
+    by: str | None = None
+    only: dict[str, tuple] | None = None
+
+    def source(self, owner: Any) -> str | None:
+        """The attribute name for `owner`, the object the field belongs to (`{kind}`: its `kind`)."""
+        return None if self.by is None else self.by.format_map(_Attributes(owner))
+
+    def read_by(self, owner: Any) -> bool:
+        return self.only is None or all(getattr(owner, k) in v for k, v in self.only.items())
+
+
+class _Attributes(dict):
+    """An object's attributes as a mapping, for `str.format_map`."""
+
+    def __init__(self, owner: Any):
+        super().__init__()
+        self.owner = owner
+
+    def __missing__(self, key: str) -> Any:
+        return getattr(self.owner, key)
+
+
+def runtime(default: Any = None, supplied_by: str | None = None, only: dict[str, tuple] | None = None) -> Any:
+    """A dataclass field the caller supplies when running (not a setting: not saved, not a flag, not compared);
+    `supplied_by`, `only`: see `Supply`."""
+    return dataclasses.field(default=default, repr=False, compare=False,
+                             metadata={RUNTIME: Supply(supplied_by, only)})
+
+
+def runtime_fields(obj: Any) -> dict[str, Supply]:
+    """The runtime fields of a dataclass object (or class) and where each comes from, in field order."""
+    return {f.name: f.metadata[RUNTIME] for f in dataclasses.fields(obj) if RUNTIME in f.metadata}
 
 
 def specs(cls: type) -> dict[str, Spec]:
@@ -143,11 +183,18 @@ class Settings:
     @classmethod
     def settings(cls) -> list[str]:
         """The names of the saved fields, in order: the settings and any other field that is not `runtime()`."""
-        return [f.name for f in dataclasses.fields(cls) if not f.metadata.get(RUNTIME)]
+        return [f.name for f in dataclasses.fields(cls) if RUNTIME not in f.metadata]
 
     def unsupplied(self) -> list[str]:
-        """The names of the `runtime()` fields still unset (what a caller has to supply before it runs)."""
-        return [f.name for f in dataclasses.fields(self) if f.metadata.get(RUNTIME) and getattr(self, f.name) is None]
+        """The names of the `runtime()` fields this object reads that are still unset (what a caller has to supply
+        before it runs), its rule's among them (`acceptance.head`)."""
+        missing = [name for name, supply in runtime_fields(self).items()
+                   if getattr(self, name) is None and supply.read_by(self)]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Settings):
+                missing += [f"{f.name}.{name}" for name in value.unsupplied()]
+        return missing
 
     def reads(self, field: str) -> bool:
         """Whether this object reads setting `field` as it is set up (a setting `only` read under some values of

@@ -122,8 +122,8 @@ class TextSpeculation(TextDecoding):
         "of tree_nodes nodes built for them", kind=tuple, only={"drafter": ("tree",)})
     tree_nodes: int = setting(30, "nodes of the tree built for tree_rates", low=1, only={"drafter": ("tree",)})
     acceptance: AcceptanceRule = Exact()
-    acceptance_head: Any = runtime()
-    kangaroo_adapter: Any = runtime()
+    acceptance_head: Any = runtime(supplied_by="acceptance_head", only={"schedule": (LEARNED,)})
+    kangaroo_adapter: Any = runtime(supplied_by="kangaroo_adapter", only={"drafter": ("kangaroo", "s2d")})
 
     def check(self) -> None:
         if self.schedule == LEARNED and self.drafter != "model":
@@ -295,7 +295,7 @@ class TextDraftHeads(TextDecoding):
                                            "writes most (its config's token_ranking) and the special tokens "
                                            "(default: all)", kind=int, low=1)
     acceptance: AcceptanceRule = Exact()
-    head: Any = runtime()
+    head: Any = runtime(supplied_by="{kind}_head")
 
     def check(self) -> None:
         if self.tree_size and not self.acceptance.lossless:

@@ -207,14 +207,17 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         unavailable = set(WITH_DRAFT_MODEL) if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
-        if self.kangaroo_adapter is None:
-            unavailable.add("kangaroo")
-        if self.kangaroo_adapter is None or len(self.kangaroo_adapter.exits) < 2:
+        if self.kangaroo_adapter is not None and len(self.kangaroo_adapter.exits) < 2:
             unavailable.add("s2d")
-        # a registered decoding of its own whose runtime parts (a draft head) this pipeline cannot supply
-        unavailable |= {name for name in method_names() if name not in DRAFTERS
-                        and self.with_head(decodings("text")[name]()).unsupplied()}
+        # and whatever needs a runtime part this pipeline cannot supply (an exit adapter, a draft head)
+        unavailable |= {name for name in method_names() if self.supplied(self.component_named(name)).unsupplied()}
         return tuple(m for m in method_names() if m not in unavailable)
+
+    @staticmethod
+    def component_named(name: str) -> DecodingComponent:
+        """The component a method name stands for, at its defaults: a drafter's `TextSpeculation`, or the
+        registered decoding of that name."""
+        return TextSpeculation(drafter=name) if name in DRAFTERS else decodings("text")[name]()
 
     @property
     def decoding_policy(self) -> TextDecodingPolicy:
@@ -365,7 +368,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             online.before_request()
         with self.progress_bar(total=max_new_tokens) as progress:
             on_step = self.step_hook(callback_on_step_end, names, progress)
-            sequences, stats = self.with_head(decoding).run(
+            sequences, stats = self.supplied(decoding).run(
                 self.target, self.draft, ids, mask, on_step=on_step, eos_token_id=eos, pad_token_id=pad,
                 generator=generator, graphs=self.step_graphs, block=None if callback_on_step_end is None else 1,
                 **sampling)

@@ -312,7 +312,7 @@ def test_the_embedded_pipeline_runs_kangaroo_s2d_and_judge_decoding(pipe):
 
 def test_a_registered_text_decoding_is_listed_where_its_parts_are_supplied(pipe):
     """A text decoding registered from outside is a method name of every text pipeline that can supply its runtime
-    parts (here a draft head of the EAGLE kind, what `with_head` fills), and a `mmspec text --method` choice; a
+    parts (here a draft head of the EAGLE kind, what `supplied` fills), and a `mmspec text --method` choice; a
     pipeline without the part does not list it."""
     from dataclasses import dataclass
     from typing import ClassVar
@@ -328,7 +328,7 @@ def test_a_registered_text_decoding_is_listed_where_its_parts_are_supplied(pipe)
 
         name: ClassVar[str] = "headed_lookup"
         kind: ClassVar[str] = "eagle"
-        head: object = runtime()
+        head: object = runtime(supplied_by="{kind}_head")
 
     register_decoding(HeadedLookup)
     try:
@@ -342,3 +342,22 @@ def test_a_registered_text_decoding_is_listed_where_its_parts_are_supplied(pipe)
     finally:
         unregister(HeadedLookup)
     assert "headed_lookup" not in method_names()
+
+
+def test_one_supply_step_fills_the_parts_each_component_declares(pipe):
+    """Each runtime field names the pipeline part that supplies it: the head of the component's kind, the exit
+    adapter, the acceptance head, a judge rule's head; a part the component does not read is not missing, one the
+    pipeline lacks is (`unsupplied`)."""
+    from mmspec.core.rules.judge import Judge
+
+    kangaroo = pipe.supplied(TextSpeculation(drafter="kangaroo"))
+    assert kangaroo.kangaroo_adapter is pipe.kangaroo_adapter and kangaroo.unsupplied() == []
+    learned = pipe.supplied(TextSpeculation(drafter="model", schedule="learned"))
+    assert learned.acceptance_head is pipe.acceptance_head
+    assert pipe.supplied(TextDraftHeads(kind="hydra")).head is pipe.hydra_head
+    assert pipe.supplied(TextSpeculation(acceptance=Judge())).acceptance.head is pipe.judge_head
+    bare = type(pipe)(pipe.target, pipe.tokenizer, draft=pipe.draft)
+    assert bare.supplied(TextSpeculation(drafter="ngram")).unsupplied() == []  # reads no adapter: nothing missing
+    assert bare.supplied(TextSpeculation(drafter="kangaroo")).unsupplied() == ["kangaroo_adapter"]
+    assert bare.supplied(TextSpeculation(acceptance=Judge())).unsupplied() == ["acceptance.head"]
+    assert {"kangaroo", "s2d", "heads"}.isdisjoint(bare.methods) and "model" in bare.methods

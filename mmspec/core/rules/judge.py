@@ -33,7 +33,7 @@ class Judge(AcceptanceRule):
     threshold: float | None = setting(None, "keep a draft the exact rule rejects where the judge scores it above "
                                       "this (default: the judge head's own, chosen in training)", kind=float, low=0,
                                       high=1, low_open=True, high_open=True)
-    head: Any = runtime()
+    head: Any = runtime(supplied_by="judge_head")
 
     def bind(self, model: Any, vocab_size: int) -> JudgeTest:
         if self.head is None:

@@ -29,7 +29,7 @@ class DraftModel(DraftedTree, ImageDecoding):
                               "one target forward (exact; 1 = a chain)", low=1)
     tree_size: int = setting(0, TREE_SIZE_HELP, low=0)
     tree_rates: tuple[float, ...] | None = setting(None, TREE_RATES_HELP, kind=tuple)
-    drafter: Any = runtime()
+    drafter: Any = runtime(supplied_by="draft_adapter")
 
     def check_model(self, model) -> None:
         """The target and the drafter: the drafter shares the target's image tokens; trees need both to have them."""

@@ -35,7 +35,7 @@ class DraftHeads(DraftedTree, ImageDecoding):
                               "target forward (exact; 1 = a chain)", low=1)
     tree_size: int = setting(0, TREE_SIZE_HELP, low=0)
     tree_rates: tuple[float, ...] | None = setting(None, TREE_RATES_HELP, kind=tuple)
-    head: Any = runtime()
+    head: Any = runtime(supplied_by="{kind}_head")
 
     @property
     def capabilities(self) -> frozenset[str]:
