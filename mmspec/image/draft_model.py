@@ -3,9 +3,9 @@ algorithm every modality shares (`mmspec.core.drafting`).
 
 A small AR model over the same image tokens (the drafter, another `DiscreteImageModel` adapter) drafts a chain of
 `draft_length` tokens per row, sampling from its own processed law q (the same CFG / temperature / top-k / top-p as
-the target); the target scores the chain in one forward and the core's chain verifier decides (Leviathan et al. 2023):
-`verify_exact` (lossless) or `verify_lantern` (LANTERN relaxed acceptance, lossy; the setting the LANTERN papers
-use, there with an EAGLE drafter).
+the target); the target scores the chain in one forward and the core's chain verifier decides (Leviathan et al. 2023) with the
+decoding's rule: exact (lossless) or LANTERN's relaxed acceptance (lossy; the setting the LANTERN papers use, there
+with an EAGLE drafter).
 
 One round for a row with c committed tokens and G = draft_length:
     drafter  feeds the committed tokens it has not cached ([x_{c-1}] in the first round, then [x_{c-2}, x_{c-1}]),

@@ -1,6 +1,6 @@
 """LANTERN relaxed acceptance: neighbourhood invariants, per-candidate TV, the exact lossless
-limit, the exact end-to-end output law (float64 enumeration) with its TV identity and bound, monotonicity, the greedy
-rule, the sampler against the enumerated law, and the official over-zeroing residual as a mutation companion."""
+limit, the exact end-to-end output law (float64 enumeration) with its TV identity and bound, monotonicity, the
+sampler against the enumerated law, and the official over-zeroing residual as a mutation companion."""
 
 import itertools
 
@@ -10,14 +10,8 @@ import torch
 from mmspec.core.drafts import Draft
 from mmspec.core.rules import lantern
 from mmspec.core.rules.exact import accept_probability, residual_law
-from mmspec.core.rules.lantern import (
-    Relaxation,
-    relaxed_mass,
-    relaxed_residual,
-    verify_lantern,
-    verify_lantern_greedy,
-)
-from mmspec.core.verify import verify_exact
+from mmspec.core.rules.lantern import Relaxation, relaxed_mass, relaxed_residual
+from mmspec.core.verify import verify_chain, verify_exact
 from tests.law import chi_square_p_value
 
 V = 24
@@ -66,7 +60,7 @@ def law_pairs(n=40, seed=0):
 
 def output_law(p, q, rule: Relaxation | None):
     """Exact law of the token emitted at a draft position: sum_x q(x) [f(x) delta_x + (1 - f(x)) residual], built
-    from the functions `verify_lantern` uses. Returns (pi, alpha)."""
+    from the functions LANTERN's verification uses. Returns (pi, alpha)."""
     tokens = torch.arange(V)
     p_A = p[tokens] if rule is None else relaxed_mass(p, tokens, rule)[0]
     f = accept_probability(p_A, q)
@@ -137,7 +131,7 @@ def test_lossless_limits_are_the_exact_rule(limit):
     tokens = torch.multinomial(q.flatten(0, 1), 1, generator=g).view(64, 4)
     draft = Draft(tokens, torch.randint(0, 5, (64,), generator=g), q)
     exact = verify_exact(p, draft, torch.Generator().manual_seed(9))
-    relaxed = verify_lantern(p, draft, torch.Generator().manual_seed(9), rule)
+    relaxed = verify_chain(p, draft, torch.Generator().manual_seed(9), rule)
     assert torch.equal(exact.n_accepted, relaxed.n_accepted) and torch.equal(exact.next_token, relaxed.next_token)
     assert torch.equal(relaxed.excess_acceptance, torch.zeros(64))
 
@@ -199,32 +193,13 @@ def test_acceptance_is_monotone_in_delta_lam_and_k(parameter, values):
         assert all(b >= a - 1e-15 for a, b in itertools.pairwise(alphas)), alphas
 
 
-def test_greedy_rule_accepts_exactly_when_the_relaxed_mass_beats_every_rival():
-    g = torch.Generator().manual_seed(6)
-    p = torch.softmax(3 * torch.randn(256, 4, V, generator=g, dtype=torch.float64), -1)
-    tokens = torch.where(torch.rand(256, 3, generator=g) < 0.5, p[:, :3].argsort(-1)[..., -2], p[:, :3].argmax(-1))
-    draft = Draft(tokens, torch.full((256,), 3), None)
-    rule = relaxation(4, delta=0.3)
-    result = verify_lantern_greedy(p, draft, rule)
-    for b, j in itertools.product(range(256), range(3)):  # looped reference
-        x = int(tokens[b, j])
-        size = int(relaxed_mass(p[b, j], tokens[b, j, None], rule)[1])
-        p_A = p[b, j, x] + sum(p[b, j, y] for y in NEIGHBOURS[x, :size])
-        rival = max(p[b, j, y] for y in range(V) if y != x)
-        assert bool(result.accept_mask[b, j]) == bool(p_A >= rival)
-    n = result.n_accepted
-    assert torch.equal(result.next_token, p.argmax(-1).gather(1, n[:, None]).squeeze(1))
-    exact = verify_lantern_greedy(p, draft, relaxation(0, delta=0.3))
-    assert torch.equal(exact.accept_mask, tokens == p[:, :3].argmax(-1))
-    assert (result.accept_mask >= exact.accept_mask).all() and (result.accept_mask > exact.accept_mask).any()
-
-
 def sampled_first_tokens(p, q, rule, n_rows, seed):
-    """Monte Carlo: the token verify_lantern emits at the first draft position of n_rows one-token chains."""
+    """Monte Carlo: the token a chain verified with LANTERN emits at the first draft position of n_rows one-token
+    chains."""
     g = torch.Generator().manual_seed(seed)
     draft_tokens = torch.multinomial(q, n_rows, replacement=True, generator=g)[:, None]
     draft = Draft(draft_tokens, torch.ones(n_rows, dtype=torch.long), q.float().expand(n_rows, 1, V))
-    result = verify_lantern(p.float().expand(n_rows, 2, V), draft, g, rule)
+    result = verify_chain(p.float().expand(n_rows, 2, V), draft, g, rule)
     return torch.where(result.n_accepted == 1, draft_tokens[:, 0], result.next_token), result
 
 
@@ -268,9 +243,6 @@ def test_k_beyond_the_table_and_bad_tables_raise():
         Relaxation(NEIGHBOURS[:, :5], k=6, delta=0.1)
     with pytest.raises(TypeError, match="integer tensor"):
         Relaxation(NEIGHBOURS.double(), k=2, delta=0.1)
-    with pytest.raises(TypeError, match="relaxation must be a Relaxation"):
-        draft = Draft(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, dtype=torch.long))
-        verify_lantern(torch.full((1, 2, V), 1 / V), draft, None, None)
 
 
 def test_non_image_tokens_are_never_relaxed():

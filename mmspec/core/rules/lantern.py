@@ -29,10 +29,6 @@ from mmspec.core.settings import setting
 if TYPE_CHECKING:
     import torch
 
-    from mmspec.core.drafts import Draft
-    from mmspec.core.rng import Generators
-    from mmspec.core.verify import VerifyResult
-
 DEFAULT_DELTA = 0.1  # the official CLI's --lantern_delta, used when neither delta nor lam is given
 DEFAULT_K_MAX = 1000  # the official CLI's --lantern_k: k defaults to min(it, V - 1)
 
@@ -78,7 +74,7 @@ class Lantern(AcceptanceRule):
         if temperature == 0:
             raise ValueError(
                 f"{type(self).__name__} acceptance samples: with temperature=0 the target law is one-hot and has no "
-                "neighbour mass (greedy LANTERN is verify_lantern_greedy on temperature-1 laws)")
+                "neighbour mass; use a temperature > 0")
 
     def bind(self, model, vocab_size: int) -> Relaxation:
         """The model's neighbour table at k = `self.k` (default min(1000, V - 1)) with this budget."""
@@ -164,30 +160,3 @@ def relaxed_residual(p: torch.Tensor, q: torch.Tensor, relaxation: Relaxation) -
     q f = q, and where q > p, q f >= p and the term is 0. No [B, V, k] neighbour masses are needed.
     """
     return residual_law(p, q)
-
-
-def verify_lantern(p: torch.Tensor, draft: Draft, generator: Generators, relaxation: Relaxation) -> VerifyResult:
-    """LANTERN relaxed acceptance over a chain with the G* residual; p: [B, L + 1, V] as in `verify_exact`.
-    Image-token drafts only relax onto their neighbours (`relaxation.neighbours`); other tokens are tested exactly."""
-    from mmspec.core.verify import verify_chain
-
-    if not isinstance(relaxation, Relaxation):
-        raise TypeError(f"relaxation must be a Relaxation, got {type(relaxation).__name__}")
-    return verify_chain(p, draft, generator, relaxation)
-
-
-def verify_lantern_greedy(p: torch.Tensor, draft: Draft, relaxation: Relaxation) -> VerifyResult:
-    """Greedy LANTERN: accept x iff p(A(x)) >= max_{y != x} p(y), i.e. x is the argmax once A(x)'s mass is moved onto
-    it; the next token is argmax p. p: [B, L + 1, V] laws at temperature 1 (after CFG / top-k / top-p), which give the
-    neighbour masses; greedy decoding picks their argmax. k = 0, delta = 0 or lam = 1 is greedy decoding."""
-    from mmspec.core.verify import VerifyResult, check_chain, excess_acceptance, first_rejection, in_draft
-
-    B, L, V = check_chain(p, draft)
-    p_A = relaxed_mass(p[:, :L], draft.tokens[..., None], relaxation)[0].squeeze(-1)
-    rival = p[:, :L].scatter(-1, draft.tokens[..., None], -1).amax(-1)  # the best other token
-    target_tokens = p.argmax(-1)  # [B, L + 1]
-    accept = (p_A >= rival) & in_draft(draft)
-    n = first_rejection(accept)
-    exact = (draft.tokens == target_tokens[:, :L]).to(p.dtype)
-    return VerifyResult(n_accepted=n, next_token=target_tokens.gather(1, n[:, None]).squeeze(1), accept_mask=accept,
-                        excess_acceptance=excess_acceptance(accept.to(p.dtype), exact, n, draft.lengths))
