@@ -51,6 +51,7 @@ import torch
 from transformers import DynamicCache
 
 from mmspec.adapters.causal_lm import cache_keyword
+from mmspec.adapters.views import early_exit_view
 from mmspec.core.capture import StepGraphs
 from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.core.measured import median_seconds, synchronize
@@ -72,7 +73,6 @@ from mmspec.text.drafters import (
     ModelDrafter,
     NGramDrafter,
     NoDrafter,
-    early_exit_view,
 )
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
 from mmspec.text.methods import attached, draft_vocabulary

@@ -3,7 +3,7 @@ attention block between two norms, then the target's own LM head, make a self-sp
 
 The adapter owns only the attention block and its two RMS norms (Kangaroo's 67 M parameters on Vicuna-7B; about
 0.15 M on the embedded 192-wide target); the shallow layers and the head are the target's, shared and frozen
-(`mmspec.text.drafters.kangaroo_view`). It is trained to give at its exit the target's final law at the same position
+(`mmspec.adapters.views.kangaroo_view`). It is trained to give at its exit the target's final law at the same position
 (`python -m mmspec.zoo.train_kangaroo`). Drafting through the view is an ordinary draft model with a cache of its own
 (`mmspec.text.drafters.KangarooDrafter`), so the draft's law is recorded as it is drawn and verification is exact;
 Kangaroo's double early exit stops a row's chain where the exit's top-1 confidence falls below a threshold
@@ -23,7 +23,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
-from mmspec.text.drafters import check_exit_layer
+from mmspec.adapters.views import check_exit_layer
 
 
 class NoFeedForward(nn.Module):

@@ -11,17 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from mmspec.adapters.views import module_view, trimmed_readout
 from mmspec.core.head_drafting import FeatureTap, HeadProposer, check_draft_depth
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
-from mmspec.text.drafters import (
-    ChainDrafter,
-    draft_lookup,
-    looked_up_tail,
-    module_view,
-    text_law,
-    trimmed_readout,
-)
+from mmspec.text.drafters import ChainDrafter, draft_lookup, looked_up_tail, text_law
 from mmspec.text.kinds import check_lookup_after
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import DYNAMIC_TREE, LookupAfter, TreeDrafter

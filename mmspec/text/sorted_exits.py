@@ -24,11 +24,12 @@ import torch
 
 from mmspec.adapters.causal_lm import Prompt, cache_keyword
 from mmspec.adapters.static_cache import SlotCache, additive_mask
+from mmspec.adapters.views import block_at, check_adapter
 from mmspec.core.drafting import stop_after
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import process_logits
 from mmspec.core.rng import inverse_cdf, uniform
-from mmspec.text.drafters import ChainDrafter, block_at, check_adapter, confidence_stop
+from mmspec.text.drafters import ChainDrafter, confidence_stop
 
 
 @dataclass

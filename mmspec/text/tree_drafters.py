@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from mmspec.adapters.views import early_exit_view
 from mmspec.core.drafting import Round, tree_round
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
@@ -27,7 +28,7 @@ from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import RULE_NAMES
 from mmspec.core.trees import DraftTree
-from mmspec.text.drafters import Drafter, WithDraftModel, early_exit_view, text_law, tree_lookup
+from mmspec.text.drafters import Drafter, WithDraftModel, text_law, tree_lookup
 from mmspec.text.kinds import check_max_ngram, check_tree_lookup
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats

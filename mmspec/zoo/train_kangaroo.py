@@ -10,7 +10,7 @@ draft for it (`TextSpeculation(drafter="kangaroo")`).
 2. Training: the frozen target re-reads a batch of samples (teacher forcing), which gives its law p at every
    position and its hidden state after every layer. The adapter reads the state at its exit (at each exit of
    `--exit-layers`: S2D's sorted fine-tuning, the losses of every exit averaged) and gives a law through the
-   target's LM head (the draft `mmspec.text.drafters.kangaroo_view` runs: the target's first layers, the adapter,
+   target's LM head (the draft `mmspec.adapters.views.kangaroo_view` runs: the target's first layers, the adapter,
    the head); only the adapter learns, on soft cross-entropy to p plus `--tv-weight` x the total variation to p
    (1 - alpha, the acceptance itself). The adapter starts from the attention of the target's layer after
    `--exit-layer` and its final norm (`KangarooAdapter.for_target`).
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from mmspec.adapters.views import early_exit_view, kangaroo_view
 from mmspec.models.kangaroo import KangarooAdapter
-from mmspec.text.drafters import early_exit_view, kangaroo_view
 from mmspec.text.sorted_exits import NestedExits
 from mmspec.zoo import ZOO_DIR, load_causal_lm
 from mmspec.zoo.train_acceptance import add_sample_arguments, check_sample_arguments, target_samples, work_folder

@@ -2,8 +2,9 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+from mmspec.adapters.views import early_exit_view
 from mmspec.core.probs import SamplingConfig
-from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter, early_exit_view
+from mmspec.text.drafters import DraftLengthSchedule, LayerSkipDrafter, ModelDrafter, NGramDrafter
 from mmspec.text.rows import TextRows
 from tests.conftest import tiny_llama
 

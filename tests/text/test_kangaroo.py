@@ -6,9 +6,10 @@ the target's greedy output. Its law test, with the double early exit, is beside 
 import pytest
 import torch
 
+from mmspec.adapters.views import kangaroo_view
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.text import TextSpeculation, speculative_generate
-from mmspec.text.drafters import KangarooDrafter, kangaroo_view
+from mmspec.text.drafters import KangarooDrafter
 from tests.conftest import tiny_llama
 from tests.text.test_generate import prompts
 from tests.text.test_generate_law import V

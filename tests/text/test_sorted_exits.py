@@ -8,12 +8,12 @@ does."""
 import pytest
 import torch
 
+from mmspec.adapters.views import kangaroo_view
 from mmspec.core import drafting
 from mmspec.core.probs import SamplingConfig
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.text import TextSpeculation, speculative_generate
 from mmspec.text import sorted_exits as sorted_exits_module
-from mmspec.text.drafters import kangaroo_view
 from mmspec.text.rows import TextRows
 from mmspec.text.sorted_exits import NestedExits, SortedExitDrafter
 from tests.conftest import tiny_llama

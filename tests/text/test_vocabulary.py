@@ -6,11 +6,12 @@ draws over S but reads its index as a token id (the "first |S| ids" map) is reje
 import pytest
 import torch
 
+from mmspec.adapters.views import trimmed_view
 from mmspec.core import vocabulary
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.vocabulary import frequent_vocabulary
 from mmspec.text import speculative_generate
-from mmspec.text.drafters import ModelDrafter, trimmed_view
+from mmspec.text.drafters import ModelDrafter
 from mmspec.text.head_drafters import HeadDrafter
 from mmspec.text.methods import TextDraftHeads, TextSpeculation, draft_vocabulary
 from tests.text.table_lm import TableLM, random_table
