@@ -62,10 +62,13 @@ class WarmUp:
             self.done.set()
 
     def status(self) -> str:
-        if not self.done.is_set():
-            kind, name, _ = self.calls[self.finished]
-            return (f"⏳ Warming up: {self.finished} of {len(self.calls)} calls done (now: the {kind} tab's {name}). "
+        finished = self.finished  # read once: the warm-up thread moves it on
+        if not self.done.is_set() and finished < len(self.calls):
+            kind, name, _ = self.calls[finished]
+            return (f"⏳ Warming up: {finished} of {len(self.calls)} calls done (now: the {kind} tab's {name}). "
                     "Requests are answered meanwhile, between its calls; `auto` runs AR until it has been timed.")
+        if not self.done.is_set():
+            return "⏳ Warming up: finishing."
         return "" if self.error is None else f"Warm-up failed ({self.error}); the first requests run cold."
 
 
