@@ -486,11 +486,22 @@ class DecodingPolicy:
         widest = max(curve)
         with self.measuring(f"checking the cached cost curve for batch {batch_size}", 1 + PROBE_REPEATS) as tick:
             probe = measure_cost_curve(model, condition, sampling, (1, widest), PROBE_REPEATS, tick, self.clock)
-        expected, found = curve[widest] / curve[1], probe[widest] / probe[1]
-        if abs(math.log(found / expected)) <= math.log(1 + PROBE_TOLERANCE):
+        return disagreement(f"window {widest}", curve[widest] / curve[1], probe[widest] / probe[1], "forwards")
+
+    def replay_doubt(self, saved: dict[str, float], model: DiscreteImageModel, condition, batch_size: int,
+                     sampling: SamplingConfig, candidates) -> str | None:
+        """Why cached replayed iterations are not to be used, or None: a probe now (AR's replayed step and the
+        widest candidate's, `PROBE_REPEATS` rounds) finds the widest one's cost in AR steps off the cached figures'
+        by more than `PROBE_TOLERANCE`."""
+        if not self.check_cached:
             return None
-        return (f"disagrees with a probe now (window {widest} costs {found:.2f} AR forwards, the curve says "
-                f"{expected:.2f})")
+        widest = max(candidates, key=lambda c: candidate_decoding(c).forward_width)
+        name = candidate_name(widest)
+        with self.measuring(f"checking the cached replayed steps for batch {batch_size}", 2) as tick:
+            probe = measure_replayed_iterations(model, condition, sampling, (1, widest), repeats=PROBE_REPEATS,
+                                                tick=tick, clock=self.clock)
+        return disagreement(describe(candidate_decoding(widest)), saved[name] / saved["1"], probe[name] / probe["1"],
+                            "steps")
 
     def overheads(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
                   candidates) -> dict[str, float]:
@@ -517,7 +528,10 @@ class DecodingPolicy:
         wanted = {"prefill", *(candidate_name(c) for c in candidates)}
         saved = self.saved(model_print, device_print, key)
         if saved is not None and set(saved) >= wanted:
-            return saved, False
+            doubt = self.replay_doubt(saved, model, condition, batch_size, sampling, candidates)
+            if doubt is None:
+                return saved, False
+            logger.warning("the cached replayed iterations for %s %s: measuring them again", key, doubt)
         with self.measuring(f"timing the replayed steps of {len(candidates)} decodings for batch {batch_size}",
                             len(candidates)) as tick:
             seconds = measure_replayed_iterations(model, condition, sampling, candidates, tick=tick,
@@ -643,6 +657,14 @@ class DecodingPolicy:
             note += f": the cost curve for batch {batch_size} is measured again on the next call"
         logger.warning("auto: %s", note)
         return note
+
+
+def disagreement(what: str, expected: float, found: float, unit: str) -> str | None:
+    """None where a probe's cost ratio to AR (`found`) is within `PROBE_TOLERANCE` of the cached one (`expected`),
+    else why the cache is off."""
+    if abs(math.log(found / expected)) <= math.log(1 + PROBE_TOLERANCE):
+        return None
+    return f"disagrees with a probe now ({what} costs {found:.2f} AR {unit}, the cache says {expected:.2f})"
 
 
 def describe(decoding: ImageDecoding) -> str:

@@ -107,6 +107,29 @@ def test_with_captured_steps_the_policy_times_replayed_iterations(tmp_path, pipe
     assert torch.equal(decoded(adapter), decoded(LlamaGenAdapter(pipe.transformer, pipe.vqvae)))
 
 
+def test_cached_replayed_iterations_a_probe_disagrees_with_are_measured_again(tmp_path, pipe, caplog):
+    """Replayed iterations cached with window 4 at 10 AR steps (no machine's: a busy one's, or another's) are probed
+    before use (AR's replayed step and the widest candidate's), found off and measured again. Companion: a policy
+    that trusts its cache reads them as they are."""
+    import logging
+
+    from mmspec.models.llamagen.graphs import WindowGraphs
+
+    adapter = LlamaGenAdapter(pipe.transformer, pipe.vqvae, WindowGraphs(pipe.transformer, capture=False))
+    condition = pipe.encode_prompt(["a red circle"])
+    cache = MeasurementCache("cost_curves", tmp_path)
+    poisoned = {"prefill": 0.0, "1": 1.0, "2": 10.0, "4": 10.0}
+    cache.put(model_fingerprint(adapter), device_fingerprint(torch.device("cpu")), "B=1 cfg replayed", poisoned)
+    assert trusting(cache, windows=(2, 4), tree_prior={}).replayed_iterations(adapter, condition, 1, CFG,
+                                                                               (1, 2, 4)) == (poisoned, False)
+    policy = DecodingPolicy(cache=cache, prior=PRIOR, windows=(2, 4), tree_prior={})
+    with caplog.at_level(logging.WARNING, logger="mmspec.image.policy"):
+        seconds, measured = policy.replayed_iterations(adapter, condition, 1, CFG, (1, 2, 4))
+    assert measured and seconds["4"] / seconds["1"] < 5
+    assert ("the cached replayed iterations for B=1 cfg replayed disagrees with a probe now (sjd window 4 costs"
+            in caplog.text)
+
+
 def test_a_frontier_tree_is_chosen_where_its_extra_tokens_cost_little(tmp_path, adapter, pipe):
     """With a tree prior of 3.6 tokens per forward at window 16 (20 nodes) against the chain's 3.0: on a flat curve
     the tree wins; where each token costs (a CPU) the chain's 16 tokens beat the tree's 20. An adapter without
