@@ -23,9 +23,7 @@ from mmspec.apps.tabs.base import (
 )
 from mmspec.apps.tabs.settings import Control, decoding_controls
 from mmspec.core.registry import decodings, rules
-from mmspec.core.settings import specs
-from mmspec.text.kinds import DRAFTERS, ONLINE_DRAFTERS
-from mmspec.text.methods import TextSpeculation
+from mmspec.text.kinds import DESCRIBED, DRAFTERS, ONLINE_DRAFTERS
 
 # one background per forward, cycled, so that neighbouring forwards' accepted drafts are told apart
 FORWARD_COLOURS = ["#fde68a", "#bfdbfe", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa"]
@@ -63,11 +61,9 @@ class TextTab:
         speculative = [m for m in pipe.methods if m != "ar"]
         if not speculative:
             raise ValueError("the text pipeline offers no speculative method")
-        # each drafter's label is its part of the `drafter` setting's help ("'ngram': prompt lookup"); another
-        # decoding's is its docstring's first sentence
-        described = dict(part.split(": ", 1) for part in specs(TextSpeculation)["drafter"].help.split("; "))
+        # a drafter's label is its phrase ("ngram: prompt lookup"); another decoding's, its docstring's first sentence
         self.methods = [("auto: the fastest exact method here", "auto")] + [
-            (f"{m}: {described.get(repr(m)) or first_sentence(decodings('text')[m])}", m) for m in speculative]
+            (f"{m}: {DESCRIBED.get(m) or first_sentence(decodings('text')[m])}", m) for m in speculative]
         self.controls = self.text_controls()
         # the registered rules whose runtime parts (a judge rule's head) this pipeline supplies
         self.rules = [name for name, rule in rules("text").items()

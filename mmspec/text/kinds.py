@@ -7,6 +7,16 @@ module that imports nothing, so the text decodings' settings (`mmspec.text.metho
 CHAIN_DRAFTERS = ("model", "ngram", "layerskip", "cascade", "kangaroo", "s2d")
 TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft LM's tree, STAND's n-gram memory
 DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
+DESCRIBED = {  # each drafter in a phrase: the `drafter` setting's help, the CLI's and the demo's labels
+    "model": "the draft LM",
+    "layerskip": "the target's first layers",
+    "ngram": "prompt lookup",
+    "cascade": "the draft LM over prompt lookup (CS-Drafting)",
+    "kangaroo": "the target's first layers and a trained exit adapter (Kangaroo)",
+    "s2d": "the exit adapter at the exit each row chooses per step among those it was trained for (S2D)",
+    "tree": "the draft LM's tree (RSD)",
+    "stand": "an n-gram memory of the target's laws",
+}
 WITH_DRAFT_MODEL = ("model", "cascade", "tree")  # the drafters that run a draft LM
 SCHEDULES = ("constant", "heuristic")  # draft length schedules
 LEARNED = "learned"  # ... and SpecDec++'s learned draft length (a stop rule of the draft model, not a schedule)

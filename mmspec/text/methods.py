@@ -24,6 +24,7 @@ from mmspec.core.settings import runtime, setting, specs
 from mmspec.core.tree_shape import TREE_RATES_HELP, TreeShape, check_sized_tree, sized_tree
 from mmspec.text.kinds import (
     CHAIN_DRAFTERS,
+    DESCRIBED,
     DRAFTERS,
     LEARNED,
     SCHEDULES,
@@ -81,11 +82,7 @@ class TextSpeculation(TextDecoding):
     `Typical(epsilon, delta)` (lossy), or its name."""
 
     name: ClassVar[str] = "speculative"
-    drafter: str = setting("model", "'model': the draft LM; 'layerskip': the target's first layers; 'ngram': prompt "
-                           "lookup; 'cascade': the draft LM over prompt lookup (CS-Drafting); 'kangaroo': the target's "
-                           "first layers and a trained exit adapter (Kangaroo); 's2d': the exit adapter at the exit "
-                           "each row chooses per step among those it was trained for (S2D); 'tree': the draft LM's "
-                           "tree (RSD); 'stand': an n-gram memory of the target's laws",
+    drafter: str = setting("model", "; ".join(f"{name!r}: {what}" for name, what in DESCRIBED.items()),
                            choices=DRAFTERS)
     draft_length: int = setting(4, "tokens drafted per target forward", low=1, only={"drafter": CHAIN_DRAFTERS})
     schedule: str = setting("constant", "draft length per step: 'constant', transformers' 'heuristic' (+2 after "
