@@ -9,7 +9,7 @@ greedy tokens, for prompts of several lengths in one batch. Writes the results a
 
     python docs/parity/check_emu3.py --upstream path/to/Emu3 --deps path/to/deps --json eval/results/parity_emu3.json
 """
-from common import arguments, greedy_and_guided, parity_row, score_recorder, upstream_commit, write
+from common import arguments, greedy_and_guided, parity_row, randomised, score_recorder, upstream_commit, write
 
 args = arguments(work=False)
 import torch
@@ -22,9 +22,7 @@ from mmspec.models.hf_image import PromptCondition
 from tests.models.test_emu3 import BOI, BOS, EOF, EOI, EOL, EOS, H, PAD, W, WRAPPER, tiny_emu3
 
 torch.set_grad_enabled(False)
-model = tiny_emu3()
-for parameter in model.parameters():  # transformers' init is near zero: logits would tie and compare trivially
-    torch.nn.init.normal_(parameter, std=0.2)
+model = randomised(tiny_emu3())
 adapter = Emu3Adapter(model, H, W)
 visual = adapter.token_ids[:-1]  # the BPE ids of the codes (the last local id is the end-of-line token)
 SPAN = H * (W + 1)

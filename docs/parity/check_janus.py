@@ -9,7 +9,7 @@ left-padded batch. Writes the results as JSON.
 
     python docs/parity/check_janus.py --upstream path/to/Janus --deps path/to/deps --json eval/results/parity_janus.json
 """
-from common import arguments, greedy_and_guided, parity_row, upstream_commit, write
+from common import arguments, greedy_and_guided, parity_row, randomised, upstream_commit, write
 
 args = arguments(work=False)
 import torch
@@ -19,9 +19,7 @@ from mmspec.models.janus import JanusAdapter
 from tests.models.test_janus import BOI, BOS, PAD, tiny_janus
 
 torch.set_grad_enabled(False)
-model = tiny_janus()
-for parameter in model.parameters():  # transformers' init is near zero: logits would tie and compare trivially
-    torch.nn.init.normal_(parameter, std=0.2)
+model = randomised(tiny_janus())
 N = model.config.vision_config.num_image_tokens
 PROMPTS = [[BOS, 5, BOI], [BOS, 9, 10, 11, 12, BOI], [BOS, 13, 5, 14, 9, 20, 21, 22, 23, BOI]]
 

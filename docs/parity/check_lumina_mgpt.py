@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Optional
 
-from common import arguments, greedy_and_guided, parity_row, score_recorder, upstream_commit, write
+from common import arguments, greedy_and_guided, parity_row, randomised, score_recorder, upstream_commit, write
 
 args = arguments(work=False)
 import torch
@@ -58,9 +58,7 @@ def tiny_random_chameleon():
     vocab.update({grid_token(n): 8804 + n for n in range(1, 9)})
     vocab.update({f"w{i}": i for i in WORDS})
     model, vqgan = tiny_chameleon(vocab, vocab_size=8830, codes=CODES, first_image_id=4, pad=PAD, bos=BOS, eos=EOS)
-    for parameter in model.parameters():  # transformers' init is near zero: logits would tie and compare trivially
-        torch.nn.init.normal_(parameter, std=0.2)
-    return model, vqgan
+    return randomised(model), vqgan
 
 
 model, vqgan = tiny_random_chameleon()

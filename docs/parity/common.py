@@ -31,6 +31,14 @@ def upstream_commit(args: argparse.Namespace) -> str:
                           text=True, check=True).stdout.strip()
 
 
+def randomised(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every weight drawn from N(0, 0.2²): transformers' init is near zero, so logits would tie and
+    compare trivially."""
+    for parameter in model.parameters():
+        torch.nn.init.normal_(parameter, std=0.2)
+    return model
+
+
 def write(results: dict, args: argparse.Namespace) -> None:
     with open(args.json, "w") as file:
         json.dump(results, file, indent=1)
