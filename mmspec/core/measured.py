@@ -20,6 +20,9 @@ import torch
 
 from mmspec.core.paths import cache_root
 
+PROBE_TOLERANCE = 0.3  # how far a probe's cost ratio to AR may stray from the cached one's before it is measured again
+GAP = 2.0  # how many times slower (or faster) than predicted a run may go before its measurements are taken again
+
 # config entries that say where a model was loaded from, not what it computes: the same model read from another
 # folder reuses its measurements
 WHERE_IT_WAS_LOADED_FROM = ("_name_or_path", "_commit_hash", "_diffusers_version", "transformers_version")
@@ -100,6 +103,33 @@ def settled(times: list[float]) -> float:
     stands for the work; unlike the minimum, one spuriously short reading does not."""
     ordered = sorted(times)
     return ordered[(len(ordered) - 1) // 4]
+
+
+def within(ratio: float, factor: float) -> bool:
+    """Whether `ratio` lies in [1 / factor, factor]: two figures that agree up to `factor` either way."""
+    return 1 / factor <= ratio <= factor
+
+
+class Renewals:
+    """Which cached measurements a policy takes again rather than reads: every key once after `remeasure_all()`
+    (until it is measured anew), and the keys a run found off (`mark_stale`)."""
+
+    def __init__(self):
+        self.everything, self.fresh, self.stale = False, set(), set()
+
+    def remeasure_all(self) -> None:
+        self.everything, self.fresh = True, set()
+
+    def mark_stale(self, *keys: str) -> None:
+        self.stale.update(keys)
+
+    def due(self, key: str) -> bool:
+        """Whether `key` is to be measured again."""
+        return key in self.stale or self.everything and key not in self.fresh
+
+    def measured(self, key: str) -> None:
+        self.fresh.add(key)
+        self.stale.discard(key)
 
 
 class MeasurementCache:

@@ -44,7 +44,6 @@ import hashlib
 import itertools
 import json
 import logging
-import math
 import statistics
 import time
 from collections import deque
@@ -57,13 +56,17 @@ import torch
 
 from mmspec.core.capture import StepRunner
 from mmspec.core.measured import (
+    GAP,
+    PROBE_TOLERANCE,
     Clock,
     MeasurementCache,
+    Renewals,
     device_fingerprint,
     modules_fingerprint,
     settled,
     synchronize,
     timings,
+    within,
 )
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
@@ -85,8 +88,6 @@ REPEATS = 5  # timed rounds per measurement (after one untimed); their lower qua
 NOISE = 0.2  # how much cheaper than a narrower window a wider one may time before its curve is judged impossible
 ATTEMPTS = 3  # measurements of a cost curve before an impossible one is used as it came (made non-decreasing)
 PROBE_REPEATS = 3  # timed rounds of the probe that checks a cached curve before it is used
-PROBE_TOLERANCE = 0.3  # how far the probe's widest-to-AR cost ratio may stray from the cached curve's
-GAP = 2.0  # how many times slower (or faster) than predicted a run's iterations may go before the curve is refreshed
 PRIOR_FILE = Path(__file__).with_name("compression_prior.json")
 SJD_SETTINGS = {"init": "horizontal", "coupling": "maximal"}  # the exact SJD mode the prior was measured with
 Tick = Callable[[], None] | None  # called after each part of a measurement (progress), or None
@@ -403,9 +404,7 @@ class DecodingPolicy:
         # observed / prior excess compression (c - 1) of the last runs auto chose SJD for, and a head's chain for
         self.history: deque[float] = deque(maxlen=HISTORY)
         self.head_history: deque[float] = deque(maxlen=HISTORY)
-        self._fresh: set[str] = set()  # curve keys measured since the last remeasure()
-        self._remeasure = False
-        self._stale: set[str] = set()  # measurement keys a run found off, measured again on their next use
+        self.renewals = Renewals()  # which cached measurements to take again (remeasure(), a run's gap)
         self._choices: dict[str, Choice] = {}  # (model, batch size, CFG) -> the choice that holds for them
 
     def reconsider(self) -> None:
@@ -416,7 +415,7 @@ class DecodingPolicy:
     def remeasure(self) -> None:
         """Measure the cost curves again (and overwrite the cached ones) on the next call of each batch size, and
         choose again."""
-        self._remeasure, self._fresh = True, set()
+        self.renewals.remeasure_all()
         self.reconsider()
 
     @contextlib.contextmanager
@@ -436,14 +435,13 @@ class DecodingPolicy:
     def saved(self, model_print: dict, device_print: dict, key: str) -> dict | None:
         """The cached measurement under `key`, or None where it is to be measured again (`remeasure()`, or a run
         that found it off)."""
-        if key in self._stale or self._remeasure and key not in self._fresh:
+        if self.renewals.due(key):
             return None
         return self.cache.get(model_print, device_print, key)
 
     def store(self, model_print: dict, device_print: dict, key: str, values: dict[str, float]) -> None:
         self.cache.put(model_print, device_print, key, values)
-        self._fresh.add(key)
-        self._stale.discard(key)
+        self.renewals.measured(key)
 
     def cost_curve(self, model: DiscreteImageModel, condition, batch_size: int,
                    sampling: SamplingConfig) -> tuple[dict[int, float], bool]:
@@ -647,12 +645,12 @@ class DecodingPolicy:
             return None
         ran = max(0.0, stats.timings["total"] - choice.prefill_seconds) / iterations
         ratio = ran / choice.iteration_seconds
-        if 1 / GAP <= ratio <= GAP:
+        if within(ratio, GAP):
             return None
         note = f"its iterations took {ratio:.3g}x the predicted {choice.iteration_seconds * 1e3:.3g} ms"
         if self.check_cached:
             key = self.curve_key(batch_size, sampling)
-            self._stale |= {key, f"{key} overhead", f"{key} replayed"}
+            self.renewals.mark_stale(key, f"{key} overhead", f"{key} replayed")
             self.reconsider()
             note += f": the cost curve for batch {batch_size} is measured again on the next call"
         logger.warning("auto: %s", note)
@@ -662,7 +660,7 @@ class DecodingPolicy:
 def disagreement(what: str, expected: float, found: float, unit: str) -> str | None:
     """None where a probe's cost ratio to AR (`found`) is within `PROBE_TOLERANCE` of the cached one (`expected`),
     else why the cache is off."""
-    if abs(math.log(found / expected)) <= math.log(1 + PROBE_TOLERANCE):
+    if within(found / expected, 1 + PROBE_TOLERANCE):
         return None
     return f"disagrees with a probe now ({what} costs {found:.2f} AR {unit}, the cache says {expected:.2f})"
 

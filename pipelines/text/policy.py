@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import statistics
 import time
 from collections import defaultdict, deque
@@ -33,7 +32,16 @@ from collections import defaultdict, deque
 import torch
 
 from mmspec.core.component import DecodingComponent
-from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint, settled
+from mmspec.core.measured import (
+    GAP,
+    PROBE_TOLERANCE,
+    MeasurementCache,
+    Renewals,
+    device_fingerprint,
+    modules_fingerprint,
+    settled,
+    within,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +49,6 @@ CALIBRATION_TOKENS = 32  # new tokens per timed calibration call
 ROUNDS = 3  # timed calibration calls per method, interleaved across the methods
 MARGIN = 1.05  # a speculative method must be measured this much faster than AR to be chosen
 HISTORY = 8  # runs per method that join its calibrated figure
-PROBE_TOLERANCE = 0.3  # how far a probe's best-to-AR rate ratio may stray from the cached figures'
-GAP = 2.0  # how many times slower (or faster) than its figure a chosen run may go before the methods are re-timed
 PER_FORWARD = " tokens per forward"  # the suffix of the cached tokens per target forward of each method
 
 
@@ -56,7 +62,7 @@ class TextDecodingPolicy:
         self.cache = cache if cache is not None else MeasurementCache("text_methods")
         self.margin, self.calibration_tokens, self.check_cached = margin, calibration_tokens, check_cached
         self.history: dict[str, dict[str, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=HISTORY)))
-        self._remeasure, self._fresh, self._stale = False, set(), set()
+        self.renewals = Renewals()  # which cached timings to take again (remeasure(), a run's gap)
         self._choices: dict[str, tuple[str, str, float]] = {}  # key -> the (method, reason, its figure) that holds
 
     def reconsider(self) -> None:
@@ -65,7 +71,7 @@ class TextDecodingPolicy:
 
     def remeasure(self) -> None:
         """Time every method again on the next choice (and overwrite the cached figures)."""
-        self._remeasure, self._fresh = True, set()
+        self.renewals.remeasure_all()
         self.reconsider()
 
     def key(self, batch_size: int, temperature: float, candidates: dict[str, DecodingComponent]) -> str:
@@ -82,9 +88,7 @@ class TextDecodingPolicy:
         model_print = modules_fingerprint(pipe.measured_modules)
         device_print = device_fingerprint(pipe.target.device)
         key = self.key(len(prompts), sampling["temperature"], candidates)
-        saved = None
-        if key not in self._stale and not (self._remeasure and key not in self._fresh):
-            saved = self.cache.get(model_print, device_print, key)
+        saved = None if self.renewals.due(key) else self.cache.get(model_print, device_print, key)
         wanted = set(candidates) | {name + PER_FORWARD for name in candidates}
         if saved is not None and set(saved) == wanted:
             doubt = self.doubt(pipe, prompts, candidates, sampling, saved)
@@ -95,8 +99,7 @@ class TextDecodingPolicy:
         with pipe.status_bar(f"timing {len(candidates)} methods for batch {len(prompts)}", parts) as bar:
             measured = self.measure(pipe, prompts, candidates, sampling, ROUNDS, lambda: bar.update(1))
         self.cache.put(model_print, device_print, key, measured)
-        self._fresh.add(key)
-        self._stale.discard(key)
+        self.renewals.measured(key)
         return bounded(measured, candidates), True
 
     def doubt(self, pipe, prompts: list[str], candidates: dict[str, DecodingComponent], sampling: dict,
@@ -112,7 +115,7 @@ class TextDecodingPolicy:
         with pipe.status_bar(f"checking the cached timings for batch {len(prompts)}", 2 * len(probed)) as bar:
             probe = self.measure(pipe, prompts, probed, sampling, 1, lambda: bar.update(1))
         expected, found = saved[best] / saved["ar"], probe[best] / probe["ar"]
-        if abs(math.log(found / expected)) <= math.log(1 + PROBE_TOLERANCE):
+        if within(found / expected, 1 + PROBE_TOLERANCE):
             return None
         return f"disagree with a probe now ({best} {found:.2f}x AR's tokens/s, the cache says {expected:.2f}x)"
 
@@ -179,11 +182,11 @@ class TextDecodingPolicy:
         if chosen is None or chosen[0] != name or new_tokens / rows < self.calibration_tokens:
             return None
         ratio = rate / chosen[2]
-        if 1 / GAP <= ratio <= GAP:
+        if within(ratio, GAP):
             return None
         note = f"it ran at {ratio:.3g}x the tokens/s measured for {name}"
         if self.check_cached:
-            self._stale.add(key)
+            self.renewals.mark_stale(key)
             self.reconsider()
             note += ": the methods are timed again on the next call"
         logger.warning("auto: %s", note)
