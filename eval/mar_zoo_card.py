@@ -28,7 +28,7 @@ from mmspec.eval.devices import write_json
 from mmspec.pipelines.mar import MARPipeline
 from mmspec.zoo import MAR_C2I
 from mmspec.zoo.pixels import to_model_range
-from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, parse_caption, scenes
+from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, class_label, parse_caption, scenes
 
 RESULTS = Path("eval") / "results" / "mar_zoo_card.json"
 GRID_PATH = Path("docs") / "images" / "mar_classes.png"
@@ -135,9 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
         "shapes_present": round(float(((shape_logits > 0) == present.bool()).float().mean()), 4),
     }}
     # the class a real scene belongs to, read by the same test as the samples: the ceiling of the class accuracy
-    labels = [len(BACKGROUNDS) * SHAPES.index(parse_caption(c).first.shape) + BACKGROUNDS.index(
-        parse_caption(c).background) for c in held_captions]
-    report["real_held_out_scenes"] = shares(shows_class(probe, held_images, labels))
+    report["real_held_out_scenes"] = shares(shows_class(probe, held_images, list(map(class_label, held_captions))))
 
     pipe = MARPipeline.from_pretrained(MAR_C2I, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
