@@ -30,6 +30,7 @@ from mmspec.core.rng import Generators, check_generators, select_generators
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.stats import PhaseTimer
 from mmspec.text.drafters import Drafter, DraftLengthSchedule
+from mmspec.text.kinds import check_max_new_tokens
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
 
@@ -45,8 +46,7 @@ def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, loo
     if attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
                          f"{tuple(input_ids.shape)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    check_max_new_tokens(max_new_tokens)
     vocab = target.config.vocab_size
     if drafter.vocab_size is not None and drafter.vocab_size != vocab:
         raise ValueError(f"draft vocabulary size {drafter.vocab_size} does not match the target's {vocab}")

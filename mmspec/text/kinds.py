@@ -23,6 +23,12 @@ LEARNED = "learned"  # ... and SpecDec++'s learned draft length (a stop rule of 
 ONLINE_DRAFTERS = ("model", "eagle", "hydra")  # what learns online: the draft LM, or the draft head of that kind
 
 
+def check_max_new_tokens(max_new_tokens) -> None:
+    """ValueError unless `max_new_tokens` (the new tokens per row at most) is an int >= 1."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+
+
 def check_max_ngram(max_ngram) -> None:
     """ValueError unless `max_ngram` (the longest n-gram prompt lookup matches) is an int >= 1."""
     if isinstance(max_ngram, bool) or not isinstance(max_ngram, int) or max_ngram < 1:

@@ -29,7 +29,7 @@ from mmspec.models.judge import JudgeHead
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
-from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, ONLINE_DRAFTERS, WITH_DRAFT_MODEL
+from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, ONLINE_DRAFTERS, WITH_DRAFT_MODEL, check_max_new_tokens
 from mmspec.text.methods import TextDraftHeads, TextSpeculation, method_names
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation
 from mmspec.text.stats import TextStats
@@ -279,8 +279,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
 
     def check_lengths(self, prompts: list[str], max_new_tokens: int) -> None:
         """max_new_tokens an int >= 1, and the longest prompt and its new tokens within the target's context."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        check_max_new_tokens(max_new_tokens)
         context = getattr(self.target.config, "max_position_embeddings", None)
         longest = max(len(ids) for ids in self.tokenizer(prompts, verbose=False)["input_ids"])
         if context is not None and longest + max_new_tokens > context:
