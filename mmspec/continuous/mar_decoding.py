@@ -86,6 +86,11 @@ class _Conditioner:
 CFG_SCHEDULES = ("linear", "constant")
 
 
+def check_cfg_schedule(cfg_schedule) -> None:
+    if cfg_schedule not in CFG_SCHEDULES:
+        raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {cfg_schedule!r}")
+
+
 def guidance_at(guidance_scale: float, cfg_schedule: str, seq_len: int, unknown_after: int) -> float:
     """The guidance scale of a step after which `unknown_after` of the seq_len tokens are still unknown, as LTH14/mar's
     `sample_tokens` sets it: "constant" = s; "linear" (Muse's) = 1 + (s - 1) (L - m) / L, where m is the step's mask
@@ -262,8 +267,7 @@ def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule
     C] (zeros where unknown), "known": [B, L] bool})` (a speculative run's draft steps are never shown); a true return
     stops there."""
     _check(target, seeds, labels)
-    if cfg_schedule not in CFG_SCHEDULES:
-        raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {cfg_schedule!r}")
+    check_cfg_schedule(cfg_schedule)
     B, L, C = seeds.numel(), target.config.seq_len, target.config.token_dim
     given_plan, plan = plan, cosine_plan(L, num_iter) if plan is None else plan
     if sum(plan) != L or min(plan) < 1:

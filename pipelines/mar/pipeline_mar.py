@@ -21,7 +21,7 @@ from diffusers.utils import BaseOutput
 from mmspec.continuous import methods  # noqa: F401  registers the continuous decodings
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.graphs import SamplerGraphs
-from mmspec.continuous.mar_decoding import CFG_SCHEDULES
+from mmspec.continuous.mar_decoding import check_cfg_schedule
 from mmspec.continuous.stats import ContinuousStats
 from mmspec.core.component import DecodingComponent
 from mmspec.core.rng import Generators, check_generators, sample_seeds
@@ -125,8 +125,7 @@ class MARPipeline(MMSpecPipeline):
         number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
         if not number or not 0 <= temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        if cfg_schedule not in CFG_SCHEDULES:
-            raise ValueError(f"cfg_schedule must be one of {CFG_SCHEDULES}, got {cfg_schedule!r}")
+        check_cfg_schedule(cfg_schedule)
         check_generators(generator, len(class_labels))
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {OUTPUT_TYPES}, got {output_type!r}")
