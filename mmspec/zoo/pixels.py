@@ -39,7 +39,8 @@ def reconstruct(vq, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @torch.no_grad()
 def encode_tokens(vae, images: torch.Tensor) -> torch.Tensor:
     """uint8 scenes [N, H, W, 3] -> MAR tokens [N, h*w, C] through a `KLAutoencoder`: scaled mean latents, raster
-    order (patch size 1)."""
+    order (patch size 1), on the CPU; the encoder runs on the vae's device."""
     vae.eval()
-    latents = torch.cat([vae.encode(to_model_range(chunk))[0] for chunk in images.split(128)])
+    device = next(vae.parameters()).device
+    latents = torch.cat([vae.encode(to_model_range(chunk.to(device)))[0].cpu() for chunk in images.split(128)])
     return (latents * vae.config.scaling_factor).flatten(2).transpose(1, 2)

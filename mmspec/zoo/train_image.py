@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import math
-import shutil
 from concurrent.futures import ProcessPoolExecutor
 from itertools import repeat
 from pathlib import Path
@@ -40,7 +39,15 @@ from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import psnr, reconstruct, to_model_range
 from mmspec.zoo.shapes import CAPTION_WORDS, scenes
-from mmspec.zoo.training import add_stage_arguments, save_stage, seconds_key, total_variation, train_loop
+from mmspec.zoo.training import (
+    add_stage_arguments,
+    copy_stage,
+    index_entry,
+    save_stage,
+    seconds_key,
+    total_variation,
+    train_loop,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -141,17 +148,6 @@ def train_vq(work: Path, pool: torch.Tensor, held_out: torch.Tensor, args) -> Ll
                          weight_decay=0.0, after_step=reviver)
     save_stage(vq, work / "vqvae", reconstruction_metrics(vq, held_out), args.vq_steps, args.vq_batch_size, seconds)
     return vq
-
-
-def copy_vq(pipeline_dir: Path, folder: Path) -> None:
-    """Stage `vq` from a saved pipeline: its `vqvae/` (in float32) and the VQ metrics of its training_metrics.json."""
-    vq = LlamaGenVQModel.from_pretrained(pipeline_dir / "vqvae").float()
-    metrics = json.loads((pipeline_dir / "training_metrics.json").read_text())["vqvae"]
-    if folder.exists():
-        shutil.rmtree(folder)
-    vq.save_pretrained(folder)
-    (folder / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    logger.info("vq: taken from %s", pipeline_dir)
 
 
 @torch.no_grad()
@@ -276,8 +272,8 @@ def save_pipeline(out: Path, work: Path, model: TextToImageModel, tokenizer, met
         "_diffusers_version": diffusers.__version__,
         "text_encoder": ["transformers", type(model.text_encoder).__name__],
         "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
-        "transformer": [type(model.transformer).__module__, type(model.transformer).__name__],
-        "vqvae": [type(vq).__module__, type(vq).__name__],
+        "transformer": index_entry(type(model.transformer)),
+        "vqvae": index_entry(type(vq)),
     }
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     vq_metrics = json.loads((work / "vqvae" / "training_metrics.json").read_text())
@@ -323,7 +319,7 @@ def train_draft(work: Path, captions: dict, args) -> None:
     logger.info("draft: %s", metrics)
     draft.to(torch.float16).save_pretrained(out / "draft_transformer")
     index_path = out / "model_index.json"
-    index = {**json.loads(index_path.read_text()), "draft_transformer": [type(draft).__module__, type(draft).__name__]}
+    index = {**json.loads(index_path.read_text()), "draft_transformer": index_entry(type(draft))}
     index_path.write_text(json.dumps(index, indent=2) + "\n")
     metrics_path = out / "training_metrics.json"
     metrics_path.write_text(json.dumps({**json.loads(metrics_path.read_text()), "draft": metrics}, indent=2) + "\n")
@@ -364,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
 
     work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
     if args.vq_from is not None:
-        copy_vq(Path(args.vq_from), work / "vqvae")
+        copy_stage(Path(args.vq_from), "vqvae", LlamaGenVQModel, "vqvae", work / "vqvae")
     elif args.only in (None, "vq"):
         train_vq(work, pool, held_out, args)
     if args.only in (None, "tokenize"):

@@ -8,6 +8,8 @@ MAR target and a smaller draft MAR over its latents, saved together as the zoo's
     python -m mmspec.zoo.train_mar --only draft    # the smaller draft MAR
     python -m mmspec.zoo.train_mar --only export   # write mmspec/zoo/mar_shapes (MARPipeline layout, fp16)
 
+`--device cuda` trains under bfloat16 autocast; `--vae-from mmspec/zoo/mar_shapes` keeps the shipped autoencoder.
+
 Classes: the first object's shape x the background (5 x 6 = 30), read off each scene's caption. Scene pools are the
 image world's cached ones (`--work-dir`, shared with `mmspec.zoo.train_image`).
 """
@@ -25,12 +27,13 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.continuous.diffusion import DiffusionSchedule, training_loss
+from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import encode_tokens, psnr, to_model_range, to_uint8
 from mmspec.zoo.shapes import class_label
 from mmspec.zoo.train_image import add_pool_arguments, load_pools
-from mmspec.zoo.training import add_stage_arguments, save_stage, train_loop
+from mmspec.zoo.training import add_stage_arguments, copy_stage, index_entry, save_stage, train_loop
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +63,12 @@ def kl_divergence(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
 def vae_metrics(vae: KLAutoencoder, images: torch.Tensor) -> dict:
     """Held-out PSNR of mean-latent reconstructions and the latents' std (MAR scales latents by 1 / std)."""
     vae.eval()
+    device = next(vae.parameters()).device
     recon, latents = [], []
     for chunk in images.split(128):
-        mean, _ = vae.encode(to_model_range(chunk))
-        latents.append(mean)
-        recon.append(to_uint8(vae.decode(mean)))
+        mean, _ = vae.encode(to_model_range(chunk.to(device)))
+        latents.append(mean.cpu())
+        recon.append(to_uint8(vae.decode(mean)).cpu())
     latents = torch.cat(latents)
     return {"held_out_psnr_db": round(psnr(torch.cat(recon), images).mean().item(), 2),
             "latent_std": round(latents.std().item(), 4)}
@@ -88,7 +92,7 @@ def train_kl_autoencoder(work: Path, config: dict, name: str, folder: str, pool:
         return mse + KL_WEIGHT * kl_divergence(mean, logvar).mean(), mse
 
     seconds = train_loop(name, vae, steps=args.vae_steps, lr=args.vae_lr, loss_fn=loss_fn, batch_fn=batch_fn,
-                         work_dir=work, seed=seed, ckpt_every=args.ckpt_every, weight_decay=0.0)
+                         work_dir=work, seed=seed, ckpt_every=args.ckpt_every, weight_decay=0.0, device=args.device)
     metrics = vae_metrics(vae, held_out)
     vae.register_to_config(scaling_factor=round(1 / metrics["latent_std"], 4))
     save_stage(vae, work / folder, metrics, args.vae_steps, args.vae_batch_size, seconds)
@@ -104,22 +108,24 @@ def mask_ratios(batch_size: int, generator: torch.Generator) -> torch.Tensor:
 
 def mar_loss(model: MARModel, tokens: torch.Tensor, labels: torch.Tensor, generator: torch.Generator,
              schedule: DiffusionSchedule) -> torch.Tensor:
-    """MAR's training loss on a batch: random orders, one masking ratio per batch (every row masks as many tokens),
+    """MAR's training loss on a batch (tokens [B, L, C] and labels [B] on the model's device; the randomness is drawn
+    from the CPU `generator`): random orders, one masking ratio per batch (every row masks as many tokens),
     classes dropped for CFG, the head's hybrid diffusion loss on the masked tokens, DIFFUSION_BATCH_MUL noise levels
     each."""
     B, L, C = tokens.shape
-    orders = torch.rand(B, L, generator=generator).argsort(1)
+    device = tokens.device
+    orders = torch.rand(B, L, generator=generator).argsort(1).to(device)
     n_masked = math.ceil(L * mask_ratios(1, generator).item())
     masked_positions = orders[:, :n_masked]
-    mask = torch.zeros(B, L, dtype=torch.bool).scatter_(1, masked_positions, True)
-    drop = torch.rand(B, generator=generator) < LABEL_DROP
+    mask = torch.zeros(B, L, dtype=torch.bool, device=device).scatter_(1, masked_positions, True)
+    drop = (torch.rand(B, generator=generator) < LABEL_DROP).to(device)
     embedding = torch.where(drop[:, None], model.class_embedding(None, B), model.class_embedding(labels, B))
     z = model.encode_decode(tokens, mask, embedding)
     z = z.gather(1, masked_positions[..., None].expand(-1, -1, z.shape[-1])).flatten(0, 1)
     x0 = tokens.gather(1, masked_positions[..., None].expand(-1, -1, C)).flatten(0, 1)
     z, x0 = z.repeat(DIFFUSION_BATCH_MUL, 1), x0.repeat(DIFFUSION_BATCH_MUL, 1)
-    t = torch.randint(0, schedule.num_steps, (len(x0),), generator=generator)
-    noise = torch.randn(x0.shape, generator=generator)
+    t = torch.randint(0, schedule.num_steps, (len(x0),), generator=generator).to(device)
+    noise = torch.randn(x0.shape, generator=generator).to(device)
 
     def predict(x_t, timesteps):
         out = model.head(x_t, timesteps, z)
@@ -149,10 +155,10 @@ def train_mar(work: Path, role: str, args) -> MARModel:
 
     seconds = train_loop(f"mar-{role}", model, steps=steps, lr=getattr(args, f"{role}_lr"), loss_fn=loss_fn,
                          batch_fn=batch_fn, work_dir=work, seed=args.seed + STAGE_SEEDS[role],
-                         ckpt_every=args.ckpt_every, weight_decay=0.02)
+                         ckpt_every=args.ckpt_every, weight_decay=0.02, device=args.device)
     with torch.no_grad():
         generator = torch.Generator().manual_seed(0)
-        tokens, labels = data["heldout"]
+        tokens, labels = (t.to(args.device) for t in data["heldout"])
         held_out = sum(mar_loss(model, tokens[i : i + 64], labels[i : i + 64], generator, schedule).item()
                        for i in range(0, len(tokens), 64)) / math.ceil(len(tokens) / 64)
     save_stage(model, work / f"mar_{role}", {"held_out_loss": round(held_out, 4)}, steps, batch_size, seconds)
@@ -176,7 +182,7 @@ def save_pipeline(work: Path, out: Path) -> None:
         # x0_clip: stages trained before it was a config field get it here
         extra = {"x0_clip": X0_CLIP} if cls is MARModel else {}
         cls.from_pretrained(work / f"mar_{stage}", **extra).to(torch.float16).save_pretrained(out / component)
-        index[component] = [cls.__module__, cls.__name__]
+        index[component] = index_entry(cls)
         metrics[stage] = json.loads((work / f"mar_{stage}" / "training_metrics.json").read_text())
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     (out / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -190,15 +196,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", default=str(ZOO_DIR / "mar_shapes"))
     for stage, steps, lr in (("vae", 2000, 1e-3), ("target", 3000, 1e-3), ("draft", 3000, 1.5e-3)):
         add_stage_arguments(parser, stage, steps, 32, lr)
+    parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
+                        help="take this saved MAR pipeline's autoencoder (and its metrics) instead of training one, "
+                             "so that retrained MAR models keep the shipped latents")
+    add_device_arguments(parser, dtype=False)  # on CUDA the forwards run under bfloat16 autocast
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    args.device = resolve_device(parser, args.device)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
-    if args.only in (None, "vae"):
+    if args.vae_from is not None:
+        copy_stage(Path(args.vae_from), "vae", KLAutoencoder, "vae", work / "mar_vae")
+    elif args.only in (None, "vae"):
         train_kl_autoencoder(work, VAE_CONFIG, "vae", "mar_vae", pool, held_out, args, args.seed + STAGE_SEEDS["vae"])
     if args.only in (None, "tokens"):
-        vae = KLAutoencoder.from_pretrained(work / "mar_vae")
+        vae = KLAutoencoder.from_pretrained(work / "mar_vae").to(args.device)
         for split, images, captions in (("train", pool, train_captions), ("heldout", held_out, held_out_captions)):
             np.save(work / f"mar-{split}-tokens.npy", encode_tokens(vae, images).half().numpy())
             np.save(work / f"mar-{split}-labels.npy", np.array([class_label(c) for c in captions], dtype=np.int16))

@@ -9,6 +9,9 @@ matching over its latents, saved together as the zoo's `nextframe_shapes` pipeli
     python -m mmspec.zoo.train_video --only model    # the next-frame transformer (2 x 2 patches: 16 tokens / frame)
     python -m mmspec.zoo.train_video --only export   # write mmspec/zoo/nextframe_shapes (NextFramePipeline, fp16)
 
+`--device cuda` trains under bfloat16 autocast; `--vae-from mmspec/zoo/nextframe_shapes` keeps the shipped
+autoencoder.
+
 Training clips are CLIP_FRAMES consecutive frames. Half of them get an independent logit-normal flow time per frame
 (diffusion forcing, NFD's training); the other half look like sampling: a prefix of context frames at a small noise
 level (the context noise of sampling) followed by a block of frames that share one time (sequential generation is a
@@ -21,6 +24,8 @@ import argparse
 import json
 import logging
 import math
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +33,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from mmspec.core.devices import add_device_arguments, resolve_device
 from mmspec.models.mar import KLAutoencoder
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import encode_tokens
 from mmspec.zoo.train_mar import train_kl_autoencoder
-from mmspec.zoo.training import add_stage_arguments, save_stage, train_loop
+from mmspec.zoo.training import add_stage_arguments, copy_stage, index_entry, save_stage, train_loop
 from mmspec.zoo.video_world import episode, persistent_actions, rollout
 
 logger = logging.getLogger(__name__)
@@ -47,14 +53,24 @@ ROLLOUT_ACTIONS = 24  # actions per training rollout (25 frames)
 ACTION_CHANGE_PROB = 0.25  # of the training rollouts' persistent actions
 MAX_CONTEXT_NOISE = 0.2  # context frames of sampling-like clips get a flow time in [0, MAX_CONTEXT_NOISE]
 STAGE_SEEDS = {"vae": 21, "model": 22}
+ROLLOUT_CHUNK = 250  # episodes per worker task
 
 
 def make_rollouts(split: str, episodes: int, num_actions: int = ROLLOUT_ACTIONS) -> tuple[np.ndarray, np.ndarray]:
     """(frames [E, T + 1, 32, 32, 3] uint8, per-frame actions [E, T + 1] int8) of episodes 0 .. E - 1 of `split`
     under persistent random actions; frame f's action led to it, frame 0's is "stay" (0)."""
+    starts = range(0, episodes, ROLLOUT_CHUNK)
+    with ProcessPoolExecutor() as pool:
+        chunks = list(tqdm(pool.map(rollout_chunk, starts, [min(s + ROLLOUT_CHUNK, episodes) for s in starts],
+                                    repeat(split), repeat(num_actions)), total=len(starts), desc=f"rollouts {split}"))
+    return np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])
+
+
+def rollout_chunk(start: int, stop: int, split: str, num_actions: int) -> tuple[np.ndarray, np.ndarray]:
+    """`make_rollouts` for episodes start .. stop - 1 (one worker's share)."""
     offset = 0 if split == "train" else 10**6  # action seeds disjoint between the splits, as the episodes are
     frames, actions = [], []
-    for index in tqdm(range(episodes), desc=f"rollouts {split}"):
+    for index in range(start, stop):
         taken = persistent_actions(offset + index, num_actions, ACTION_CHANGE_PROB)
         frames.append(rollout(episode(index, split), taken)[0])
         actions.append([0, *taken])
@@ -80,11 +96,12 @@ def clip_timesteps(batch_size: int, frames: int, generator: torch.Generator) -> 
 
 def flow_loss(model: NextFrameTransformer, latents: torch.Tensor, actions: torch.Tensor,
               generator: torch.Generator) -> torch.Tensor:
-    """Flow matching on clips latents [B, T, L_f, C] under actions [B, T]: x_t = (1 - t) x_0 + t eps, target velocity
+    """Flow matching on clips latents [B, T, L_f, C] under actions [B, T] (on the model's device; the randomness is
+    drawn from the CPU `generator`): x_t = (1 - t) x_0 + t eps, target velocity
     eps - x_0. Clips sit at frames 0 .. T - 1: rotary positions are relative, so where a clip came from is moot."""
     B, T = latents.shape[:2]
-    t = clip_timesteps(B, T, generator)
-    noise = torch.randn(latents.shape, generator=generator)
+    t = clip_timesteps(B, T, generator).to(latents.device)
+    noise = torch.randn(latents.shape, generator=generator).to(latents.device)
     x_t = (1 - t[..., None, None]) * latents + t[..., None, None] * noise
     velocity, _ = model(x_t, t, actions)
     return F.mse_loss(velocity, noise - latents)
@@ -113,8 +130,8 @@ def train_model(work: Path, args) -> NextFrameTransformer:
 
     seconds = train_loop("video-model", model, steps=args.model_steps, lr=args.model_lr, loss_fn=loss_fn,
                          batch_fn=batch_fn, work_dir=work, seed=args.seed + STAGE_SEEDS["model"],
-                         ckpt_every=args.ckpt_every, weight_decay=0.02)
-    held_latents, held_actions = load_latents(work, "heldout")
+                         ckpt_every=args.ckpt_every, weight_decay=0.02, device=args.device)
+    held_latents, held_actions = (t.to(args.device) for t in load_latents(work, "heldout"))
     with torch.no_grad():
         generator = torch.Generator().manual_seed(0)
         losses = [flow_loss(model, held_latents[i : i + 64, :CLIP_FRAMES], held_actions[i : i + 64, :CLIP_FRAMES],
@@ -137,7 +154,7 @@ def save_pipeline(work: Path, out: Path) -> None:
     metrics = {}
     for component, (stage, cls) in PIPELINE_COMPONENTS.items():
         cls.from_pretrained(work / stage).to(torch.float16).save_pretrained(out / component)
-        index[component] = [cls.__module__, cls.__name__]
+        index[component] = index_entry(cls)
         metrics[stage] = json.loads((work / stage / "training_metrics.json").read_text())
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     (out / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -153,9 +170,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--held-out-episodes", type=int, default=256)
     add_stage_arguments(parser, "vae", 1500, 32, 1e-3)
     add_stage_arguments(parser, "model", 3500, 32, 6e-4)
+    parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
+                        help="take this saved next-frame pipeline's autoencoder (and its metrics) instead of training "
+                             "one, so that a retrained model keeps the shipped latents")
+    add_device_arguments(parser, dtype=False)  # on CUDA the forwards run under bfloat16 autocast
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    args.device = resolve_device(parser, args.device)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -165,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
             frames, actions = make_rollouts(split, episodes)
             np.save(work / f"video-{split}-frames.npy", frames)
             np.save(work / f"video-{split}-actions.npy", actions)
-    if args.only in (None, "vae"):
+    if args.vae_from is not None:
+        copy_stage(Path(args.vae_from), "vae", KLAutoencoder, "video_vae", work / "video_vae")
+    elif args.only in (None, "vae"):
         frames = {split: np.load(work / f"video-{split}-frames.npy") for split in splits}
         pool = torch.from_numpy(frames["train"].reshape(-1, *frames["train"].shape[2:]))
         held_out = torch.from_numpy(frames["heldout"][:, :: math.ceil(ROLLOUT_ACTIONS / 4)].reshape(
@@ -173,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         train_kl_autoencoder(work, VAE_CONFIG, "video-vae", "video_vae", pool, held_out, args,
                              args.seed + STAGE_SEEDS["vae"])
     if args.only in (None, "latents"):
-        vae = KLAutoencoder.from_pretrained(work / "video_vae")
+        vae = KLAutoencoder.from_pretrained(work / "video_vae").to(args.device)
         for split in splits:
             tokens = encode_frames(vae, np.load(work / f"video-{split}-frames.npy"))
             np.save(work / f"video-{split}-latents.npy", tokens.half().numpy())

@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -132,6 +133,25 @@ def save_stage(model, folder: Path, metrics: dict, steps: int, batch_size: int, 
     model.save_pretrained(folder)
     (folder / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def index_entry(cls: type) -> list[str]:
+    """`cls` as a saved pipeline's model_index.json names a component: [its top-level package, its name] —
+    ["mmspec", "MARModel"], the form mmspec's pipelines save and load."""
+    return [cls.__module__.split(".")[0], cls.__name__]
+
+
+def copy_stage(pipeline_dir: Path, component: str, cls, metrics_key: str, folder: Path) -> None:
+    """Stage a component from a saved pipeline instead of training it: `<pipeline_dir>/<component>` (as `cls`, in
+    float32) saved to `folder` with its metrics from the pipeline's training_metrics.json (under `metrics_key`), so
+    that a retrained model keeps the shipped tokenizer or autoencoder."""
+    model = cls.from_pretrained(pipeline_dir / component).float()
+    metrics = json.loads((pipeline_dir / "training_metrics.json").read_text())[metrics_key]
+    if folder.exists():
+        shutil.rmtree(folder)
+    model.save_pretrained(folder)
+    (folder / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    logger.info("%s: taken from %s", folder.name, pipeline_dir)
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, positive: tuple[str, ...],

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from mmspec.models.mar import KLAutoencoder, MARModel
+from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, class_label
 from mmspec.zoo.train_mar import main
 
@@ -54,3 +55,27 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     assert image.size == (64, 64)
     metrics = json.loads((tmp_path / "pipeline" / "training_metrics.json").read_text())
     assert set(metrics) == {"vae", "target", "draft"} and metrics["target"]["steps"] == 1
+
+
+def test_a_retrain_keeps_the_shipped_autoencoder(tmp_path):
+    """--vae-from: the MAR models are trained on the latents of the given pipeline's autoencoder, exported unchanged
+    with its metrics."""
+    shipped = ZOO_DIR / "mar_shapes"
+    main(["--work-dir", str(tmp_path / "work"), "--train-scenes", "8", "--held-out-scenes", "4", "--vae-from",
+          str(shipped), "--target-batch-size", "2", "--draft-batch-size", "2", "--target-steps", "1",
+          "--draft-steps", "1", "--out-dir", str(tmp_path / "pipeline")])
+    assert not (tmp_path / "work" / "ckpt-vae.pt").exists()  # no autoencoder was trained
+    folders = (shipped, tmp_path / "pipeline")
+    stored = [load_file(folder / "vae" / "diffusion_pytorch_model.safetensors") for folder in folders]
+    assert stored[0].keys() == stored[1].keys() and all(torch.equal(stored[0][k], stored[1][k]) for k in stored[0])
+    metrics = [json.loads((folder / "training_metrics.json").read_text()) for folder in folders]
+    assert json.loads((folders[1] / "model_index.json").read_text())["transformer"] == ["mmspec", "MARModel"]
+    assert metrics[0]["vae"] == metrics[1]["vae"] and metrics[1]["target"]["steps"] == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_device_this_machine_lacks_is_refused_before_anything_is_rendered(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--device", "cuda", "--work-dir", str(tmp_path / "work"), "--out-dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "--device cuda: no CUDA device here" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
