@@ -33,8 +33,7 @@ from mmspec.core.registry import decodings, rules
 from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
-from mmspec.text.kinds import WITH_DRAFT_MODEL
-from mmspec.text.methods import TextDraftHeads, TextSpeculation, method_names
+from mmspec.text.methods import TextSpeculation, auto_settings, method_names, uses_draft_model
 from mmspec.video.methods import FrameSpeculation
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
 
@@ -258,7 +257,7 @@ def check_text_decoding(args) -> dict:
     by name ("heads"), "ar", or "auto" (the settings narrow its candidates to the drafters that read them)."""
     settings, flats = given_settings(args, "text", skip=("drafter",))
     drafters = specs(TextSpeculation)["drafter"].choices
-    auto_reads = set(specs(TextSpeculation)) | TextDraftHeads.auto_settings
+    auto_reads = auto_settings()
     for name in settings:
         readers = text_readers(name)
         if args.method not in readers and (args.method != "auto" or name not in auto_reads):
@@ -285,11 +284,12 @@ def check_text(args) -> None:
     args.settings = check_text_decoding(args)
     if args.online_every is not None:
         check_number(args, "--online-every", 1)
-        if args.method not in (*WITH_DRAFT_MODEL, "heads"):
-            raise UsageError(f"--online-every: the draft LM learns online under --method "
-                             f"{', '.join(WITH_DRAFT_MODEL)}, the --kind head under --method heads; not {args.method}")
+        if args.method == "auto" or not (uses_draft_model(args.method) or args.method == "heads"):
+            learners = [name for name in method_names() if name != "auto" and uses_draft_model(name)]
+            raise UsageError(f"--online-every: the draft LM learns online under --method {', '.join(learners)}, "
+                             f"the --kind head under --method heads; not {args.method}")
     check_model(args.target, "--target")
-    if args.method in ("auto", *WITH_DRAFT_MODEL):
+    if uses_draft_model(args.method):
         check_model(args.draft, "--draft")
     check_text_lengths(args.prompt, args.max_new_tokens, resolve_model(args.target, argument="--target"))
 
@@ -444,7 +444,7 @@ def run_text(args) -> int:
 
     from mmspec.pipelines.text import SpeculativeTextPipeline
 
-    draft = args.draft if args.method in ("auto", *WITH_DRAFT_MODEL) else None
+    draft = args.draft if uses_draft_model(args.method) else None
     pipe = SpeculativeTextPipeline.from_pretrained(args.target, draft=draft, dtype=getattr(torch, args.dtype))
     pipe.to(args.device)
     if args.remeasure:

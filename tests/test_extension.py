@@ -10,6 +10,12 @@ iterations copying the token to the left, then `period` iterations copying the t
 depends only on the past keeps SJD exact, because every draft is verified against the law it was drawn from.
 The rule: accept a draft x ~ q with probability min(1, p(x)/q(x)) ** power (power < 1 accepts more), and draw the
 exact residual at the first rejection; its distortion is its excess acceptance, which the stats report.
+
+A text drafter is defined here too: `StickyDrafts`, whose drafts repeat the row's last token with probability
+`stickiness` and are otherwise uniform over the vocabulary, reporting that law with each token. It reaches
+`SpeculativeTextPipeline` (by object, by name, save / load), `mmspec text --method sticky --stickiness X`, the demo's
+method list and `decoding="auto"`'s candidates; it passes the text sequence-law test (`tests.text.test_generate_law`),
+and a companion that draws from one law but reports another is rejected by it.
 """
 
 import json
@@ -24,13 +30,20 @@ from mmspec import SJD, AcceptanceRule, Exact, setting
 from mmspec.cli import main
 from mmspec.core.drafts import Draft
 from mmspec.core.registry import decodings, register_decoding, register_rule, rules, unregister
+from mmspec.core.rng import sample
 from mmspec.core.rules.exact import accept_probability, at_drafts, residual_law
 from mmspec.core.verify import chain_outcome
 from mmspec.image.jacobi import JacobiStep
 from mmspec.image.methods.base import ImageDecoding
 from mmspec.pipelines.llamagen import LlamaGenPipeline
+from mmspec.pipelines.text import SpeculativeTextPipeline
+from mmspec.text.drafters import ChainDrafter
+from mmspec.text.methods import TextDrafting
+from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
 from tests.image.test_jacobi_law import N, V, decode_rows, law_checks
 from tests.models.llamagen_tiny import tiny_pipeline
+from tests.text import test_generate_law as text_law
+from tests.text.table_lm import TableLM, random_table
 
 PROMPTS = ["a red circle", "a blue square on the left"]
 ALPHA = 1e-7  # the law test's threshold per check, as in tests.image.test_jacobi_law
@@ -87,13 +100,57 @@ class Tempered(AcceptanceRule):
         return residual_law(p, q)
 
 
+class StickyDrafter(ChainDrafter):
+    """Each draft token is the row's previous token with probability `stickiness`, else uniform; its law is reported
+    with it (so `Exact()` keeps the target's law)."""
+
+    def __init__(self, stickiness: float):
+        self.stickiness = stickiness
+
+    def start(self, rows, vocab_size, capacity):
+        self.vocab_size = vocab_size
+
+    def law(self, previous: torch.Tensor, dtype: torch.dtype, stickiness: float) -> torch.Tensor:
+        """[B, V]: the law of a draft token after `previous` [B]."""
+        uniform = torch.full((len(previous), self.vocab_size), (1 - stickiness) / self.vocab_size, dtype=dtype,
+                             device=previous.device)
+        return uniform.scatter_add_(1, previous[:, None], torch.full_like(uniform[:, :1], stickiness))
+
+    def reported(self, previous: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.law(previous, dtype, self.stickiness)
+
+    @torch.no_grad()
+    def propose(self, rows, budget, width, sampling, generator):
+        previous = rows.tokens.gather(1, (rows.lengths - 1)[:, None]).squeeze(1)
+        tokens, laws = [], []
+        for _ in range(width):  # a draft position at a time (the width is the draft length)
+            laws.append(self.reported(previous, torch.float64))
+            previous = sample(self.law(previous, torch.float64, self.stickiness), generator)
+            tokens.append(previous)
+        return Draft(tokens=torch.stack(tokens, 1), lengths=budget.clamp(max=width), q=torch.stack(laws, 1))
+
+
+@dataclass(frozen=True)
+class StickyDrafts(TextDrafting):
+    """Drafts that repeat the last token with probability stickiness, else a uniform token (exact with Exact())."""
+
+    name: ClassVar[str] = "sticky"
+    stickiness: float = setting(0.5, "probability that a draft token repeats the one before it", low=0, high=1,
+                                high_open=True)
+
+    def make_drafter(self, target, draft=None):
+        return StickyDrafter(self.stickiness)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def registered():
     register_decoding(AlternatingSJD)
     register_rule(Tempered)
+    register_decoding(StickyDrafts)
     yield
     unregister(AlternatingSJD)
     unregister(Tempered)
+    unregister(StickyDrafts)
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +254,91 @@ def test_a_bad_value_exits_2_in_one_line_before_any_model_loads(flags, message, 
     assert list(tmp_path.iterdir()) == []
 
 
+# --- the text drafter -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def text_pipe():
+    pipe = SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+TEXT_PROMPTS = ["def f(x):\n", "import os\n"]
+
+
+def test_a_text_pipeline_runs_the_drafter_by_object_and_by_name(text_pipe):
+    decoding = StickyDrafts(stickiness=0.9, draft_length=3)
+    assert "sticky" in text_pipe.methods and decodings("text")["sticky"] is StickyDrafts
+    out = text_pipe(TEXT_PROMPTS, decoding=decoding, max_new_tokens=12, temperature=1.0,
+                    generator=torch.Generator().manual_seed(0))
+    named = text_pipe(TEXT_PROMPTS, decoding="sticky", stickiness=0.9, draft_length=3, max_new_tokens=12,
+                      temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert out.texts == named.texts and out.stats.method == named.stats.method == decoding.describe()
+    assert out.stats.drafted > 0 and out.stats.law == "lossless"
+    greedy = text_pipe(TEXT_PROMPTS, decoding=decoding, max_new_tokens=12)
+    assert greedy.texts == text_pipe(TEXT_PROMPTS, decoding="ar", max_new_tokens=12).texts
+    with pytest.raises(ValueError, match=r"stickiness must be in \[0, 1\), got 1"):
+        text_pipe(TEXT_PROMPTS, decoding="sticky", stickiness=1.0)
+
+
+def test_auto_and_the_demo_offer_the_drafter(text_pipe):
+    from mmspec.apps.tabs.text import TextTab
+
+    candidates = text_pipe.auto_candidates({})
+    assert candidates["sticky"] == StickyDrafts() and "model" in candidates
+    assert text_pipe.auto_candidates({"draft_length": 2})["sticky"] == StickyDrafts(draft_length=2)
+    assert "sticky" not in text_pipe.auto_candidates({"max_ngram": 2})  # a setting it does not read
+    labels = dict((value, label) for label, value in TextTab(text_pipe).methods)
+    assert labels["sticky"] == f"sticky: {StickyDrafts.__doc__.split('. ')[0]}"
+
+
+def test_a_text_pipeline_saves_and_loads_the_drafter(text_pipe, tmp_path):
+    decoding = StickyDrafts(stickiness=0.25, draft_length=2)
+    before = text_pipe.decoding
+    text_pipe.decoding = decoding
+    try:
+        text_pipe.save_pretrained(tmp_path)
+    finally:
+        text_pipe.decoding = before
+    loaded = SpeculativeTextPipeline.from_pretrained(tmp_path)
+    assert loaded.decoding == decoding
+
+
+def test_mmspec_text_takes_the_drafter_and_its_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["text", "--help"])
+    helped = capsys.readouterr().out
+    assert "sticky" in helped and "--stickiness" in helped
+    assert main(["text", "def f(x):\n", "--method", "sticky", "--stickiness", "0.8", "--max-new-tokens", "8",
+                 "--no-compare"]) == 0
+    assert "StickyDrafts(draft_length=4, acceptance=Exact(), stickiness=0.8)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["text", "x", "--method", "ngram", "--stickiness", "0.5"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "mmspec text: error: --stickiness applies to --method sticky only\n"
+
+
+class MislabelledStickyDrafter(StickyDrafter):
+    """Mutation companion: draws sticky tokens but reports the uniform law."""
+
+    def reported(self, previous, dtype):
+        return self.law(previous, dtype, 0.0)
+
+
+@pytest.mark.parametrize(("drafter", "draft_length", "temperature", "top_k"), [
+    (StickyDrafter(0.5), 3, 1.0, 0), (StickyDrafter(0.8), 2, 0.7, 3)])
+def test_the_text_drafter_keeps_the_target_s_law(drafter, draft_length, temperature, top_k):
+    p_value, stats = text_law.law_test(TableLM(random_table(text_law.V, 0)), drafter, temperature, top_k,
+                              draft_length=draft_length)
+    assert p_value > text_law.ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
+    assert 0 < stats.accepted < stats.drafted
+
+
+def test_the_text_drafter_s_mutation_companion_is_rejected():
+    target = TableLM(random_table(text_law.V, 0))
+    p_value, _ = text_law.law_test(target, MislabelledStickyDrafter(0.8), 1.0, 0, draft_length=3)
+    assert p_value < text_law.ALPHA, f"a drafter reporting the wrong law was not detected (p = {p_value:.2e})"
+
+
 # --- exactness ------------------------------------------------------------------------------------------------------
 class SkipsVerification(AlternatingSJD):
     """Mutation companion: on the iterations that copy the token above, every draft is accepted unverified."""
@@ -267,5 +409,6 @@ def test_nothing_else_in_the_repository_names_them():
     here = Path(__file__).resolve()
     named = [path for folder in ("mmspec", "pipelines", "apps", "eval", "tests", "docs")
              for path in (root / folder).rglob("*") if path.suffix in (".py", ".md") and path.resolve() != here
-             and any(word in path.read_text() for word in ("AlternatingSJD", "alternating_sjd", "Tempered("))]
+             and any(word in path.read_text() for word in ("AlternatingSJD", "alternating_sjd", "Tempered(",
+                                                       "StickyDrafts", "--stickiness"))]
     assert named == []

@@ -49,6 +49,42 @@ class TextDecoding(DecodingComponent):
             **options) -> tuple[torch.Tensor, TextStats]:
         raise NotImplementedError(f"{type(self).__name__} must define run()")
 
+    def needs_draft_model(self) -> bool:
+        """Whether `run` reads the pipeline's draft LM (a pipeline without one does not offer this decoding)."""
+        return False
+
+
+@dataclass(frozen=True)
+class TextDrafting(TextDecoding):
+    """Base of a text drafter that is a decoding of its own: speculative decoding of chains whose drafts come from
+    `make_drafter`. A subclass declares its settings as fields, checks them in `check()`, builds its drafter (a
+    `mmspec.text.drafters.ChainDrafter`) in `make_drafter` and is registered with `register_decoding`: then the
+    pipelines run it by object or name, `mmspec text --method NAME` takes it (with a flag per setting), the demo lists
+    it, `decoding="auto"` times it among its candidates, and `save_pretrained` keeps it. `uses_draft_model`: whether
+    `make_drafter` reads the pipeline's draft LM (a pipeline without one does not offer it)."""
+
+    uses_draft_model: ClassVar[bool] = False
+    draft_length: int = setting(4, "tokens drafted per target forward", low=1)
+    acceptance: AcceptanceRule = Exact()
+
+    def needs_draft_model(self) -> bool:
+        return self.uses_draft_model
+
+    def make_drafter(self, target: Any, draft: Any = None):
+        """The drafter `speculative_generate` asks (a new one per call: drafters hold per-batch state); `draft`: the
+        pipeline's draft LM (None where it has none)."""
+        raise NotImplementedError(f"{type(self).__name__} must define make_drafter()")
+
+    def run(self, target, draft, input_ids, attention_mask=None, **options):
+        """`speculative_generate` with this drafter, `draft_length` tokens a step and this acceptance rule."""
+        from mmspec.text.generate import speculative_generate
+
+        if self.needs_draft_model() and draft is None:
+            raise ValueError(f"decoding={self.name!r} needs a draft model; this pipeline has none")
+        return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target, draft),
+                                    draft_length=self.draft_length, acceptance=attached(self.acceptance, target),
+                                    **options)
+
 
 @register_decoding
 @dataclass(frozen=True)
@@ -176,6 +212,9 @@ class TextSpeculation(TextDecoding):
         fields = specs(cls)
         return all(fields[key].only is None or drafter in fields[key].only["drafter"]
                    for key in settings if key in fields)
+
+    def needs_draft_model(self) -> bool:
+        return self.drafter in WITH_DRAFT_MODEL
 
     def tree_shape(self) -> TreeShape:
         """The draft LM's tree (drafter "tree")."""
@@ -333,6 +372,24 @@ class TextDraftHeads(TextDecoding):
             options["draft_length"] = self.draft_length
         return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target),
                                     acceptance=attached(self.acceptance, target), **options)
+
+
+def text_component(name: str) -> TextDecoding:
+    """The component a text method name stands for, at its defaults: a drafter's `TextSpeculation` (`"ngram"`), or
+    the registered text decoding of that name (`"heads"`, `"ar"`, a registered `TextDrafting`)."""
+    return TextSpeculation(drafter=name) if name in DRAFTERS else decodings("text")[name]()
+
+
+def uses_draft_model(name: str) -> bool:
+    """Whether text method `name` (or `"auto"`, which may choose any) drafts with the draft LM."""
+    return name == "auto" or text_component(name).needs_draft_model()
+
+
+def auto_settings() -> set[str]:
+    """The settings `decoding="auto"` hands to its candidates: `TextSpeculation`'s, the heads' `auto_settings` and
+    every registered `TextDrafting`'s."""
+    drafters = [cls for cls in decodings("text").values() if issubclass(cls, TextDrafting)]
+    return {*specs(TextSpeculation), *TextDraftHeads.auto_settings, *(name for cls in drafters for name in specs(cls))}
 
 
 def method_names() -> tuple[str, ...]:

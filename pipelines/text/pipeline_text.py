@@ -29,8 +29,15 @@ from mmspec.models.judge import JudgeHead
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
-from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, ONLINE_DRAFTERS, WITH_DRAFT_MODEL, check_max_new_tokens
-from mmspec.text.methods import TextDraftHeads, TextSpeculation, method_names
+from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, ONLINE_DRAFTERS, check_max_new_tokens
+from mmspec.text.methods import (
+    TextDraftHeads,
+    TextDrafting,
+    TextSpeculation,
+    method_names,
+    text_component,
+    uses_draft_model,
+)
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
@@ -154,7 +161,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         if self.online is None:
             return False
         if self.online_drafter == "model":
-            return getattr(decoding, "drafter", None) in WITH_DRAFT_MODEL
+            return decoding.needs_draft_model()
         return isinstance(decoding, TextDraftHeads) and decoding.kind == self.online_drafter
 
     def disable_online_drafting(self) -> None:
@@ -204,7 +211,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config, `"kangaroo"` an
         exit adapter, `"s2d"` one trained at several exits), the other registered decodings whose runtime parts it
         supplies (`"heads"`: an EAGLE head), and "ar"."""
-        unavailable = set(WITH_DRAFT_MODEL) if self.draft is None else set()
+        unavailable = {name for name in method_names() if uses_draft_model(name)} if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
         if self.kangaroo_adapter is not None and len(self.kangaroo_adapter.exits) < 2:
@@ -213,11 +220,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         unavailable |= {name for name in method_names() if self.supplied(self.component_named(name)).unsupplied()}
         return tuple(m for m in method_names() if m not in unavailable)
 
-    @staticmethod
-    def component_named(name: str) -> DecodingComponent:
-        """The component a method name stands for, at its defaults: a drafter's `TextSpeculation`, or the
-        registered decoding of that name."""
-        return TextSpeculation(drafter=name) if name in DRAFTERS else decodings("text")[name]()
+    component_named = staticmethod(text_component)
 
     @property
     def decoding_policy(self) -> TextDecodingPolicy:
@@ -257,6 +260,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                       if m in CHAIN_DRAFTERS and speculation and TextSpeculation.accepts(m, given)}
         if "heads" in self.methods and set(given) <= TextDraftHeads.auto_settings:
             candidates["heads"] = TextDraftHeads(**given)
+        for name in self.methods:  # the registered drafters
+            cls = decodings("text").get(name)
+            if isinstance(cls, type) and issubclass(cls, TextDrafting) and set(given) <= set(specs(cls)):
+                candidates[name] = cls(**given)
         if not candidates and set(given) - {"acceptance"}:
             raise ValueError(f"decoding='auto': no drafter of this pipeline ({', '.join(self.methods)}) takes "
                              f"{sorted(given)}")
