@@ -41,6 +41,7 @@ _EXPORTS = {
     "register_decoding": "mmspec.core.registry",
     "register_rule": "mmspec.core.registry",
     "AutoARImagePipeline": "mmspec.pipelines.auto",
+    "register_image_pipeline": "mmspec.pipelines.auto",  # your own image family, found by AutoARImagePipeline
     "LlamaGenPipeline": "mmspec.pipelines.llamagen",
     "JanusPipeline": "mmspec.pipelines.janus",
     "Emu3Pipeline": "mmspec.pipelines.emu3",

@@ -12,14 +12,39 @@ from pathlib import Path
 
 from mmspec.zoo import IMAGE_T2I, resolve_model
 
-# pipeline class name -> module; transformers checkpoint model_type -> pipeline class name
-PIPELINES = {
+# pipeline class name -> module (or the class, registered); transformers checkpoint model_type -> pipeline class name
+PIPELINES: dict[str, str | type] = {
     "LlamaGenPipeline": "mmspec.pipelines.llamagen",
     "JanusPipeline": "mmspec.pipelines.janus",
     "Emu3Pipeline": "mmspec.pipelines.emu3",
     "LuminaMGPTPipeline": "mmspec.pipelines.lumina_mgpt",
 }
 CHECKPOINT_FAMILIES = {"janus": "JanusPipeline", "emu3": "Emu3Pipeline", "chameleon": "LuminaMGPTPipeline"}
+
+
+def register_image_pipeline(cls: type) -> type:
+    """Make `AutoARImagePipeline` (and `mmspec generate --model`) load a family's pipeline `cls` (an
+    `ARImagePipeline`) from outside the library: a saved folder whose model_index.json names it, and, if it sets
+    `checkpoint_model_type`, the transformers checkpoints of that model type. Usable as a class decorator; ValueError
+    if another class has its name or model type."""
+    if not (isinstance(cls, type) and hasattr(cls, "image_adapter") and hasattr(cls, "from_pretrained")):
+        raise TypeError(f"register_image_pipeline takes an ARImagePipeline subclass, got {cls!r}")
+    model_type = cls.checkpoint_model_type
+    if cls.__name__ in PIPELINES or (model_type is not None and model_type in CHECKPOINT_FAMILIES):
+        raise ValueError(f"an image pipeline named {cls.__name__} (or loading {model_type!r} checkpoints) is already "
+                         "registered")
+    PIPELINES[cls.__name__] = cls
+    if model_type is not None:
+        CHECKPOINT_FAMILIES[model_type] = cls.__name__
+    return cls
+
+
+def unregister_image_pipeline(cls: type) -> None:
+    """Undo `register_image_pipeline(cls)`."""
+    if PIPELINES.get(cls.__name__) is not cls:
+        raise ValueError(f"{cls.__name__} is not a registered image pipeline")
+    del PIPELINES[cls.__name__]
+    CHECKPOINT_FAMILIES.pop(cls.checkpoint_model_type, None)
 
 
 def saved_class_name(folder: str | Path) -> str | None:
@@ -48,7 +73,8 @@ def pipeline_class_for(path: str | Path) -> type:
     else:
         raise ValueError(f"{path} has neither model_index.json (a saved pipeline), config.json (a transformers "
                          "checkpoint) nor LlamaGen's t2i_*.pt release")
-    return getattr(importlib.import_module(PIPELINES[name]), name)
+    found = PIPELINES[name]
+    return found if isinstance(found, type) else getattr(importlib.import_module(found), name)
 
 
 class AutoARImagePipeline:

@@ -41,6 +41,16 @@ def tiny_llama(vocab_size: int = 48, hidden_size: int = 32, num_layers: int = 2,
     return LlamaForCausalLM(config).to(dtype).eval()
 
 
+def embedded_text_pipeline():
+    """The embedded text pair as a `SpeculativeTextPipeline`, progress bars off."""
+    from mmspec.pipelines.text import SpeculativeTextPipeline
+    from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
+
+    pipe = SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 @pytest.fixture
 def tiny_target():
     return tiny_llama(num_layers=3, seed=0)

@@ -16,6 +16,12 @@ A text drafter is defined here too: `StickyDrafts`, whose drafts repeat the row'
 `SpeculativeTextPipeline` (by object, by name, save / load), `mmspec text --method sticky --stickiness X`, the demo's
 method list and `decoding="auto"`'s candidates; it passes the text sequence-law test (`tests.text.test_generate_law`),
 and a companion that draws from one law but reports another is rejected by it.
+
+And a model family: `PalettePipeline`, a tiny Llama whose last 16 vocabulary ids are the colours of a 4 x 4 grid,
+with its adapter on `CausalLMImageAdapter`, registered with `register_image_pipeline`: `AutoARImagePipeline` and
+`mmspec generate --model` load a saved one; it passes the family checks (greedy SJD equal to AR, the cache equal to a
+fresh prefill after every iteration, with a skipped rollback as the companion that must be caught) and SJD's samples
+follow the exact law of the first two tokens (a law without guidance rejected).
 """
 
 import json
@@ -35,12 +41,23 @@ from mmspec.core.rules.exact import accept_probability, at_drafts, residual_law
 from mmspec.core.verify import chain_outcome
 from mmspec.image.jacobi import JacobiStep
 from mmspec.image.methods.base import ImageDecoding
+from mmspec.models.hf_image import CausalLMImageAdapter, PromptCondition
+from mmspec.pipelines.ar_image import ARImagePipeline, left_padded
+from mmspec.pipelines.auto import AutoARImagePipeline, register_image_pipeline, unregister_image_pipeline
 from mmspec.pipelines.llamagen import LlamaGenPipeline
 from mmspec.pipelines.text import SpeculativeTextPipeline
 from mmspec.text.drafters import ChainDrafter
 from mmspec.text.methods import TextDrafting
-from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
+from mmspec.zoo import TEXT_TARGET, resolve_model
+from tests.conftest import embedded_text_pipeline
 from tests.image.test_jacobi_law import N, V, decode_rows, law_checks
+from tests.models.family_checks import (
+    check_cache_and_its_mutation,
+    check_first_two_tokens_follow,
+    check_greedy_sjd_equals_ar,
+    exact_law_of_the_first_two_tokens,
+)
+from tests.models.family_checks import run as run_family
 from tests.models.llamagen_tiny import tiny_pipeline
 from tests.text import test_generate_law as text_law
 from tests.text.table_lm import TableLM, random_table
@@ -142,15 +159,81 @@ class StickyDrafts(TextDrafting):
         return StickyDrafter(self.stickiness)
 
 
+CODES, CELL = 16, 4  # the palette family: 16 colours, each code a 4 x 4 pixel cell
+
+
+class PaletteAdapter(CausalLMImageAdapter):
+    """A Llama writing a grid of codes as its last CODES vocabulary ids; code c is the colour PALETTE[c]."""
+
+    def __init__(self, model, height: int, width: int):
+        self.model, self.language_model = model, model.model
+        self.grid, self.vocab_size = (height, width), CODES
+        self.offset = model.config.vocab_size - CODES
+
+    def embed_image(self, tokens):
+        return self.model.get_input_embeddings()(tokens + self.offset)
+
+    def image_logits(self, hidden):
+        return self.model.lm_head(hidden)[..., self.offset:].float()
+
+    def unconditional(self, input_ids, mask):
+        return input_ids[:, -1:], mask[:, -1:]
+
+    def decode(self, tokens):
+        cells = self.codebook()[tokens].view(-1, *self.grid, 3).permute(0, 3, 1, 2)
+        return cells.repeat_interleave(CELL, 2).repeat_interleave(CELL, 3)
+
+    def codebook(self):
+        return torch.linspace(-1, 1, CODES * 3, dtype=torch.float64).view(3, CODES).T.contiguous()
+
+
+class PalettePipeline(ARImagePipeline):
+    """Text-to-image with a tiny Llama that writes a 4 x 4 grid of colours."""
+
+    model_cpu_offload_seq = "model"
+
+    def __init__(self, model, tokenizer, decoding="auto"):
+        from diffusers.image_processor import VaeImageProcessor
+
+        super().__init__()
+        self.register_modules(model=model, tokenizer=tokenizer)
+        self.decoding = decoding
+        self.image_processor = VaeImageProcessor(do_normalize=True)
+
+    def image_adapter(self, height=None, width=None):
+        height, width = height or 4 * CELL, width or 4 * CELL
+        if height % CELL or width % CELL:
+            raise ValueError(f"height and width must be multiples of {CELL} pixels, got {height} x {width}")
+        return PaletteAdapter(self.model, height // CELL, width // CELL)
+
+    def encode_prompt(self, prompts, negative_prompt, adapter):
+        rows = [self.tokenizer(prompt)["input_ids"] for prompt in prompts]
+        return PromptCondition(*left_padded(rows, self.tokenizer.pad_token_id, self._execution_device))
+
+
+def palette_pipeline() -> PalettePipeline:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(TEXT_TARGET))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer) + CODES, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128)
+    pipe = PalettePipeline(LlamaForCausalLM(config).double().eval(), tokenizer, decoding="ar")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 @pytest.fixture(scope="module", autouse=True)
 def registered():
     register_decoding(AlternatingSJD)
     register_rule(Tempered)
     register_decoding(StickyDrafts)
+    register_image_pipeline(PalettePipeline)
     yield
     unregister(AlternatingSJD)
     unregister(Tempered)
     unregister(StickyDrafts)
+    unregister_image_pipeline(PalettePipeline)
 
 
 @pytest.fixture(scope="module")
@@ -192,14 +275,19 @@ def test_a_pipeline_runs_them_by_object_and_by_name(pipe):
         pipe(PROMPTS, decoding="alternating_sjd", acceptance="tempered", tempered_power=2)
 
 
-def test_save_and_load_keep_them(pipe, tmp_path):
-    decoding = AlternatingSJD(window=4, period=3, acceptance=Tempered(power=0.7))
+def save_with(pipe, decoding, folder) -> None:
+    """`pipe.save_pretrained(folder)` with `decoding` as its saved decoding (the pipeline's own is kept)."""
     before = pipe.decoding
     pipe.decoding = decoding
     try:
-        pipe.save_pretrained(tmp_path)
+        pipe.save_pretrained(folder)
     finally:
         pipe.decoding = before
+
+
+def test_save_and_load_keep_them(pipe, tmp_path):
+    decoding = AlternatingSJD(window=4, period=3, acceptance=Tempered(power=0.7))
+    save_with(pipe, decoding, tmp_path)
     saved = json.loads((tmp_path / "model_index.json").read_text())["decoding"]
     assert saved == {"name": "alternating_sjd", "window": 4, "period": 3,
                      "acceptance": {"name": "tempered", "power": 0.7}}
@@ -257,9 +345,7 @@ def test_a_bad_value_exits_2_in_one_line_before_any_model_loads(flags, message, 
 # --- the text drafter -----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def text_pipe():
-    pipe = SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return embedded_text_pipeline()
 
 
 TEXT_PROMPTS = ["def f(x):\n", "import os\n"]
@@ -293,12 +379,7 @@ def test_auto_and_the_demo_offer_the_drafter(text_pipe):
 
 def test_a_text_pipeline_saves_and_loads_the_drafter(text_pipe, tmp_path):
     decoding = StickyDrafts(stickiness=0.25, draft_length=2)
-    before = text_pipe.decoding
-    text_pipe.decoding = decoding
-    try:
-        text_pipe.save_pretrained(tmp_path)
-    finally:
-        text_pipe.decoding = before
+    save_with(text_pipe, decoding, tmp_path)
     loaded = SpeculativeTextPipeline.from_pretrained(tmp_path)
     assert loaded.decoding == decoding
 
@@ -314,7 +395,7 @@ def test_mmspec_text_takes_the_drafter_and_its_flag(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["text", "x", "--method", "ngram", "--stickiness", "0.5"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err == "mmspec text: error: --stickiness applies to --method sticky only\n"
+    assert capsys.readouterr().err == "mmspec text: error: --stickiness applies to --method sticky (or auto) only\n"
 
 
 class MislabelledStickyDrafter(StickyDrafter):
@@ -337,6 +418,56 @@ def test_the_text_drafter_s_mutation_companion_is_rejected():
     target = TableLM(random_table(text_law.V, 0))
     p_value, _ = text_law.law_test(target, MislabelledStickyDrafter(0.8), 1.0, 0, draft_length=3)
     assert p_value < text_law.ALPHA, f"a drafter reporting the wrong law was not detected (p = {p_value:.2e})"
+
+
+# --- the model family -----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def palette_folder(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("palette")
+    palette_pipeline().save_pretrained(folder)
+    return str(folder)
+
+
+def test_auto_and_the_cli_load_the_family(palette_folder, tmp_path, capsys):
+    pipe = AutoARImagePipeline.from_pretrained(palette_folder, dtype=torch.float64)
+    assert type(pipe) is PalettePipeline
+    out = pipe(["a red circle", "a blue square"], decoding="sjd", window=3, guidance_scale=2.0,
+               generator=seeded(0, 1))
+    assert out.images[0].size == (16, 16) and out.stats.target_forwards < 16
+    greedy = pipe("a red circle", decoding="sjd", window=3, temperature=0, output_type="latent").images
+    assert torch.equal(greedy, pipe("a red circle", decoding="ar", temperature=0, output_type="latent").images)
+    image = tmp_path / "palette.png"
+    assert main(["generate", "a red circle", "--model", palette_folder, "--decoding", "sjd", "--window", "3",
+                 "--out", str(image), "--no-compare"]) == 0
+    assert image.is_file() and "SJD(window=3" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def palette():
+    pipe = palette_pipeline()
+    ids = [pipe.tokenizer(text)["input_ids"] for text in ("a red circle", "two small blue squares", "x")]
+    adapter = pipe.image_adapter()
+    return adapter, PromptCondition(*left_padded(ids, pipe.tokenizer.pad_token_id, torch.device("cpu")))
+
+
+def test_the_family_passes_the_family_checks(palette):
+    adapter, condition = palette
+    check_greedy_sjd_equals_ar(adapter, condition, 3.0)
+    check_cache_and_its_mutation(adapter, condition)  # its companion: a skipped rollback must be caught
+
+
+def test_sjd_on_the_family_samples_the_exact_law_of_the_first_tokens(palette):
+    from mmspec.core.probs import SamplingConfig
+
+    adapter, condition = palette
+    one = PromptCondition(condition.input_ids[:1], condition.attention_mask[:1])
+    sampling = SamplingConfig(1.0, top_k=6, guidance_scale=2.0)
+    law = exact_law_of_the_first_two_tokens(adapter, one, sampling)
+    unguided = exact_law_of_the_first_two_tokens(adapter, one, SamplingConfig(1.0, top_k=6))
+    rows = 2000
+    many = PromptCondition(one.input_ids.expand(rows, -1), one.attention_mask.expand(rows, -1))
+    tokens, _ = run_family(SJD(window=3), adapter, many, sampling, torch.Generator().manual_seed(0))
+    check_first_two_tokens_follow(law, tokens, CODES, wrong_law=unguided)
 
 
 # --- exactness ------------------------------------------------------------------------------------------------------
@@ -410,5 +541,5 @@ def test_nothing_else_in_the_repository_names_them():
     named = [path for folder in ("mmspec", "pipelines", "apps", "eval", "tests", "docs")
              for path in (root / folder).rglob("*") if path.suffix in (".py", ".md") and path.resolve() != here
              and any(word in path.read_text() for word in ("AlternatingSJD", "alternating_sjd", "Tempered(",
-                                                       "StickyDrafts", "--stickiness"))]
+                                                       "StickyDrafts", "--stickiness", "PalettePipeline"))]
     assert named == []

@@ -91,7 +91,7 @@ def train_loop(
         ckpt = torch.load(ckpt_path, weights_only=False, map_location=device)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        generator.set_state(ckpt["generator"])
+        generator.set_state(ckpt["generator"].cpu())  # the data generator is a CPU one; map_location moved its state
         start, elapsed = ckpt["step"], ckpt["elapsed_s"]
         if start > steps:  # a longer run's checkpoint: "resuming" it would train nothing and report that run
             raise ValueError(f"{ckpt_path} holds a run at step {start}, past the {steps} steps asked for: ask for "

@@ -328,7 +328,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
                 unless set or saved otherwise). A registered text decoding (`mmspec.core.registry.decodings("text")`:
-                `TextSpeculation`, whose `drafter` setting lists its drafters, `TextDraftHeads`, `AR()`), or a name:
+                `TextSpeculation`, whose `drafter` setting lists its drafters, `TextDraftHeads`, `AR()`, and any
+                `TextDrafting` registered beside them), or a name:
                 a decoding's or a drafter's (`pipe.methods` lists what this pipeline can run). A name plus settings
                 is the same call (`decoding="ngram", draft_length=6`).
             **decoding_settings: the named decoding's settings (`mmspec.core.settings.specs(TextSpeculation)` lists

@@ -4,14 +4,12 @@ import torch
 from mmspec import AR, TextSpeculation
 from mmspec.pipelines.text import SpeculativeTextPipeline, TextPipelineOutput
 from mmspec.text.methods import TextDraftHeads
-from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
+from tests.conftest import embedded_text_pipeline
 
 
 @pytest.fixture(scope="module")
 def pipe():
-    pipe = SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return embedded_text_pipeline()
 
 
 PROMPTS = ["def fibonacci(n):\n", "import os\n\nclass Config:\n"]

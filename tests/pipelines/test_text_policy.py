@@ -7,11 +7,10 @@ import torch
 
 from mmspec import AR, TextSpeculation
 from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint
-from mmspec.pipelines.text import SpeculativeTextPipeline
 from mmspec.pipelines.text.policy import PER_FORWARD, ROUNDS, TextDecodingPolicy
 from mmspec.text.methods import AR as TextAR
 from mmspec.text.methods import TextDraftHeads
-from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
+from tests.conftest import embedded_text_pipeline
 
 PROMPTS = ["def fibonacci(n):\n"]
 SAMPLING = dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0)
@@ -19,9 +18,7 @@ SAMPLING = dict(max_new_tokens=16, temperature=0.0, top_k=0, top_p=1.0)
 
 @pytest.fixture(scope="module")
 def pipe():
-    pipe = SpeculativeTextPipeline.from_pretrained(TEXT_TARGET, draft=TEXT_DRAFT)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return embedded_text_pipeline()
 
 
 @pytest.fixture(scope="module")
