@@ -33,7 +33,16 @@ from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import encode_tokens, psnr, to_model_range, to_uint8
 from mmspec.zoo.shapes import class_label
 from mmspec.zoo.train_image import add_pool_arguments, load_pools
-from mmspec.zoo.training import add_stage_arguments, copy_stage, index_entry, save_stage, train_loop
+from mmspec.zoo.training import (
+    add_minutes_argument,
+    add_stage_arguments,
+    budgeted_steps,
+    check_minutes,
+    copy_stage,
+    index_entry,
+    save_stage,
+    train_loop,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +162,8 @@ def train_mar(work: Path, role: str, args) -> MARModel:
         loss = mar_loss(model, *batch, schedule)
         return loss, loss
 
+    steps = budgeted_steps(f"mar-{role}", getattr(args, f"{role}_minutes"), steps, model, loss_fn, batch_fn, work,
+                           args.device)
     seconds = train_loop(f"mar-{role}", model, steps=steps, lr=getattr(args, f"{role}_lr"), loss_fn=loss_fn,
                          batch_fn=batch_fn, work_dir=work, seed=args.seed + STAGE_SEEDS[role],
                          ckpt_every=args.ckpt_every, weight_decay=0.02, device=args.device)
@@ -196,6 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", default=str(ZOO_DIR / "mar_shapes"))
     for stage, steps, lr in (("vae", 2000, 1e-3), ("target", 3000, 1e-3), ("draft", 3000, 1.5e-3)):
         add_stage_arguments(parser, stage, steps, 32, lr)
+    for stage in MAR_CONFIGS:
+        add_minutes_argument(parser, stage)
     parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
                         help="take this saved MAR pipeline's autoencoder (and its metrics) instead of training one, "
                              "so that retrained MAR models keep the shipped latents")
@@ -204,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.device = resolve_device(parser, args.device)
+    check_minutes(parser, args, tuple(MAR_CONFIGS))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
     if args.vae_from is not None:

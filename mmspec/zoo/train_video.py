@@ -39,7 +39,16 @@ from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import encode_tokens
 from mmspec.zoo.train_mar import train_kl_autoencoder
-from mmspec.zoo.training import add_stage_arguments, copy_stage, index_entry, save_stage, train_loop
+from mmspec.zoo.training import (
+    add_minutes_argument,
+    add_stage_arguments,
+    budgeted_steps,
+    check_minutes,
+    copy_stage,
+    index_entry,
+    save_stage,
+    train_loop,
+)
 from mmspec.zoo.video_world import episode, persistent_actions, rollout
 
 logger = logging.getLogger(__name__)
@@ -128,7 +137,9 @@ def train_model(work: Path, args) -> NextFrameTransformer:
         loss = flow_loss(model, *batch)
         return loss, loss
 
-    seconds = train_loop("video-model", model, steps=args.model_steps, lr=args.model_lr, loss_fn=loss_fn,
+    steps = budgeted_steps("video-model", args.model_minutes, args.model_steps, model, loss_fn, batch_fn, work,
+                           args.device)
+    seconds = train_loop("video-model", model, steps=steps, lr=args.model_lr, loss_fn=loss_fn,
                          batch_fn=batch_fn, work_dir=work, seed=args.seed + STAGE_SEEDS["model"],
                          ckpt_every=args.ckpt_every, weight_decay=0.02, device=args.device)
     held_latents, held_actions = (t.to(args.device) for t in load_latents(work, "heldout"))
@@ -136,8 +147,8 @@ def train_model(work: Path, args) -> NextFrameTransformer:
         generator = torch.Generator().manual_seed(0)
         losses = [flow_loss(model, held_latents[i : i + 64, :CLIP_FRAMES], held_actions[i : i + 64, :CLIP_FRAMES],
                             generator).item() for i in range(0, len(held_latents), 64)]
-    save_stage(model, work / "video_model", {"held_out_loss": round(sum(losses) / len(losses), 4)},
-               args.model_steps, args.model_batch_size, seconds)
+    save_stage(model, work / "video_model", {"held_out_loss": round(sum(losses) / len(losses), 4)}, steps,
+               args.model_batch_size, seconds)
     return model
 
 
@@ -170,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--held-out-episodes", type=int, default=256)
     add_stage_arguments(parser, "vae", 1500, 32, 1e-3)
     add_stage_arguments(parser, "model", 3500, 32, 6e-4)
+    add_minutes_argument(parser, "model")
     parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
                         help="take this saved next-frame pipeline's autoencoder (and its metrics) instead of training "
                              "one, so that a retrained model keeps the shipped latents")
@@ -178,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.device = resolve_device(parser, args.device)
+    check_minutes(parser, args, ("model",))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ a drafter they share."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import math
@@ -23,6 +24,70 @@ def add_stage_arguments(parser, stage: str, steps: int, batch_size: int, lr: flo
     parser.add_argument(f"--{stage}-steps", type=int, default=steps)
     parser.add_argument(f"--{stage}-batch-size", type=int, default=batch_size)
     parser.add_argument(f"--{stage}-lr", type=float, default=lr)
+
+
+def add_minutes_argument(parser, stage: str) -> None:
+    """--<stage>-minutes (read back as args.<stage>_minutes; None = use --<stage>-steps): see `budgeted_steps`."""
+    parser.add_argument(f"--{stage}-minutes", type=float, default=None, metavar="M",
+                        help=f"train for about M minutes on this machine instead of --{stage}-steps: the step count "
+                             "is set from the speed of a few throwaway steps (a resumed run keeps its own)")
+
+
+def check_minutes(parser: argparse.ArgumentParser, args: argparse.Namespace, stages: tuple[str, ...]) -> None:
+    """Each --<stage>-minutes given is > 0 (else the parser exits 2 naming the flag)."""
+    for stage in stages:
+        minutes = getattr(args, f"{stage}_minutes")
+        if minutes is not None and not minutes > 0:
+            parser.error(f"--{stage}-minutes must be > 0, got {minutes}")
+
+
+PROBE_STEPS = 20  # timed throwaway steps behind a step count for a time budget (after 3 untimed ones)
+
+
+def budgeted_steps(name: str, minutes: float | None, steps: int, model: torch.nn.Module,
+                   loss_fn: Callable[[torch.nn.Module, object], tuple[torch.Tensor, torch.Tensor]],
+                   batch_fn: Callable[[torch.Generator], object], work_dir: str | Path,
+                   device: torch.device | str = "cpu") -> int:
+    """The steps `train_loop(name, ...)` is to take: `steps`, or, with a budget of `minutes`, the number that fits in
+    it — a resumed run's own count (its checkpoint's), else 95 % of the budget over the time of a step, measured on
+    PROBE_STEPS throwaway steps (AdamW at learning rate 0 on a copy of `model`, batches from a generator of their
+    own, so the run itself is untouched). Processes training side by side measure each other's load."""
+    if minutes is None:
+        return steps
+    ckpt_path = Path(work_dir) / f"ckpt-{name}.pt"
+    if ckpt_path.exists():
+        planned = torch.load(ckpt_path, weights_only=False, map_location="cpu").get("steps")
+        if planned is not None:
+            return planned
+    device = torch.device(device)
+    probe = copy.deepcopy(model).to(device).train()
+    optimizer = torch.optim.AdamW(probe.parameters(), lr=0.0)
+    generator = torch.Generator().manual_seed(0)
+
+    def one_step() -> None:
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            total, _ = loss_fn(probe, to_device(batch_fn(generator), device))
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(probe.parameters(), 1.0)
+        optimizer.step()
+
+    for _ in range(3):  # allocation, kernel choices
+        one_step()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(PROBE_STEPS):
+        one_step()
+    synchronize(device)
+    per_step = (time.perf_counter() - start) / PROBE_STEPS
+    planned = max(1, int(0.95 * minutes * 60 / per_step))
+    logger.info("%s: %.1f ms a step here: %d steps for %g minutes", name, per_step * 1e3, planned, minutes)
+    return planned
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def cosine_lr(lr: float, steps: int, warmup: int) -> Callable[[int], float]:
@@ -117,7 +182,8 @@ def train_loop(
         done = step + 1
         if done % ckpt_every == 0 or done == steps:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "generator": generator.get_state(), "step": done, "elapsed_s": elapsed + time.perf_counter() - t0}
+                     "generator": generator.get_state(), "step": done, "steps": steps,
+                     "elapsed_s": elapsed + time.perf_counter() - t0}
             torch.save(state, ckpt_path)
     model.eval()
     return elapsed + time.perf_counter() - t0

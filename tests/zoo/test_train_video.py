@@ -61,7 +61,7 @@ def test_a_retrain_keeps_the_shipped_autoencoder(tmp_path):
     its metrics."""
     shipped = ZOO_DIR / "nextframe_shapes"
     main(["--work-dir", str(tmp_path / "work"), "--train-episodes", "2", "--held-out-episodes", "2", "--vae-from",
-          str(shipped), "--model-batch-size", "2", "--model-steps", "1", "--out-dir", str(tmp_path / "pipeline")])
+          str(shipped), "--model-batch-size", "2", "--model-minutes", "0.002", "--out-dir", str(tmp_path / "pipeline")])
     assert not (tmp_path / "work" / "ckpt-video-vae.pt").exists()  # no autoencoder was trained
     metrics = check_autoencoder_kept(shipped, tmp_path / "pipeline", "video_vae", "NextFrameTransformer")
-    assert metrics["video_model"]["steps"] == 1
+    assert metrics["video_model"]["steps"] >= 1  # as many as fit in the budget
