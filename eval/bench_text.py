@@ -75,7 +75,7 @@ from mmspec.text.drafters import (
     NoDrafter,
 )
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
-from mmspec.text.methods import attached, draft_vocabulary
+from mmspec.text.methods import attached, draft_vocabulary, registered_drafters
 from mmspec.text.rows import TextRows
 from mmspec.text.sorted_exits import SortedExitDrafter
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
@@ -312,6 +312,9 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
                                num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0),
         "hf_prompt_lookup": hf(prompt_lookup_num_tokens=DRAFT_LENGTH),
         "ours_ar": ours(NoDrafter, lambda: None),  # AR through our loop: on CUDA, graphed AR
+        **{key: ours(lambda decoding=cls(): decoding.make_drafter(target, draft),
+                     lambda decoding=cls(): DraftLengthSchedule(decoding.draft_length))
+           for key, cls in registered_methods().items()},
         "ours_model": ours(lambda: ModelDrafter(draft)),
         "ours_ngram": ours(lambda: NGramDrafter()),
         "ours_layerskip": ours(lambda: LayerSkipDrafter(target, exit_layer)),
@@ -347,6 +350,11 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
         "ours_eagle_tree_cascade": eagle_tree(lambda t: HEAD_TREE, lookup_after=TREE_LOOKUP_AFTER),
         "ours_eagle_tree_n30": eagle_tree(lambda t: TreeShape.positional(30, head_rates[t])),
     }
+
+
+def registered_methods() -> dict[str, type]:
+    """"ours_<name>" for each registered `TextDrafting` (a user's or a plugin's drafter), run at its defaults."""
+    return {f"ours_{name}": cls for name, cls in registered_drafters().items()}
 
 
 def calibrate(target, drafter, tokenizer, prompts: list[str], temperature: float, max_new_tokens: int,
@@ -621,7 +629,8 @@ def main(argv: list[str] | None = None) -> dict:
                              f"{LEARN_PROMPTS}, measured on the rest; N learns on the first 2N/3)")
     parser.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
                         help="these methods only (default: all; the AR baselines always run): "
-                             + ", ".join(METHOD_NAMES))
+                             + ", ".join(METHOD_NAMES) + ", and ours_<name> for each registered TextDrafting "
+                             "(a plugin's)")
     add_device_arguments(parser, dtype=False)
     args = parser.parse_args(argv)
     device = resolve_device(parser, args.device)
@@ -634,9 +643,10 @@ def main(argv: list[str] | None = None) -> dict:
                      f"and {stop_prompts}")
     if args.stream_prompts < 3 * REQUEST_ROWS:  # a request learnt from, one measured
         parser.error(f"--stream-prompts must be >= {3 * REQUEST_ROWS}, got {args.stream_prompts}")
-    unknown = sorted(set(args.methods or ()) - set(METHOD_NAMES))
+    known = (*METHOD_NAMES, *registered_methods())
+    unknown = sorted(set(args.methods or ()) - set(known))
     if unknown:
-        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(METHOD_NAMES)}")
+        parser.error(f"--methods: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
     target, tokenizer = load_causal_lm(args.target)
     draft, _ = load_causal_lm(args.draft)
     target, draft = target.to(device), draft.to(device)
@@ -646,7 +656,7 @@ def main(argv: list[str] | None = None) -> dict:
     calibration_prompts = 2 if args.quick else 8
     prompts = held_out_prompts(max(n_prompts, 8) + calibration_prompts)
     prompts, calibration = prompts[:-calibration_prompts], prompts[-calibration_prompts:]
-    chosen = set(METHOD_NAMES if args.methods is None else (*AR_METHODS, *args.methods))
+    chosen = set(known if args.methods is None else (*AR_METHODS, *args.methods))
     with torch.no_grad():  # each drafter's positional acceptance, where one of its positional trees runs
         rates = head_rates = {}
         if chosen & DRAFT_POSITIONAL:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from mmspec.core.component import DecodingComponent, component_from, rule_settings
 from mmspec.core.devices import add_device_arguments, parse_device  # no torch until a device is asked
-from mmspec.core.registry import decodings, rules
+from mmspec.core.registry import decodings, load_plugins, rules
 from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
@@ -702,6 +702,11 @@ COMMANDS = {"text": (check_text, run_text), "generate": (check_generate, run_gen
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        load_plugins()  # their decodings and rules become choices and flags
+    except ImportError as error:
+        print(f"mmspec: error: {error}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     prog = f"mmspec {args.command}"

@@ -22,6 +22,9 @@ with its adapter on `CausalLMImageAdapter`, registered with `register_image_pipe
 `mmspec generate --model` load a saved one; it passes the family checks (greedy SJD equal to AR, the cache equal to a
 fresh prefill after every iteration, with a skipped rollback as the companion that must be caught) and SJD's samples
 follow the exact law of the first two tokens (a law without guidance rejected).
+
+Outside a test, such code lives in a package of its own: an `mmspec.plugins` entry point (or the MMSPEC_PLUGINS
+variable) makes the registry import it, which a new `mmspec` process is shown to do.
 """
 
 import json
@@ -398,6 +401,16 @@ def test_mmspec_text_takes_the_drafter_and_its_flag(capsys):
     assert capsys.readouterr().err == "mmspec text: error: --stickiness applies to --method sticky (or auto) only\n"
 
 
+def test_bench_text_times_the_drafter(text_pipe):
+    from mmspec.eval.bench_text import load_heads, make_methods
+
+    heads = load_heads(TEXT_TARGET, text_pipe.target)
+    methods = make_methods(text_pipe.target, text_pipe.draft, text_pipe.tokenizer, 8, {}, heads, {})
+    encoded = text_pipe.tokenizer(["def f(x):\n"], return_tensors="pt")
+    sequences, stats = methods["ours_sticky"](encoded, 1.0, 0)
+    assert sequences.shape[1] == encoded["input_ids"].shape[1] + 8 and stats.drafted > 0
+
+
 class MislabelledStickyDrafter(StickyDrafter):
     """Mutation companion: draws sticky tokens but reports the uniform law."""
 
@@ -418,6 +431,70 @@ def test_the_text_drafter_s_mutation_companion_is_rejected():
     target = TableLM(random_table(text_law.V, 0))
     p_value, _ = text_law.law_test(target, MislabelledStickyDrafter(0.8), 1.0, 0, draft_length=3)
     assert p_value < text_law.ALPHA, f"a drafter reporting the wrong law was not detected (p = {p_value:.2e})"
+
+
+# --- a plugin ---------------------------------------------------------------------------------------------------------
+PLUGIN = '''"""A text drafter from outside mmspec: it drafts the row's last token again."""
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mmspec import register_decoding
+from mmspec.core.drafts import Draft
+from mmspec.text.drafters import ChainDrafter
+from mmspec.text.methods import TextDrafting
+
+
+class EchoDrafter(ChainDrafter):
+    def propose(self, rows, budget, width, sampling, generator):
+        last = rows.tokens.gather(1, (rows.lengths - 1)[:, None])
+        return Draft(tokens=last.expand(-1, width), lengths=budget.clamp(max=width))
+
+
+@register_decoding
+@dataclass(frozen=True)
+class Echo(TextDrafting):
+    """Drafts that repeat the last token."""
+
+    name: ClassVar[str] = "echo"
+
+    def make_drafter(self, target, draft=None):
+        return EchoDrafter()
+'''
+
+
+def test_an_installed_plugin_reaches_the_command_line(tmp_path):
+    """A package declaring an `mmspec.plugins` entry point (here a module and its dist-info on PYTHONPATH, as pip
+    would install them) is imported by the registry: `mmspec text --method echo` runs its drafter in a new process.
+    The same module named in MMSPEC_PLUGINS is listed by --help; a plugin that cannot be imported is one line,
+    exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "echo_plugin.py").write_text(PLUGIN)
+    info = tmp_path / "echo_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[mmspec.plugins]\necho = echo_plugin\n")
+
+    def mmspec(*args, path=tmp_path, plugins=""):
+        env = {**os.environ, "PYTHONPATH": str(path), "MMSPEC_PLUGINS": plugins}
+        return subprocess.run([sys.executable, "-m", "mmspec.cli", *args], capture_output=True, text=True, env=env,
+                              timeout=300)
+
+    run = mmspec("text", "def f(x):\n", "--method", "echo", "--max-new-tokens", "6", "--no-compare")
+    assert run.returncode == 0, run.stderr
+    assert "Echo(draft_length=4, acceptance=Exact())" in run.stdout
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "echo_by_name.py").write_text(PLUGIN)
+    helped = mmspec("text", "--help", path=bare, plugins="echo_by_name")
+    assert helped.returncode == 0 and "'echo': Drafts that repeat the last token" in helped.stdout
+    assert "'echo'" not in mmspec("text", "--help", path=bare).stdout  # not installed, not named: not there
+    broken = mmspec("text", "--help", path=bare, plugins="no_such_plugin")
+    assert broken.returncode == 2 and broken.stdout == ""
+    assert broken.stderr == ("mmspec: error: mmspec plugin 'no_such_plugin' (MMSPEC_PLUGINS) failed to import: No "
+                             "module named 'no_such_plugin'\n")
 
 
 # --- the model family -----------------------------------------------------------------------------------------------

@@ -6,10 +6,18 @@ A component registers itself with `@register_decoding` (under its `modality` and
 (`mmspec.image.methods`, `mmspec.text.methods`, `mmspec.continuous.methods`, `mmspec.video.methods`; the built-in rules:
 `mmspec.core.rules`). Your own method or rule registers the same way and is then taken by every front end. Nothing
 here imports torch.
+
+Plugins: a package that declares an entry point in the group `mmspec.plugins` (in its pyproject.toml,
+`[project.entry-points."mmspec.plugins"]` then `my_drafter = "my_package.drafter"`), or a module named in the
+environment variable `MMSPEC_PLUGINS` (comma-separated), is imported the first time the registry is read, so what it
+registers reaches `mmspec text --method`, `mmspec generate --decoding`, the demo and the benchmarks too.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
+from importlib.metadata import entry_points
 from typing import TypeVar
 
 T = TypeVar("T", bound=type)
@@ -49,9 +57,34 @@ def unregister(cls: type) -> None:
 
 def decodings(modality: str) -> dict[str, type]:
     """The registered decoding components of a modality ("image", "text", "continuous", "video"), by name."""
+    load_plugins()
     return dict(_DECODINGS.get(modality, {}))
 
 
 def rules(modality: str | None = None) -> dict[str, type]:
     """The registered acceptance rules, by name; with `modality`, those its decodings take."""
+    load_plugins()
     return {name: rule for name, rule in _RULES.items() if modality is None or modality in rule.modalities}
+
+
+PLUGIN_GROUP = "mmspec.plugins"
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import the plugins once (see the module docstring): the `mmspec.plugins` entry points of the installed
+    packages, then the modules `MMSPEC_PLUGINS` names. An ImportError names a plugin that fails to import."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True  # first: a plugin reading the registry while it imports must not import itself again
+    named = [(f"entry point {point.name!r} ({point.value})", point.value)
+             for point in entry_points(group=PLUGIN_GROUP)]
+    named += [(f"{name!r} (MMSPEC_PLUGINS)", name) for name in os.environ.get("MMSPEC_PLUGINS", "").split(",")
+              if name.strip()]
+    for label, target in named:
+        module = target.split(":")[0].strip()
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ImportError(f"mmspec plugin {label} failed to import: {error}") from error

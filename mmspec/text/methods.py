@@ -385,10 +385,15 @@ def uses_draft_model(name: str) -> bool:
     return name == "auto" or text_component(name).needs_draft_model()
 
 
+def registered_drafters() -> dict[str, type[TextDrafting]]:
+    """The registered `TextDrafting`s (a user's or a plugin's text drafters), by name."""
+    return {name: cls for name, cls in decodings("text").items() if issubclass(cls, TextDrafting)}
+
+
 def auto_settings() -> set[str]:
     """The settings `decoding="auto"` hands to its candidates: `TextSpeculation`'s, the heads' `auto_settings` and
     every registered `TextDrafting`'s."""
-    drafters = [cls for cls in decodings("text").values() if issubclass(cls, TextDrafting)]
+    drafters = registered_drafters().values()
     return {*specs(TextSpeculation), *TextDraftHeads.auto_settings, *(name for cls in drafters for name in specs(cls))}
 
 

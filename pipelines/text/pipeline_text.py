@@ -19,7 +19,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from mmspec.core.capture import StepGraphs
 from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.registry import decodings
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
 from mmspec.core.settings import specs
@@ -32,9 +31,9 @@ from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, ONLINE_DRAFTERS, check_max_new_tokens
 from mmspec.text.methods import (
     TextDraftHeads,
-    TextDrafting,
     TextSpeculation,
     method_names,
+    registered_drafters,
     text_component,
     uses_draft_model,
 )
@@ -260,10 +259,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                       if m in CHAIN_DRAFTERS and speculation and TextSpeculation.accepts(m, given)}
         if "heads" in self.methods and set(given) <= TextDraftHeads.auto_settings:
             candidates["heads"] = TextDraftHeads(**given)
-        for name in self.methods:  # the registered drafters
-            cls = decodings("text").get(name)
-            if isinstance(cls, type) and issubclass(cls, TextDrafting) and set(given) <= set(specs(cls)):
-                candidates[name] = cls(**given)
+        drafters = registered_drafters()
+        for name in self.methods:
+            if name in drafters and set(given) <= set(specs(drafters[name])):
+                candidates[name] = drafters[name](**given)
         if not candidates and set(given) - {"acceptance"}:
             raise ValueError(f"decoding='auto': no drafter of this pipeline ({', '.join(self.methods)}) takes "
                              f"{sorted(given)}")
