@@ -64,20 +64,12 @@ def budgeted_steps(name: str, minutes: float | None, steps: int, model: torch.nn
     optimizer = torch.optim.AdamW(probe.parameters(), lr=0.0)
     generator = torch.Generator().manual_seed(0)
 
-    def one_step() -> None:
-        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            total, _ = loss_fn(probe, to_device(batch_fn(generator), device))
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(probe.parameters(), 1.0)
-        optimizer.step()
-
     for _ in range(3):  # allocation, kernel choices
-        one_step()
+        update(probe, optimizer, loss_fn, batch_fn(generator), device)
     synchronize(device)
     start = time.perf_counter()
     for _ in range(PROBE_STEPS):
-        one_step()
+        update(probe, optimizer, loss_fn, batch_fn(generator), device)
     synchronize(device)
     per_step = (time.perf_counter() - start) / PROBE_STEPS
     planned = max(1, int(0.95 * minutes * 60 / per_step))
@@ -119,6 +111,20 @@ def to_device(batch, device: torch.device):
     if isinstance(batch, tuple | list):
         return type(batch)(to_device(item, device) for item in batch)
     return batch
+
+
+def update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           loss_fn: Callable[[torch.nn.Module, object], tuple[torch.Tensor, torch.Tensor]], batch: object,
+           device: torch.device) -> torch.Tensor:
+    """One optimiser step on `batch` (moved to `device`; bfloat16 autocast on CUDA; grad-norm clip 1); returns the
+    loss to display."""
+    with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+        total, shown = loss_fn(model, to_device(batch, device))
+    optimizer.zero_grad(set_to_none=True)
+    total.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return shown
 
 
 def train_loop(
@@ -169,12 +175,7 @@ def train_loop(
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            total, shown = loss_fn(model, to_device(batch_fn(generator), device))
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        shown = update(model, optimizer, loss_fn, batch_fn(generator), device)
         if after_step is not None:
             after_step(step)
         if step % 10 == 0:  # reading the loss syncs with the device
