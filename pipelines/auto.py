@@ -10,6 +10,7 @@ import importlib
 import json
 from pathlib import Path
 
+from mmspec.core.registry import load_plugins
 from mmspec.zoo import IMAGE_T2I, resolve_model
 
 # pipeline class name -> module (or the class, registered); transformers checkpoint model_type -> pipeline class name
@@ -55,7 +56,9 @@ def saved_class_name(folder: str | Path) -> str | None:
 
 
 def pipeline_class_for(path: str | Path) -> type:
-    """The pipeline class that loads directory `path`; ValueError naming what was found otherwise."""
+    """The pipeline class that loads directory `path` (the plugins' families too, `mmspec.core.registry`); ValueError
+    naming what was found otherwise."""
+    load_plugins()
     path = Path(path)
     if (path / "model_index.json").is_file():
         name = saved_class_name(path)

@@ -495,6 +495,18 @@ def test_an_installed_plugin_reaches_the_command_line(tmp_path):
     assert broken.returncode == 2 and broken.stdout == ""
     assert broken.stderr == ("mmspec: error: mmspec plugin 'no_such_plugin' (MMSPEC_PLUGINS) failed to import: No "
                              "module named 'no_such_plugin'\n")
+    # a plugin's image family: AutoARImagePipeline finds it in a new process
+    (bare / "family_plugin.py").write_text("from mmspec import register_image_pipeline\n"
+                                           "from mmspec.pipelines.ar_image import ARImagePipeline\n\n\n"
+                                           "@register_image_pipeline\nclass PluggedPipeline(ARImagePipeline):\n"
+                                           "    pass\n")
+    (bare / "saved").mkdir()
+    (bare / "saved" / "model_index.json").write_text('{"_class_name": "PluggedPipeline"}')
+    env = {**os.environ, "PYTHONPATH": str(bare), "MMSPEC_PLUGINS": "family_plugin"}
+    found = subprocess.run([sys.executable, "-c", "from mmspec.pipelines.auto import pipeline_class_for; "
+                            f"print(pipeline_class_for({str(bare / 'saved')!r}).__name__)"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert found.returncode == 0 and found.stdout == "PluggedPipeline\n", found.stderr
 
 
 # --- the model family -----------------------------------------------------------------------------------------------
