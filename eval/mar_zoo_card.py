@@ -5,6 +5,8 @@ accuracy by a small classifier trained on the shapes world, beside the classifie
     python -m mmspec.eval.mar_zoo_card            # 4 samples of each of the 30 classes (a few minutes on 2 CPU cores)
     python -m mmspec.eval.mar_zoo_card --quick    # 1 sample per class, a shorter classifier training
 
+The classifier is trained once per machine and kept in mmspec's cache (`cached_probe`).
+
 A class of `mar_shapes` is the first object group's shape and the background (`mmspec.zoo.shapes.class_label`). Which
 group a caption names first cannot be read from pixels, so an image shows its class when the classifier reads its
 background as the class's and finds the class's shape among the objects: the classifier has a background head (6
@@ -24,6 +26,7 @@ from PIL import Image
 from torch import nn
 from tqdm.auto import tqdm
 
+from mmspec.core.paths import cache_root
 from mmspec.eval.devices import write_json
 from mmspec.pipelines.mar import MARPipeline
 from mmspec.zoo import MAR_C2I
@@ -94,6 +97,26 @@ def train_probe(scene_count: int, steps: int, seed: int = 0) -> ClassProbe:
     return probe.eval()
 
 
+PROBE_VERSION = 1  # in the cache's file names: bump it when ClassProbe or its training changes
+
+
+def cached_probe(scene_count: int, steps: int, seed: int = 0) -> ClassProbe:
+    """`train_probe(scene_count, steps, seed)`, trained once per machine: kept under the mmspec cache
+    ($MMSPEC_CACHE_DIR, default ~/.cache/mmspec) in `probes/`, so a second card of a retrained model costs the
+    sampling alone."""
+    path = cache_root() / "probes" / f"mar_class_probe-v{PROBE_VERSION}-{scene_count}-{steps}-{seed}.pt"
+    if path.is_file():
+        probe = ClassProbe()
+        probe.load_state_dict(torch.load(path, weights_only=True))
+        return probe.eval()
+    probe = train_probe(scene_count, steps, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    torch.save(probe.state_dict(), partial)
+    partial.replace(path)  # whole or not at all: a run stopped mid-save leaves no probe to load
+    return probe
+
+
 @torch.no_grad()
 def shows_class(probe: ClassProbe, images: np.ndarray, labels: list[int]) -> dict[str, np.ndarray]:
     """Per image [N, 64, 64, 3] uint8 and asked class: whether the background matches, the shape is present, both."""
@@ -125,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.per_class, args.num_iter, args.diffusion_steps = 1, 16, 25
         args.probe_scenes, args.probe_steps = 4000, 400
-    probe = train_probe(args.probe_scenes, args.probe_steps)
+    probe = cached_probe(args.probe_scenes, args.probe_steps)
     held_images, held_captions = scenes(0, 512, "heldout")
     background, present = targets_of(held_captions)
     with torch.no_grad():

@@ -3,6 +3,7 @@ misses what it must miss (a loop that is not one, a player that is not there, an
 
 import numpy as np
 import pytest
+import torch
 
 from mmspec.eval.mar_zoo_card import class_of, targets_of
 from mmspec.eval.text_zoo_card import distinct, loops
@@ -54,3 +55,16 @@ def test_a_mar_class_is_the_first_group_s_shape_and_the_background():
     assert background.tolist() == [BACKGROUNDS.index("dotted"), BACKGROUNDS.index("plain")]
     assert present[0].nonzero().flatten().tolist() == sorted([SHAPES.index("square"), SHAPES.index("circle")])
     assert present[1].nonzero().flatten().tolist() == [SHAPES.index("cross")]
+
+
+def test_the_mar_card_s_classifier_is_trained_once_per_machine(monkeypatch):
+    import mmspec.eval.mar_zoo_card as card
+
+    trained = []
+    train = card.train_probe
+    monkeypatch.setattr(card, "train_probe", lambda *args: trained.append(args) or train(*args))
+    first, again = card.cached_probe(64, 2, seed=3), card.cached_probe(64, 2, seed=3)
+    assert trained == [(64, 2, 3)]
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values(), strict=True))
+    card.cached_probe(64, 3, seed=3)  # other settings: another probe
+    assert trained == [(64, 2, 3), (64, 3, 3)]
