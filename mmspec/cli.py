@@ -285,7 +285,7 @@ def check_text(args) -> None:
     if args.online_every is not None:
         check_number(args, "--online-every", 1)
         if args.method == "auto" or not (uses_draft_model(args.method) or args.method == "heads"):
-            learners = [name for name in method_names() if name != "auto" and uses_draft_model(name)]
+            learners = [name for name in method_names() if uses_draft_model(name)]
             raise UsageError(f"--online-every: the draft LM learns online under --method {', '.join(learners)}, "
                              f"the --kind head under --method heads; not {args.method}")
     check_model(args.target, "--target")

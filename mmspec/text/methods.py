@@ -60,15 +60,11 @@ class TextDrafting(TextDecoding):
     `make_drafter`. A subclass declares its settings as fields, checks them in `check()`, builds its drafter (a
     `mmspec.text.drafters.ChainDrafter`) in `make_drafter` and is registered with `register_decoding`: then the
     pipelines run it by object or name, `mmspec text --method NAME` takes it (with a flag per setting), the demo lists
-    it, `decoding="auto"` times it among its candidates, and `save_pretrained` keeps it. `uses_draft_model`: whether
-    `make_drafter` reads the pipeline's draft LM (a pipeline without one does not offer it)."""
+    it, `decoding="auto"` times it among its candidates, and `save_pretrained` keeps it. One whose `make_drafter`
+    reads the pipeline's draft LM says so in `needs_draft_model()` (a pipeline without one does not offer it)."""
 
-    uses_draft_model: ClassVar[bool] = False
     draft_length: int = setting(4, "tokens drafted per target forward", low=1)
     acceptance: AcceptanceRule = Exact()
-
-    def needs_draft_model(self) -> bool:
-        return self.uses_draft_model
 
     def make_drafter(self, target: Any, draft: Any = None):
         """The drafter `speculative_generate` asks (a new one per call: drafters hold per-batch state); `draft`: the

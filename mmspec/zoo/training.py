@@ -54,7 +54,7 @@ def budgeted_steps(name: str, minutes: float | None, steps: int, model: torch.nn
     own, so the run itself is untouched). Processes training side by side measure each other's load."""
     if minutes is None:
         return steps
-    ckpt_path = Path(work_dir) / f"ckpt-{name}.pt"
+    ckpt_path = checkpoint_path(work_dir, name)
     if ckpt_path.exists():
         planned = torch.load(ckpt_path, weights_only=False, map_location="cpu").get("steps")
         if planned is not None:
@@ -75,6 +75,11 @@ def budgeted_steps(name: str, minutes: float | None, steps: int, model: torch.nn
     planned = max(1, int(0.95 * minutes * 60 / per_step))
     logger.info("%s: %.1f ms a step here: %d steps for %g minutes", name, per_step * 1e3, planned, minutes)
     return planned
+
+
+def checkpoint_path(work_dir: str | Path, name: str) -> Path:
+    """Where `train_loop(name, ...)` keeps its resumable checkpoint."""
+    return Path(work_dir) / f"ckpt-{name}.pt"
 
 
 def synchronize(device: torch.device) -> None:
@@ -156,7 +161,7 @@ def train_loop(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     lr_at = cosine_lr(lr, steps, warmup=min(100, steps // 10))
     generator = torch.Generator().manual_seed(seed)
-    ckpt_path = Path(work_dir) / f"ckpt-{name}.pt"
+    ckpt_path = checkpoint_path(work_dir, name)
     start, elapsed = 0, 0.0
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False, map_location=device)

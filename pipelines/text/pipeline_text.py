@@ -35,7 +35,6 @@ from mmspec.text.methods import (
     method_names,
     registered_drafters,
     text_component,
-    uses_draft_model,
 )
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation
 from mmspec.text.stats import TextStats
@@ -210,14 +209,15 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config, `"kangaroo"` an
         exit adapter, `"s2d"` one trained at several exits), the other registered decodings whose runtime parts it
         supplies (`"heads"`: an EAGLE head), and "ar"."""
-        unavailable = {name for name in method_names() if uses_draft_model(name)} if self.draft is None else set()
+        components = {name: self.component_named(name) for name in method_names()}
+        unavailable = {name for name, c in components.items() if c.needs_draft_model()} if self.draft is None else set()
         if getattr(self.target.config, "early_exit_layer", None) is None:
             unavailable.add("layerskip")
         if self.kangaroo_adapter is not None and len(self.kangaroo_adapter.exits) < 2:
             unavailable.add("s2d")
         # and whatever needs a runtime part this pipeline cannot supply (an exit adapter, a draft head)
-        unavailable |= {name for name in method_names() if self.supplied(self.component_named(name)).unsupplied()}
-        return tuple(m for m in method_names() if m not in unavailable)
+        unavailable |= {name for name, c in components.items() if self.supplied(c).unsupplied()}
+        return tuple(name for name in components if name not in unavailable)
 
     component_named = staticmethod(text_component)
 
