@@ -399,10 +399,11 @@ def _side_stream(cuda: bool) -> Iterator[None]:
     torch.cuda.current_stream().wait_stream(side)
 
 
-def block_size(remaining_iterations: float) -> int:
-    """The largest of `BLOCK_SIZES` that does not exceed the iterations a decoding is expected to have left (at
-    least 1): blocks shrink towards the end, so few iterations run past it."""
-    return next((k for k in BLOCK_SIZES if k <= remaining_iterations), 1)
+def block_size(remaining_iterations: float, most: int | None = None) -> int:
+    """The iterations of the next block, for every loop: the largest of `BLOCK_SIZES` that does not exceed the
+    iterations a decoding is expected to have left (at least 1; blocks shrink towards the end, so few iterations run
+    past it), and at most `most` (the caller's `block`)."""
+    return min(most or BLOCK_SIZES[0], next((k for k in BLOCK_SIZES if k <= remaining_iterations), 1))
 
 
 class HostReads:

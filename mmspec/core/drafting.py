@@ -1,5 +1,6 @@
-"""A draft model's chains and trees, and the round that verifies them against the target: the draft-model algorithm,
-once, for every modality (text: a draft LM or the target's early exit; images: a draft GPT over the same codes).
+"""A draft model's chains and trees: the draft-model algorithm, once, for every modality (text: a draft LM or the
+target's early exit; images: a draft GPT over the same codes). The round that verifies them is
+`mmspec.core.speculation`.
 
 `ModelProposer` drafts with a `CausalModel` over the target's tokens, sampling from its own processed law q, which
 every draft carries (`Draft.q`, `DraftTree.q`). Chains (Leviathan et al. 2023): one batched forward per draft
@@ -13,10 +14,6 @@ rolled back to c - 2, which covers the round where every draft was accepted and 
 feeds, in a window of depth + 1, the committed tokens since its previous round (at most the accepted path and the
 closing token) and reads the root's law at the row's last one.
 
-`chain_round` / `tree_round`: the target scores [x_{c-1}, drafts] (or [x_{c-1}, every node] with the tree mask and
-depth positions) in one forward, the rule decides, and for trees the target's cache keeps exactly the accepted path
-(`keep_path`). The caller commits the `Round` and rolls the target back to its new last token.
-
 Laws come from the caller (`DraftLaw`): the processed law of the token at `depth` after the row's last committed
 token, which for an image model also fixes forced structure tokens. A round draws a fixed number of uniforms per row,
 so with per-row generators a row's random stream does not depend on the rest of its batch.
@@ -26,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,13 +33,9 @@ from mmspec.core.drafts import Draft
 from mmspec.core.model import CausalModel, Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
-from mmspec.core.rules.base import TokenTest
-from mmspec.core.stats import PhaseTimer
 from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for, visible_slots
 from mmspec.core.tree_shape import TreeShape
-from mmspec.core.tree_verify import TreeVerifyResult, verify_tree
 from mmspec.core.trees import DraftTree
-from mmspec.core.verify import VerifyResult, verify
 
 # law(logits [B, F, V] of tokens at depth [B, F] after each row's last committed token, sampling) -> q [B, F, V]
 DraftLaw = Callable[[Logits, torch.Tensor, SamplingConfig], torch.Tensor]
@@ -209,99 +201,3 @@ def keep_lookup(q: torch.Tensor, draws: torch.Tensor, proposal: torch.Tensor,
     W = proposal.shape[1]
     agree = (proposal == tokens[:, :W]) & (torch.arange(W, device=q.device) < available[:, None])
     return tokens, agree.long().cumprod(1).sum(1)
-
-
-@dataclass(frozen=True)
-class Round:
-    """What one speculative round verified, per row. emitted: [B, D + 1] long, the accepted drafts, then the closing
-    token (the residual or bonus) at n_accepted; entries after it are not committed. result: the VerifyResult
-    (n_accepted [B], next_token [B], accept_mask [B, D]). drafted: [B] long, draft tokens (tree nodes) proposed.
-    laws: [B, D + 1, V], the target law each emitted token was drawn from (trees; None for chains). walk: the tree
-    walk's per-node figures (trees; None for chains)."""
-
-    emitted: torch.Tensor
-    result: VerifyResult
-    drafted: torch.Tensor
-    laws: torch.Tensor | None = None
-    walk: TreeVerifyResult | None = None
-
-
-def closing(accepted: torch.Tensor, result: VerifyResult) -> torch.Tensor:
-    """[B, D + 1]: the accepted tokens [B, D] with the closing token written at each row's n_accepted."""
-    emitted = torch.cat([accepted, accepted.new_zeros(accepted.shape[0], 1)], 1)
-    return emitted.scatter(1, result.n_accepted[:, None], result.next_token[:, None])
-
-
-def chain_round(target: CausalModel, state: Any, last: torch.Tensor, draft: Draft, law: DraftLaw,
-                sampling: SamplingConfig, test: TokenTest, generator: Generators, timer: PhaseTimer) -> Round:
-    """Score [x_{c-1}, d_1 .. d_L] in one target forward (last: [B] long, x_{c-1}) and verify the chain with `test`
-    (greedy decoding at temperature 0 for a rule that keeps the model's law). `timer` times the forward ("target")
-    apart from the verification ("verify")."""
-    window = torch.cat([last[:, None], draft.tokens], 1)  # [B, L + 1]
-    with timer("target"):
-        logits = target.forward(window, state)
-    with timer("verify"):
-        depth = torch.arange(window.shape[1], device=window.device).expand_as(window)
-        result = verify(law(logits, depth, sampling), draft, generator, test, greedy=sampling.greedy)
-        return Round(closing(draft.tokens, result), result, draft.lengths)
-
-
-def tree_round(target: CausalModel, state: Any, last: torch.Tensor, tree: DraftTree, law: DraftLaw,
-               sampling: SamplingConfig, generator: Generators, timer: PhaseTimer, rule: str | None = None,
-               ceiling: bool = False, draws: tuple[int, int] | None = None) -> Round:
-    """Score [x_{c-1}, every node] in one target forward with the tree mask, walk it with the exact `rule` for how
-    its children were drawn (`mmspec.core.tree_verify`), and keep exactly the accepted path in the target's cache.
-    ceiling: also measure alpha* at the visited nodes; draws: (depth, children) bounds of every tree the drafter
-    grows (a row's stream then does not depend on the other rows' trees)."""
-    layout = tree.layout()
-    window = torch.cat([last[:, None], tree.tokens], 1)  # [B, N + 1]
-    with timer("target"):
-        logits = target.forward_tree(window, layout.depth, layout.ancestors, state)
-    with timer("verify"):
-        p = law(logits, layout.depth, sampling)  # [B, N + 1, V]: slot s predicts the token after its path
-        walk = verify_tree(p, tree, generator, rule, layout, ceiling, draws)
-        result = VerifyResult(walk.n_accepted, walk.next_token, walk.path >= 0)
-        slots = torch.cat([torch.zeros_like(walk.path[:, :1]), walk.path.clamp(min=0)], 1)  # root, path, then roots
-        laws = p.gather(1, slots[..., None].expand(-1, -1, p.shape[-1]))
-    with timer("target"):
-        target.keep_path(state, walk.path)  # the accepted path's keys/values onto the slots after x_{c-1}
-    return Round(closing(window.gather(1, walk.path.clamp(min=0)), result), result, tree.n_nodes, laws, walk)
-
-
-class ChainSpeculation:
-    """A draft model's chain of `length` tokens, verified with `test` (a rule bound to the target)."""
-
-    def __init__(self, length: int, test: TokenTest):
-        self.length, self.test = length, test
-        self.width = length + 1  # tokens one target forward scores per row
-
-    def propose(self, proposer: ModelProposer, seq: torch.Tensor, committed: torch.Tensor, law: DraftLaw,
-                sampling: SamplingConfig, generator: Generators) -> Draft:
-        return proposer.chain(seq, committed, self.length, law, sampling, generator)
-
-    def verify(self, target: CausalModel, state: Any, last: torch.Tensor, draft: Draft, law: DraftLaw,
-               sampling: SamplingConfig, generator: Generators, timer: PhaseTimer,
-               limit: torch.Tensor | None = None) -> Round:
-        """`chain_round`; limit: [B] long, the most drafts a row may keep (the rest lie past its end)."""
-        if limit is not None:
-            draft = Draft(draft.tokens, torch.minimum(draft.lengths, limit), draft.q)
-        return chain_round(target, state, last, draft, law, sampling, self.test, generator, timer)
-
-
-class TreeSpeculation:
-    """A draft model's tree of `shape`, walked by the exact rule for how its children were drawn."""
-
-    def __init__(self, shape: TreeShape):
-        self.shape = shape
-        self.width = 1 + shape.nodes  # tokens one target forward scores per row
-
-    def propose(self, proposer: ModelProposer, seq: torch.Tensor, committed: torch.Tensor, law: DraftLaw,
-                sampling: SamplingConfig, generator: Generators) -> DraftTree:
-        return proposer.tree(seq, committed, self.shape, law, sampling, generator)
-
-    def verify(self, target: CausalModel, state: Any, last: torch.Tensor, tree: DraftTree, law: DraftLaw,
-               sampling: SamplingConfig, generator: Generators, timer: PhaseTimer,
-               limit: torch.Tensor | None = None) -> Round:
-        """`tree_round` (its law keeps nodes inside the sequence: `limit` is not read)."""
-        return tree_round(target, state, last, tree, law, sampling, generator, timer,
-                          draws=(self.shape.depth, self.shape.branching))

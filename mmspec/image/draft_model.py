@@ -1,11 +1,12 @@
-"""Draft-model speculative decoding for discrete image AR models: the step of `DraftModel(...)`, on the draft-model
-algorithm every modality shares (`mmspec.core.drafting`).
+"""Draft-model speculative decoding for discrete image AR models: the step of `DraftModel(...)` and `DraftHeads(...)`,
+the round every modality shares (`mmspec.core.speculation`) on the draft-model algorithm (`mmspec.core.drafting`) or
+the feature heads' (`mmspec.core.head_drafting`).
 
 A small AR model over the same image tokens (the drafter, another `DiscreteImageModel` adapter) drafts a chain of
 `draft_length` tokens per row, sampling from its own processed law q (the same CFG / temperature / top-k / top-p as
-the target); the target scores the chain in one forward and the core's chain verifier decides (Leviathan et al. 2023) with the
-decoding's rule: exact (lossless) or LANTERN's relaxed acceptance (lossy; the setting the LANTERN papers use, there
-with an EAGLE drafter).
+the target); the target scores the chain in one forward and the core's chain verifier decides (Leviathan et al.
+2023) with the decoding's rule: exact (lossless) or LANTERN's relaxed acceptance (lossy; the setting the LANTERN
+papers use, there with an EAGLE drafter).
 
 One round for a row with c committed tokens and G = draft_length:
     drafter  feeds the committed tokens it has not cached ([x_{c-1}] in the first round, then [x_{c-2}, x_{c-1}]),
@@ -34,93 +35,112 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.core.drafting import ChainSpeculation, ModelProposer, TreeSpeculation
+from mmspec.core.draft_lengths import DraftLengthSchedule
+from mmspec.core.drafting import ModelProposer
+from mmspec.core.drafts import Draft
 from mmspec.core.head_drafting import FeatureTap, HeadProposer
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
+from mmspec.core.speculation import Chain, SpeculativeStep, Tree
 from mmspec.core.stats import SpecStats
-from mmspec.image.loop import Commits, DecodeStep, Opening
+from mmspec.core.trees import DraftTree
+from mmspec.image.loop import Commits, Opening
 from mmspec.image.protocol import DiscreteImageModel
 
 
-class DraftStep:
-    """One round of draft-model speculation for every row: the drafter proposes a chain (or its full tree), the
-    target verifies it in one forward (`mmspec.core.drafting.ChainSpeculation` / `TreeSpeculation`), the rows commit,
-    and the target rolls back to each row's new last token."""
-
-    def __init__(self, decoding, model: DiscreteImageModel, opening: Opening, sampling: SamplingConfig,
-                 generator: Generators, stats: SpecStats):
-        self.model, self.opening, self.sampling, self.generator, self.stats = model, opening, sampling, generator, stats
-        if decoding.tree:
-            self.speculation = TreeSpeculation(decoding.tree_shape())
-        else:
-            self.speculation = ChainSpeculation(decoding.draft_length, opening.test)
-        self.rows = Commits(opening, decoding.forward_width, stats)
-        with opening.timer("draft"):
-            self.proposer = self.open_proposer(decoding)
-        stats.draft_forwards += 1
-
-    def open_proposer(self, decoding) -> ModelProposer:
-        """The drafter's proposer, its model prefilled with the condition (one draft forward)."""
-        opening = self.opening
-        state, _ = decoding.drafter.prefill(opening.condition, cfg=self.sampling.guidance_scale != 1.0,
-                                            max_window=decoding.forward_width + decoding.draft_length + 1)
-        return ModelProposer(decoding.drafter, state, opening.first_token.shape[0], opening.first_token.device)
-
-    def progress(self) -> DecodeStep:
-        return self.rows.progress()
-
-    def finish(self) -> None:
-        self.rows.finish()
-
-    def target_law(self, logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        """The law [B, F, V] of the tokens at `depth` [B, F] after each row's last committed token (they hold
-        position committed + depth)."""
-        return self.opening.law(logits, self.rows.committed[:, None] + depth, sampling)
-
-    def draft_law(self, logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        """`target_law`, zero where a draft would leave no position for the closing token: a tree near the image's
-        end is ragged, a chain's drafts there are padding (they lie past its real drafts)."""
-        inside = self.rows.committed[:, None] + depth <= self.opening.N - 2
-        return self.target_law(logits, depth, sampling) * inside[..., None]
-
-    def __call__(self) -> None:
-        rows, timer, speculation, forwards = self.rows, self.opening.timer, self.speculation, self.proposer.forwards
-        last = rows.seq.gather(1, rows.committed[:, None] - 1).squeeze(1)  # x_{c-1}
-        with timer("draft"):
-            draft = speculation.propose(self.proposer, rows.seq, rows.committed, self.draft_law, self.sampling,
-                                        self.generator)
-        self.stats.draft_forwards += self.proposer.forwards - forwards
-        round = speculation.verify(self.model, self.opening.state, last, draft, self.target_law, self.sampling,
-                                   self.generator, timer, limit=rows.draft_lengths(speculation.width))
-        self.stats.target_forwards += 1
-        if round.walk is not None:  # a tree's walks: the rates at which they accept each child rank, and more
-            walk = round.walk
-            self.stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star, walk.node_children,
-                                        walk.accepted_rank, speculation.shape.branching, rows.active)
-        with timer("verify"):
-            rows.write(round.emitted[:, :-1], round.result, round.drafted)
-        with timer("target"):
-            self.model.rollback(self.opening.state, rows.committed - 1)  # x_{c-1} opens the target's next window
+def draft_step(decoding, model: DiscreteImageModel, opening: Opening, sampling: SamplingConfig,
+               generator: Generators, stats: SpecStats, heads: bool = False) -> SpeculativeStep:
+    """The round of `decoding` (`DraftModel`, or `DraftHeads` with `heads`) for every row: its drafter (the draft
+    model, or the feature head in its place) opened on the condition (one draft forward), chains or trees
+    (`decoding.tree`)."""
+    rows = Commits(opening, decoding.forward_width, stats)
+    with opening.timer("draft"):
+        proposer = (open_head if heads else open_drafter)(decoding, model, opening, rows, sampling)
+    stats.draft_forwards += 1
+    target_law, draft_law = ImageLaw(opening, rows), ImageLaw(opening, rows, inside=True)
+    if decoding.tree:
+        strategy = Tree(ProposedTrees(proposer, draft_law, decoding.tree_shape()), target_law)
+    else:
+        strategy = Chain(ProposedChains(proposer, draft_law), DraftLengthSchedule(decoding.draft_length), opening.test,
+                         target_law)
+    strategy.start(rows.seq.shape[0], rows.seq.device)
+    return SpeculativeStep(strategy, model, opening.state, rows, sampling, generator, stats, opening.timer)
 
 
-class HeadStep(DraftStep):
-    """`DraftStep` with a feature head (`DraftHeads(...)`) in the draft model's place: the head reads the target's
-    features (`mmspec.core.head_drafting.HeadProposer`), first the prefill's at the last condition slot, paired with
-    image token 0."""
+def open_drafter(decoding, model: DiscreteImageModel, opening: Opening, rows: Commits,
+                 sampling: SamplingConfig) -> ModelProposer:
+    """The draft model's proposer, its model prefilled with the condition."""
+    state, _ = decoding.drafter.prefill(opening.condition, cfg=sampling.guidance_scale != 1.0,
+                                        max_window=decoding.forward_width + decoding.draft_length + 1)
+    return ModelProposer(decoding.drafter, state, opening.first_token.shape[0], opening.first_token.device)
 
-    def open_proposer(self, decoding) -> HeadProposer:
-        opening, head = self.opening, decoding.head
-        embedding, lm_head = self.model.feature_readout()
-        head.bind(embedding, lm_head)
-        tap = FeatureTap.of(lm_head, head.tapped_layers(self.model.feature_layers()))
-        first = opening.first_token
-        B, cfg = first.shape[0], self.sampling.guidance_scale != 1.0
-        rows = 2 * B if cfg else B
-        session = head.session(rows, self.rows.seq.shape[1] + decoding.forward_width + 2, B, cfg, first.device)
-        proposer = HeadProposer(session, tap, B, first.device)
-        proposer.prefill(session.rows(first[:, None]), tap.features[:, -1:],
-                         torch.zeros(rows, 1, dtype=torch.long, device=first.device),
-                         torch.ones(rows, 1, dtype=torch.bool, device=first.device))
-        return proposer
+
+def open_head(decoding, model: DiscreteImageModel, opening: Opening, rows: Commits,
+              sampling: SamplingConfig) -> HeadProposer:
+    """A feature head (`DraftHeads(...)`) in the draft model's place: it reads the target's features
+    (`mmspec.core.head_drafting.HeadProposer`), first the prefill's at the last condition slot, paired with image
+    token 0."""
+    head = decoding.head
+    embedding, lm_head = model.feature_readout()
+    head.bind(embedding, lm_head)
+    tap = FeatureTap.of(lm_head, head.tapped_layers(model.feature_layers()))
+    first = opening.first_token
+    B, cfg = first.shape[0], sampling.guidance_scale != 1.0
+    batch = 2 * B if cfg else B
+    session = head.session(batch, rows.seq.shape[1] + decoding.forward_width + 2, B, cfg, first.device)
+    proposer = HeadProposer(session, tap, B, first.device)
+    proposer.prefill(session.rows(first[:, None]), tap.features[:, -1:],
+                     torch.zeros(batch, 1, dtype=torch.long, device=first.device),
+                     torch.ones(batch, 1, dtype=torch.bool, device=first.device))
+    return proposer
+
+
+class ImageLaw:
+    """The law [B, F, V] of the image tokens at `depth` [B, F] after each row's last committed token (they hold
+    position committed + depth), forced tokens fixed (`mmspec.core.drafting.DraftLaw`). inside: a drafter's law, zero
+    where a draft would leave no position for the closing token (a tree near the image's end is ragged, a chain's
+    drafts there lie past the row's room)."""
+
+    def __init__(self, opening: Opening, rows: Commits, inside: bool = False):
+        self.opening, self.rows, self.inside = opening, rows, inside
+
+    def __call__(self, logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        positions = self.rows.committed[:, None] + depth
+        law = self.opening.law(logits, positions, sampling)
+        return law * (positions <= self.opening.N - 2)[..., None] if self.inside else law
+
+
+class ProposedChains:
+    """A proposer's chains (a draft model's or a head's) as the round's drafter
+    (`mmspec.core.speculation.ChainDrafts`)."""
+
+    capturable = True
+
+    def __init__(self, proposer: ModelProposer | HeadProposer, law: ImageLaw):
+        self.proposer, self.law = proposer, law
+
+    @property
+    def forwards(self) -> int:
+        return self.proposer.forwards
+
+    def propose(self, rows: Commits, budget: torch.Tensor, width: int, sampling: SamplingConfig,
+                generator: Generators) -> Draft:
+        return self.proposer.chain(rows.seq, rows.committed, width, self.law, sampling, generator, budget)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.proposer.select(index)
+
+
+class ProposedTrees(ProposedChains):
+    """A proposer's trees of `shape` as the round's drafter (`mmspec.core.speculation.TreeDrafts`)."""
+
+    def __init__(self, proposer: ModelProposer | HeadProposer, law: ImageLaw, shape):
+        super().__init__(proposer, law)
+        self.shape = shape
+
+    def propose(self, rows: Commits, sampling: SamplingConfig, generator: Generators) -> DraftTree:
+        return self.proposer.tree(rows.seq, rows.committed, self.shape, self.law, sampling, generator)
+
+    def observe(self, rows: Commits, laws: torch.Tensor) -> None:
+        pass

@@ -179,7 +179,7 @@ class JacobiStep:
                               self.model.grid[1], opening.forced, self.span, self.ahead)
             inputs = seq.gather(1, inputs_at)
             q = self.laws.read(inputs_at[:, 1:])  # [B, L - 1, V]
-            lengths = rows.draft_lengths(L)
+            lengths = rows.room(L)
             frontier.draft(inputs, q, lengths, self.generator)
         with timer("target"):
             logits = frontier.forward(self.model, inputs, opening.state)

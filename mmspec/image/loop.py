@@ -17,11 +17,12 @@ from typing import Any, Protocol
 
 import torch
 
-from mmspec.core.capture import BLOCK_SIZES, StepRunner, block_size
+from mmspec.core.capture import StepRunner, block_size
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig, one_hot, process_logits
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.rules.base import TokenTest
+from mmspec.core.speculation import Round
 from mmspec.core.stats import PhaseTimer, SpecStats
 from mmspec.core.verify import VerifyResult
 from mmspec.image.protocol import DiscreteImageModel
@@ -62,7 +63,7 @@ def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: Sampli
            stats: SpecStats, block: int | None = None) -> Iterator[DecodeStep]:
     """The loop of every image decoding (`ImageDecoding.run`): a `DecodeStep` after the prefill and after every block
     of iterations of `decoding`'s step. A block is as many iterations as the rows are expected to need still (up to
-    8, `mmspec.core.capture.block_size`; at most `block`), so the host reads the progress once per block; with the
+    16, `mmspec.core.capture.block_size`; at most `block`), so the host reads the progress once per block; with the
     model's step graphs (`model.graphs.steps`, CUDA graphs or their CPU tape) a block replays one captured graph."""
     decoding.check_sampling(sampling.temperature)
     decoding.check_model(model)
@@ -75,7 +76,7 @@ def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: Sampli
         while progress.min_committed < opening.N:
             done = runner.iterations
             rate = (progress.min_committed - 1) / done if done else 1.0  # tokens per iteration of the slowest row
-            runner.run(min(block or BLOCK_SIZES[0], block_size((opening.N - progress.min_committed) / max(rate, 1.0))))
+            runner.run(block_size((opening.N - progress.min_committed) / max(rate, 1.0), block))
             progress = runner.step.progress()
             yield progress
     finally:  # also when the caller stops early (closes this generator): count what was committed
@@ -192,6 +193,7 @@ class Commits:
         self.seq = torch.zeros(B, N + extra, dtype=torch.long, device=device)
         self.seq[:, 0] = first_tokens
         self.committed = torch.ones(B, dtype=torch.long, device=device)
+        self.stepped = torch.ones(B, dtype=torch.bool, device=device)  # rows the last step committed for
         self.step = torch.zeros((), dtype=torch.long, device=device)  # iterations so far (updated in place)
         self.minimum = 1
         self._positions = torch.arange(N, device=device)
@@ -203,9 +205,18 @@ class Commits:
         """[B] bool, rows still generating."""
         return self.committed < self.N
 
-    def draft_lengths(self, W: int) -> torch.Tensor:
+    @property
+    def last(self) -> torch.Tensor:
+        """[B] long, each row's last committed token x_{c-1} (the root of its next draft)."""
+        return self.seq.gather(1, self.committed[:, None] - 1).squeeze(1)
+
+    def room(self, W: int) -> torch.Tensor:
         """[B] long, real drafts of a window of W target positions (those that predict an image token)."""
         return ((self.N - self.committed).clamp(max=W) - 1).clamp(min=0)
+
+    def commit(self, round: Round) -> None:
+        """Commit a speculative round (`mmspec.core.speculation`): its accepted drafts and closing token."""
+        self.write(round.emitted[:, :-1], round.result, round.drafted)
 
     def write(self, drafts: torch.Tensor, result: VerifyResult, drafted: torch.Tensor) -> None:
         """Write each active row's n accepted drafts [B, >= n] and its closing token after its committed tokens, and
@@ -224,6 +235,7 @@ class Commits:
         the step: who committed what (acceptance map) and the acceptance counts. No host sync."""
         self.step += 1
         active = self.active
+        self.stepped.copy_(active)
         advanced = torch.where(active, self.committed + result.n_accepted + 1, self.committed)
         newly = (self._positions >= self.committed[:, None]) & (self._positions < advanced[:, None])
         self.stats.acceptance_map.copy_(torch.where(newly, self.step, self.stats.acceptance_map))  # no .item()

@@ -1,5 +1,5 @@
-"""Text drafters of chains and the step that verifies them. Each returns a `mmspec.core.drafts.Draft`, which carries
-the exact law each of its tokens was sampled from.
+"""Text drafters of chains, for the round of `mmspec.core.speculation` (`Chain`). Each returns a
+`mmspec.core.drafts.Draft`, which carries the exact law each of its tokens was sampled from.
 
 Drafters (any transformers causal LM as a small model, self-speculative early exit, n-gram prompt lookup) all return a
 `Draft`; draft-length schedules (constant, HF's +2/-1 heuristic) and the confidence stop (HF's
@@ -17,18 +17,18 @@ import torch
 
 from mmspec.adapters.static_cache import as_static_model
 from mmspec.adapters.views import early_exit_view, kangaroo_view, trimmed_view
+from mmspec.core.draft_lengths import DraftLengthSchedule
 from mmspec.core.draft_stops import ConfidenceStop, LearnedStop
-from mmspec.core.drafting import ModelProposer, Round, chain_round
+from mmspec.core.drafting import ModelProposer
 from mmspec.core.drafts import Draft
 from mmspec.core.head_drafting import FeatureTap
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import AcceptanceRule, rule_from
-from mmspec.core.stats import PhaseTimer
-from mmspec.text.kinds import SCHEDULES, check_lookup_after, check_max_ngram
+from mmspec.core.speculation import Chain
+from mmspec.text.kinds import check_lookup_after, check_max_ngram
 from mmspec.text.rows import TextRows
-from mmspec.text.stats import TextStats
 
 
 def text_law(logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -38,9 +38,10 @@ def text_law(logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> t
 
 class Drafter:
     """Base of the text drafters: `start(rows, vocab_size, capacity)` for a new batch, `select(index)` when finished
-    rows leave it, `forwards` (model calls so far), `vocab_size` (None: any vocabulary), and `step(...)`: the step
-    that `speculative_generate` repeats with it. `capturable`: whether its step holds no host read of its own (then a
-    CUDA graph can replay it); `capture_key()`: what makes two drafters' steps replayable by the same graphs."""
+    rows leave it, `forwards` (model calls so far), `vocab_size` (None: any vocabulary), and `step(...)`: the
+    round's strategy that `speculative_generate` repeats with it. `capturable`: whether its drafting holds no host
+    read of its own (then a CUDA graph can replay the round); `capture_key()`: what makes two drafters' rounds
+    replayable by the same graphs."""
 
     vocab_size: int | None = None
     forwards: int = 0
@@ -59,10 +60,10 @@ class Drafter:
     def select(self, index: torch.Tensor) -> None:
         """Keep only batch rows `index` ([B'] long), in that order: finished rows left the batch."""
 
-    def step(self, acceptance: AcceptanceRule | str, draft_length: int | DraftLengthSchedule | None,
-             tree_rule: str | None, measure_ceiling: bool):
-        """The step this drafter runs with those `speculative_generate` settings; ValueError for one it does not
-        read."""
+    def step(self, vocab_size: int, acceptance: AcceptanceRule | str,
+             draft_length: int | DraftLengthSchedule | None, tree_rule: str | None, measure_ceiling: bool):
+        """The round's strategy (`mmspec.core.speculation.Chain`, `Tree`) this drafter runs with those
+        `speculative_generate` settings, for a target of `vocab_size` tokens; ValueError for one it does not read."""
         raise NotImplementedError
 
 
@@ -104,11 +105,11 @@ class ChainDrafter(Drafter):
                 generator: Generators) -> Draft:
         raise NotImplementedError
 
-    def step(self, acceptance, draft_length, tree_rule, measure_ceiling) -> ChainStep:
+    def step(self, vocab_size, acceptance, draft_length, tree_rule, measure_ceiling) -> Chain:
         if tree_rule is not None or measure_ceiling:
             raise ValueError("tree_rule and measure_ceiling apply to tree drafters (ModelTreeDrafter, StandDrafter, "
                              "...)")
-        return ChainStep(self, self.schedule(draft_length), rule_from(acceptance, "text"))
+        return Chain(self, self.schedule(draft_length), rule_from(acceptance, "text").bind(None, vocab_size), text_law)
 
     def schedule(self, draft_length: int | DraftLengthSchedule | None) -> DraftLengthSchedule:
         """The draft-length schedule for `speculative_generate`'s draft_length (None: 4 tokens a step)."""
@@ -116,43 +117,6 @@ class ChainDrafter(Drafter):
         if isinstance(draft_length, bool) or not isinstance(draft_length, (int, DraftLengthSchedule)):
             raise TypeError(f"draft_length must be an int or a DraftLengthSchedule, got {type(draft_length).__name__}")
         return DraftLengthSchedule(draft_length) if isinstance(draft_length, int) else draft_length
-
-
-class ChainStep:
-    """One step of chain speculation: the drafter proposes up to its budget per row (the schedule's), the target
-    scores [x_{c-1}, drafts] in one forward and the rule decides (`mmspec.core.drafting.chain_round`)."""
-
-    def __init__(self, drafter: ChainDrafter, schedule: DraftLengthSchedule, acceptance: AcceptanceRule):
-        self.drafter, self.schedule, self.acceptance = drafter, schedule, acceptance
-        self.lookahead = schedule.max_length  # the most draft tokens a step writes past a row's end
-        self.window = schedule.max_length + 1  # the most tokens a forward writes past a row's committed ones
-
-    @property
-    def capturable(self) -> bool:
-        """A constant draft length (the heuristic schedule reads the host) and a capturable drafter (one with a stop
-        rule is not)."""
-        return self.drafter.capturable and self.schedule.kind == "constant"
-
-    def capture_key(self) -> tuple:
-        return (self.drafter.capture_key(), self.schedule.kind, self.schedule.length, repr(self.acceptance))
-
-    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
-        self.drafter.start(rows, vocab_size, capacity)
-        self.schedule.reset(rows.batch_size, rows.tokens.device)
-        self.test = self.acceptance.bind(None, vocab_size)
-
-    def __call__(self, target, state, rows: TextRows, sampling: SamplingConfig, generator: Generators,
-                 timer: PhaseTimer) -> Round:
-        with timer("draft"):
-            draft = self.drafter.propose(rows, self.schedule.budget, self.schedule.width(), sampling, generator)
-        return chain_round(target, state, rows.last, draft, text_law, sampling, self.test, generator, timer)
-
-    def observe(self, round: Round, rows: TextRows, stats: TextStats) -> None:
-        self.schedule.update(round.result.n_accepted, round.drafted)
-
-    def select(self, index: torch.Tensor) -> None:
-        self.drafter.select(index)
-        self.schedule.select(index)
 
 
 class ModelDrafter(WithDraftModel, ChainDrafter):
@@ -354,43 +318,6 @@ class NoDrafter(ChainDrafter):
         if draft_length is not None and (isinstance(draft_length, DraftLengthSchedule) or draft_length != 0):
             raise ValueError(f"NoDrafter drafts nothing: draft_length must be None or 0, got {draft_length!r}")
         return DraftLengthSchedule.none()
-
-
-class DraftLengthSchedule:
-    """Per-row draft budgets. "constant": always `length`. "heuristic" (HF `num_assistant_tokens_schedule`): +2 after a
-    fully accepted draft, else -1, never below 1 or above `max_length`. budget: [B] long after `reset`.
-    """
-
-    def __init__(self, length: int = 4, kind: str = "constant", max_length: int = 16):
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ValueError(f"draft length must be an int >= 1, got {length!r}")
-        if kind not in SCHEDULES:
-            raise ValueError(f"draft length schedule must be one of {SCHEDULES}, got {kind!r}")
-        self.length, self.kind = length, kind
-        self.max_length = length if kind == "constant" else max(max_length, length)
-        self.budget: torch.Tensor | None = None
-
-    @classmethod
-    def none(cls) -> DraftLengthSchedule:
-        """No drafts at all (`NoDrafter`): a constant length of 0."""
-        schedule = cls()
-        schedule.length = schedule.max_length = 0
-        return schedule
-
-    def reset(self, batch_size: int, device: torch.device) -> None:
-        self.budget = torch.full((batch_size,), self.length, dtype=torch.long, device=device)
-
-    def width(self) -> int:
-        """The draft width of the next step: the constant length, or the widest budget (one host read)."""
-        return self.length if self.kind == "constant" else int(self.budget.max())
-
-    def select(self, index: torch.Tensor) -> None:
-        self.budget = self.budget[index]
-
-    def update(self, n_accepted: torch.Tensor, draft_lengths: torch.Tensor) -> None:
-        if self.kind == "heuristic":
-            full = (n_accepted == draft_lengths) & (draft_lengths > 0)
-            self.budget.copy_(torch.where(full, self.budget + 2, self.budget - 1).clamp(1, self.max_length))
 
 
 def _key_of(name: str, value):

@@ -1,17 +1,18 @@
 """speculative_generate: speculative decoding for any transformers causal LM, batch > 1 with ragged acceptance.
 
-Each step the drafter proposes (a chain of up to L tokens per row with its law q, or a `DraftTree`), the target
-scores the pending token and every draft token in one forward (a tree with a tree mask), the rule keeps a prefix (a
-path) of each row's draft and draws one more token, and the target's cache rolls back per row
-(`mmspec.core.drafting`). The drafter decides which step runs (`Drafter.step`: `ChainStep`, `TreeStep`); this loop is
-the same for both. Rows advance by their own accepted counts and stop at their own EOS; no row waits for another.
-With temperature 0 the greedy rule is used, which gives token-for-token the target's greedy output.
+Each step is the speculative round every modality shares (`mmspec.core.speculation.SpeculativeStep`): the
+drafter proposes (a chain of up to L tokens per row with its law q, or a `DraftTree`), the target scores the pending
+token and every draft token in one forward (a tree with a tree mask), the rule keeps a prefix (a path) of each row's
+draft and draws one more token, and the target's cache rolls back per row. The drafter gives the round's strategy
+(`Drafter.step`: `Chain`, `Tree`); this loop is the same for both. Rows advance by their own accepted counts and
+stop at their own EOS; no row waits for another. With temperature 0 the greedy rule is used, which gives
+token-for-token the target's greedy output.
 
-The models run on fixed-capacity caches rolled back in place (`mmspec.adapters.static_cache`), and a step
-(`TextStep`) keeps its whole state in tensors it updates in place, with no host read: the loop drives it in blocks of
-iterations with one read of the progress per block (`mmspec.core.capture.StepRunner`). Rows that finish inside a
-block commit nothing more. An eager batch of several rows reads its progress after every step instead, and writes
-its finished rows out and drops them from the batch, so the remaining rows' steps get cheaper. With `graphs` (a
+The models run on fixed-capacity caches rolled back in place (`mmspec.adapters.static_cache`), and a step keeps its
+whole state in tensors it updates in place, with no host read: the loop drives it in blocks of iterations with one
+read of the progress per block (`mmspec.core.capture.StepRunner`). Rows that finish inside a block commit nothing
+more. An eager batch of several rows reads its progress after every step instead, and writes its finished rows out
+and drops them from the batch, so the remaining rows' steps get cheaper. With `graphs` (a
 `mmspec.core.capture.StepGraphs`: CUDA graphs, or their CPU tape) a block replays one captured graph and the batch
 keeps its shape until every row is done.
 """
@@ -23,13 +24,15 @@ import time
 import torch
 
 from mmspec.adapters.static_cache import as_static_model
-from mmspec.core.capture import BLOCK_SIZES, StepGraphs, StepRunner, block_size
+from mmspec.core.capture import StepGraphs, StepRunner, block_size
 from mmspec.core.component import StepHook
+from mmspec.core.draft_lengths import DraftLengthSchedule
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.rng import Generators, check_generators, select_generators
+from mmspec.core.rng import Generators, check_generators
 from mmspec.core.rules.base import AcceptanceRule
+from mmspec.core.speculation import SpeculativeStep
 from mmspec.core.stats import PhaseTimer
-from mmspec.text.drafters import Drafter, DraftLengthSchedule
+from mmspec.text.drafters import Drafter
 from mmspec.text.kinds import check_max_new_tokens
 from mmspec.text.rows import TextRows
 from mmspec.text.stats import TextStats
@@ -71,41 +74,6 @@ def stop_tokens(target, eos_token_id, pad_token_id: int | None, device) -> tuple
     if pad_token_id is None:
         pad_token_id = 0 if ids is None else ids[0]
     return eos, pad_token_id
-
-
-class TextStep:
-    """One iteration of a text decoding: the drafter's step (`ChainStep`, `TreeStep`) drafts and verifies, the rows
-    commit, the target rolls back to each row's last committed token; state updated in place, no host read (so a
-    captured step replays it). The stats' Python counters (target and draft forwards) count per call."""
-
-    def __init__(self, inner, drafter: Drafter, model, state, rows: TextRows, sampling: SamplingConfig,
-                 generator: Generators, stats: TextStats, timer: PhaseTimer):
-        self.inner, self.drafter, self.model, self.state, self.rows = inner, drafter, model, state, rows
-        self.sampling, self.generator, self.stats, self.timer = sampling, generator, stats, timer
-
-    def __call__(self) -> None:
-        forwards = self.drafter.forwards
-        round = self.inner(self.model, self.state, self.rows, self.sampling, self.generator, self.timer)
-        self.stats.target_forwards += 1
-        self.stats.draft_forwards += self.drafter.forwards - forwards
-        with self.timer("verify"):
-            self.rows.commit(round, self.stats)
-            self.inner.observe(round, self.rows, self.stats)
-        with self.timer("target"):
-            self.model.rollback(self.state, self.rows.committed - 1)  # the last committed token opens the next window
-
-    def progress(self) -> tuple[bool, int]:
-        return self.rows.progress()
-
-    def finish(self) -> None:
-        pass
-
-    def select(self, index: torch.Tensor) -> None:
-        """Keep only batch positions `index` ([B'] long): the done rows leave."""
-        self.rows.select(index)
-        self.model.select_rows(self.state, index)
-        self.inner.select(index)
-        self.generator = select_generators(self.generator, index)
 
 
 @torch.no_grad()
@@ -162,7 +130,7 @@ def speculative_generate(
         raise TypeError(f"graphs must be a mmspec.core.capture.StepGraphs, got {type(graphs).__name__}")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
         raise ValueError(f"block must be an int >= 1 or None, got {block!r}")
-    inner = drafter.step(acceptance, draft_length, tree_rule, measure_ceiling)
+    inner = drafter.step(target.config.vocab_size, acceptance, draft_length, tree_rule, measure_ceiling)
     check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, inner.lookahead, eos_token_id, generator)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     shortest, longest = torch.stack([mask.sum(-1).min(), mask.sum(-1).max()]).tolist()  # one host read
@@ -171,23 +139,25 @@ def speculative_generate(
     slots = input_ids.shape[1]
     if graphs is not None:  # prompts of nearby lengths share a captured step
         slots = -(-slots // PROMPT_SLOTS) * PROMPT_SLOTS
-    rows = TextRows(input_ids, mask, max_new_tokens, inner.lookahead,
-                    *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device), prompt_width=longest,
-                    prompt_slots=slots)
     stats = TextStats(steps=torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))
+    rows = TextRows(input_ids, mask, max_new_tokens, inner.lookahead,
+                    *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device), stats, prompt_width=longest,
+                    prompt_slots=slots)
     timer, started = PhaseTimer(stats.timings), time.perf_counter()
     capacity = slots + max_new_tokens + inner.window + 1
-    key = ("text", inner.capture_key(), sampling, input_ids.shape[0], slots, max_new_tokens, capacity)
+    key = ("text", drafter.capture_key(), inner.capture_key(), sampling, input_ids.shape[0], slots, max_new_tokens,
+           capacity)
 
     # 1. Prefill the target with all but each row's last prompt token (that one is scored with the first draft).
     model = as_static_model(target, capacity)
     with timer("target"):
         state, _ = model.prefill(rows.prompt)
     stats.target_forwards = stats.prefill_forwards = int(rows.prompt.input_ids.shape[1] > 0)
-    inner.start(rows, model.vocab_size, capacity)
+    drafter.start(rows, model.vocab_size, capacity)
+    inner.start(rows.batch_size, input_ids.device)
 
     # 2. Draft, verify, commit, roll back, in blocks of iterations with one read of the progress per block.
-    step = TextStep(inner, drafter, model, state, rows, sampling, generator, stats, timer)
+    step = SpeculativeStep(inner, model, state, rows, sampling, generator, stats, timer)
     runner = StepRunner(step, stats, timer, graphs if inner.capturable else None, key)
     # An eager batch of several rows reads its progress after every step and drops its finished rows at once (the
     # others' steps get cheaper); a single row, or a captured batch, reads it once per block.
@@ -198,8 +168,7 @@ def speculative_generate(
             # a block never runs past the end of the slowest row (each step past it would be a wasted target
             # forward): a step commits at most lookahead + 1 tokens; rates vary too much along a decoding for its
             # mean so far to bound the next steps', and a read of the progress costs only a sync
-            k = block_size((max_new_tokens - fewest) / (inner.lookahead + 1))
-            runner.run(1 if narrows else min(k, block or BLOCK_SIZES[0]))
+            runner.run(1 if narrows else block_size((max_new_tokens - fewest) / (inner.lookahead + 1), block))
             live = runner.step.rows
             if on_step is not None and live.show(on_step, runner.iterations):
                 live.done.fill_(True)  # the caller stopped every row where it stands

@@ -1,4 +1,4 @@
-"""The names of the text drafters and draft-length schedules, and the checks of their prompt-lookup settings, in a
+"""The names of the text drafters, and the checks of their prompt-lookup settings, in a
 module that imports nothing, so the text decodings' settings (`mmspec.text.methods`) and the engine that runs them
 (`mmspec.text.drafters`) share them without importing each other."""
 
@@ -18,7 +18,6 @@ DESCRIBED = {  # each drafter in a phrase: the `drafter` setting's help, the CLI
     "stand": "an n-gram memory of the target's laws",
 }
 WITH_DRAFT_MODEL = ("model", "cascade", "tree")  # the drafters that run a draft LM
-SCHEDULES = ("constant", "heuristic")  # draft length schedules
 LEARNED = "learned"  # ... and SpecDec++'s learned draft length (a stop rule of the draft model, not a schedule)
 ONLINE_DRAFTERS = ("model", "eagle", "hydra")  # what learns online: the draft LM, or the draft head of that kind
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmspec.core.component import DecodingComponent
-from mmspec.core.head_kinds import HEAD_KINDS
+from mmspec.core.kinds import HEAD_KINDS, SCHEDULES
 from mmspec.core.registry import decodings, register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
@@ -27,7 +27,6 @@ from mmspec.text.kinds import (
     DESCRIBED,
     DRAFTERS,
     LEARNED,
-    SCHEDULES,
     TREE_DRAFTERS,
     WITH_DRAFT_MODEL,
     check_tree_lookup,
@@ -268,7 +267,7 @@ class TextSpeculation(TextDecoding):
         """`speculative_generate(target, input_ids, attention_mask, ...)` with this drafter, draft length schedule
         and acceptance; `options` are its sampling and stopping arguments (max_new_tokens, temperature, top_k, top_p,
         eos_token_id, pad_token_id, generator, on_step) and how its steps run (graphs, block)."""
-        from mmspec.text.drafters import DraftLengthSchedule
+        from mmspec.core.draft_lengths import DraftLengthSchedule
         from mmspec.text.generate import speculative_generate
 
         if self.drafter in CHAIN_DRAFTERS:  # SpecDec++'s learned length is the drafter's stop rule under a constant one

@@ -15,7 +15,7 @@ import torch
 
 from mmspec.adapters.causal_lm import Prompt, left_align
 from mmspec.core.component import StepHook
-from mmspec.core.drafting import Round
+from mmspec.core.speculation import Round
 from mmspec.text.stats import TextStats
 
 
@@ -30,15 +30,16 @@ def new_ids(tokens: torch.Tensor, prompt_lengths: torch.Tensor, generated: torch
 class TextRows:
     """The rows of a text decoding (see the module docstring). input_ids: [B, T] long prompts, left or right padded;
     attention_mask: [B, T]; lookahead: the most tokens a step may write past a row's end; eos: [E] long or None;
-    prompt_width: the longest prompt, when the caller has read it (else one host read); prompt_slots: the buffers'
-    room for the prompts (default T; a caller rounds it up so that prompts of nearby lengths give a step the same
-    shapes)."""
+    stats: where each round is recorded (None: rows only drafted from, never committed to); prompt_width: the longest
+    prompt, when the caller has read it (else one host read); prompt_slots: the buffers' room for the prompts
+    (default T; a caller rounds it up so that prompts of nearby lengths give a step the same shapes)."""
 
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, lookahead: int,
-                 eos: torch.Tensor | None, pad_token_id: int, prompt_width: int | None = None,
-                 prompt_slots: int | None = None):
+                 eos: torch.Tensor | None, pad_token_id: int, stats: TextStats | None = None,
+                 prompt_width: int | None = None, prompt_slots: int | None = None):
         B, T = input_ids.shape
         self.max_new_tokens, self.lookahead, self.eos, self.pad_token_id = max_new_tokens, lookahead, eos, pad_token_id
+        self.stats = stats
         width = max(T, prompt_slots or T) + max_new_tokens + lookahead + 1
         self.tokens, self.lengths = left_align(input_ids, attention_mask, width)
         self.prompt_lengths = self.lengths.clone()  # of every row of the batch, finished or not
@@ -88,7 +89,12 @@ class TextRows:
         """[B] long, each row's last token (the root of its next draft; not in the target's cache yet)."""
         return self.tokens.gather(1, (self.lengths - 1)[:, None]).squeeze(1)
 
-    def commit(self, round: Round, stats: TextStats) -> None:
+    def room(self, width: int) -> None:
+        """No bound on a row's drafts: a row writes up to `lookahead` tokens past its end, and `commit` keeps what
+        fits."""
+        return None
+
+    def commit(self, round: Round) -> None:
         """Write each going row's accepted drafts and closing token (up to its EOS and max_new_tokens), record the
         step, and mark the rows that finished `done` (in place, no host read)."""
         n, going = round.result.n_accepted, ~self.done
@@ -111,7 +117,7 @@ class TextRows:
         self.count.copy_(count)  # what this step committed, for drafters that learn from it
         self.lengths += count
         self.generated += count
-        stats.record_step(round.result, round.drafted, self.rows, active=going)
+        self.stats.record_step(round.result, round.drafted, self.rows, active=going)
         self.done |= finished & going
 
     def progress(self) -> tuple[list[bool], int, int]:
@@ -120,6 +126,9 @@ class TextRows:
         fewest = torch.where(self.done, self.max_new_tokens, self.generated).min()
         read = torch.cat([self.done.long(), torch.stack([fewest, self.generated.max()])]).tolist()
         return [bool(flag) for flag in read[:-2]], read[-2], read[-1]
+
+    def finish(self) -> None:
+        """Nothing to fold: the loop writes the rows out (`retire`, `output`)."""
 
     def show(self, on_step: StepHook, step: int) -> bool:
         """Hand every row so far to the caller's hook (`speculative_generate`'s `on_step`); whether it says stop."""

@@ -8,8 +8,8 @@ accept a node's k-th child). What differs is where a node's law comes from:
 - `StandDrafter` (STAND, Song et al. 2025, arXiv 2506.04708): no draft model. An n-gram memory of the *target's*
   distributions: every committed token stores the top entries of the law it was drawn from, keyed by the n tokens
   before it (prompt tokens store a one-hot); a node's law mixes, over n = 3, 2, 1, 0 with geometrically falling
-  weights, the normalised sum of the stored laws whose key matches the node's last n tokens. Stochastic drafts from a logit memory are what make
-  model-free drafting work at T > 0, where prompt lookup's copies are mostly rejected.
+  weights, the normalised sum of the stored laws whose key matches the node's last n tokens. Stochastic drafts from
+  a logit memory are what make model-free drafting work at T > 0, where prompt lookup's copies are mostly rejected.
 
 At temperature 0 the children are the top `branching` tokens of the temperature-1 draft law (deterministic).
 """
@@ -19,11 +19,10 @@ from __future__ import annotations
 import torch
 
 from mmspec.adapters.views import early_exit_view
-from mmspec.core.drafting import Round, tree_round
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
-from mmspec.core.stats import PhaseTimer
+from mmspec.core.speculation import Tree
 from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import RULE_NAMES
@@ -31,7 +30,6 @@ from mmspec.core.trees import DraftTree
 from mmspec.text.drafters import Drafter, WithDraftModel, text_law, tree_lookup
 from mmspec.text.kinds import check_max_ngram, check_tree_lookup
 from mmspec.text.rows import TextRows
-from mmspec.text.stats import TextStats
 
 DYNAMIC_TREE = TreeShape()  # the draft models' default: 16 nodes, 2 children each for the 4 most probable paths
 STAND_TREE = TreeShape(nodes=16, branching=3, expand=4, depth=6)  # STAND's default
@@ -39,19 +37,18 @@ STAND_TREE = TreeShape(nodes=16, branching=3, expand=4, depth=6)  # STAND's defa
 
 class TreeDrafter(Drafter):
     """Base of the drafters of trees: `propose(rows, sampling, generator) -> DraftTree` after each row's tokens (its
-    root is the row's last token), bounded by `shape`; `observe(tokens, start, laws, count)`: the step committed
-    count[b] tokens at positions start[b]... of `tokens`, drawn from laws[b, j] (for drafters that learn from the
-    target)."""
+    root is the row's last token), bounded by `shape`; `observe(rows, laws)`: the round committed rows.count[b] tokens
+    to row b, drawn from laws[b, j] (for drafters that learn from the target)."""
 
     shape: TreeShape
 
     def propose(self, rows: TextRows, sampling: SamplingConfig, generator: Generators) -> DraftTree:
         raise NotImplementedError
 
-    def observe(self, tokens: torch.Tensor, start: torch.Tensor, laws: torch.Tensor, count: torch.Tensor) -> None:
+    def observe(self, rows: TextRows, laws: torch.Tensor) -> None:
         pass
 
-    def step(self, acceptance, draft_length, tree_rule, measure_ceiling) -> TreeStep:
+    def step(self, vocab_size, acceptance, draft_length, tree_rule, measure_ceiling) -> Tree:
         if draft_length is not None:
             raise ValueError("draft_length applies to chain drafters; a tree drafter is sized by its TreeShape")
         acceptance = rule_from(acceptance, "text")
@@ -60,46 +57,7 @@ class TreeDrafter(Drafter):
                              f"(tree_rule)")
         if tree_rule is not None and tree_rule not in RULE_NAMES:
             raise ValueError(f"tree_rule must be one of {sorted(RULE_NAMES)}, got {tree_rule!r}")
-        return TreeStep(self, tree_rule, measure_ceiling)
-
-
-class TreeStep:
-    """One step of tree speculation: the drafter grows a tree per row, the target scores every node in one forward
-    with the tree mask, an exact tree rule walks it and the target's cache keeps exactly the accepted path
-    (`mmspec.core.drafting.tree_round`)."""
-
-    def __init__(self, drafter: TreeDrafter, rule: str | None, ceiling: bool):
-        self.drafter, self.rule, self.ceiling = drafter, rule, ceiling
-        self.lookahead = drafter.shape.depth  # the most draft tokens a step writes past a row's end
-        # the most tokens a forward writes past a row's committed ones: a level's window and the nodes before it
-        self.window = drafter.shape.nodes + drafter.shape.depth + 2
-
-    @property
-    def capturable(self) -> bool:
-        return self.drafter.capturable
-
-    def capture_key(self) -> tuple:
-        return self.drafter.capture_key(), self.rule, self.ceiling
-
-    def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
-        self.drafter.start(rows, vocab_size, capacity)
-
-    def __call__(self, target, state, rows: TextRows, sampling: SamplingConfig, generator: Generators,
-                 timer: PhaseTimer) -> Round:
-        with timer("draft"):
-            tree = self.drafter.propose(rows, sampling, generator)
-        shape = self.drafter.shape
-        return tree_round(target, state, rows.last, tree, text_law, sampling, generator, timer, self.rule,
-                          self.ceiling, (shape.depth, shape.branching))
-
-    def observe(self, round: Round, rows: TextRows, stats: TextStats) -> None:
-        self.drafter.observe(rows.tokens, rows.lengths - rows.count, round.laws, rows.count)
-        walk = round.walk
-        stats.record_tree_walk(walk.node_acceptance, walk.node_alpha_star, walk.node_children, walk.accepted_rank,
-                               self.drafter.shape.branching, rows.stepped)
-
-    def select(self, index: torch.Tensor) -> None:
-        self.drafter.select(index)
+        return Tree(self, text_law, tree_rule, measure_ceiling)
 
 
 class LookupAfter:
@@ -210,11 +168,12 @@ class StandDrafter(TreeDrafter):
         self.entry_probs = torch.cat([self.entry_probs, laws_top[0].float() * real[..., None]], 1)
         self.seen = torch.maximum(self.seen, start + count)
 
-    def observe(self, tokens, start, laws, count) -> None:
+    def observe(self, rows, laws) -> None:
+        tokens, count = rows.tokens, rows.count
         top = laws.topk(min(self.top, laws.shape[-1]), dim=-1)
         values = torch.nn.functional.pad(top.values, (0, self.top - top.values.shape[-1]))
         indices = torch.nn.functional.pad(top.indices, (0, self.top - top.indices.shape[-1]))
-        self._store(tokens, start, laws.shape[1], (values, indices), count)
+        self._store(tokens, rows.lengths - count, laws.shape[1], (values, indices), count)
 
     def _store_unseen(self, tokens, lengths) -> None:
         """One-hot entries for committed tokens no law was observed for (the prompt, on the first call)."""

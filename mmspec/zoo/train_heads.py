@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mmspec.core.head_drafting import FeatureTap
-from mmspec.core.head_kinds import HEAD_KINDS
 from mmspec.core.head_training import Pairs, aligned, unrolled_predictions
+from mmspec.core.kinds import HEAD_KINDS
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text.head_drafters import decoder_layers
 from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model

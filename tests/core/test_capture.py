@@ -142,3 +142,4 @@ def test_the_runner_replays_blocks_on_a_shell_and_hands_the_state_back(calls):
 
 def test_block_sizes_shrink_towards_the_end():
     assert [block_size(r) for r in (100, 16, 15.9, 8, 7.9, 4, 3, 1.5, 0.2)] == [16, 16, 8, 8, 4, 4, 2, 1, 1]
+    assert [block_size(r, 3) for r in (100, 2.5)] == [3, 2]  # the caller's bound

@@ -5,7 +5,7 @@ companions, greedy equivalence and per-row reproducibility on real (tiny) LlamaG
 import pytest
 import torch
 
-from mmspec.core import drafting, multidraft, tree_verify
+from mmspec.core import multidraft, speculation, tree_verify
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rules import exact
@@ -49,7 +49,7 @@ def test_draft_trees_match_the_exact_law(depth, width, monkeypatch):
         sizes.append(tree.n_nodes.unique())
         return tree_verify.verify_tree(p, tree, *args, **kwargs)
 
-    monkeypatch.setattr(drafting, "verify_tree", recording)
+    monkeypatch.setattr(speculation, "verify_tree", recording)
     decoding = DraftModel(depth, tree_width=width, drafter=drafter())
     tokens, stats, model = decode_rows(decoding, groups=TREE_GROUPS)
     assert_exact(tokens, model)
@@ -99,7 +99,7 @@ def test_tree_mutations_are_rejected(mutation, monkeypatch):
     assert min(checks.values()) < ALPHA, f"mutation {mutation} was not detected: {checks}"
 
 
-VERIFY = drafting.verify
+VERIFY = speculation.verify
 
 
 def misaligned_draft_laws(p, chain, generator, test, greedy=False):
@@ -116,7 +116,7 @@ def residual_is_p(p, q):
 
 
 MUTATIONS = {
-    "misaligned_draft_laws": (drafting, "verify", misaligned_draft_laws),
+    "misaligned_draft_laws": (speculation, "verify", misaligned_draft_laws),
     "residual_is_p": (exact, "residual_law", residual_is_p),
     "no_target_rollback": (TableImageModel, "rollback", lambda self, state, keep: None),
 }

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from mmspec.text import speculative_generate
 from mmspec.core.capture import StepGraphs
+from mmspec.text import speculative_generate
 from mmspec.text.drafters import (
     CascadeDrafter,
     DraftLengthSchedule,

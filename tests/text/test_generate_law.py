@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from mmspec.adapters.static_cache import StaticCausalLMAdapter
-from mmspec.core import drafting
+from mmspec.core import speculation
+from mmspec.core.draft_lengths import DraftLengthSchedule
 from mmspec.core.rules import exact
 from mmspec.text import speculative_generate
-from mmspec.text.drafters import DraftLengthSchedule, ModelDrafter, NGramDrafter, NoDrafter
+from mmspec.text.drafters import ModelDrafter, NGramDrafter, NoDrafter
 from tests.law import chi_square_p_value as law_p_value
 from tests.text.table_lm import TableLM, exact_joint_law, random_table
 
@@ -82,7 +83,7 @@ def test_speculative_generate_matches_exact_joint_law(drafter_kind, draft_length
         assert stats.accepted > 0 and stats.accepted < stats.drafted  # both branches of the rule were exercised
 
 
-VERIFY = drafting.verify
+VERIFY = speculation.verify
 
 
 def off_by_one_bonus(p, draft, generator, test, greedy=False):
@@ -95,7 +96,7 @@ def off_by_one_bonus(p, draft, generator, test, greedy=False):
 MUTATIONS = {  # (module, attribute, replacement)
     "resample_from_p": (exact, "residual_law", lambda p, q: p),
     "accept_always": (exact, "accept_probability", lambda p_x, q_x: torch.ones_like(p_x)),  # HF #28508
-    "off_by_one_bonus": (drafting, "verify", off_by_one_bonus),
+    "off_by_one_bonus": (speculation, "verify", off_by_one_bonus),
     # the caches keep rejected tokens: every row rolls back only as far as the row that kept the most
     "no_per_row_rollback": (StaticCausalLMAdapter, "rollback", lambda adapter, state, keep: state.lengths.copy_(
         torch.minimum(state.lengths, state.prompt_lengths + state.rows(keep).max()))),

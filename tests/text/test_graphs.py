@@ -96,8 +96,8 @@ class ReassignedCount(TextRows):
     """Mutation companion: commit rebinds `count` and `generated` to new tensors instead of writing them in place;
     a replay then keeps adding onto the captured ones, which the hand-back and the next block never see."""
 
-    def commit(self, round, stats):
-        super().commit(round, stats)
+    def commit(self, round):
+        super().commit(round)
         self.generated = self.generated.clone()
 
 

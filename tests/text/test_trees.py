@@ -1,6 +1,8 @@
 """Growing trees, the tree drafters' contracts and the loop's refusals (tree attention and the accepted-path
 rollback on a real LM: `tests/adapters`). The exactness of trees in the loop is `test_tree_generate_law`."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -83,7 +85,8 @@ def test_stand_memory_returns_the_stored_laws_of_the_matching_context():
     laws = torch.zeros(1, 1, 6)
     laws[0, 0, 4], laws[0, 0, 5] = 0.75, 0.25  # the target's law at position 5, after "1 2"
     tokens[0, 5] = 4
-    drafter.observe(tokens, torch.tensor([5]), laws, torch.tensor([1]))
+    committed = SimpleNamespace(tokens=tokens, lengths=torch.tensor([6]), count=torch.tensor([1]))  # one new token
+    drafter.observe(committed, laws)
     law = drafter.law(torch.tensor([[[1, 2]]]), 6)[0, 0]
     torch.testing.assert_close(law[[3, 4, 5]], torch.tensor([0.5, 0.375, 0.125]), atol=1e-5, rtol=0)
 

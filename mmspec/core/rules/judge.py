@@ -54,6 +54,9 @@ class JudgeTest:
         self.head, self.threshold = head, threshold
         self.residual = self.exact.residual
 
+    def __repr__(self) -> str:  # a captured round's key: the same head (by identity) and threshold
+        return f"JudgeTest(head={type(self.head).__name__} at {id(self.head):#x}, threshold={self.threshold})"
+
     def acceptance(self, p: torch.Tensor, q: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
         judged = self.head.score(self.head.features[:, 1 : drafts.shape[-1] + 1]) > self.threshold
         return self.exact.acceptance(p, q, drafts).where(~judged, 1)

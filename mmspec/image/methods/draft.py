@@ -1,6 +1,6 @@
 """`DraftModel(...)`: speculative decoding with a draft image model over the same tokens, chains or the drafter's trees
 (full, EAGLE-2's dynamic or positional), exact or (chains) relaxed. The settings; the step is
-`mmspec.image.draft_model.DraftStep`, on the draft-model proposer every modality shares (`mmspec.core.drafting`)."""
+`mmspec.image.draft_model.draft_step`, on the draft-model proposer every modality shares (`mmspec.core.drafting`)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,6 @@ class DraftModel(DraftedTree, ImageDecoding):
         require(self.drafter, self.capabilities, "DraftModel(tree_width > 1 or tree_size > 0)'s drafter")
 
     def step(self, model, opening, sampling, generator, stats):
-        from mmspec.image.draft_model import DraftStep
+        from mmspec.image.draft_model import draft_step
 
-        return DraftStep(self, model, opening, sampling, generator, stats)
+        return draft_step(self, model, opening, sampling, generator, stats)

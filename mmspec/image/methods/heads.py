@@ -1,6 +1,6 @@
 """`DraftHeads(...)`: speculative decoding with a draft head on the target's own features (EAGLE, Hydra), chains or
 trees (full, EAGLE-2's dynamic or positional), exact or (chains) relaxed. The settings; the step is
-`mmspec.image.draft_model.HeadStep`, on the feature-head proposer every modality shares
+`mmspec.image.draft_model.draft_step`, on the feature-head proposer every modality shares
 (`mmspec.core.head_drafting`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mmspec.core.head_kinds import HEAD_KINDS
+from mmspec.core.kinds import HEAD_KINDS
 from mmspec.core.registry import register_decoding
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.rules.exact import Exact
@@ -64,6 +64,6 @@ class DraftHeads(DraftedTree, ImageDecoding):
         FeatureTap.of(model.feature_readout()[1], self.head.tapped_layers(model.feature_layers()))
 
     def step(self, model, opening, sampling, generator, stats):
-        from mmspec.image.draft_model import HeadStep
+        from mmspec.image.draft_model import draft_step
 
-        return HeadStep(self, model, opening, sampling, generator, stats)
+        return draft_step(self, model, opening, sampling, generator, stats, heads=True)
