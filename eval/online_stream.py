@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.text.head_drafters import bind_head
+from mmspec.adapters.causal_lm import as_causal_model
+from mmspec.core.head_drafting import bind_head
 from mmspec.text.methods import TextDraftHeads, TextSpeculation
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation, copy_sharing
 from mmspec.zoo.text_corpus import held_out_prompts
@@ -81,7 +82,7 @@ def online_acceptance_gain(target, draft, tokenizer, temperature: float, max_new
     prompts = held_out_prompts(stream_prompts, opening="def test")
     frozen = serve_stream(target, draft, tokenizer, prompts, temperature, max_new_tokens, measure_from=learn_prompts)
     if hasattr(draft, "logits"):  # a head: its copy reads through the same target embedding and LM head
-        bind_head(draft, target)
+        bind_head(draft, as_causal_model(target))
         learning = copy_sharing(draft, (draft.embedding, draft.lm_head))
         learner = OnlineHeadDistillation(target, learning, background=False, **LEARNER)
     else:

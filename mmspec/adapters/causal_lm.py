@@ -89,7 +89,7 @@ class CausalLMState(CFGRows):
 class CausalLMAdapter:
     """A transformers causal LM (`model(input_ids=...).logits`) as a `CausalModel` over its own vocabulary."""
 
-    capabilities = frozenset({"tree"})
+    capabilities = frozenset({"tree", "features"})
 
     def __init__(self, model):
         self.model = model
@@ -117,6 +117,17 @@ class CausalLMAdapter:
         """The logits [R, 1, V] at window position index[r] ([R] long) of each row."""
         logits = self.head(output)
         return logits.gather(1, index[:, None, None].expand(-1, 1, logits.shape[-1]))
+
+    def feature_readout(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """The token embedding and the LM head, whose input (after the final norm) is the feature a draft head
+        reads."""
+        return self.model.get_input_embeddings(), self.model.get_output_embeddings()
+
+    def feature_layers(self) -> list[torch.nn.Module]:
+        """The decoder layers in order (the decoder's `layers`, or GPT-2's `h`; none if neither)."""
+        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
+        layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)
+        return list(layers or [])
 
     # --- the protocol ----------------------------------------------------------------------------------------------
     def prefill(self, prompt: Prompt, cfg: bool = False, max_window: int = 1) -> tuple[CausalLMState, Logits | None]:

@@ -36,6 +36,15 @@ from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 
 
+def bind_head(head, model) -> FeatureTap:
+    """Read the head's tokens and features through `model`'s embedding and LM head (the model protocol's "features"
+    capability: `feature_readout()`, `feature_layers()`, for text and image targets alike); the tap that catches
+    what the head reads of the model's forwards."""
+    embedding, lm_head = model.feature_readout()
+    head.bind(embedding, lm_head)
+    return FeatureTap.of(lm_head, head.tapped_layers(model.feature_layers()))
+
+
 class FeatureTap:
     """What a head reads of a target's last forward ([R, W, w], `features`): the input of its LM head, the feature
     ([R, W, d], w = d), after the outputs of the decoder `layers` an EAGLE-3 head fuses (w = (k + 1) d for k of

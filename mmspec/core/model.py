@@ -8,6 +8,7 @@ they hold a `CausalModel` and its state, which lives outside the `nn.Module` (th
     capabilities                                                   what else it does, of CAPABILITIES:
       "tree":     forward_tree(tokens [B, T], offset, visible, state) -> logits [B, T, V]; keep_path(state, path)
       "segments": forward_segments(tokens, positions, segments, state) -> logits; commit_segments(state, keep)
+      "features": feature_readout() -> (embedding, LM head); feature_layers() -> decoder layers (a feature head's)
 
 "Tokens after the prompt" count what a decoder appended: the image tokens of an image model, the last prompt token and
 the new tokens of a text model (whose prefill holds the prompt but its last token, which opens the first window).

@@ -38,7 +38,7 @@ import torch
 from mmspec.core.draft_lengths import DraftLengthSchedule
 from mmspec.core.drafting import ModelProposer
 from mmspec.core.drafts import Draft
-from mmspec.core.head_drafting import FeatureTap, HeadProposer
+from mmspec.core.head_drafting import HeadProposer, bind_head
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
@@ -82,9 +82,7 @@ def open_head(decoding, model: DiscreteImageModel, opening: Opening, rows: Commi
     (`mmspec.core.head_drafting.HeadProposer`), first the prefill's at the last condition slot, paired with image
     token 0."""
     head = decoding.head
-    embedding, lm_head = model.feature_readout()
-    head.bind(embedding, lm_head)
-    tap = FeatureTap.of(lm_head, head.tapped_layers(model.feature_layers()))
+    tap = bind_head(head, model)
     first = opening.first_token
     B, cfg = first.shape[0], sampling.guidance_scale != 1.0
     batch = 2 * B if cfg else B

@@ -11,28 +11,15 @@ from __future__ import annotations
 
 import torch
 
+from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.adapters.views import module_view, trimmed_readout
-from mmspec.core.head_drafting import FeatureTap, HeadProposer, check_draft_depth
+from mmspec.core.head_drafting import HeadProposer, bind_head, check_draft_depth
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 from mmspec.text.drafters import ChainDrafter, draft_lookup, looked_up_tail, text_law
 from mmspec.text.kinds import check_lookup_after
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import DYNAMIC_TREE, LookupAfter, TreeDrafter
-
-
-def bind_head(head, target) -> FeatureTap:
-    """Read the head's tokens and features through `target`'s (a transformers causal LM) embedding and LM head; the
-    tap that catches what the head reads of the target's forwards."""
-    head.bind(target.get_input_embeddings(), target.get_output_embeddings())
-    return FeatureTap.of(target.get_output_embeddings(), head.tapped_layers(decoder_layers(target)))
-
-
-def decoder_layers(target) -> list[torch.nn.Module]:
-    """A transformers causal LM's decoder layers in order (its decoder's `layers`, or GPT-2's `h`; none if neither)."""
-    decoder = target.get_decoder() if hasattr(target, "get_decoder") else None
-    layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)
-    return list(layers or [])
 
 
 class WithHead:
@@ -42,7 +29,7 @@ class WithHead:
     def attach(self, target, head) -> None:
         if not isinstance(target, torch.nn.Module):
             raise TypeError(f"a head drafter needs the target transformers model, got {type(target).__name__}")
-        self.tap = bind_head(head, target)
+        self.tap = bind_head(head, as_causal_model(target))
         self.head, self.target = head, target
         self.reader = head  # what drafts: the head, or a view of it trimmed to a draft vocabulary
         self.vocabulary: torch.Tensor | None = None

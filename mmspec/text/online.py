@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mmspec.adapters.causal_lm import as_causal_model
+from mmspec.core.head_drafting import bind_head
 from mmspec.core.head_training import Pairs, aligned, unrolled_predictions
-from mmspec.text.head_drafters import bind_head
 
 DIVERGENCES = ("fkl", "tvd")
 POSITIONS = ("corrected", "all")
@@ -247,7 +248,7 @@ class OnlineHeadDistillation(OnlineDistillation):
             raise ValueError(f"unroll must be an int >= 0, got {unroll!r}")
         if not isinstance(head, torch.nn.Module) or not hasattr(head, "logits"):
             raise TypeError(f"head must be a draft head (EagleHead or HydraHead), got {type(head).__name__}")
-        self.tap = bind_head(head, target)
+        self.tap = bind_head(head, as_causal_model(target))
         self.unroll = unroll
         super().__init__(head, **options)
 

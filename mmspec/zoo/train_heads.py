@@ -43,11 +43,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from mmspec.adapters.causal_lm import CausalLMAdapter
 from mmspec.core.head_drafting import FeatureTap
 from mmspec.core.head_training import Pairs, aligned, unrolled_predictions
 from mmspec.core.kinds import HEAD_KINDS
 from mmspec.models.heads import EagleHead, HydraHead
-from mmspec.text.head_drafters import decoder_layers
 from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model
 from mmspec.zoo.training import save_stage, total_variation, train_loop
 
@@ -64,8 +64,8 @@ class TextTeacher:
     def __init__(self, model, tokenizer=None):
         self.model, self.tokenizer = model, tokenizer
         self.model.requires_grad_(False)
-        self.embedding, self.lm_head = self.model.get_input_embeddings(), self.model.get_output_embeddings()
-        self.layers = decoder_layers(self.model)
+        adapter = CausalLMAdapter(self.model)
+        (self.embedding, self.lm_head), self.layers = adapter.feature_readout(), adapter.feature_layers()
         self.tap = FeatureTap.of(self.lm_head)
         config = self.model.config
         self.feature_size, self.vocab_size = config.hidden_size, config.vocab_size

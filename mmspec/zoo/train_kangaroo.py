@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
+from mmspec.adapters.nested_exits import NestedExits
 from mmspec.adapters.views import early_exit_view, kangaroo_view
 from mmspec.models.kangaroo import KangarooAdapter
-from mmspec.text.sorted_exits import NestedExits
 from mmspec.zoo import ZOO_DIR, load_causal_lm
 from mmspec.zoo.train_acceptance import add_sample_arguments, check_sample_arguments, target_samples, work_folder
 from mmspec.zoo.train_heads import soft_cross_entropy

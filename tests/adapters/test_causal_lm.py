@@ -102,3 +102,24 @@ def test_selected_rows_decode_as_alone():
     for row, b in enumerate((2, 0)):
         torch.testing.assert_close(logits[row], full_logits(model, sequences[b] + window[row].tolist())[-3:], rtol=0,
                                    atol=1e-10)
+
+
+def test_features_are_the_lm_heads_input_and_the_decoder_layers():
+    """The "features" capability: a feature head binds to any transformers causal LM through the protocol, as to an
+    image model; the tap catches the LM head's input (the final norm's output) and each decoder layer's output."""
+    from mmspec.core.head_drafting import FeatureTap
+    from mmspec.core.model import require
+
+    model = tiny_llama()
+    adapter = CausalLMAdapter(model)
+    require(adapter, {"features"}, "a feature head")
+    embedding, lm_head = adapter.feature_readout()
+    assert embedding is model.get_input_embeddings() and lm_head is model.get_output_embeddings()
+    layers = adapter.feature_layers()
+    assert layers == list(model.model.layers) and len(layers) == model.config.num_hidden_layers
+    tap = FeatureTap(lm_head, layers[:1])
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    torch.testing.assert_close(tap.feature, out.hidden_states[-1])  # transformers' last hidden state is normed
+    torch.testing.assert_close(tap.layer_outputs[0], out.hidden_states[1])

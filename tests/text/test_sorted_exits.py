@@ -8,6 +8,7 @@ does."""
 import pytest
 import torch
 
+from mmspec.adapters.nested_exits import NestedExits
 from mmspec.adapters.views import kangaroo_view
 from mmspec.core import drafting
 from mmspec.core.probs import SamplingConfig
@@ -15,7 +16,7 @@ from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.text import TextSpeculation, speculative_generate
 from mmspec.text import sorted_exits as sorted_exits_module
 from mmspec.text.rows import TextRows
-from mmspec.text.sorted_exits import NestedExits, SortedExitDrafter
+from mmspec.text.sorted_exits import SortedExitDrafter
 from tests.conftest import tiny_llama
 from tests.text.table_lm import TableLM, random_table
 from tests.text.test_draft_stops import drop_the_tripping_token

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
+from mmspec.adapters.nested_exits import NestedExits
 from mmspec.adapters.views import kangaroo_view
 from mmspec.models.kangaroo import KangarooAdapter
-from mmspec.text.sorted_exits import NestedExits
 from mmspec.zoo import train_kangaroo
 from tests.conftest import tiny_llama
 

@@ -47,7 +47,7 @@ class DraftHeads(DraftedTree, ImageDecoding):
         if self.head is None:
             raise ValueError(f"decoding='heads' needs a draft head: load a pipeline that has a {self.kind}_head, or "
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}> to DraftHeads")
-        from mmspec.core.head_drafting import FeatureTap, check_draft_depth
+        from mmspec.core.head_drafting import bind_head, check_draft_depth
 
         if self.tree_rates is None:
             check_draft_depth(self.head, self.draft_length, "draft_length")
@@ -60,8 +60,7 @@ class DraftHeads(DraftedTree, ImageDecoding):
             raise ValueError("decoding='heads' reads the target's features from eager forwards: run it with the "
                              "CUDA graphs off (pipe.disable_cuda_graphs())")
         super().check_model(model)
-        # before the prefill, whose features the head starts from
-        FeatureTap.of(model.feature_readout()[1], self.head.tapped_layers(model.feature_layers()))
+        bind_head(self.head, model)  # before the prefill, whose features the head starts from
 
     def step(self, model, opening, sampling, generator, stats):
         from mmspec.image.draft_model import draft_step
