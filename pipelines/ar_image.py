@@ -285,15 +285,11 @@ class ARImagePipeline(MMSpecPipeline):
         steps = decoder.run(adapter, condition, sampling, generator, stats,
                             block=None if callback_on_step_end is None else 1)
         with self.progress_bar(total=N) as progress, closing(steps):
-            done = 0
+            on_step = self.step_hook(callback_on_step_end, tensor_inputs, progress)
             for step in steps:
                 tokens = step.tokens
-                if callback_on_step_end is not None:
-                    self.run_step_callback(callback_on_step_end, step.step, step.min_committed,
-                                           {name: getattr(step, name) for name in tensor_inputs})
-                progress.update(step.min_committed - done)
-                done = step.min_committed
-                if self._interrupt:
+                if on_step is not None and on_step(step.step, step.min_committed,
+                                                   {name: getattr(step, name) for name in tensor_inputs}):
                     break
 
         if choice is not None and not self._interrupt:

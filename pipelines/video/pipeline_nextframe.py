@@ -202,7 +202,7 @@ class NextFramePipeline(MMSpecPipeline):
 
         The actions are fed one at a time, as an interactive user would: speculation never looks ahead.
         """
-        self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)  # only "latents"
+        names = self.callback_tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)  # "latents"
         actions = torch.as_tensor(actions)
         session = self._session(image, decoding, num_inference_steps, context_noise, generator, context_actions,
                                 output_type, decoding_settings)
@@ -213,13 +213,13 @@ class NextFramePipeline(MMSpecPipeline):
             raise ValueError(f"actions must be a non-empty list of ints or [{B}, T] ints, got shape "
                              f"{tuple(actions.shape)}")
         self._interrupt, emitted = False, []
-        for step, action in enumerate(self.progress_bar(actions.T)):
-            emitted.append(session.step(action))
-            if callback_on_step_end is not None:
-                self.run_step_callback(callback_on_step_end, step, len(emitted),
-                                       {"latents": torch.stack(emitted, 1)})
-            if self._interrupt:
-                break
+        with self.progress_bar(total=actions.shape[1]) as progress:
+            on_step = self.step_hook(callback_on_step_end, names, progress)
+            for step, action in enumerate(actions.T):
+                emitted.append(session.step(action))
+                so_far = {"latents": torch.stack(emitted, 1)} if callback_on_step_end is not None else {}
+                if on_step is not None and on_step(step, len(emitted), so_far):
+                    break
         latents = torch.stack(emitted, 1)
         stats = session.close()
         video = self.decode_latents(latents, output_type, stats)
