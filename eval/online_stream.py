@@ -20,7 +20,7 @@ import torch
 
 from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.core.head_drafting import bind_head
-from mmspec.text.methods import TextDraftHeads, TextSpeculation
+from mmspec.text.methods import TextDraftHeads, TextDraftModel
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation, copy_sharing
 from mmspec.zoo.text_corpus import held_out_prompts
 
@@ -49,7 +49,7 @@ def serve_stream(target, draft, tokenizer, prompts: list[str], temperature: floa
     """Serve `prompts` in requests of REQUEST_ROWS with the chains of `draft`, a draft LM or an EAGLE head (the
     learner, if any, recording each and swapping its updates in between); the sums over the requests from prompt
     `measure_from` on."""
-    decoding = TextDraftHeads(head=draft) if hasattr(draft, "logits") else TextSpeculation(drafter="model")
+    decoding = TextDraftHeads(head=draft) if hasattr(draft, "logits") else TextDraftModel()
     part = StreamPart()
     for start in range(0, len(prompts), REQUEST_ROWS):
         encoded = tokenizer(prompts[start : start + REQUEST_ROWS], return_tensors="pt", padding=True,

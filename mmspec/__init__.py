@@ -25,8 +25,10 @@ _EXPORTS = {
     "PJD": "mmspec.image.methods.pjd",
     "ContinuousSpeculation": "mmspec.continuous.methods",
     "FrameSpeculation": "mmspec.video.methods",
-    "TextSpeculation": "mmspec.text.methods",
-    "TextDraftHeads": "mmspec.text.methods",
+    # text drafters: pipe(prompt, decoding=PromptLookup(max_ngram=2)); TextSpeculation(drafter="ngram") names one
+    **{name: "mmspec.text.methods" for name in ("TextSpeculation", "TextDraftModel", "PromptLookup", "LayerSkip",
+                                                "Cascade", "Kangaroo", "SortedExits", "TextDraftTree", "Stand",
+                                                "TextDraftHeads", "TextDrafting", "TreeDrafting")},
     # acceptance rules: acceptance=Lantern(k=100, delta=0.1)
     "Exact": "mmspec.core.rules.exact",
     "Lantern": "mmspec.core.rules.lantern",

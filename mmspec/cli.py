@@ -23,7 +23,6 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from mmspec.core.registry import decodings, load_plugins, rules
 from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
-from mmspec.text.methods import TextSpeculation, auto_settings, method_names, uses_draft_model
+from mmspec.text.methods import auto_settings, described, method_names, uses_draft_model
 from mmspec.video.methods import FrameSpeculation
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
 
@@ -135,13 +134,12 @@ def check_model(name: str, flag: str) -> None:
 
 
 # --- decoding flags: generated from the registered decodings' and rules' settings ----------------------------------
-def decoding_fields(modality: str, skip: tuple[str, ...] = ()) -> dict[str, dict[str, tuple[Spec, object]]]:
+def decoding_fields(modality: str) -> dict[str, dict[str, tuple[Spec, object]]]:
     """setting -> {decoding name: (its spec, its default)} over the registered decodings of `modality`."""
     fields: dict[str, dict[str, tuple[Spec, object]]] = {}
     for name, cls in decodings(modality).items():
         for field, spec in specs(cls).items():
-            if field not in skip:
-                fields.setdefault(field, {})[name] = (spec, defaults(cls)[field])
+            fields.setdefault(field, {})[name] = (spec, defaults(cls)[field])
     return fields
 
 
@@ -154,13 +152,15 @@ def rule_fields(modality: str) -> dict[str, tuple[str, Spec, object]]:
     return found
 
 
-def add_setting(parser, name: str, owners: dict[str, tuple[Spec, object]], owner_word: str,
-                named: Callable[[str, str], str] | None = None) -> None:
-    """A flag for setting `name`, typed from its spec; the help says what it does for each owner (as
-    `named(setting, owner)` spells the owner on the command line, else by its name)."""
+def add_setting(parser, name: str, owners: dict[str, tuple[Spec, object]], owner_word: str) -> None:
+    """A flag for setting `name`, typed from its spec; the help says what it does for each owner (the owners that
+    share a help and a default once)."""
     spec = next(iter(owners.values()))[0]
-    helps = [f"{owner_word}{named(name, owner) if named else owner}: {own.help}"
-             + (f" (default {default})" if default is not None else "") for owner, (own, default) in owners.items()]
+    grouped: dict[tuple[str, object], list[str]] = {}
+    for owner, (own, default) in owners.items():
+        grouped.setdefault((own.help, default), []).append(owner)
+    helps = [f"{owner_word}{' / '.join(names)}: {text}" + (f" (default {default})" if default is not None else "")
+             for (text, default), names in grouped.items()]
     kwargs = {"default": None, "help": "; ".join(helps).replace("%", "%%")}
     if spec.kind is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -174,13 +174,11 @@ def add_setting(parser, name: str, owners: dict[str, tuple[Spec, object]], owner
     parser.add_argument(flag(name), **kwargs)
 
 
-def add_decoding_arguments(parser, modality: str, owner_word: str, skip: tuple[str, ...] = (),
-                           named: Callable[[str, str], str] | None = None) -> None:
+def add_decoding_arguments(parser, modality: str, owner_word: str) -> None:
     """Every registered `modality` decoding's settings as flags (`--window`), `--acceptance` and the rules' settings
-    (`--lantern-delta`). named(setting, decoding): how the help spells a decoding the command line names otherwise
-    (text's drafters)."""
-    for name, owners in decoding_fields(modality, skip).items():
-        add_setting(parser, name, owners, owner_word, named)
+    (`--lantern-delta`)."""
+    for name, owners in decoding_fields(modality).items():
+        add_setting(parser, name, owners, owner_word)
     lossless = [name for name, rule in rules(modality).items() if rule.lossless]
     parser.add_argument("--acceptance", choices=tuple(rules(modality)), default=None,
                         help=f"the acceptance rule ({', '.join(lossless)}: lossless, the others lossy and report "
@@ -189,13 +187,12 @@ def add_decoding_arguments(parser, modality: str, owner_word: str, skip: tuple[s
         add_setting(parser, flat, {rule: (spec, default)}, "--acceptance ")
 
 
-def given_settings(args, modality: str, skip: tuple[str, ...] = ()) -> tuple[dict, dict]:
+def given_settings(args, modality: str) -> tuple[dict, dict]:
     """(the decoding settings the user gave, the rules' flat settings the user gave), range-checked as flags."""
-    settings = {name: getattr(args, name) for name in decoding_fields(modality, skip)
-                if getattr(args, name) is not None}
+    settings = {name: getattr(args, name) for name in decoding_fields(modality) if getattr(args, name) is not None}
     flats = {name: getattr(args, name) for name in rule_fields(modality) if getattr(args, name) is not None}
     for name, value in settings.items():
-        next(iter(decoding_fields(modality, skip)[name].values()))[0].check(flag(name), value)
+        next(iter(decoding_fields(modality)[name].values()))[0].check(flag(name), value)
     for name, value in flats.items():
         rule_fields(modality)[name][1].check(flag(name), value)
     for name in flats:
@@ -232,47 +229,22 @@ def check_image_decoding(args) -> DecodingComponent | None:
                  (*fields, *rule_fields("image"), "acceptance"))
 
 
-def text_readers(name: str) -> list[str]:
-    """The `mmspec text --method`s that read setting `name`: TextSpeculation's drafters that read it, and the other
-    text decodings that have it (by name)."""
-    readers = []
-    for owner in decoding_fields("text", skip=("drafter",))[name]:
-        readers += drafters_reading(name) if owner == TextSpeculation.name else [owner]
-    return readers
-
-
-def drafters_reading(name: str) -> tuple[str, ...]:
-    """TextSpeculation's drafters that read its setting `name`."""
-    only = specs(TextSpeculation)[name].only
-    return tuple(specs(TextSpeculation)["drafter"].choices if only is None else only["drafter"])
-
-
-def text_owner(name: str, owner: str) -> str:
-    """How `mmspec text --help` names a decoding of setting `name`: TextSpeculation by the drafters that read it."""
-    return " / ".join(drafters_reading(name)) if owner == TextSpeculation.name else owner
-
-
 def check_text_decoding(args) -> dict:
-    """The settings of `mmspec text`'s flags, for its `--method`: a drafter (TextSpeculation), another text decoding
-    by name ("heads"), "ar", or "auto" (the settings narrow its candidates to the drafters that read them)."""
-    settings, flats = given_settings(args, "text", skip=("drafter",))
-    drafters = specs(TextSpeculation)["drafter"].choices
-    auto_reads = auto_settings()
+    """The settings of `mmspec text`'s flags, for its `--method`: a registered text decoding by name (a drafter's,
+    "heads"), "ar", or "auto" (the settings narrow its candidates to the drafters that read them)."""
+    settings, flats = given_settings(args, "text")
+    fields, auto_reads = decoding_fields("text"), auto_settings()
     for name in settings:
-        readers = text_readers(name)
-        if args.method not in readers and (args.method != "auto" or name not in auto_reads):
+        if args.method not in fields[name] and (args.method != "auto" or name not in auto_reads):
             auto = " (or auto)" if name in auto_reads else ""
-            raise UsageError(f"{flag(name)} applies to --method {' / '.join(readers)}{auto} only")
+            raise UsageError(f"{flag(name)} applies to --method {' / '.join(fields[name])}{auto} only")
     if args.acceptance is not None and args.method == "ar":
         raise UsageError("--acceptance applies to a drafter's --method (or auto) only")
     if args.method == "auto" and args.acceptance not in (None, "exact"):
         raise UsageError(f"--acceptance {args.acceptance} needs a named --method (auto chooses among the exact ones)")
     settings = {**settings, "acceptance": args.acceptance, **flats}
-    names = (*decoding_fields("text"), *rule_fields("text"), "acceptance")
-    if args.method in drafters:
-        built("text", "speculative", {**settings, "drafter": args.method}, args.temperature, names)
-    elif args.method not in ("auto", "ar"):
-        built("text", args.method, settings, args.temperature, names)
+    if args.method not in ("auto", "ar"):
+        built("text", args.method, settings, args.temperature, (*fields, *rule_fields("text"), "acceptance"))
     return settings
 
 
@@ -594,12 +566,9 @@ def build_parser() -> Parser:
     commands = parser.add_subparsers(dest="command", required=True)
     text = commands.add_parser("text", help="speculative text generation with a causal LM (default: the embedded pair)")
     text.add_argument("prompt", nargs="+", help="one or more prompts (several prompts are decoded as one batch)")
-    drafters = specs(TextSpeculation)["drafter"].choices
-    others = [name for name in method_names() if name not in (*drafters, "ar")]
     text.add_argument("--method", choices=("auto", *method_names()), default="auto",
                       help="'auto': the fastest exact method here (each one timed on first use, cached); a drafter: "
-                           f"{specs(TextSpeculation)['drafter'].help}; "
-                           + "; ".join(f"'{name}': {decodings('text')[name].__doc__.split('. ')[0]}" for name in others)
+                           + "; ".join(f"'{name}': {described(name)}" for name in method_names() if name != "ar")
                            + "; or 'ar' for the plain target")
     text.add_argument("--target", default=TEXT_TARGET, help="zoo name or transformers folder of the target")
     text.add_argument("--draft", default=TEXT_DRAFT,
@@ -608,7 +577,7 @@ def build_parser() -> Parser:
     text.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     text.add_argument("--top-k", type=int, default=0)
     text.add_argument("--top-p", type=float, default=1.0)
-    add_decoding_arguments(text, "text", "--method ", skip=("drafter",), named=text_owner)
+    add_decoding_arguments(text, "text", "--method ")
     text.add_argument("--seed", type=int, default=0)
     text.add_argument("--online-every", type=int, default=None, metavar="N",
                       help="online speculative decoding: serve the prompts one request at a time, the draft LM "

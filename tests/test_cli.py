@@ -17,7 +17,9 @@ def test_mmspec_text_prints_completion_and_stats(method, capsys):
     assert main(["text", "def fibonacci(n):\n", "--method", method, "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("def fibonacci(n):\n") and f"decoding  {method}" in out and "ms/token" in out
-    assert ("AR(): transformers' generate" if method == "ar" else f"TextSpeculation(drafter='{method}'") in out
+    named = {"model": "TextDraftModel(", "ngram": "PromptLookup(", "layerskip": "LayerSkip(",
+             "ar": "AR(): transformers'"}
+    assert named[method] in out
     comparison = {line.split()[0]: line.split() for line in out.splitlines()[-2:]}
     if method != "ar":
         assert "mean_accepted_length" in out and "target_forwards" in out

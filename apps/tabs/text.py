@@ -4,7 +4,6 @@ accepted draft tokens highlighted by the target forward that accepted them, and 
 from __future__ import annotations
 
 import html
-import inspect
 import time
 from collections.abc import Callable
 from functools import partial
@@ -22,8 +21,9 @@ from mmspec.apps.tabs.base import (
     while_cold,
 )
 from mmspec.apps.tabs.settings import Control, decoding_controls
-from mmspec.core.registry import decodings, rules
-from mmspec.text.kinds import DESCRIBED, DRAFTERS, ONLINE_DRAFTERS
+from mmspec.core.registry import rules
+from mmspec.text.kinds import ONLINE_DRAFTERS
+from mmspec.text.methods import described
 
 # one background per forward, cycled, so that neighbouring forwards' accepted drafts are told apart
 FORWARD_COLOURS = ["#fde68a", "#bfdbfe", "#bbf7d0", "#fbcfe8", "#ddd6fe", "#fed7aa"]
@@ -46,10 +46,6 @@ def highlight_pieces(pieces) -> str:
             + "".join(spans) + "</pre>")
 
 
-def first_sentence(cls) -> str:
-    return " ".join(inspect.getdoc(cls).split(". ")[0].split())
-
-
 class TextTab:
     """Text completion with a `SpeculativeTextPipeline`."""
 
@@ -61,9 +57,9 @@ class TextTab:
         speculative = [m for m in pipe.methods if m != "ar"]
         if not speculative:
             raise ValueError("the text pipeline offers no speculative method")
-        # a drafter's label is its phrase ("ngram: prompt lookup"); another decoding's, its docstring's first sentence
-        self.methods = [("auto: the fastest exact method here", "auto")] + [
-            (f"{m}: {DESCRIBED.get(m) or first_sentence(decodings('text')[m])}", m) for m in speculative]
+        # each method's label is its phrase ("ngram: prompt lookup"), else its docstring's first sentence
+        self.methods = [("auto: the fastest exact method here", "auto")] + [(f"{m}: {described(m)}", m)
+                                                                            for m in speculative]
         self.controls = self.text_controls()
         # the registered rules whose runtime parts (a judge rule's head) this pipeline supplies
         self.rules = [name for name, rule in rules("text").items()
@@ -73,14 +69,11 @@ class TextTab:
     def text_controls() -> list[Control]:
         """The tab's drafter settings, in the order its complete handler takes them (after prompt, method,
         temperature, new tokens and seed)."""
-        return decoding_controls("text", fields_skipped=("drafter", "acceptance"))
+        return decoding_controls("text", fields_skipped=("acceptance",))
 
     @staticmethod
     def reads(control: Control, method: str) -> bool:
-        """Whether `method` (a drafter, or a decoding's name) reads the control's setting (auto: none, it chooses)."""
-        if method in DRAFTERS:
-            only = control.spec.only
-            return control.owner == "speculative" and (only is None or method in only["drafter"])
+        """Whether `method` reads the control's setting (auto: none, it chooses)."""
         return control.owner == method
 
     def build(self) -> None:

@@ -213,7 +213,7 @@ class Settings:
 
     def describe(self) -> str:
         """The class and the settings it reads, as the stats name a decoding (a setting that another one switches
-        off is left out): `TextSpeculation(drafter='ngram', draft_length=4, ...)`."""
+        off is left out): `PromptLookup(draft_length=4, ...)`."""
         shown = ", ".join(f"{key}={_described(getattr(self, key))}" for key in self.settings() if self.reads(key))
         return f"{type(self).__name__}({shown})"
 

@@ -2,7 +2,7 @@
 drafters (a small model, the target's early exit with or without Kangaroo's adapter, S2D's sorted exits, n-gram
 prompt lookup, their cascade) and draft-length schedules, online distillation of the draft LM while it serves, its
 tree drafters (dynamic, OPT-Tree and positional trees of a draft model or the early exit, STAND's n-gram memory), and
-the text decodings (`AR`, `TextSpeculation`, `mmspec.text.methods`). Models run through the core's protocol
+the text decodings (`AR` and one per drafter, `mmspec.text.methods`). Models run through the core's protocol
 (`mmspec.adapters.CausalLMAdapter`); the acceptance and tree rules are the core's. Names are exported lazily, so the
 decodings' settings load without torch.
 """
@@ -12,6 +12,8 @@ from mmspec.core.lazy import lazy_exports
 _EXPORTS = {
     "AR": "mmspec.text.methods",
     "TextSpeculation": "mmspec.text.methods",
+    "TextDrafting": "mmspec.text.methods",
+    "TreeDrafting": "mmspec.text.methods",
     "TextDraftHeads": "mmspec.text.methods",
     "HeadDrafter": "mmspec.text.head_drafters",
     "HeadTreeDrafter": "mmspec.text.head_drafters",

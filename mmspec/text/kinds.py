@@ -1,24 +1,7 @@
-"""The names of the text drafters, and the checks of their prompt-lookup settings, in a
-module that imports nothing, so the text decodings' settings (`mmspec.text.methods`) and the engine that runs them
-(`mmspec.text.drafters`) share them without importing each other."""
+"""The checks the text decodings' settings (`mmspec.text.methods`) and the engine that runs them
+(`mmspec.text.drafters`) share, in a module that imports nothing, so neither imports the other; and what can learn
+online."""
 
-# the drafters of chains: a draft LM, prompt lookup, an early exit, the draft LM over prompt lookup (a cascade), an
-# early exit with a trained adapter (Kangaroo), the nested exits of a sorted adapter (S2D)
-CHAIN_DRAFTERS = ("model", "ngram", "layerskip", "cascade", "kangaroo", "s2d")
-TREE_DRAFTERS = ("tree", "stand")  # ... and of trees: the draft LM's tree, STAND's n-gram memory
-DRAFTERS = (*CHAIN_DRAFTERS, *TREE_DRAFTERS)
-DESCRIBED = {  # each drafter in a phrase: the `drafter` setting's help, the CLI's and the demo's labels
-    "model": "the draft LM",
-    "layerskip": "the target's first layers",
-    "ngram": "prompt lookup",
-    "cascade": "the draft LM over prompt lookup (CS-Drafting)",
-    "kangaroo": "the target's first layers and a trained exit adapter (Kangaroo)",
-    "s2d": "the exit adapter at the exit each row chooses per step among those it was trained for (S2D)",
-    "tree": "the draft LM's tree (RSD)",
-    "stand": "an n-gram memory of the target's laws",
-}
-WITH_DRAFT_MODEL = ("model", "cascade", "tree")  # the drafters that run a draft LM
-LEARNED = "learned"  # ... and SpecDec++'s learned draft length (a stop rule of the draft model, not a schedule)
 ONLINE_DRAFTERS = ("model", "eagle", "hydra")  # what learns online: the draft LM, or the draft head of that kind
 
 

@@ -1,5 +1,5 @@
 """Train Kangaroo's exit adapter (`KangarooAdapter`) for a target: its first layers, the adapter and its LM head then
-draft for it (`TextSpeculation(drafter="kangaroo")`).
+draft for it (`Kangaroo()`, `"kangaroo"`).
 
     python -m mmspec.zoo.train_kangaroo                     # the embedded target: writes pycode/kangaroo_adapter/
     python -m mmspec.zoo.train_kangaroo --target my-lm --exit-layer 2 --out-dir my-lm-kangaroo

@@ -8,7 +8,7 @@ The target continues 32-token windows of the code corpus at temperature 1 (Vocab
 target's own text is the calibration set that keeps acceptance best); the tokens it wrote are counted, and the
 target's `config.json` gets `token_ranking` (every token id, most frequent first; ties and unseen ids by id) with
 `token_ranking_tokenizer` (the SHA-256 of the tokenizer file it counted with: which ids the ranking means).
-`TextSpeculation(drafter="model", draft_vocabulary=N)` and `TextDraftHeads(draft_vocabulary=N)` keep the first N ids
+`TextDraftModel(draft_vocabulary=N)` and `TextDraftHeads(draft_vocabulary=N)` keep the first N ids
 and the special tokens. The samples are kept in `--work-dir` (shared with `mmspec.zoo.train_acceptance`) and reused.
 """
 

@@ -1,5 +1,5 @@
 """Text completion with speculative decoding behind one call: tokenizer, target causal LM, optional draft LM, the
-decoding component (`TextSpeculation(drafter=...)`, `AR()` or `"auto"`), decoded completions, and which target
+decoding component (a drafter's, `AR()` or `"auto"`), decoded completions, and which target
 forward committed each token. It serves the `mmspec text` command and the demo's text tab; library users who hold
 their own drafter call `mmspec.text.speculative_generate` directly.
 """
@@ -28,10 +28,11 @@ from mmspec.models.judge import JudgeHead
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.text.policy import TextDecodingPolicy
-from mmspec.text.kinds import CHAIN_DRAFTERS, DRAFTERS, ONLINE_DRAFTERS, check_max_new_tokens
+from mmspec.text.kinds import ONLINE_DRAFTERS, check_max_new_tokens
 from mmspec.text.methods import (
     TextDraftHeads,
-    TextSpeculation,
+    check_reads,
+    drafters,
     method_names,
     registered_drafters,
     text_component,
@@ -69,16 +70,16 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         target ([`~transformers.PreTrainedModel`]): the causal LM whose output law (or greedy output) is kept.
         tokenizer ([`~transformers.PreTrainedTokenizerBase`]): the target's tokenizer.
         draft ([`~transformers.PreTrainedModel`], *optional*): a small causal LM over the same vocabulary, the drafter
-            of `TextSpeculation(drafter="model")`.
+            of `TextDraftModel()` (`"model"`), `Cascade()` and `TextDraftTree()`.
         eagle_head ([`EagleHead`], *optional*), hydra_head ([`HydraHead`], *optional*): draft heads on the target's
             features, the drafters of `TextDraftHeads(kind="eagle" | "hydra")`.
         acceptance_head ([`AcceptanceHead`], *optional*): SpecDec++'s acceptance predictor for the draft, the stop
-            rule of `TextSpeculation(drafter="model", schedule="learned")`.
+            rule of `TextDraftModel(schedule="learned")`.
         kangaroo_adapter ([`KangarooAdapter`], *optional*): Kangaroo's exit adapter on the target's first layers, the
-            drafter of `TextSpeculation(drafter="kangaroo")`.
+            drafter of `Kangaroo()` (and of `SortedExits()`, one trained at several exits).
         judge_head ([`JudgeHead`], *optional*): judge decoding's judge on the target's features, read by the lossy
             rule `acceptance="judge"`.
-        decoding (`"auto"`, `AR()` or `TextSpeculation(...)`, a name or a config dict; defaults to `"auto"`): what
+        decoding (`"auto"`, `AR()` or a drafter's decoding, a name or a config dict; defaults to `"auto"`): what
             calls decode with unless they say otherwise; saved with the pipeline, swappable (`pipe.decoding = ...`).
 
     `"auto"` runs the fastest exact decoding for these models, this device, batch size and greedy or sampled
@@ -88,12 +89,12 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     Examples:
         ```py
         >>> import torch
-        >>> from mmspec import SpeculativeTextPipeline, TextSpeculation
+        >>> from mmspec import PromptLookup, SpeculativeTextPipeline
 
         >>> pipe = SpeculativeTextPipeline.from_pretrained("pycode/target", draft="pycode/draft")
         >>> out = pipe("def fibonacci(n):\n", max_new_tokens=32)  # decoding="auto"
         >>> print(out.texts[0])
-        >>> out = pipe("def fibonacci(n):\n", decoding=TextSpeculation(drafter="ngram", draft_length=6))
+        >>> out = pipe("def fibonacci(n):\n", decoding=PromptLookup(draft_length=6))
         >>> print(out.stats.table())
         ```
     """
@@ -230,16 +231,23 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         return self._decoding_policy
 
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
-        """`"auto"`, or a component from an object, a config dict, or a name plus settings: `"ar"`, `"speculative"`
-        or a drafter's name (`"ngram"` = `TextSpeculation(drafter="ngram")`)."""
+        """`"auto"`, or a component from an object, a config dict, or a registered name plus settings (`"ngram"`,
+        `"heads"`, `"ar"`, a user's). `"speculative"` with `drafter=` names the drafter's decoding, and a config saved
+        under that name loads as it (`TextSpeculation`)."""
         if isinstance(value, str) and value == "auto" and not settings:
             return value
-        if isinstance(value, str) and value in DRAFTERS:
-            if settings.get("drafter") not in (None, value):
-                raise ValueError(f"decoding={value!r} names drafter {value!r}; drafter={settings['drafter']!r} "
-                                 "contradicts it")
-            value, settings = "speculative", {**settings, "drafter": value}
-        return component_from(value, self.modality, names=("auto", TextSpeculation.name, *method_names()), **settings)
+        if isinstance(value, dict) and value.get("name") == "speculative":  # a config saved before each drafter had
+            options = {key: v for key, v in value.items() if key != "name"}  # its own decoding: its drafter's fields
+            cls = drafters().get(options.pop("drafter", "model"))
+            if cls is not None:
+                value = {"name": cls.name, **{key: v for key, v in options.items() if key in cls.settings()}}
+        if value == "speculative":
+            value = settings.pop("drafter", None) or "model"
+            if value not in drafters():
+                raise ValueError(f"drafter must be one of {tuple(drafters())}, got {value!r}")
+        if isinstance(value, str) and value in method_names():
+            check_reads(value, settings)
+        return component_from(value, self.modality, names=("auto", *method_names()), **settings)
 
     def auto_candidates(self, settings: dict) -> dict[str, DecodingComponent]:
         """What `"auto"` chooses between: `AR()`, every chain drafter of `methods` that reads all of `settings` (a
@@ -249,20 +257,18 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         everywhere."""
         given = {key: value for key, value in settings.items() if value is not None}
         if "drafter" in given:
-            raise ValueError("decoding='auto' chooses the drafter; name decoding='speculative' to give drafter=")
+            raise ValueError("decoding='auto' chooses the drafter; name the drafter's decoding (decoding='ngram', ...) "
+                             "to choose it")
         acceptance = rule_from(given.get("acceptance", "exact"), "text")
         if not acceptance.lossless:
             raise ValueError(f"decoding='auto' chooses among the exact decodings; name the decoding to use "
                              f"acceptance={acceptance.name!r}")
-        speculation = set(given) <= set(specs(TextSpeculation))
-        candidates = {m: TextSpeculation(drafter=m, **given) for m in self.methods
-                      if m in CHAIN_DRAFTERS and speculation and TextSpeculation.accepts(m, given)}
-        if "heads" in self.methods and set(given) <= TextDraftHeads.auto_settings:
-            candidates["heads"] = TextDraftHeads(**given)
-        drafters = registered_drafters()
+        chains, candidates = registered_drafters(), {}
         for name in self.methods:
-            if name in drafters and set(given) <= set(specs(drafters[name])):
-                candidates[name] = drafters[name](**given)
+            if name in chains and set(given) <= set(specs(chains[name])):
+                candidates[name] = chains[name](**given)
+            elif name == TextDraftHeads.name and set(given) <= TextDraftHeads.auto_settings:
+                candidates[name] = TextDraftHeads(**given)
         if not candidates and set(given) - {"acceptance"}:
             raise ValueError(f"decoding='auto': no drafter of this pipeline ({', '.join(self.methods)}) takes "
                              f"{sorted(given)}")
@@ -327,11 +333,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
                 unless set or saved otherwise). A registered text decoding (`mmspec.core.registry.decodings("text")`:
-                `TextSpeculation`, whose `drafter` setting lists its drafters, `TextDraftHeads`, `AR()`, and any
-                `TextDrafting` registered beside them), or a name:
-                a decoding's or a drafter's (`pipe.methods` lists what this pipeline can run). A name plus settings
-                is the same call (`decoding="ngram", draft_length=6`).
-            **decoding_settings: the named decoding's settings (`mmspec.core.settings.specs(TextSpeculation)` lists
+                each drafter's (`TextDraftModel`, `PromptLookup`, ..., and any registered beside them),
+                `TextDraftHeads`, `AR()`), or its name (`pipe.methods` lists what this pipeline can run). A name plus
+                settings is the same call (`decoding="ngram", draft_length=6`).
+            **decoding_settings: the named decoding's settings (`mmspec.core.settings.specs(PromptLookup)` lists
                 them with their help; `mmspec text --help` shows them as flags), `acceptance` and the rules' flat
                 spellings (`typical_epsilon`, ...), for the named decoding or the pipeline's own component; with
                 `"auto"` they narrow its candidates to the drafters that read them (`acceptance="typical"` is lossy:
@@ -345,8 +350,14 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             if decoding is not None:
                 raise ValueError("give decoding= or its old spelling method=, not both")
             decoding = method
-        if decoding is None and decoding_settings.get("drafter") is not None:
-            decoding = "speculative"  # `drafter=` names the method
+        drafter = decoding_settings.pop("drafter", None)  # `drafter=` names the method (TextSpeculation's spelling)
+        if drafter is not None:
+            if decoding == "auto":
+                raise ValueError("decoding='auto' chooses the drafter; name the drafter's decoding (decoding='ngram', "
+                                 "...) to choose it")
+            if decoding not in (None, "speculative", drafter):
+                raise ValueError(f"decoding={decoding!r} names its drafter; drafter={drafter!r} contradicts it")
+            decoding = drafter
         sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p)
         SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)  # refused here, before auto times anything
         self.check_lengths(prompts, max_new_tokens)

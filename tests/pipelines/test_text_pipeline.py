@@ -47,7 +47,7 @@ def test_tree_drafters_take_tree_settings_and_refuse_chain_ones(pipe):
     assert out.stats.tree_acceptance is not None and out.stats.tokens_per_target_forward > 1
     with pytest.raises(ValueError,
                        match="draft_length applies to drafter 'model' / 'ngram' / 'layerskip' / 'cascade' / "
-                             "'kangaroo' / 's2d', not 'tree'"):
+                             "'kangaroo' / 's2d' / 'heads', not 'tree'"):
         TextSpeculation(drafter="tree", draft_length=6)
     with pytest.raises(ValueError, match="acceptance='typical' is for chain drafters"):
         TextSpeculation(drafter="stand", acceptance="typical")
@@ -85,7 +85,7 @@ def test_a_positional_tree_from_a_runs_child_acceptance(pipe, tmp_path):
     (dict(tree_rates=(0.5, 0.2), tree_depth=3), "tree_depth sets the full tree"),
     (dict(tree_rates=(0.0, 0.2)), "tree_rates: rates must be probabilities"),
     (dict(tree_rates=0.5), "tree_rates must be a sequence of numbers, got 0.5"),
-    (dict(drafter="stand", tree_rates=(0.5,)), "tree_rates applies to drafter 'tree', not 'stand'"),
+    (dict(drafter="stand", tree_rates=(0.5,)), "tree_rates applies to drafter 'tree' / 'heads', not 'stand'"),
 ])
 def test_positional_tree_settings_are_checked(settings, match):
     with pytest.raises((TypeError, ValueError), match=match):
@@ -119,11 +119,14 @@ def test_head_tree_settings_are_checked(settings, match):
 
 def test_shorthands_and_the_old_method_spelling_name_the_same_component(pipe):
     """`decoding="ngram", draft_length=6`, `decoding="speculative", drafter="ngram", ...`, a setting alone with
-    `drafter=`, a config dict, and the old `method=` all run TextSpeculation(drafter="ngram", draft_length=6)."""
+    `drafter=`, a config dict (also one saved under "speculative" before each drafter had a decoding of its own), and
+    the old `method=` all run PromptLookup(draft_length=6)."""
     expected = TextSpeculation(drafter="ngram", draft_length=6)
     calls = [dict(decoding=expected), dict(decoding="ngram", draft_length=6),
              dict(decoding="speculative", drafter="ngram", draft_length=6), dict(drafter="ngram", draft_length=6),
-             dict(decoding=expected.to_config()), dict(method="ngram", draft_length=6)]
+             dict(decoding=expected.to_config()), dict(method="ngram", draft_length=6),
+             dict(decoding={"name": "speculative", "drafter": "ngram", "draft_length": 6, "schedule": "constant",
+                            "confidence_threshold": 0.0, "exit_threshold": 0.3, "tree_depth": 4, "max_ngram": 3})]
     outs = [pipe(PROMPTS[0], max_new_tokens=16, **call) for call in calls]
     assert all(out.stats.method == expected.describe() for out in outs)
     assert all(torch.equal(out.sequences, outs[0].sequences) for out in outs)
@@ -190,7 +193,7 @@ def test_calls_without_a_generator_draw_afresh_from_the_global_rng(pipe, decodin
 
 
 def test_clear_errors(pipe):
-    with pytest.raises(ValueError, match=r"decoding must be one of \('auto', 'speculative', 'model', 'ngram'"):
+    with pytest.raises(ValueError, match=r"decoding must be one of \('auto', 'model', 'ngram'"):
         pipe("x = 1", decoding="beam")
     with pytest.raises(ValueError, match="not both"):
         pipe("x = 1", decoding="ngram", method="ngram")
