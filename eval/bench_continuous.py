@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
-from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import synchronize
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
+from mmspec.core.stats import synchronize
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.pipelines.mar import MARPipeline
 from mmspec.zoo import MAR_C2I

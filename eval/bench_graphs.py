@@ -12,14 +12,15 @@ captured the same way, so every speedup is against graphed AR). Per mode, method
   speedup_vs_graphed_ar;
 - tokens_per_forward and iterations (target forwards after the prefill, per call); wasted_iterations_share: those
   that ran after every row had finished (a block of iterations runs between two reads of the progress);
-- host_reads_per_iteration: the tensor reads that block the host (`mmspec.core.capture.HostReads`: `.item()`,
+- host_reads_per_iteration: the tensor reads that block the host (`mmspec.core.runtime.capture.HostReads`: `.item()`,
   `bool(t)`, `.tolist()`, `.cpu()`, ...) over a whole call (the first batch's), prefill and stats included, per
   iteration;
 - outside_share: the share of the call's time spent outside the target's forwards. Eager: from a run of the first
   batch with every phase synchronized (`mmspec.core.stats.synchronized_timings`). Captured: 1 - iterations x (one window
   forward, replayed alone from its own graph) / latency, so the prefill counts as outside.
 Per method: `fullgraph`, whether its step traces whole with `torch.compile(fullgraph=True, backend="eager")` (a graph
-break is a host read or a data-dependent shape, which no CUDA graph can hold; `mmspec.core.capture.trace_checks`).
+break is a host read or a data-dependent shape, which no CUDA graph can hold;
+`mmspec.core.runtime.capture.trace_checks`).
 
 `loops` does the same for the two other captured loops, at batch 1 (`LOOPS`):
 - mar_head / mar_speculative: the embedded MAR (mmspec/zoo/mar_shapes), 64 steps of 100 diffusion steps
@@ -47,10 +48,9 @@ import time
 
 import torch
 
-from mmspec.core.capture import HostReads, compiles_fullgraph, trace_checks
-from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import synchronize
-from mmspec.core.stats import synchronized_timings
+from mmspec.core.runtime.capture import HostReads, compiles_fullgraph, trace_checks
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
+from mmspec.core.stats import synchronize, synchronized_timings
 from mmspec.eval.bench_image import held_out_prompts
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.zoo import IMAGE_T2I
@@ -266,7 +266,7 @@ def _frame_runs(device, captured: bool) -> dict:
 
 
 def _text_runs(device, captured: bool, new_tokens: int) -> dict:
-    from mmspec.core.capture import StepGraphs
+    from mmspec.core.runtime.capture import StepGraphs
     from mmspec.text import speculative_generate
     from mmspec.text.ar import generate_ar
     from mmspec.text.drafters import ModelDrafter, NGramDrafter, NoDrafter

@@ -41,9 +41,10 @@ from functools import partial
 
 import torch
 
-from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.registry import decodings
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
+from mmspec.core.runtime.measured import median_seconds
+from mmspec.core.stats import synchronize
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.image import COUPLINGS, INITS, get_decoding
 from mmspec.image.policy import PRIOR_FILE, SJD_SETTINGS, TREES, WINDOWS, candidate_sjd, tree_key

@@ -52,12 +52,13 @@ from transformers import DynamicCache
 
 from mmspec.adapters.causal_lm import cache_keyword
 from mmspec.adapters.views import early_exit_view
-from mmspec.core.capture import StepGraphs
-from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import median_seconds, synchronize
+from mmspec.core.drafting.tree_growth import TreeShape
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rules import Exact, Judge
-from mmspec.core.tree_growth import TreeShape
+from mmspec.core.runtime.capture import StepGraphs
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
+from mmspec.core.runtime.measured import median_seconds
+from mmspec.core.stats import synchronize
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.eval.online_stream import LEARN_PROMPTS, LEARNER, REQUEST_ROWS, STREAM_PROMPTS, online_acceptance_gain
 from mmspec.models.acceptance import AcceptanceHead

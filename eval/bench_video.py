@@ -37,8 +37,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import median_seconds, synchronize
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
+from mmspec.core.runtime.measured import median_seconds
+from mmspec.core.stats import synchronize
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.pipelines.video import NextFramePipeline
 from mmspec.video import FrameSpeculation

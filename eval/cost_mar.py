@@ -28,7 +28,8 @@ import time
 import numpy as np
 import torch
 
-from mmspec.core.measured import median_seconds, synchronize
+from mmspec.core.runtime.measured import median_seconds
+from mmspec.core.stats import synchronize
 from mmspec.eval.devices import seeded
 from mmspec.eval.timed_spans import TimedSpans
 from mmspec.models.mar.model import MAR_PRESETS, MARModel

@@ -47,10 +47,10 @@ from pathlib import Path
 
 import torch
 
-from mmspec.core.devices import add_device_arguments, resolve_device
-from mmspec.core.measured import median_seconds, synchronize
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.stats import synchronized_timings
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
+from mmspec.core.runtime.measured import median_seconds
+from mmspec.core.stats import synchronize, synchronized_timings
 from mmspec.eval.bench_image import held_out_prompts
 from mmspec.eval.cost_mar import MAR_SHAPES, measure_mar
 from mmspec.eval.cost_mar import format_table as format_mar_table

@@ -1,5 +1,5 @@
 """What a results file records about the machine, how it is written, and the seeded generators a benchmark draws with
-on its device (the `--device` / `--dtype` flags themselves: `mmspec.core.devices`)."""
+on its device (the `--device` / `--dtype` flags themselves: `mmspec.core.runtime.devices`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from mmspec.core.measured import device_fingerprint
+from mmspec.core.runtime.measured import device_fingerprint
 
 
 def machine(device: torch.device) -> dict:

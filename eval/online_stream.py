@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.adapters.causal_lm import as_causal_model
-from mmspec.core.head_drafting import bind_head
+from mmspec.core.drafting.heads import bind_head
 from mmspec.text.methods import TextDraftHeads, TextDraftModel
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation, copy_sharing
 from mmspec.zoo.text_corpus import held_out_prompts

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import t, ttest_ind
 
-from mmspec.core.devices import add_device_arguments, resolve_device
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
 from mmspec.eval.devices import write_json
 from mmspec.eval.metrics import (
     clip_score,

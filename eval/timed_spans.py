@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from mmspec.core.measured import synchronize
+from mmspec.core.stats import synchronize
 
 
 class TimedSpans:

@@ -27,8 +27,8 @@ from importlib import metadata
 from pathlib import Path
 
 from mmspec.core.component import DecodingComponent, component_from, rule_settings
-from mmspec.core.devices import add_device_arguments, parse_device  # no torch until a device is asked
 from mmspec.core.registry import decodings, load_plugins, rules
+from mmspec.core.runtime.devices import add_device_arguments, parse_device  # no torch until a device is asked
 from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use

@@ -23,8 +23,8 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import is_accelerate_available
 
 from mmspec.core.component import DecodingComponent, StepHook, component_from, rule_settings, setting_keywords
-from mmspec.core.devices import check_available
 from mmspec.core.registry import decodings
+from mmspec.core.runtime.devices import check_available
 from mmspec.core.settings import Settings, runtime_fields
 from mmspec.zoo import resolve_model
 

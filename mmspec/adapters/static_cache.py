@@ -1,6 +1,6 @@
 """`StaticCausalLMAdapter`: a transformers causal LM on a KV cache of fixed capacity that it rolls back in place, so
 that a decoding step running it holds no host read and no data-dependent shape, and a CUDA graph can replay it
-(`mmspec.core.capture`; the text loop runs its target and draft models on it, `mmspec.text.generate`).
+(`mmspec.core.runtime.capture`; the text loop runs its target and draft models on it, `mmspec.text.generate`).
 
 Every cache row is left-aligned: row r holds its tokens at slots [0, lengths[r]), so a token's slot is its position.
 A window of W tokens is written at slots lengths[r] .. lengths[r] + W - 1 of its own row (`SlotCache.write`: one

@@ -3,8 +3,9 @@ steps, a few thousand small kernels) replayed at once, for AR and the draft step
 
 `sample(..., graphs)` takes what `sample_trajectory` takes (the head's conditions, x_T and the per-step noise, all
 given: the chain draws no random numbers of its own) and returns the same trajectory. `SamplerGraphs` is a
-`mmspec.core.capture.CallGraphs` keyed by the chain's shape (model, tokens n, CFG or not, schedule, temperature): its
-first call runs eagerly, the second captures the chain on static input buffers, every later call copies its inputs
+`mmspec.core.runtime.capture.CallGraphs` keyed by the chain's shape (model, tokens n, CFG or not, schedule,
+temperature): its first call runs eagerly, the second captures the chain on static input buffers, every later call
+copies its inputs
 in and replays. On CUDA the graph is a `torch.cuda.CUDAGraph`; `cuda=False` replays a `TapeGraph`, which runs the
 same replay path on a CPU (the tests decode with it and compare with the eager sampler).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from mmspec.continuous.diffusion import DiffusionSchedule, Trajectory, sample_trajectory
-from mmspec.core.capture import CallGraphs
+from mmspec.core.runtime.capture import CallGraphs
 
 
 class SamplerGraphs(CallGraphs):

@@ -97,7 +97,7 @@ class CausalModel(Protocol):
     #       its segment up to itself. The state's kept lengths are not used.
     #   commit_segments(state, keep [B, T] bool): after forward_segments, keep the kept tokens' keys/values at their
     #       positions, where later segment tokens see them.
-    # "features" (draft heads on the target's features, `mmspec.core.head_drafting`):
+    # "features" (draft heads on the target's features, `mmspec.core.drafting.heads`):
     #   feature_readout() -> (embedding, lm_head): the modules that embed the adapter's token ids and turn the
     #       target's features (its LM head's input, which every forward feeds it) into logits over them.
     #   feature_layers() -> the target's decoder layers in order, whose outputs (their last columns aligned with

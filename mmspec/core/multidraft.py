@@ -155,6 +155,7 @@ def verify_rsd(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, gener
     return sample_plan(rsd_plan(p, q, candidates), candidates, generator)
 
 
-def verify_spectr(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, generator: Generators) -> MultiDraftResult:
+def verify_spectr(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor,
+                  generator: Generators) -> MultiDraftResult:
     """SpecTr K-SEQ verification of candidates drawn by `sample_iid(q, K)`."""
     return sample_plan(spectr_plan(p, q, candidates), candidates, generator)

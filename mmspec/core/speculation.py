@@ -2,7 +2,7 @@
 prefix (a path of a tree) and draw the closing token, commit, roll the target back.
 
 `SpeculativeStep` is that round for every row of a batch, on tensors it updates in place with no host read, so a
-captured step (`mmspec.core.capture`) replays it. What varies is given to it:
+captured step (`mmspec.core.runtime.capture`) replays it. What varies is given to it:
 - the strategy, `Chain` or `Tree`: how a draft is proposed (a drafter's chain of up to its budget per row, or its
   tree), scored (`chain_round`: [x_{c-1}, d_1 .. d_L]; `tree_round`: [x_{c-1}, every node] with the tree mask) and
   verified (a chain test, or the exact tree walk), and what it learns from the outcome (a draft-length schedule, a
@@ -16,15 +16,14 @@ Shapes: B rows, L drafts per chain, V token ids.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from mmspec.core.draft_lengths import DraftLengthSchedule
-from mmspec.core.drafting import DraftLaw
 from mmspec.core.drafts import Draft
-from mmspec.core.model import CausalModel
+from mmspec.core.model import CausalModel, Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, select_generators
 from mmspec.core.rules.base import TokenTest
@@ -33,6 +32,9 @@ from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import TreeVerifyResult, verify_tree
 from mmspec.core.trees import DraftTree
 from mmspec.core.verify import VerifyResult, verify
+
+# law(logits [B, F, V] of tokens at depth [B, F] after each row's last committed token, sampling) -> q [B, F, V]
+DraftLaw = Callable[[Logits, torch.Tensor, SamplingConfig], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -183,11 +185,30 @@ class TreeDrafts(Protocol):
     def select(self, index: torch.Tensor) -> None: ...
 
 
+class DraftLengths(Protocol):
+    """How many tokens each row drafts a round (`mmspec.core.drafting.lengths.DraftLengthSchedule`): `budget` [B]
+    long after `reset`; `width()` the round's static draft width; `update` learns from what was accepted;
+    `max_length`, `kind` ("constant": no host read) and `length` key a captured round."""
+
+    budget: torch.Tensor
+    max_length: int
+    kind: str
+    length: int
+
+    def reset(self, batch_size: int, device: torch.device) -> None: ...
+
+    def width(self) -> int: ...
+
+    def update(self, n_accepted: torch.Tensor, draft_lengths: torch.Tensor) -> None: ...
+
+    def select(self, index: torch.Tensor) -> None: ...
+
+
 class Chain:
     """Chains: the drafter drafts up to the schedule's budget per row (and the rows' room), the target scores them in
     one forward under `law` and `test` decides (`chain_round`); the schedule learns from what was accepted."""
 
-    def __init__(self, drafter: ChainDrafts, lengths: DraftLengthSchedule, test: TokenTest, law: DraftLaw):
+    def __init__(self, drafter: ChainDrafts, lengths: DraftLengths, test: TokenTest, law: DraftLaw):
         self.drafter, self.lengths, self.test, self.law = drafter, lengths, test, law
         self.lookahead = lengths.max_length  # the most draft tokens a round writes past a row's committed ones
         self.window = lengths.max_length + 1  # the most tokens a forward writes past them

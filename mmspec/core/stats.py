@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mmspec.core.measured import synchronize
 
+def synchronize(device: torch.device) -> None:
+    """Wait for `device`'s queued work (a no-op on the CPU): what makes a phase's wall-clock seconds its work's."""
+    if device.type != "cpu":
+        getattr(torch, device.type).synchronize(device)
 
 @dataclass
 class DecodingStats:
@@ -164,7 +167,7 @@ class SpecStats(DecodingStats):
         batch of the entries (default: the batch as it is); `active`: [B'] bool, which entries took part (the
         others' are ignored; default all). stepped: [B] bool, which samples took a step when a sample verifies
         several chains at once (one window per image row band: B' = B * windows); default `active`. Accumulates
-        into device counters updated in place: no host sync, and a captured step (`mmspec.core.capture`) replays
+        into device counters updated in place: no host sync, and a captured step (`mmspec.core.runtime.capture`) replays
         it."""
         took = (torch.ones_like(result.n_accepted, dtype=torch.bool) if active is None else active) \
             if stepped is None else stepped

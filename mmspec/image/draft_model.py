@@ -1,6 +1,6 @@
 """Draft-model speculative decoding for discrete image AR models: the step of `DraftModel(...)` and `DraftHeads(...)`,
-the round every modality shares (`mmspec.core.speculation`) on the draft-model algorithm (`mmspec.core.drafting`) or
-the feature heads' (`mmspec.core.head_drafting`).
+the round every modality shares (`mmspec.core.speculation`) on the draft-model algorithm
+(`mmspec.core.drafting.proposer`) or the feature heads' (`mmspec.core.drafting.heads`).
 
 A small AR model over the same image tokens (the drafter, another `DiscreteImageModel` adapter) drafts a chain of
 `draft_length` tokens per row, sampling from its own processed law q (the same CFG / temperature / top-k / top-p as
@@ -19,7 +19,7 @@ were accepted, where its cache lacks d_G. Every round draws the same number of u
 the same width, so a row's random stream does not depend on the rest of its batch.
 
 Trees (`tree_width=K > 1`): the drafter grows the full tree of depth G with K children per node, drawn without
-replacement from its law (`mmspec.core.tree_growth`; at temperature 0 its top K, deterministic), one batched
+replacement from its law (`mmspec.core.drafting.tree_growth`; at temperature 0 its top K, deterministic), one batched
 `forward_tree` per depth over the frontier, each level attending to its ancestors from the earlier levels; the
 target scores [x_{c-1}, all nodes] in one `forward_tree` (tree mask, positions by depth) and the core's exact tree
 walk (`mmspec.core.tree_verify`: RSD, or the deterministic-children rule) accepts a path and draws the closing
@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.core.draft_lengths import DraftLengthSchedule
-from mmspec.core.drafting import ModelProposer
+from mmspec.core.drafting.heads import HeadProposer, bind_head
+from mmspec.core.drafting.lengths import DraftLengthSchedule
+from mmspec.core.drafting.proposer import ModelProposer
 from mmspec.core.drafts import Draft
-from mmspec.core.head_drafting import HeadProposer, bind_head
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
@@ -79,7 +79,7 @@ def open_drafter(decoding, model: DiscreteImageModel, opening: Opening, rows: Co
 def open_head(decoding, model: DiscreteImageModel, opening: Opening, rows: Commits,
               sampling: SamplingConfig) -> HeadProposer:
     """A feature head (`DraftHeads(...)`) in the draft model's place: it reads the target's features
-    (`mmspec.core.head_drafting.HeadProposer`), first the prefill's at the last condition slot, paired with image
+    (`mmspec.core.drafting.heads.HeadProposer`), first the prefill's at the last condition slot, paired with image
     token 0."""
     head = decoding.head
     tap = bind_head(head, model)
@@ -96,8 +96,9 @@ def open_head(decoding, model: DiscreteImageModel, opening: Opening, rows: Commi
 
 class ImageLaw:
     """The law [B, F, V] of the image tokens at `depth` [B, F] after each row's last committed token (they hold
-    position committed + depth), forced tokens fixed (`mmspec.core.drafting.DraftLaw`). inside: a drafter's law, zero
-    where a draft would leave no position for the closing token (a tree near the image's end is ragged, a chain's
+    position committed + depth), forced tokens fixed (`mmspec.core.drafting.proposer.DraftLaw`). inside: a drafter's
+    law, zero where a draft would leave no position for the closing token (a tree near the image's end is ragged, a
+    chain's
     drafts there lie past the row's room)."""
 
     def __init__(self, opening: Opening, rows: Commits, inside: bool = False):

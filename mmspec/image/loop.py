@@ -17,11 +17,11 @@ from typing import Any, Protocol
 
 import torch
 
-from mmspec.core.capture import StepRunner, block_size
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig, one_hot, process_logits
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.rules.base import TokenTest
+from mmspec.core.runtime.capture import StepRunner, block_size
 from mmspec.core.speculation import Round
 from mmspec.core.stats import PhaseTimer, SpecStats
 from mmspec.core.verify import VerifyResult
@@ -63,8 +63,8 @@ def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: Sampli
            stats: SpecStats, block: int | None = None) -> Iterator[DecodeStep]:
     """The loop of every image decoding (`ImageDecoding.run`): a `DecodeStep` after the prefill and after every block
     of iterations of `decoding`'s step. A block is as many iterations as the rows are expected to need still (up to
-    16, `mmspec.core.capture.block_size`; at most `block`), so the host reads the progress once per block; with the
-    model's step graphs (`model.graphs.steps`, CUDA graphs or their CPU tape) a block replays one captured graph."""
+    16, `mmspec.core.runtime.capture.block_size`; at most `block`), so the host reads the progress once per block; with
+    the model's step graphs (`model.graphs.steps`, CUDA graphs or their CPU tape) a block replays one captured graph."""
     decoding.check_sampling(sampling.temperature)
     decoding.check_model(model)
     opening = open_decoding(model, condition, sampling, generator, stats, decoding.max_window, decoding)

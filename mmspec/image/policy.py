@@ -15,7 +15,7 @@ policy predicts the seconds of one batch of B images decoded with window W as
   every decoding pays once). On a model with captured steps (a pipeline on CUDA) cost(W, B) is instead one
   iteration of the candidate's whole step replayed from its graph, forward included (`measure_replayed_iterations`):
   eager launches would misprice both the forward and the kernels around it. All are measured once per model,
-  device, batch size and CFG setting and cached on disk (`mmspec.core.measured.MeasurementCache`), keyed and
+  device, batch size and CFG setting and cached on disk (`mmspec.core.runtime.measured.MeasurementCache`), keyed and
   checked by fingerprints of the model and of the device, so a curve measured elsewhere is never reused;
 - c(W, B): the step compression (image tokens per batch forward, prefill excluded; a batch runs until its slowest row
   finishes) that SJD with maximal coupling and horizontal init reaches, measured on the embedded model
@@ -54,8 +54,9 @@ from typing import ContextManager, Protocol
 
 import torch
 
-from mmspec.core.capture import StepRunner
-from mmspec.core.measured import (
+from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.runtime.capture import StepRunner
+from mmspec.core.runtime.measured import (
     GAP,
     PROBE_TOLERANCE,
     Clock,
@@ -68,7 +69,6 @@ from mmspec.core.measured import (
     timings,
     within,
 )
-from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
 from mmspec.image.loop import open_decoding, step_graphs, step_key
 from mmspec.image.methods.ar import AR

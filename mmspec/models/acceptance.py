@@ -5,7 +5,7 @@ model's feature that produced x's law (the input of its LM head, h), x's embeddi
 statistics of the draft's temperature-1 law q there (log q(x), log max q, its entropy): a residual MLP, as the
 paper's, with two outputs — greedy decoding (does the
 target's argmax equal the draft's?) and sampling (min(1, p(x) / q(x)), the exact rule's acceptance of a sampled x).
-`mmspec.core.draft_stops.LearnedStop` stops a row's draft on it; `mmspec.zoo.train_acceptance` trains it.
+`mmspec.core.drafting.stops.LearnedStop` stops a row's draft on it; `mmspec.zoo.train_acceptance` trains it.
 """
 
 from __future__ import annotations

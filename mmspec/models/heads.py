@@ -1,6 +1,6 @@
 """Draft heads on the target's own features: an EAGLE head (Li et al. 2024, arXiv 2401.15077) and Hydra heads
 (Ankner et al. 2024, arXiv 2402.05109), and the per-batch sessions that draft with them
-(`mmspec.core.head_drafting.HeadProposer` drives a session).
+(`mmspec.core.drafting.heads.HeadProposer` drives a session).
 
 Both read the target's *feature*, the input of its LM head (post-norm last hidden state), and read their own
 predictions out through the target's frozen embedding and LM head (`bind`), so a head owns only its small body:
@@ -177,7 +177,7 @@ class HydraHead(TargetReadout, ModelMixin, ConfigMixin):
 
 
 class HeadSession(CFGRows):
-    """A head drafting for one batch (`mmspec.core.head_drafting.HeadProposer` drives it).
+    """A head drafting for one batch (`mmspec.core.drafting.heads.HeadProposer` drives it).
 
     prefill(tokens [R, T], features [R, T, w], positions [R, T], valid [R, T]) -> Logits [B, 1, V]: the pairs before
         the first round, right-aligned so that the last one is the last committed token; its law of the next token.
@@ -187,7 +187,8 @@ class HeadSession(CFGRows):
         committed since the last round (model-view indices start .. committed - 1, padding after) with the target's
         features, and give the law after the last one.
     expand(nodes [B, F], paths [B, F, D], node_tokens [B, n], valid [B, F]) -> Logits [B, F, V]: the laws after the
-        frontier nodes (`mmspec.core.tree_growth.grow_tree`'s callback; a chain is a tree of one child per node).
+        frontier nodes (`mmspec.core.drafting.tree_growth.grow_tree`'s callback; a chain is a tree of one child per
+        node).
     end_round(): drop what drafting appended. select(index [B']): keep those samples.
     offsets: [B] long, what a row's model-view index adds to give its rotary position (text: the prompt before it).
     """
@@ -264,7 +265,7 @@ class EagleSession(HeadSession):
         self.node_hidden = self.root_hidden.new_zeros(self.root_hidden.shape[0], 0, self.root_hidden.shape[-1])
 
     def expand(self, nodes, paths, node_tokens, valid) -> Logits:
-        from mmspec.core.tree_growth import visible_slots
+        from mmspec.core.drafting.tree_growth import visible_slots
 
         B, F_ = nodes.shape
         depth = (paths >= 0).sum(-1)  # [B, F]; a node of depth k is the k-th draft after the last committed token

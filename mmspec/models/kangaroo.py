@@ -7,7 +7,7 @@ The adapter owns only the attention block and its two RMS norms (Kangaroo's 67 M
 (`python -m mmspec.zoo.train_kangaroo`). Drafting through the view is an ordinary draft model with a cache of its own
 (`mmspec.text.drafters.KangarooDrafter`), so the draft's law is recorded as it is drawn and verification is exact;
 Kangaroo's double early exit stops a row's chain where the exit's top-1 confidence falls below a threshold
-(`mmspec.core.draft_stops.ConfidenceStop`).
+(`mmspec.core.drafting.stops.ConfidenceStop`).
 
 An adapter trained at several exits at once (`exit_layers`; S2D's sorted fine-tuning, Kavehzadeh et al. 2024, arXiv
 2407.01955) serves each of them: the nested drafts of the target's first 2, 4, 6 ... layers, one chosen per step

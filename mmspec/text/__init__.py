@@ -19,7 +19,7 @@ _EXPORTS = {
     "HeadTreeDrafter": "mmspec.text.head_drafters",
     "TextDecoding": "mmspec.text.methods",
     "ChainDrafter": "mmspec.text.drafters",
-    "DraftLengthSchedule": "mmspec.core.draft_lengths",
+    "DraftLengthSchedule": "mmspec.core.drafting.lengths",
     "Drafter": "mmspec.text.drafters",
     "KangarooDrafter": "mmspec.text.drafters",
     "LayerSkipDrafter": "mmspec.text.drafters",

@@ -6,7 +6,7 @@ Drafters (any transformers causal LM as a small model, self-speculative early ex
 `assistant_confidence_threshold`, DISCO arXiv 2405.04304, without the online re-fit) decide how many tokens each row
 drafts. A drafter reads the batch's rows (`mmspec.text.rows.TextRows`): the left-aligned sequences for prompt lookup,
 the models' view after the prefill for a draft model, which drafts with the draft-model proposer every modality
-shares (`mmspec.core.drafting.ModelProposer`).
+shares (`mmspec.core.drafting.proposer.ModelProposer`).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import torch
 
 from mmspec.adapters.static_cache import as_static_model
 from mmspec.adapters.views import early_exit_view, kangaroo_view, trimmed_view
-from mmspec.core.draft_lengths import DraftLengthSchedule
-from mmspec.core.draft_stops import ConfidenceStop, LearnedStop
-from mmspec.core.drafting import ModelProposer
+from mmspec.core.drafting.heads import FeatureTap
+from mmspec.core.drafting.lengths import DraftLengthSchedule
+from mmspec.core.drafting.proposer import ModelProposer
+from mmspec.core.drafting.stops import ConfidenceStop, LearnedStop
 from mmspec.core.drafts import Draft
-from mmspec.core.head_drafting import FeatureTap
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
@@ -32,7 +32,7 @@ from mmspec.text.rows import TextRows
 
 
 def text_law(logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """The processed law of a text token (`mmspec.core.drafting.DraftLaw`): the logits' law, wherever it is."""
+    """The processed law of a text token (`mmspec.core.drafting.proposer.DraftLaw`): the logits' law, wherever it is."""
     return process_logits(logits.cond, sampling)
 
 
@@ -70,8 +70,8 @@ class Drafter:
 class WithDraftModel:
     """For the drafters that run a draft model: it becomes a `CausalModel` on a fixed-capacity cache for each new
     batch (`mmspec.adapters.static_cache`), is prefilled with the batch's prompts, and drafts through the proposer
-    every modality shares (`mmspec.core.drafting.ModelProposer`), which counts its forwards and follows the rows that
-    leave the batch. vocabulary: the ids a trimmed draft's logits stand for (`ModelDrafter`; None: all)."""
+    every modality shares (`mmspec.core.drafting.proposer.ModelProposer`), which counts its forwards and follows the
+    rows that leave the batch. vocabulary: the ids a trimmed draft's logits stand for (`ModelDrafter`; None: all)."""
 
     vocabulary: torch.Tensor | None = None
 
@@ -127,8 +127,9 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
     acceptance_head: SpecDec++'s learned draft length (an `mmspec.models.AcceptanceHead` trained for this draft
     model; `model` a transformers causal LM): a row stops once the predicted probability that one of its drafts so
     far is rejected exceeds `stop_threshold` (None: the head's own, chosen from the costs it was trained with).
-    vocabulary: VocabTrim's draft vocabulary ([|S|] long ids, `mmspec.core.vocabulary.frequent_vocabulary`; `model`
-    a transformers causal LM): its LM head scores only those tokens, and drafts from its law renormalised over them.
+    vocabulary: VocabTrim's draft vocabulary ([|S|] long ids, `mmspec.core.drafting.vocabulary.frequent_vocabulary`;
+    `model` a transformers causal LM): its LM head scores only those tokens, and drafts from its law renormalised over
+    them.
     """
 
     def __init__(self, model, confidence_threshold: float = 0.0, acceptance_head=None,

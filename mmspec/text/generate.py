@@ -10,11 +10,12 @@ token-for-token the target's greedy output.
 
 The models run on fixed-capacity caches rolled back in place (`mmspec.adapters.static_cache`), and a step keeps its
 whole state in tensors it updates in place, with no host read: the loop drives it in blocks of iterations with one
-read of the progress per block (`mmspec.core.capture.StepRunner`). Rows that finish inside a block commit nothing
-more. An eager batch of several rows reads its progress after every step instead, and writes its finished rows out
+read of the progress per block (`mmspec.core.runtime.capture.StepRunner`). Rows that finish inside a block commit
+nothing more. An eager batch of several rows reads its progress after every step instead, and writes its finished rows
+out
 and drops them from the batch, so the remaining rows' steps get cheaper. With `graphs` (a
-`mmspec.core.capture.StepGraphs`: CUDA graphs, or their CPU tape) a block replays one captured graph and the batch
-keeps its shape until every row is done.
+`mmspec.core.runtime.capture.StepGraphs`: CUDA graphs, or their CPU tape) a block replays one captured graph and the
+batch keeps its shape until every row is done.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import time
 import torch
 
 from mmspec.adapters.static_cache import as_static_model
-from mmspec.core.capture import StepGraphs, StepRunner, block_size
 from mmspec.core.component import StepHook
-from mmspec.core.draft_lengths import DraftLengthSchedule
+from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.rules.base import AcceptanceRule
+from mmspec.core.runtime.capture import StepGraphs, StepRunner, block_size
 from mmspec.core.speculation import SpeculativeStep
 from mmspec.core.stats import PhaseTimer
 from mmspec.text.drafters import Drafter
@@ -127,7 +128,7 @@ def speculative_generate(
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a ChainDrafter or a TreeDrafter (mmspec.text), got {type(drafter).__name__}")
     if graphs is not None and not isinstance(graphs, StepGraphs):
-        raise TypeError(f"graphs must be a mmspec.core.capture.StepGraphs, got {type(graphs).__name__}")
+        raise TypeError(f"graphs must be a mmspec.core.runtime.capture.StepGraphs, got {type(graphs).__name__}")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
         raise ValueError(f"block must be an int >= 1 or None, got {block!r}")
     inner = drafter.step(target.config.vocab_size, acceptance, draft_length, tree_rule, measure_ceiling)

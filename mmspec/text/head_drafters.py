@@ -1,6 +1,6 @@
 """Text drafters that draft with a head on the target's own features (EAGLE, Hydra; `mmspec.models.heads`):
 `HeadDrafter` drafts chains, `HeadTreeDrafter` dynamic or fixed trees, both through the feature-head proposer every
-modality shares (`mmspec.core.head_drafting.HeadProposer`), so the chain and tree steps verify them as they verify
+modality shares (`mmspec.core.drafting.heads.HeadProposer`), so the chain and tree steps verify them as they verify
 a draft model's.
 
 The head reads the target's feature at every committed token: after the target's prefill, the prompt's (each token
@@ -13,7 +13,7 @@ import torch
 
 from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.adapters.views import module_view, trimmed_readout
-from mmspec.core.head_drafting import HeadProposer, bind_head, check_draft_depth
+from mmspec.core.drafting.heads import HeadProposer, bind_head, check_draft_depth
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 from mmspec.text.drafters import ChainDrafter, draft_lookup, looked_up_tail, text_law

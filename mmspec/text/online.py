@@ -13,7 +13,7 @@ set of weights and its recorded law: verification stays exact whatever the draft
 The target's laws are read with one forward over each finished request (verification computed the same rows, but a
 captured step would have to carry a [B, N, V] buffer to hand them over); a head's rows also keep the features that
 forward gave at every token, what the head reads. A head learns teacher-forced, EAGLE unrolled as in its training
-(`mmspec.core.head_training`), every depth's law at a recorded token pulled toward the target's. The copy into the
+(`mmspec.core.training.heads`), every depth's law at a recorded token pulled toward the target's. The copy into the
 draft is in place, so captured CUDA graphs of the draft stay valid.
 """
 
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.adapters.causal_lm import as_causal_model
-from mmspec.core.head_drafting import bind_head
-from mmspec.core.head_training import Pairs, aligned, unrolled_predictions
+from mmspec.core.drafting.heads import bind_head
+from mmspec.core.training.heads import Pairs, aligned, unrolled_predictions
 
 DIVERGENCES = ("fkl", "tvd")
 POSITIONS = ("corrected", "all")

@@ -2,7 +2,7 @@
 own EOS and max_new_tokens, which verification step committed each token. A row that finishes stays in the batch,
 committing nothing more (`done`), until the loop next reads the progress; an eager loop then writes finished rows out
 and drops them from the batch (`retire`, `select`), so the remaining rows' steps get cheaper. Everything a step
-changes is updated in place, so a captured step (`mmspec.core.capture`) replays it.
+changes is updated in place, so a captured step (`mmspec.core.runtime.capture`) replays it.
 
 Buffers are left-aligned: row b is `tokens[b, :lengths[b]]`, its prompt then its new tokens. The models count what
 follows their prefill, which holds each prompt but its last token (that one opens the first window): the model view

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from mmspec.adapters.nested_exits import NestedExits
-from mmspec.core.drafting import stop_after
+from mmspec.core.drafting.proposer import stop_after
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import process_logits
 from mmspec.core.rng import inverse_cdf, uniform

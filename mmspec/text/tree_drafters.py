@@ -1,6 +1,6 @@
 """Tree drafters: each proposes a `DraftTree` with the exact law its children were drawn from.
 
-All grow their trees with the core's `grow_tree` (`mmspec.core.tree_growth`: a `TreeShape`, EAGLE-2's dynamic
+All grow their trees with the core's `grow_tree` (`mmspec.core.drafting.tree_growth`: a `TreeShape`, EAGLE-2's dynamic
 tree, OPT-Tree's reranking, or a fixed tree such as `TreeShape.positional`'s, built for the rates at which walks
 accept a node's k-th child). What differs is where a node's law comes from:
 - `ModelTreeDrafter`: a draft LM (any transformers causal LM sharing the tokenizer, or an `early_exit_view`); one
@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 
 from mmspec.adapters.views import early_exit_view
+from mmspec.core.drafting.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
 from mmspec.core.speculation import Tree
-from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import RULE_NAMES
 from mmspec.core.trees import DraftTree
@@ -82,8 +82,8 @@ class ModelTreeDrafter(WithDraftModel, LookupAfter, TreeDrafter):
     """Dynamic trees from a draft LM (EAGLE-2's expansion of the most probable paths; OPT-Tree with
     `TreeShape(rerank=True, scheme="deterministic")`; a fixed tree with `TreeShape.positional`): one draft forward
     for the new committed tokens (which gives the root's law), then one per depth over the expanded frontier with tree
-    attention on the draft's cache (`mmspec.core.drafting.ModelProposer.tree`). lookup_after: a horizontal cascade,
-    the draft LM's levels up to it, prompt lookup's after (`LookupAfter`; None: every level the draft LM's)."""
+    attention on the draft's cache (`mmspec.core.drafting.proposer.ModelProposer.tree`). lookup_after: a horizontal
+    cascade, the draft LM's levels up to it, prompt lookup's after (`LookupAfter`; None: every level the draft LM's)."""
 
     def __init__(self, model, shape: TreeShape = DYNAMIC_TREE, lookup_after: int | None = None, max_ngram: int = 3):
         if not isinstance(shape, TreeShape):

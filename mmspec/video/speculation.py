@@ -16,7 +16,7 @@ step (`context="pipelined"`), which saves a forward per frame and changes no out
 
 With `graphs` ("cuda" on a GPU) the Euler steps of a block that only read the cache (all of them, or all but the
 first when it carries the pipelined context pass) replay as one graph per (block size, frames held): a
-`mmspec.core.capture.CallGraphs` of the session, whose graphs read the session's cache buffers in place. "tape"
+`mmspec.core.runtime.capture.CallGraphs` of the session, whose graphs read the session's cache buffers in place. "tape"
 replays the same path on a CPU (`TapeGraph`), which the tests compare with the eager steps.
 
 Noise is keyed by (seed, absolute frame index, purpose): the initial noise of a frame and its context noise are pure
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mmspec.core.capture import CallGraphs
 from mmspec.core.rng import keyed_normal
+from mmspec.core.runtime.capture import CallGraphs
 from mmspec.core.stats import DecodingStats
 from mmspec.video.protocol import NextFrameModel
 

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 from mmspec.adapters.causal_lm import Prompt
 from mmspec.adapters.static_cache import as_static_model
-from mmspec.core.head_drafting import FeatureTap
-from mmspec.core.measured import median_seconds
+from mmspec.core.drafting.heads import FeatureTap
+from mmspec.core.runtime.measured import median_seconds
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, ZOO_DIR, load_causal_lm, resolve_model
 from mmspec.zoo.train_heads import TextTeacher, load_samples

@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mmspec.adapters.causal_lm import CausalLMAdapter
-from mmspec.core.head_drafting import FeatureTap
-from mmspec.core.head_training import Pairs, aligned, unrolled_predictions
+from mmspec.core.drafting.heads import FeatureTap
 from mmspec.core.kinds import HEAD_KINDS
+from mmspec.core.training.heads import Pairs, aligned, unrolled_predictions
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.zoo import ZOO_DIR, load_causal_lm, resolve_model
 from mmspec.zoo.training import save_stage, total_variation, train_loop

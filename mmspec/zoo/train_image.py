@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mmspec.core.devices import add_device_arguments, resolve_device
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.zoo import ZOO_DIR

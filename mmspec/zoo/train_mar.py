@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.continuous.diffusion import DiffusionSchedule, training_loss
-from mmspec.core.devices import add_device_arguments, resolve_device
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import encode_tokens, psnr, to_model_range, to_uint8

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from mmspec.core.devices import add_device_arguments, resolve_device
+from mmspec.core.runtime.devices import add_device_arguments, resolve_device
 from mmspec.models.mar import KLAutoencoder
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.zoo import ZOO_DIR

@@ -16,18 +16,17 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import BaseOutput
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from mmspec.core.capture import StepGraphs
 from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import rule_from
+from mmspec.core.runtime.capture import StepGraphs
 from mmspec.core.settings import specs
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.models.judge import JudgeHead
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.pipelines.base import MMSpecPipeline
-from mmspec.pipelines.text.policy import TextDecodingPolicy
 from mmspec.text.kinds import ONLINE_DRAFTERS, check_max_new_tokens
 from mmspec.text.methods import (
     TextDraftHeads,
@@ -38,6 +37,7 @@ from mmspec.text.methods import (
     text_component,
 )
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation
+from mmspec.text.policy import TextDecodingPolicy
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
 
@@ -83,7 +83,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             calls decode with unless they say otherwise; saved with the pipeline, swappable (`pipe.decoding = ...`).
 
     `"auto"` runs the fastest exact decoding for these models, this device, batch size and greedy or sampled
-    decoding, timed on first use and cached (`mmspec.pipelines.text.policy`; `stats.chosen_by` says which and why).
+    decoding, timed on first use and cached (`mmspec.text.policy`; `stats.chosen_by` says which and why).
     `AR()` is the baseline: the target's own `generate` with its KV cache, one token per forward.
 
     Examples:

@@ -11,7 +11,7 @@ import torch
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.graphs import SamplerGraphs
 from mmspec.continuous.methods import AR, ContinuousSpeculation
-from mmspec.core.capture import HostReads
+from mmspec.core.runtime.capture import HostReads
 from tests.models.test_mar import tiny_mar
 
 SEEDS, LABELS = torch.arange(2), torch.tensor([1, 3])

@@ -1,11 +1,11 @@
-"""`mmspec.core.capture`: the tape replays with a CUDA graph's semantics (in-place state advances, a reassigned
+"""`mmspec.core.runtime.capture`: the tape replays with a CUDA graph's semantics (in-place state advances, a reassigned
 attribute or a Python value read at capture does not, a host read cannot be captured); the host-read counter; the
 state walk and the shell copy; the runner's block accounting; block sizes."""
 
 import pytest
 import torch
 
-from mmspec.core.capture import (
+from mmspec.core.runtime.capture import (
     CaptureError,
     HostReads,
     StepGraphs,

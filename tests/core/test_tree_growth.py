@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from mmspec.core.tree_growth import TreeShape, grow_tree
+from mmspec.core.drafting.tree_growth import TreeShape, grow_tree
 
 RATES = (0.6, 0.25, 0.1)
 

@@ -6,7 +6,7 @@ EAGLE-3 heads that fuse decoder layers' outputs too."""
 import pytest
 import torch
 
-from mmspec.core import head_drafting
+from mmspec.core.drafting import heads as head_drafting
 from mmspec.core.probs import SamplingConfig
 from mmspec.image import AR, DraftHeads
 from mmspec.models.heads import EagleHead, HydraHead

@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from mmspec.core.measured import MeasurementCache, device_fingerprint
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.runtime.measured import MeasurementCache, device_fingerprint
 from mmspec.core.stats import SpecStats
 from mmspec.image.policy import (
     HEAD_LENGTHS,

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import mmspec.image.policy as policy_module
-from mmspec.core.measured import MeasurementCache, device_fingerprint
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.runtime.measured import MeasurementCache, device_fingerprint
 from mmspec.core.stats import SpecStats
 from mmspec.image.policy import DecodingPolicy, model_fingerprint
 from mmspec.models.llamagen.adapter import LlamaGenAdapter

@@ -10,8 +10,8 @@ present the captured graphs decode what the eager path decodes. Errors."""
 import pytest
 import torch
 
-from mmspec.core.capture import HostReads, compiles_fullgraph
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.runtime.capture import HostReads, compiles_fullgraph
 from mmspec.core.stats import SpecStats
 from mmspec.image import AR, SJD, DraftModel
 from mmspec.image.jacobi import JacobiStep

@@ -224,7 +224,7 @@ def test_replayed_steps_through_the_pipeline_and_cuda_graphs_refused_on_a_cpu(pi
     """The pipeline hands its `step_graphs` to a speculative decoding (a CUDA pipeline makes them itself; tape
     graphs here run the same replay path): the text does not change, with a step callback (one step per block) or
     without."""
-    from mmspec.core.capture import StepGraphs
+    from mmspec.core.runtime.capture import StepGraphs
 
     call = dict(decoding="speculative", drafter="model", max_new_tokens=24, temperature=1.0)
 

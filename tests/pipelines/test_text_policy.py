@@ -1,4 +1,4 @@
-"""`decoding="auto"` of the text pipeline (mmspec.pipelines.text.policy): it runs the fastest measured decoding, AR when
+"""`decoding="auto"` of the text pipeline (mmspec.text.policy): it runs the fastest measured decoding, AR when
 no drafter beats it by the margin, learns from its own runs, and reuses timings only for the models, device and
 settings they were taken with."""
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from mmspec import AR, TextSpeculation
-from mmspec.core.measured import MeasurementCache, device_fingerprint, modules_fingerprint
-from mmspec.pipelines.text.policy import PER_FORWARD, ROUNDS, TextDecodingPolicy
+from mmspec.core.runtime.measured import MeasurementCache, device_fingerprint, modules_fingerprint
 from mmspec.text.methods import AR as TextAR
 from mmspec.text.methods import TextDraftHeads
+from mmspec.text.policy import PER_FORWARD, ROUNDS, TextDecodingPolicy
 from tests.conftest import embedded_text_pipeline
 
 PROMPTS = ["def fibonacci(n):\n"]
@@ -152,7 +152,7 @@ def test_cached_timings_a_probe_disagrees_with_are_timed_again(tmp_path, pipe, c
     assert trusting.rates(pipe, PROMPTS, two, SAMPLING) == (rates, False)
     checking = policy_with_rates(tmp_path / "checked", pipe, two, rates, per_forward, check_cached=True)
     checking.calibration_tokens = 8
-    with caplog.at_level(logging.WARNING, logger="mmspec.pipelines.text.policy"):
+    with caplog.at_level(logging.WARNING, logger="mmspec.text.policy"):
         measured, now = checking.rates(pipe, PROMPTS, two, SAMPLING)
     assert now and measured != rates
     assert "the cached method timings for B=1 greedy" in caplog.text and "disagree with a probe now" in caplog.text

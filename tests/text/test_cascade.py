@@ -8,7 +8,7 @@ other trees' (`test_tree_generate_law`)."""
 import pytest
 import torch
 
-from mmspec.core import drafting
+from mmspec.core.drafting import proposer as drafting
 from mmspec.core.rng import inverse_cdf
 from mmspec.core.tree_shape import TreeShape
 from mmspec.text import speculative_generate

@@ -1,4 +1,4 @@
-"""Draft-length stop rules (`mmspec.core.draft_stops`): SpecDec++'s learned stop and the confidence stop only
+"""Draft-length stop rules (`mmspec.core.drafting.stops`): SpecDec++'s learned stop and the confidence stop only
 change what is proposed, so the output keeps the target's law (chi-square against the exact joint law through the
 real loop) and greedy output stays the target's; a stop that drops the token which tripped it (keeping only the
 tokens the rule liked, under a law that no longer describes them) is rejected by the same test."""
@@ -6,7 +6,7 @@ tokens the rule liked, under a law that no longer describes them) is rejected by
 import pytest
 import torch
 
-from mmspec.core import drafting
+from mmspec.core.drafting import proposer as drafting
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import ModelDrafter

@@ -3,7 +3,7 @@ import torch
 from scipy.stats import chi2
 
 from mmspec.adapters.views import early_exit_view
-from mmspec.core.draft_lengths import DraftLengthSchedule
+from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.probs import SamplingConfig
 from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter
 from mmspec.text.rows import TextRows

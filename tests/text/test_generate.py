@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mmspec.core.capture import StepGraphs
+from mmspec.core.runtime.capture import StepGraphs
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import (
     CascadeDrafter,

@@ -12,7 +12,7 @@ import torch
 
 from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.core import speculation
-from mmspec.core.draft_lengths import DraftLengthSchedule
+from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.rules import exact
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import ModelDrafter, NGramDrafter, NoDrafter

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from mmspec.core.capture import HostReads, StepGraphs, trace_checks
+from mmspec.core.runtime.capture import HostReads, StepGraphs, trace_checks
 from mmspec.core.tree_shape import TreeShape
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mmspec.core import head_drafting
+from mmspec.core.drafting import heads as head_drafting
 from mmspec.core.drafts import Draft
 from mmspec.core.tree_shape import TreeShape
 from mmspec.models.heads import EagleHead, HydraHead

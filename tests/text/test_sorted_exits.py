@@ -10,7 +10,7 @@ import torch
 
 from mmspec.adapters.nested_exits import NestedExits
 from mmspec.adapters.views import kangaroo_view
-from mmspec.core import drafting
+from mmspec.core.drafting import proposer as drafting
 from mmspec.core.probs import SamplingConfig
 from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.text import TextSpeculation, speculative_generate

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mmspec.core.drafting.tree_growth import grow_tree
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.tree_growth import grow_tree
 from mmspec.core.tree_shape import TreeShape
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import ModelDrafter

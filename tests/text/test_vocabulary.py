@@ -1,5 +1,6 @@
-"""VocabTrim's draft vocabulary (`mmspec.core.vocabulary`, `ModelDrafter(vocabulary=...)`, `HeadDrafter(vocabulary=
-...)`): the trimmed draft LM or head drafts from its law renormalised over S and records it V-wide, so the output
+"""VocabTrim's draft vocabulary (`mmspec.core.drafting.vocabulary`, `ModelDrafter(vocabulary=...)`,
+`HeadDrafter(vocabulary= ...)`): the trimmed draft LM or head drafts from its law renormalised over S and records it
+V-wide, so the output
 keeps the target's law (chi-square against the exact joint law) and greedy output stays the target's; a drafter that
 draws over S but reads its index as a token id (the "first |S| ids" map) is rejected by the same test."""
 
@@ -7,9 +8,9 @@ import pytest
 import torch
 
 from mmspec.adapters.views import trimmed_view
-from mmspec.core import vocabulary
+from mmspec.core.drafting import vocabulary
+from mmspec.core.drafting.vocabulary import frequent_vocabulary
 from mmspec.core.probs import SamplingConfig, process_logits
-from mmspec.core.vocabulary import frequent_vocabulary
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import ModelDrafter
 from mmspec.text.head_drafters import HeadDrafter

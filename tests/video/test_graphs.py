@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from mmspec.core.capture import HostReads
+from mmspec.core.runtime.capture import HostReads
 from mmspec.video import FrameSession, FrameSpeculation
 from mmspec.video.methods import AR
 from tests.video.test_speculation import action_sequence, context_frames, model, run  # noqa: F401  (model: a fixture)

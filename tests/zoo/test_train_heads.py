@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from mmspec.core import head_drafting, head_training
-from mmspec.core.head_drafting import HeadProposer
+from mmspec.core.drafting import heads as head_drafting
+from mmspec.core.drafting.heads import HeadProposer
 from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.training import heads as head_training
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
 from mmspec.text.head_drafters import HeadDrafter

@@ -1,7 +1,7 @@
 """Acceptance rules, one file each, registered by name (`mmspec.core.registry.rules()`): the exact rule, LANTERN and
-GSD's relaxed rules for images, Medusa's typical acceptance and judge decoding for text. A rule of one modality's own lives with it
-(CSpD's released rule: `mmspec.continuous.paper`). Importing this package registers these; nothing here imports torch
-at import time."""
+GSD's relaxed rules for images, Medusa's typical acceptance and judge decoding for text. A rule of one modality's own
+lives with it (CSpD's released rule: `mmspec.continuous.paper`). Importing this package registers these; nothing here
+imports torch at import time."""
 
 from mmspec.core.rules import exact, gsd, judge, lantern, typical  # noqa: F401  registers the built-in rules
 from mmspec.core.rules.base import AcceptanceRule, TokenTest, rule_from

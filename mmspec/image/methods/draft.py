@@ -1,6 +1,7 @@
 """`DraftModel(...)`: speculative decoding with a draft image model over the same tokens, chains or the drafter's trees
 (full, EAGLE-2's dynamic or positional), exact or (chains) relaxed. The settings; the step is
-`mmspec.image.draft_model.draft_step`, on the draft-model proposer every modality shares (`mmspec.core.drafting`)."""
+`mmspec.image.draft_model.draft_step`, on the draft-model proposer every modality shares
+(`mmspec.core.drafting.proposer`)."""
 
 from __future__ import annotations
 

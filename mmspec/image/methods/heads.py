@@ -1,7 +1,7 @@
 """`DraftHeads(...)`: speculative decoding with a draft head on the target's own features (EAGLE, Hydra), chains or
 trees (full, EAGLE-2's dynamic or positional), exact or (chains) relaxed. The settings; the step is
 `mmspec.image.draft_model.draft_step`, on the feature-head proposer every modality shares
-(`mmspec.core.head_drafting`)."""
+(`mmspec.core.drafting.heads`)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class DraftHeads(DraftedTree, ImageDecoding):
         if self.head is None:
             raise ValueError(f"decoding='heads' needs a draft head: load a pipeline that has a {self.kind}_head, or "
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}> to DraftHeads")
-        from mmspec.core.head_drafting import bind_head, check_draft_depth
+        from mmspec.core.drafting.heads import bind_head, check_draft_depth
 
         if self.tree_rates is None:
             check_draft_depth(self.head, self.draft_length, "draft_length")

@@ -46,7 +46,7 @@ class LlamaGenAdapter:
     and `forward`'s windows replay its graphs; None = a fresh cache per prefill, eager forwards."""
 
     capabilities = frozenset({"tree", "segments", "features"})
-    capture_static = True  # weights and graphs, not a decoding's state (`mmspec.core.capture.state_tensors`)
+    capture_static = True  # weights and graphs, not a decoding's state (`mmspec.core.runtime.capture.state_tensors`)
 
     def __init__(self, transformer: LlamaGenTransformer, vqvae: LlamaGenVQModel, graphs: WindowGraphs | None = None):
         if transformer.config.vocab_size != vqvae.config.codebook_size:

@@ -9,7 +9,7 @@ setting (rows, slots), hands it to one decoding at a time, and captures the wind
 for each W on its first use; replaying it launches one graph. The capacity check and `max_length` (host-side) stay
 outside the graph.
 
-Its `steps` (`mmspec.core.capture.StepGraphs`) hold the decoding steps captured whole on this cache: the window
+Its `steps` (`mmspec.core.runtime.capture.StepGraphs`) hold the decoding steps captured whole on this cache: the window
 forward, verification, redraft, commit and rollback of K iterations in one graph (the decode loop replays them; inside
 a step capture the window forward runs eagerly, so the step's graph holds it). capture=False runs everything through
 the same static buffers without CUDA: the window forwards eagerly, the steps through `TapeGraph`s, which replay with a
@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 import torch
 
-from mmspec.core.capture import StepGraphs
+from mmspec.core.runtime.capture import StepGraphs
 from mmspec.models.llamagen.gpt import KVCache, LlamaGenTransformer, check_window_fits
 
 WARMUP = 2  # eager runs on a side stream before a capture (the allocator and lazy kernel loading settle)

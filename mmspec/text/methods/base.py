@@ -77,7 +77,7 @@ class TextDrafting(TextDecoding):
         """`speculative_generate(target, input_ids, attention_mask, ...)` with this drafter, draft-length schedule
         and acceptance; `options` are its sampling and stopping arguments (max_new_tokens, temperature, top_k, top_p,
         eos_token_id, pad_token_id, generator, on_step) and how its steps run (graphs, block)."""
-        from mmspec.core.draft_lengths import DraftLengthSchedule
+        from mmspec.core.drafting.lengths import DraftLengthSchedule
         from mmspec.text.generate import speculative_generate
 
         # SpecDec++'s learned length is the drafter's stop rule under a constant one
@@ -148,7 +148,7 @@ def attached(acceptance: AcceptanceRule, target: Any) -> AcceptanceRule:
 def draft_vocabulary(target: Any, size: int):
     """VocabTrim's vocabulary for a drafter of `target` (its draft LM or a draft head): the `size` ids first in the
     target's config's `token_ranking` (`mmspec.zoo.train_vocabulary`) and its special tokens (EOS, padding, BOS)."""
-    from mmspec.core.vocabulary import frequent_vocabulary
+    from mmspec.core.drafting.vocabulary import frequent_vocabulary
 
     ranking = getattr(target.config, "token_ranking", None)
     if ranking is None:

@@ -1,5 +1,6 @@
-"""When a row stops drafting (a draft model's chain, `mmspec.core.drafting.ModelProposer.chain`): after each drafted
-token the stop rule says, per row, whether that token is the row's last this round. A rule reads only the drafter's
+"""When a row stops drafting (a draft model's chain, `mmspec.core.drafting.proposer.ModelProposer.chain`): after each
+drafted token the stop rule says, per row, whether that token is the row's last this round. A rule reads only the
+drafter's
 side (its laws, tokens and features), so it changes what is proposed, never the law of what is kept: every rule is
 exact. Each forces a host read per draft token (the round ends early once every row has stopped).
 

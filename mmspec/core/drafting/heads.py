@@ -3,8 +3,8 @@
 A head has no model of its own to run ahead: it reads the feature the target computed for each committed token (the
 input of the target's LM head, and for an EAGLE-3 head the outputs of some of its decoder layers too, caught by a
 `FeatureTap`) and drafts from it. `HeadProposer` offers the draft-model
-proposer's two calls (`chain`, `tree`; `mmspec.core.drafting.ModelProposer`), so the draft-model steps of text and
-images verify its drafts unchanged.
+proposer's two calls (`chain`, `tree`; `mmspec.core.drafting.proposer.ModelProposer`), so the draft-model steps of text
+and images verify its drafts unchanged.
 
 A round for a row with c committed tokens (model-view indices, the row's last token at c - 1):
     catch up  the tokens committed since the last round (indices kept .. c - 1) are re-read with the features of the
@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from mmspec.core import vocabulary
-from mmspec.core.drafting import DraftLaw
+from mmspec.core.drafting import vocabulary
+from mmspec.core.drafting.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.drafts import Draft
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
-from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for
+from mmspec.core.speculation import DraftLaw
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from mmspec.core.paths import cache_root
+from mmspec.core.stats import synchronize
 
 PROBE_TOLERANCE = 0.3  # how far a probe's cost ratio to AR may stray from the cached one's before it is measured again
 GAP = 2.0  # how many times slower (or faster) than predicted a run may go before its measurements are taken again
@@ -63,11 +64,6 @@ def modules_fingerprint(modules: dict[str, torch.nn.Module | None], **extra) -> 
                            "dtype": str(first.dtype) if first is not None else None,
                            "device": str(first.device) if first is not None else None}
     return {**extra, "modules": described}
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type != "cpu":
-        getattr(torch, device.type).synchronize(device)
 
 
 Clock = Callable[[], float]  # seconds since an arbitrary start (time.perf_counter; a test's simulated machine)

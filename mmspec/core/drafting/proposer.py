@@ -27,25 +27,25 @@ from typing import Any
 
 import torch
 
-from mmspec.core import vocabulary
-from mmspec.core.draft_stops import DraftStop
+from mmspec.core.drafting import vocabulary
+from mmspec.core.drafting.stops import DraftStop
+from mmspec.core.drafting.tree_growth import TreeLookup, grow_tree, shape_for, visible_slots
 from mmspec.core.drafts import Draft
-from mmspec.core.model import CausalModel, Logits
+from mmspec.core.model import CausalModel
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
-from mmspec.core.tree_growth import TreeLookup, grow_tree, shape_for, visible_slots
+from mmspec.core.speculation import DraftLaw
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 
-# law(logits [B, F, V] of tokens at depth [B, F] after each row's last committed token, sampling) -> q [B, F, V]
-DraftLaw = Callable[[Logits, torch.Tensor, SamplingConfig], torch.Tensor]
 # lookup(drafts [B, G], have [B], width) -> (tokens [B, width], available [B]): a cheaper drafter's continuation
 Lookup = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 class ModelProposer:
     """Drafts chains and trees with `model` (its state after the prompt's prefill, `state`) for B rows. vocabulary:
-    chains only, the ids S a trimmed model's |S| logits stand for (`mmspec.core.vocabulary`), of `vocab_size`."""
+    chains only, the ids S a trimmed model's |S| logits stand for (`mmspec.core.drafting.vocabulary`), of
+    `vocab_size`."""
 
     def __init__(self, model: CausalModel, state: Any, batch_size: int, device: torch.device,
                  vocabulary: torch.Tensor | None = None, vocab_size: int | None = None):
@@ -77,7 +77,7 @@ class ModelProposer:
         """`length` (G) draft tokens after each row's committed tokens seq[b, :committed[b]] (seq: [B, S] long,
         committed: [B] long), token i drawn from its law with the i-th of G uniforms per row (drawn once the first
         law is known, in its dtype); budget: [B] long, the drafts each row wants (default G; the draft's
-        `lengths`). stop: after each token, which rows draft no more this round (`mmspec.core.draft_stops`; the
+        `lengths`). stop: after each token, which rows draft no more this round (`mmspec.core.drafting.stops`; the
         round ends early once every row has stopped: one host read per draft token)."""
         B, device = committed.shape[0], committed.device
         tokens = self._opening(seq, committed)

@@ -7,8 +7,8 @@ speculative step scores L + 1 positions where AR scores one, with Python bookkee
 Which one wins depends on the machine and the text, so the policy times each drafter the pipeline offers (and AR, the
 target's own `generate`) on the caller's prompts for `CALIBRATION_TOKENS` new tokens, once per models, device, batch
 size, greedy or sampled decoding and settings, keeps the tokens per second on disk
-(`mmspec.core.measured.MeasurementCache`) and picks the fastest; a speculative method must beat AR by `MARGIN`, else
-AR runs. The tokens per second of each run it chose then join that method's figure (the mean of the calibration and
+(`mmspec.core.runtime.measured.MeasurementCache`) and picks the fastest; a speculative method must beat AR by `MARGIN`,
+else AR runs. The tokens per second of each run it chose then join that method's figure (the mean of the calibration and
 the last runs), so a method that stops paying on the caller's text loses its place once the choice is reconsidered: a
 choice holds for its batch size and sampling mode for the life of the policy (one per pipeline), so a seed gives the
 same completion on every call, until `reconsider()` or `remeasure()`.
@@ -32,7 +32,7 @@ from collections import defaultdict, deque
 import torch
 
 from mmspec.core.component import DecodingComponent
-from mmspec.core.measured import (
+from mmspec.core.runtime.measured import (
     GAP,
     PROBE_TOLERANCE,
     MeasurementCache,
