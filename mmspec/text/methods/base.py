@@ -71,7 +71,8 @@ class TextDrafting(TextDecoding):
 
     def check(self) -> None:
         if self.schedule == LEARNED and not self.learns_length:
-            raise ValueError(f"schedule='learned' is SpecDec++'s stop rule for drafter 'model', not {self.name!r}")
+            raise ValueError(f"schedule='learned' is SpecDec++'s stop rule of drafter='model', not of "
+                             f"drafter={self.name!r}")
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):
         """`speculative_generate(target, input_ids, attention_mask, ...)` with this drafter, draft-length schedule
