@@ -36,16 +36,18 @@ def chi_square_p_value(samples: torch.Tensor, law: dict) -> float:
     return law_p_value(torch.bincount(encode(samples), minlength=V**N_NEW), probs)
 
 
-def law_test(target, drafter, temperature, top_k, seed=0, **options):
-    """Run `speculative_generate` over the two prompts' ROWS rows; min p-value over the prompts, and the stats."""
-    ids = PROMPTS.repeat(ROWS // 2, 1)
-    mask = PROMPT_MASK.repeat(ROWS // 2, 1)
+def law_test(target, drafter, temperature, top_k, seed=0, rows=None, **options):
+    """Run `speculative_generate` over the two prompts' `rows` rows (default ROWS); min p-value over the prompts, and
+    the stats."""
+    rows = rows or ROWS
+    ids = PROMPTS.repeat(rows // 2, 1)
+    mask = PROMPT_MASK.repeat(rows // 2, 1)
     out, stats = speculative_generate(
         target, ids, mask, drafter=drafter, max_new_tokens=N_NEW, temperature=temperature, top_k=top_k,
         eos_token_id=EOS, pad_token_id=EOS, generator=torch.Generator().manual_seed(seed), **options,
     )
     new = out[:, PROMPTS.shape[1]:]
-    new = torch.cat([new, torch.full((ROWS, N_NEW - new.shape[1]), EOS)], 1)  # all rows may stop before N_NEW
+    new = torch.cat([new, torch.full((rows, N_NEW - new.shape[1]), EOS)], 1)  # all rows may stop before N_NEW
     p_values = []
     for r in range(2):
         prompt = PROMPTS[r][PROMPT_MASK[r].bool()].tolist()
