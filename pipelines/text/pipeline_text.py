@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
-from diffusers.utils import BaseOutput
+from diffusers.utils import BaseOutput, is_accelerate_available
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from mmspec.core.component import DecodingComponent, component_from
@@ -193,6 +193,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         if (path / "model_index.json").is_file() or not (path / "config.json").is_file():
             return super().from_pretrained(path, **kwargs)
         target, tokenizer = load_causal_lm(path, dtype=kwargs.pop("dtype", None))
+        # without accelerate (the base install) diffusers would warn on every head's load that it falls back to this
+        loading = dict(torch_dtype=target.dtype, low_cpu_mem_usage=is_accelerate_available())
         for name, head_class in (("eagle_head", EagleHead), ("hydra_head", HydraHead),
                                  ("acceptance_head", AcceptanceHead), ("kangaroo_adapter", KangarooAdapter),
                                  ("judge_head", JudgeHead)):
@@ -201,7 +203,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
                 found = (Path(head) / "config.json").is_file()
                 if not found and name in kwargs:
                     raise ValueError(f"{name}: no saved head in {head}")
-                kwargs[name] = head_class.from_pretrained(head, torch_dtype=target.dtype) if found else None
+                kwargs[name] = head_class.from_pretrained(head, **loading) if found else None
         return cls(target, tokenizer, **kwargs)
 
     @property
