@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from mmspec.core.stats import synchronize
+
 logger = logging.getLogger(__name__)
 
 
@@ -80,11 +82,6 @@ def budgeted_steps(name: str, minutes: float | None, steps: int, model: torch.nn
 def checkpoint_path(work_dir: str | Path, name: str) -> Path:
     """Where `train_loop(name, ...)` keeps its resumable checkpoint."""
     return Path(work_dir) / f"ckpt-{name}.pt"
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def cosine_lr(lr: float, steps: int, warmup: int) -> Callable[[int], float]:
