@@ -76,7 +76,7 @@ from mmspec.text.drafters import (
     NoDrafter,
 )
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
-from mmspec.text.methods import attached, built_in, draft_vocabulary, registered_drafters
+from mmspec.text.methods import attached, built_in, chain_drafters, draft_vocabulary
 from mmspec.text.rows import TextRows
 from mmspec.text.sorted_exits import SortedExitDrafter
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
@@ -356,7 +356,7 @@ def make_methods(target, draft, tokenizer, max_new_tokens: int, rates: dict[floa
 def registered_methods() -> dict[str, type]:
     """"ours_<name>" for each registered `TextDrafting` of a user's or a plugin's, run at its defaults (the built-in
     drafters have their entries above, with the parts they read)."""
-    return {f"ours_{name}": cls for name, cls in registered_drafters().items() if not built_in(cls)}
+    return {f"ours_{name}": cls for name, cls in chain_drafters().items() if not built_in(cls)}
 
 
 def calibrate(target, drafter, tokenizer, prompts: list[str], temperature: float, max_new_tokens: int,

@@ -5,9 +5,8 @@ steps, a few thousand small kernels) replayed at once, for AR and the draft step
 given: the chain draws no random numbers of its own) and returns the same trajectory. `SamplerGraphs` is a
 `mmspec.core.runtime.capture.CallGraphs` keyed by the chain's shape (model, tokens n, CFG or not, schedule,
 temperature): its first call runs eagerly, the second captures the chain on static input buffers, every later call
-copies its inputs
-in and replays. On CUDA the graph is a `torch.cuda.CUDAGraph`; `cuda=False` replays a `TapeGraph`, which runs the
-same replay path on a CPU (the tests decode with it and compare with the eager sampler).
+copies its inputs in and replays. On CUDA the graph is a `torch.cuda.CUDAGraph`; `cuda=False` replays a `TapeGraph`,
+which runs the same replay path on a CPU (the tests decode with it and compare with the eager sampler).
 """
 
 from __future__ import annotations

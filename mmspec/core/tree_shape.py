@@ -1,9 +1,8 @@
 """How big a draft tree grows: `TreeShape`, the bound every tree drafter grows its trees to
 (`mmspec.core.drafting.tree_growth` grows them). EAGLE-2's dynamic trees (Li et al. 2024, arXiv 2406.16858) expand the
-most probable paths; OPT-Tree (Wang
-et al. 2025, arXiv 2406.17276) reranks a larger pool; a fixed tree (`TreeShape.positional`, Sequoia's, Chen et al.
-2024, arXiv 2402.12374) maximises E[accepted length] for the rates at which walks accept a node's k-th child. Pure
-Python: components validate their tree settings with it before torch loads.
+most probable paths; OPT-Tree (Wang et al. 2025, arXiv 2406.17276) reranks a larger pool; a fixed tree
+(`TreeShape.positional`, Sequoia's, Chen et al. 2024, arXiv 2402.12374) maximises E[accepted length] for the rates at
+which walks accept a node's k-th child. Pure Python: components validate their tree settings with it before torch loads.
 """
 
 from __future__ import annotations

@@ -56,7 +56,10 @@ def draft_step(decoding, model: DiscreteImageModel, opening: Opening, sampling: 
     (`decoding.tree`)."""
     rows = Commits(opening, decoding.forward_width, stats)
     with opening.timer("draft"):
-        proposer = (open_head if heads else open_drafter)(decoding, model, opening, rows, sampling)
+        if heads:
+            proposer = open_head(decoding, model, opening, rows, sampling)
+        else:
+            proposer = open_drafter(decoding, opening, sampling)
     stats.draft_forwards += 1
     target_law, draft_law = ImageLaw(opening, rows), ImageLaw(opening, rows, inside=True)
     if decoding.tree:
@@ -68,8 +71,7 @@ def draft_step(decoding, model: DiscreteImageModel, opening: Opening, sampling: 
     return SpeculativeStep(strategy, model, opening.state, rows, sampling, generator, stats, opening.timer)
 
 
-def open_drafter(decoding, model: DiscreteImageModel, opening: Opening, rows: Commits,
-                 sampling: SamplingConfig) -> ModelProposer:
+def open_drafter(decoding, opening: Opening, sampling: SamplingConfig) -> ModelProposer:
     """The draft model's proposer, its model prefilled with the condition."""
     state, _ = decoding.drafter.prefill(opening.condition, cfg=sampling.guidance_scale != 1.0,
                                         max_window=decoding.forward_width + decoding.draft_length + 1)
@@ -95,11 +97,10 @@ def open_head(decoding, model: DiscreteImageModel, opening: Opening, rows: Commi
 
 
 class ImageLaw:
-    """The law [B, F, V] of the image tokens at `depth` [B, F] after each row's last committed token (they hold
-    position committed + depth), forced tokens fixed (`mmspec.core.drafting.proposer.DraftLaw`). inside: a drafter's
-    law, zero where a draft would leave no position for the closing token (a tree near the image's end is ragged, a
-    chain's
-    drafts there lie past the row's room)."""
+    """The law [B, F, V] of the image tokens at `depth` [B, F] after each row's last committed token (they hold position
+    committed + depth), forced tokens fixed (`mmspec.core.speculation.DraftLaw`). inside: a drafter's law, zero
+    where a draft would leave no position for the closing token (a tree near the image's end is ragged, a chain's drafts
+    there lie past the row's room)."""
 
     def __init__(self, opening: Opening, rows: Commits, inside: bool = False):
         self.opening, self.rows, self.inside = opening, rows, inside
@@ -110,9 +111,9 @@ class ImageLaw:
         return law * (positions <= self.opening.N - 2)[..., None] if self.inside else law
 
 
-class ProposedChains:
-    """A proposer's chains (a draft model's or a head's) as the round's drafter
-    (`mmspec.core.speculation.ChainDrafts`)."""
+class Proposed:
+    """A proposer (a draft model's or a head's) drafting under `law` as the round's drafter: its model calls and the
+    rows it follows."""
 
     capturable = True
 
@@ -123,16 +124,20 @@ class ProposedChains:
     def forwards(self) -> int:
         return self.proposer.forwards
 
-    def propose(self, rows: Commits, budget: torch.Tensor, width: int, sampling: SamplingConfig,
-                generator: Generators) -> Draft:
-        return self.proposer.chain(rows.seq, rows.committed, width, self.law, sampling, generator, budget)
-
     def select(self, index: torch.Tensor) -> None:
         self.proposer.select(index)
 
 
-class ProposedTrees(ProposedChains):
-    """A proposer's trees of `shape` as the round's drafter (`mmspec.core.speculation.TreeDrafts`)."""
+class ProposedChains(Proposed):
+    """A proposer's chains (`mmspec.core.speculation.ChainDrafts`)."""
+
+    def propose(self, rows: Commits, budget: torch.Tensor, width: int, sampling: SamplingConfig,
+                generator: Generators) -> Draft:
+        return self.proposer.chain(rows.seq, rows.committed, width, self.law, sampling, generator, budget)
+
+
+class ProposedTrees(Proposed):
+    """A proposer's trees of `shape` (`mmspec.core.speculation.TreeDrafts`)."""
 
     def __init__(self, proposer: ModelProposer | HeadProposer, law: ImageLaw, shape):
         super().__init__(proposer, law)

@@ -32,7 +32,7 @@ from mmspec.text.rows import TextRows
 
 
 def text_law(logits: Logits, depth: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """The processed law of a text token (`mmspec.core.drafting.proposer.DraftLaw`): the logits' law, wherever it is."""
+    """The processed law of a text token (`mmspec.core.speculation.DraftLaw`): the logits' law, wherever it is."""
     return process_logits(logits.cond, sampling)
 
 
@@ -124,12 +124,11 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
 
     model: any transformers causal LM (or an `early_exit_view` of the target), or a `CausalModel` adapter.
     confidence_threshold: a row stops drafting after a token whose draft probability is below it (0 = never).
-    acceptance_head: SpecDec++'s learned draft length (an `mmspec.models.AcceptanceHead` trained for this draft
-    model; `model` a transformers causal LM): a row stops once the predicted probability that one of its drafts so
-    far is rejected exceeds `stop_threshold` (None: the head's own, chosen from the costs it was trained with).
-    vocabulary: VocabTrim's draft vocabulary ([|S|] long ids, `mmspec.core.drafting.vocabulary.frequent_vocabulary`;
-    `model` a transformers causal LM): its LM head scores only those tokens, and drafts from its law renormalised over
-    them.
+    acceptance_head: SpecDec++'s learned draft length (an `mmspec.models.AcceptanceHead` trained for this draft model;
+    `model` a transformers causal LM): a row stops once the predicted probability that one of its drafts so far is
+    rejected exceeds `stop_threshold` (None: the head's own, chosen from the costs it was trained with). vocabulary:
+    VocabTrim's draft vocabulary ([|S|] long ids, `mmspec.core.drafting.vocabulary.frequent_vocabulary`; `model` a
+    transformers causal LM): its LM head scores only those tokens, and drafts from its law renormalised over them.
     """
 
     def __init__(self, model, confidence_threshold: float = 0.0, acceptance_head=None,

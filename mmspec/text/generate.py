@@ -9,11 +9,10 @@ stop at their own EOS; no row waits for another. With temperature 0 the greedy r
 token-for-token the target's greedy output.
 
 The models run on fixed-capacity caches rolled back in place (`mmspec.adapters.static_cache`), and a step keeps its
-whole state in tensors it updates in place, with no host read: the loop drives it in blocks of iterations with one
-read of the progress per block (`mmspec.core.runtime.capture.StepRunner`). Rows that finish inside a block commit
-nothing more. An eager batch of several rows reads its progress after every step instead, and writes its finished rows
-out
-and drops them from the batch, so the remaining rows' steps get cheaper. With `graphs` (a
+whole state in tensors it updates in place, with no host read: the loop drives it in blocks of iterations with one read
+of the progress per block (`mmspec.core.runtime.capture.StepRunner`). Rows that finish inside a block commit nothing
+more. An eager batch of several rows reads its progress after every step instead, and writes its finished rows out and
+drops them from the batch, so the remaining rows' steps get cheaper. With `graphs` (a
 `mmspec.core.runtime.capture.StepGraphs`: CUDA graphs, or their CPU tape) a block replays one captured graph and the
 batch keeps its shape until every row is done.
 """

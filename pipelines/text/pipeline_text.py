@@ -30,16 +30,20 @@ from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.text.kinds import ONLINE_DRAFTERS, check_max_new_tokens
 from mmspec.text.methods import (
     TextDraftHeads,
+    chain_drafters,
     check_reads,
-    drafters,
+    drafter_named,
     method_names,
-    registered_drafters,
     text_component,
 )
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation
 from mmspec.text.policy import TextDecodingPolicy
 from mmspec.text.stats import TextStats
 from mmspec.zoo import load_causal_lm, resolve_model
+
+# a call that gives drafter= with decoding="auto" (the call's check and auto_candidates' own)
+AUTO_CHOOSES_THE_DRAFTER = ("decoding='auto' chooses the drafter; name the drafter's decoding (decoding='ngram', ...) "
+                            "to choose it")
 
 
 @dataclass(frozen=True)
@@ -240,13 +244,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             return value
         if isinstance(value, dict) and value.get("name") == "speculative":  # a config saved before each drafter had
             options = {key: v for key, v in value.items() if key != "name"}  # its own decoding: its drafter's fields
-            cls = drafters().get(options.pop("drafter", "model"))
-            if cls is not None:
-                value = {"name": cls.name, **{key: v for key, v in options.items() if key in cls.settings()}}
+            cls = drafter_named(options.pop("drafter", "model"))
+            value = {"name": cls.name, **{key: v for key, v in options.items() if key in cls.settings()}}
         if value == "speculative":
-            value = settings.pop("drafter", None) or "model"
-            if value not in drafters():
-                raise ValueError(f"drafter must be one of {tuple(drafters())}, got {value!r}")
+            value = drafter_named(settings.pop("drafter", None) or "model").name
         if isinstance(value, str) and value in method_names():
             check_reads(value, settings)
         return component_from(value, self.modality, names=("auto", *method_names()), **settings)
@@ -259,13 +260,12 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         everywhere."""
         given = {key: value for key, value in settings.items() if value is not None}
         if "drafter" in given:
-            raise ValueError("decoding='auto' chooses the drafter; name the drafter's decoding (decoding='ngram', ...) "
-                             "to choose it")
+            raise ValueError(AUTO_CHOOSES_THE_DRAFTER)
         acceptance = rule_from(given.get("acceptance", "exact"), "text")
         if not acceptance.lossless:
             raise ValueError(f"decoding='auto' chooses among the exact decodings; name the decoding to use "
                              f"acceptance={acceptance.name!r}")
-        chains, candidates = registered_drafters(), {}
+        chains, candidates = chain_drafters(), {}
         for name in self.methods:
             if name in chains and set(given) <= set(specs(chains[name])):
                 candidates[name] = chains[name](**given)
@@ -355,8 +355,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         drafter = decoding_settings.pop("drafter", None)  # `drafter=` names the method (TextSpeculation's spelling)
         if drafter is not None:
             if decoding == "auto":
-                raise ValueError("decoding='auto' chooses the drafter; name the drafter's decoding (decoding='ngram', "
-                                 "...) to choose it")
+                raise ValueError(AUTO_CHOOSES_THE_DRAFTER)
             if decoding not in (None, "speculative", drafter):
                 raise ValueError(f"decoding={decoding!r} names its drafter; drafter={drafter!r} contradicts it")
             decoding = drafter

@@ -1,6 +1,7 @@
 """Draft-model speculative decoding, chains and trees: its output law equals AR sampling's (the law harness of
 test_jacobi_law.py, with a table drafter whose laws differ from the target's; trees on 200,001 rows), mutation
-companions (the trees' on 50,001 rows), greedy equivalence and per-row reproducibility on real (tiny) LlamaGen transformers."""
+companions (the trees' on 50,001 rows), greedy equivalence and per-row reproducibility on real (tiny) LlamaGen
+transformers."""
 
 import pytest
 import torch

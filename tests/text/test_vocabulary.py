@@ -1,8 +1,8 @@
 """VocabTrim's draft vocabulary (`mmspec.core.drafting.vocabulary`, `ModelDrafter(vocabulary=...)`,
 `HeadDrafter(vocabulary= ...)`): the trimmed draft LM or head drafts from its law renormalised over S and records it
-V-wide, so the output
-keeps the target's law (chi-square against the exact joint law) and greedy output stays the target's; a drafter that
-draws over S but reads its index as a token id (the "first |S| ids" map) is rejected by the same test."""
+V-wide, so the output keeps the target's law (chi-square against the exact joint law) and greedy output stays the
+target's; a drafter that draws over S but reads its index as a token id (the "first |S| ids" map) is rejected by the
+same test."""
 
 import pytest
 import torch

@@ -1,8 +1,7 @@
 """When a row stops drafting (a draft model's chain, `mmspec.core.drafting.proposer.ModelProposer.chain`): after each
 drafted token the stop rule says, per row, whether that token is the row's last this round. A rule reads only the
-drafter's
-side (its laws, tokens and features), so it changes what is proposed, never the law of what is kept: every rule is
-exact. Each forces a host read per draft token (the round ends early once every row has stopped).
+drafter's side (its laws, tokens and features), so it changes what is proposed, never the law of what is kept: every
+rule is exact. Each forces a host read per draft token (the round ends early once every row has stopped).
 
 `ConfidenceStop`: stop after a token whose draft probability is below a threshold (HF's
 `assistant_confidence_threshold`). `LearnedStop` (SpecDec++, Huang et al. 2024): an acceptance head on the drafter's

@@ -36,17 +36,23 @@ from mmspec.text.methods.tree import TextDraftTree
 __all__ = ["AR", "LEARNED", "Cascade", "Kangaroo", "LayerSkip", "PromptLookup", "SortedExits", "Stand",
            "TextDecoding", "TextDraftHeads", "TextDraftModel", "TextDraftTree", "TextDrafting", "TextSpeculation",
            "TreeDrafting", "attached", "auto_settings", "built_in", "check_reads", "described", "draft_vocabulary",
-           "drafters", "method_names", "registered_drafters", "text_component", "uses_draft_model"]
+           "drafter_named", "drafters", "chain_drafters", "method_names", "text_component", "uses_draft_model"]
 
 
 def TextSpeculation(drafter: str = "model", **settings) -> TextDecoding:  # noqa: N802  the former class's spelling
     """The drafter named `drafter` with its settings: `TextSpeculation(drafter="ngram", max_ngram=2)` is
     `PromptLookup(max_ngram=2)` (a saved `{"name": "speculative", "drafter": ...}` config loads the same way)."""
+    cls = drafter_named(drafter)
+    check_reads(drafter, settings)
+    return cls(**settings)
+
+
+def drafter_named(drafter: str) -> type[TextDecoding]:
+    """The registered drafter `drafter` (`TextSpeculation`'s spelling); ValueError listing them for another name."""
     registered = drafters()
     if drafter not in registered:
         raise ValueError(f"drafter must be one of {tuple(registered)}, got {drafter!r}")
-    check_reads(drafter, settings)
-    return registered[drafter](**settings)
+    return registered[drafter]
 
 
 def check_reads(name: str, settings) -> None:
@@ -63,7 +69,7 @@ def drafters() -> dict[str, type[TextDecoding]]:
     return {name: cls for name, cls in decodings("text").items() if issubclass(cls, (TextDrafting, TreeDrafting))}
 
 
-def registered_drafters() -> dict[str, type[TextDrafting]]:
+def chain_drafters() -> dict[str, type[TextDrafting]]:
     """The registered drafters of chains (`TextDrafting`), by name: what `decoding="auto"` and the benchmark time."""
     return {name: cls for name, cls in decodings("text").items() if issubclass(cls, TextDrafting)}
 
@@ -86,7 +92,7 @@ def uses_draft_model(name: str) -> bool:
 def auto_settings() -> set[str]:
     """The settings `decoding="auto"` hands to its candidates: every drafter of chains' and the heads'
     `auto_settings`."""
-    return {*TextDraftHeads.auto_settings, *(name for cls in registered_drafters().values() for name in specs(cls))}
+    return {*TextDraftHeads.auto_settings, *(name for cls in chain_drafters().values() for name in specs(cls))}
 
 
 def method_names() -> tuple[str, ...]:
