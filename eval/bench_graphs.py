@@ -266,9 +266,10 @@ def _frame_runs(device, captured: bool) -> dict:
 
 
 def _text_runs(device, captured: bool, new_tokens: int) -> dict:
+    from mmspec.core.progress import run_to_end
     from mmspec.core.runtime.capture import StepGraphs
     from mmspec.text import speculative_generate
-    from mmspec.text.ar import generate_ar
+    from mmspec.text.ar import ar_steps
     from mmspec.text.drafters import ModelDrafter, NGramDrafter, NoDrafter
     from mmspec.text.tree_drafters import ModelTreeDrafter
     from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
@@ -287,7 +288,7 @@ def _text_runs(device, captured: bool, new_tokens: int) -> dict:
         return enc["input_ids"], enc["attention_mask"]
 
     def hf_ar(seed: int, trace: bool):
-        _, stats = generate_ar(target, *encoded(seed), generator=seeded(device, [seed])[0], **common)
+        stats = run_to_end(ar_steps(target, *encoded(seed), generator=seeded(device, [seed])[0], **common)).stats
         return int(stats.new_tokens.max()), 1, None
 
     def ours(make_drafter):

@@ -20,6 +20,7 @@ import torch
 
 from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.core.drafting.heads import bind_head
+from mmspec.core.progress import run_to_end
 from mmspec.text.methods import TextDraftHeads, TextDraftModel
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation, copy_sharing
 from mmspec.zoo.text_corpus import held_out_prompts
@@ -57,10 +58,11 @@ def serve_stream(target, draft, tokenizer, prompts: list[str], temperature: floa
         if learner is not None:
             learner.before_request()
         began = time.perf_counter()
-        sequences, stats = decoding.run(
+        result = run_to_end(decoding.run(
             target, draft, encoded["input_ids"], encoded["attention_mask"], max_new_tokens=max_new_tokens,
             temperature=temperature, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-            generator=torch.Generator(target.device).manual_seed(start))
+            generator=torch.Generator(target.device).manual_seed(start)))
+        sequences, stats = result.sequences, result.stats
         seconds = time.perf_counter() - began
         if learner is not None:
             learner.after_request(target, sequences, encoded["attention_mask"], stats)

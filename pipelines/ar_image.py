@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from contextlib import closing
 from pathlib import Path
 
 import torch
@@ -262,7 +261,7 @@ class ARImagePipeline(MMSpecPipeline):
         if not isinstance(decoding, str):
             decoding.check_sampling(temperature)
         adapter = self.image_adapter(height, width)
-        self._guidance_scale, self._interrupt = guidance_scale, False
+        self._guidance_scale = guidance_scale
 
         # 2. Encode the prompts, one condition row per image
         repeat = num_images_per_prompt
@@ -284,13 +283,7 @@ class ARImagePipeline(MMSpecPipeline):
         N = adapter.grid[0] * adapter.grid[1]
         steps = decoder.run(adapter, condition, sampling, generator, stats,
                             block=None if callback_on_step_end is None else 1)
-        with self.progress_bar(total=N) as progress, closing(steps):
-            on_step = self.step_hook(callback_on_step_end, tensor_inputs, progress)
-            for step in steps:
-                tokens = step.tokens
-                if on_step is not None and on_step(step.step, step.min_committed,
-                                                   {name: getattr(step, name) for name in tensor_inputs}):
-                    break
+        tokens = self.run_decoding(steps, callback_on_step_end, tensor_inputs, total=N).tokens
 
         if choice is not None and not self._interrupt:
             gap = self.decoding_policy.record(choice, batch_size, sampling, stats)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -22,7 +23,8 @@ from diffusers import DiffusionPipeline
 from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import is_accelerate_available
 
-from mmspec.core.component import DecodingComponent, StepHook, component_from, rule_settings, setting_keywords
+from mmspec.core.component import DecodingComponent, component_from, rule_settings, setting_keywords
+from mmspec.core.progress import P, Progress, run_to_end
 from mmspec.core.registry import decodings
 from mmspec.core.runtime.devices import check_available
 from mmspec.core.settings import Settings, runtime_fields
@@ -204,24 +206,23 @@ class MMSpecPipeline(DiffusionPipeline):
             raise ValueError(f"callback_on_step_end returned new {replaced}: what an AR pipeline generated is "
                              "read-only (it already sits in the model's cache)")
 
-    def step_hook(self, callback, names: list[str], progress=None) -> StepHook | None:
-        """The `on_step` hook a decoding loop calls after every target pass: it advances `progress` (a progress bar
-        over what every row has finished) and runs `callback` with the tensors `names` (`run_step_callback`);
-        it returns whether the callback interrupted. None when there is nothing to do (no callback, and no bar or a
-        disabled one), so that the loop skips building the step's tensors."""
-        if progress is not None and getattr(progress, "disable", False):
-            progress = None
-        if callback is None and progress is None:
-            return None
+    def run_decoding(self, steps: Iterator[P], callback, names: list[str], total: int) -> P:
+        """Drive a decoding's run (`mmspec.core.progress.run_to_end`) to its last progress, which it returns: a
+        progress bar over `total` (what every row finishes: tokens, frames) follows `progress.n_done`, `callback` is
+        called with the progress's tensors `names` (`run_step_callback`), and `pipe._interrupt` stops the run."""
+        self._interrupt = False
+        with self.progress_bar(total=total) as bar:
+            bar = None if getattr(bar, "disable", False) else bar
 
-        def on_step(step: int, n_done: int, tensors: dict) -> bool:
-            if progress is not None:
-                progress.update(n_done - progress.n)
-            if callback is not None:
-                self.run_step_callback(callback, step, n_done, {name: tensors[name] for name in names})
-            return self._interrupt
+            def on_step(progress: Progress) -> bool:
+                if bar is not None:
+                    bar.update(progress.n_done - bar.n)
+                if callback is not None:
+                    self.run_step_callback(callback, progress.step, progress.n_done,
+                                           {name: getattr(progress, name) for name in names})
+                return self._interrupt
 
-        return on_step
+            return run_to_end(steps, on_step if callback is not None or bar is not None else None)
 
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
         """A component of this pipeline's modality from an object, a name plus settings, or a config dict."""

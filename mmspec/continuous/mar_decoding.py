@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,7 @@ from mmspec.continuous.acceptance import TrajectoryBlock, TrajectoryTest, verify
 from mmspec.continuous.diffusion import DiffusionSchedule, Trajectory
 from mmspec.continuous.graphs import SamplerGraphs, sample
 from mmspec.continuous.stats import ContinuousStats
-from mmspec.core.component import StepHook
+from mmspec.core.progress import Halt, Progress
 from mmspec.core.rng import keyed_normal, keyed_uniform
 
 NOISE, UNIFORM, ORDER = 0, 1, 2  # key domains of the keyed draws
@@ -254,18 +255,28 @@ class SpeculativeSteps:
             stats.log_ratio_terms.setdefault(name, []).append(value.cpu())
 
 
+@dataclass(kw_only=True)
+class ContinuousProgress(Progress):
+    """A continuous decoding's progress (`mmspec.core.progress`) after a target pass: step, the MAR step; n_done, the
+    tokens known per row; latents [B, L, C] (zeros where unknown) and known [B, L] bool, snapshots; stats, the run's
+    `ContinuousStats`, in the last progress only (else None)."""
+
+    latents: torch.Tensor
+    known: torch.Tensor
+    stats: ContinuousStats | None = None
+
+
 @torch.no_grad()
 def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule: DiffusionSchedule,
            labels: torch.Tensor | None = None, guidance_scale: float = 1.0, temperature: float = 1.0,
-           on_step: StepHook | None = None, plan: list[int] | None = None,
-           graphs: SamplerGraphs | None = None, cfg_schedule: str = "linear") -> tuple[torch.Tensor, ContinuousStats]:
-    """The loop of every continuous decoding (`ContinuousDecoding.run`): tokens [B, L, C] and the stats. AR runs
-    the target on `plan` (default MAR's cosine schedule of `num_iter` steps); `ContinuousSpeculation` drafts with
-    `draft`. graphs: the diffusion heads' chains replay from there (`mmspec.continuous.graphs`; None: eager).
-    cfg_schedule: how the guidance scale moves over the steps (`guidance_at`: "linear" or "constant").
-    on_step: called after every target pass as `on_step(step, tokens known per row, {"latents": tokens [B, L,
-    C] (zeros where unknown), "known": [B, L] bool})` (a speculative run's draft steps are never shown); a true return
-    stops there."""
+           plan: list[int] | None = None, graphs: SamplerGraphs | None = None,
+           cfg_schedule: str = "linear") -> Iterator[ContinuousProgress]:
+    """The loop of every continuous decoding (`ContinuousDecoding.run`): a `ContinuousProgress` after every target
+    pass (a speculative run's draft steps are never shown), the last one with the tokens and the stats. AR runs the
+    target on `plan` (default MAR's cosine schedule of `num_iter` steps); `ContinuousSpeculation` drafts with `draft`.
+    graphs: the diffusion heads' chains replay from there (`mmspec.continuous.graphs`; None: eager). cfg_schedule:
+    how the guidance scale moves over the steps (`guidance_at`: "linear" or "constant"). `progress.stop()` ends the
+    decoding after that pass (its last progress then has the tokens known so far)."""
     _check(target, seeds, labels)
     check_cfg_schedule(cfg_schedule)
     B, L, C = seeds.numel(), target.config.seq_len, target.config.token_dim
@@ -277,15 +288,19 @@ def decode(decoding, target, draft, seeds: torch.Tensor, num_iter: int, schedule
                      ContinuousStats(speculative=False))
     steps = decoding.steps(target, draft, labels, guidance_scale, schedule, temperature, num_iter, given_plan, state,
                            graphs)
-    orders, done, start = sample_orders(seeds, L), 0, time.perf_counter()
+    orders, done, start, halt = sample_orders(seeds, L), 0, time.perf_counter(), Halt()
     for step, count in enumerate(plan):
         positions = orders[:, done : done + count]  # [B, n]
         done += count
         cfg = guidance_at(guidance_scale, cfg_schedule, L, L - done)
-        shown = steps(state, step, positions, cfg, step == len(plan) - 1)
-        if shown and on_step is not None and on_step(step, done, {"latents": state.tokens, "known": ~state.unknown}):
-            break
-    return state.tokens, _finish(state.stats, B, done, start)
+        last = step == len(plan) - 1
+        if steps(state, step, positions, cfg, last) and not last:  # a target pass: show it
+            yield ContinuousProgress(step=step, n_done=done, latents=state.tokens.clone(), known=~state.unknown,
+                                     halt=halt)
+            if halt.stopped:
+                break
+    yield ContinuousProgress(step=step, n_done=done, latents=state.tokens, known=~state.unknown,
+                             stats=_finish(state.stats, B, done, start), halt=halt)
 
 
 def _finish(stats: ContinuousStats, batch_size: int, done: int, start: float) -> ContinuousStats:

@@ -2,8 +2,10 @@
 `AR()`, the target alone on MAR's schedule, and `ContinuousSpeculation(...)`, continuous speculative decoding with a
 draft MAR. Every continuous component runs the same way:
 
-    component.run(target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step, plan,
-                  graphs, cfg_schedule) -> (tokens [B, L, C], ContinuousStats)
+    component.run(target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, plan, graphs,
+                  cfg_schedule) -> Iterator[ContinuousProgress]
+
+a run (`mmspec.core.progress`) whose last progress holds the tokens [B, L, C] (`latents`) and the stats.
 
 The settings live here, without torch; running imports the engine (`mmspec.continuous.mar_decoding`).
 """
@@ -28,13 +30,13 @@ class ContinuousDecoding(DecodingComponent):
     modality: ClassVar[str] = "continuous"
 
     def run(self, target, draft, seeds, num_iter, schedule, labels=None, guidance_scale=1.0, temperature=1.0,
-            on_step=None, plan=None, graphs=None, cfg_schedule="linear"):
+            plan=None, graphs=None, cfg_schedule="linear"):
         """graphs: a `mmspec.continuous.graphs.SamplerGraphs` the diffusion heads' chains replay from (None: eager);
         cfg_schedule: "linear" or "constant" (`mmspec.continuous.mar_decoding.guidance_at`)."""
         from mmspec.continuous.mar_decoding import decode
 
-        return decode(self, target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, on_step,
-                      plan, graphs, cfg_schedule)
+        return decode(self, target, draft, seeds, num_iter, schedule, labels, guidance_scale, temperature, plan,
+                      graphs, cfg_schedule)
 
     def steps(self, target, draft, labels, guidance_scale, schedule, temperature, num_iter, plan, state, graphs):
         """The step strategy the loop runs each MAR step with (`mmspec.continuous.mar_decoding`)."""

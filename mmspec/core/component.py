@@ -13,17 +13,12 @@ Component modules import nothing heavy, so the CLI builds its flags from their f
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from mmspec.core.registry import decodings, rules
 from mmspec.core.rules.base import AcceptanceRule, TokenTest, rule_from
 from mmspec.core.settings import Settings, specs
-
-# on_step(step, n_done, tensors) -> whether to stop: the per-step hook a decoding loop calls after every target pass
-# (the pipelines' `callback_on_step_end`); n_done: what every row has finished (tokens, frames)
-StepHook = Callable[[int, int, dict[str, Any]], bool]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import torch
 
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig, one_hot, process_logits
+from mmspec.core.progress import Halt, Progress
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.rules.base import TokenTest
 from mmspec.core.runtime.capture import StepRunner, block_size
@@ -30,19 +31,17 @@ from mmspec.image.protocol import DiscreteImageModel
 PAD_ID = -1  # not-yet-generated positions of DecodeStep.tokens
 
 
-@dataclass(frozen=True)
-class DecodeStep:
-    """Progress after one target forward.
+@dataclass(kw_only=True)
+class DecodeStep(Progress):
+    """Progress after one target forward (or a block of them).
 
-    step: 0-based iteration index; tokens: [B, N] long, a snapshot of the committed image tokens, PAD_ID where not
-    generated yet; n_committed: [B] long, committed tokens per row (tokens[b, :n_committed[b]] are final);
-    min_committed: the smallest of them as a host int (for progress bars and the loop's end).
+    step: 0-based iteration index; n_done: the fewest committed tokens of a row (the loop's end); tokens: [B, N]
+    long, a snapshot of the committed image tokens, PAD_ID where not generated yet; n_committed: [B] long, committed
+    tokens per row (tokens[b, :n_committed[b]] are final).
     """
 
-    step: int
     tokens: torch.Tensor
     n_committed: torch.Tensor
-    min_committed: int
 
 
 class ImageStep(Protocol):
@@ -70,14 +69,17 @@ def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: Sampli
     opening = open_decoding(model, condition, sampling, generator, stats, decoding.max_window, decoding)
     step = decoding.step(model, opening, sampling, generator, stats)
     runner = StepRunner(step, stats, opening.timer, step_graphs(model), step_key(decoding, sampling, opening))
+    halt = Halt()
     try:
         progress = runner.step.progress()
+        progress.halt = halt
         yield progress
-        while progress.min_committed < opening.N:
+        while progress.n_done < opening.N and not halt.stopped:
             done = runner.iterations
-            rate = (progress.min_committed - 1) / done if done else 1.0  # tokens per iteration of the slowest row
-            runner.run(block_size((opening.N - progress.min_committed) / max(rate, 1.0), block))
+            rate = (progress.n_done - 1) / done if done else 1.0  # tokens per iteration of the slowest row
+            runner.run(block_size((opening.N - progress.n_done) / max(rate, 1.0), block))
             progress = runner.step.progress()
+            progress.halt = halt
             yield progress
     finally:  # also when the caller stops early (closes this generator): count what was committed
         runner.finish()
@@ -246,7 +248,7 @@ class Commits:
         """Sync the smallest committed length to the host (the loop's bound) and snapshot the committed tokens."""
         self.minimum, step = torch.stack([self.committed.min(), self.step]).tolist()  # one host read
         tokens = torch.where(self.committed_mask(), self.seq[:, : self.N], PAD_ID)
-        return DecodeStep(step, tokens, self.committed.clone(), self.minimum)
+        return DecodeStep(step=step, n_done=self.minimum, tokens=tokens, n_committed=self.committed.clone())
 
     def committed_mask(self) -> torch.Tensor:
         """[B, N] bool, the committed positions (a prefix of each row here)."""
@@ -292,7 +294,7 @@ class ARStep:
         self.done = min(int(self.position), self.opening.N)  # one host read
         B = self.tokens.shape[0]
         committed = torch.full((B,), self.done, dtype=torch.long, device=self.tokens.device)
-        return DecodeStep(self.done - 1, self.tokens.clone(), committed, self.done)
+        return DecodeStep(step=self.done - 1, n_done=self.done, tokens=self.tokens.clone(), n_committed=committed)
 
     def finish(self) -> None:
         B, N, stats = self.tokens.shape[0], self.opening.N, self.stats

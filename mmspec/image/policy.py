@@ -246,7 +246,7 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
         # the forward alone and the step in pairs: a slow spell that spans a pair moves both of its times alike
         step, differences = started(), []
         for _ in range(1 + repeats):
-            if N - step.progress().min_committed <= decoding.forward_width:  # a small image is full: start another
+            if N - step.progress().n_done <= decoding.forward_width:  # a small image is full: start another
                 step = started()
             alone = timings(forward, device, 1, after=rollback, clock=clock)[0]
             differences.append(timings(step, device, 1, clock=clock)[0] - alone)

@@ -1,10 +1,10 @@
-"""The text engine: `speculative_generate` for any transformers causal LM (batch > 1, per-row acceptance), its chain
-drafters (a small model, the target's early exit with or without Kangaroo's adapter, S2D's sorted exits, n-gram
-prompt lookup, their cascade) and draft-length schedules, online distillation of the draft LM while it serves, its
-tree drafters (dynamic, OPT-Tree and positional trees of a draft model or the early exit, STAND's n-gram memory), and
-the text decodings (`AR` and one per drafter, `mmspec.text.methods`). Models run through the core's protocol
-(`mmspec.adapters.CausalLMAdapter`); the acceptance and tree rules are the core's. Names are exported lazily, so the
-decodings' settings load without torch.
+"""The text engine: `speculative_generate` for any transformers causal LM (batch > 1, per-row acceptance; as a run of
+`TextProgress`, `speculative_steps`), its chain drafters (a small model, the target's early exit with or without
+Kangaroo's adapter, S2D's sorted exits, n-gram prompt lookup, their cascade) and draft-length schedules, online
+distillation of the draft LM while it serves, its tree drafters (dynamic, OPT-Tree and positional trees of a draft model
+or the early exit, STAND's n-gram memory), and the text decodings (`AR` and one per drafter, `mmspec.text.methods`).
+Models run through the core's protocol (`mmspec.adapters.CausalLMAdapter`); the acceptance and tree rules are the
+core's. Names are exported lazily, so the decodings' settings load without torch.
 """
 
 from mmspec.core.lazy import lazy_exports
@@ -37,6 +37,8 @@ _EXPORTS = {
     "TextStats": "mmspec.text.stats",
     "TreeShape": "mmspec.core.tree_shape",
     "speculative_generate": "mmspec.text.generate",
+    "speculative_steps": "mmspec.text.generate",
+    "TextProgress": "mmspec.text.rows",
 }
 __all__ = list(_EXPORTS)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

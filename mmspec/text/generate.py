@@ -20,13 +20,14 @@ batch keeps its shape until every row is done.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 
 from mmspec.adapters.static_cache import as_static_model
-from mmspec.core.component import StepHook
 from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.progress import Halt, StepHook, run_to_end
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.rules.base import AcceptanceRule
 from mmspec.core.runtime.capture import StepGraphs, StepRunner, block_size
@@ -34,7 +35,7 @@ from mmspec.core.speculation import SpeculativeStep
 from mmspec.core.stats import PhaseTimer
 from mmspec.text.drafters import Drafter
 from mmspec.text.kinds import check_max_new_tokens
-from mmspec.text.rows import TextRows
+from mmspec.text.rows import TextProgress, TextRows
 from mmspec.text.stats import TextStats
 
 PROMPT_SLOTS = 64  # the buffers' room for the prompts is a multiple of it
@@ -76,8 +77,24 @@ def stop_tokens(target, eos_token_id, pad_token_id: int | None, device) -> tuple
     return eos, pad_token_id
 
 
-@torch.no_grad()
 def speculative_generate(
+    target,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    drafter: Drafter,
+    on_step: StepHook | None = None,
+    **options,
+) -> tuple[torch.Tensor, TextStats]:
+    """Generate with speculative decoding: (sequences, stats), `speculative_steps`' result (see it for the
+    arguments). on_step: called with every `TextProgress` (`mmspec.core.progress.run_to_end`); a true return ends
+    every row where it stands."""
+    result = run_to_end(speculative_steps(target, input_ids, attention_mask, drafter=drafter, **options), on_step)
+    return result.sequences, result.stats
+
+
+@torch.no_grad()
+def speculative_steps(
     target,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
@@ -94,11 +111,11 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     pad_token_id: int | None = None,
     generator: Generators = None,
-    on_step: StepHook | None = None,
     graphs: StepGraphs | None = None,
     block: int | None = None,
-) -> tuple[torch.Tensor, TextStats]:
-    """Generate with speculative decoding.
+) -> Iterator[TextProgress]:
+    """Speculative decoding as a run (`mmspec.core.progress`): a `TextProgress` after every block of steps, the last
+    one holding the output.
 
     target: a transformers causal LM. input_ids: [B, T] long, prompts (left or right padded).
     attention_mask: [B, T], 1 for prompt tokens (None = all). drafter: a `ChainDrafter` (ModelDrafter,
@@ -107,22 +124,19 @@ def speculative_generate(
     its name. draft_length: chains only, tokens drafted per step (default 4), or a `DraftLengthSchedule`. tree_rule:
     trees only, the exact rule that walks them (`mmspec.core.tree_verify`; default: the one for how the drafter draws
     children). measure_ceiling: trees only, also report the mean alpha* at the visited nodes (`stats.tree_alpha_star`,
-    a vocabulary sort per node). generator: a torch.Generator or one per row. on_step: called after every
-    verification step as `on_step(step, fewest new tokens of a row, tensors)` with tensors `"generated_ids"`
-    ([B, max_new_tokens], each row's new tokens so far, then pad_token_id) and `"new_tokens"` ([B]); a true return
-    ends every row where it stands. graphs: replay the steps from these captured steps (`StepGraphs(cuda=True)` on
-    a GPU; keep it across calls: a later call with the same settings and batch replays the graphs of the first).
-    A step with a host read of its own cannot be captured: the heuristic draft-length schedule, a confidence
-    threshold, and `StandDrafter` run eagerly. A captured batch keeps its rows until every one is done, where an
-    eager one drops the finished ones: with a generator per row (or at temperature 0) both decode the same tokens;
-    with one generator shared by the rows, the draws after a row finishes are laid out differently (both exact).
-    block: the most steps between two reads of the progress, and two
-    calls of `on_step` (None: as many as the rows are expected to need, up to 16; 1: after every step, what a step
-    callback needs).
-    Returns (sequences, stats): sequences [B, T + N], the prompts as given then the new tokens (N: the longest row's),
-    padded with pad_token_id after each row's EOS (as `generate` does); `stats.acceptance_map` [B, N], the step (1,
-    2, ...) that committed each new token, `stats.from_draft` [B, N], whether it was an accepted draft (padding -1 /
-    False)."""
+    a vocabulary sort per node). generator: a torch.Generator or one per row. graphs: replay the steps from these
+    captured steps (`StepGraphs(cuda=True)` on a GPU; keep it across calls: a later call with the same settings and
+    batch replays the graphs of the first). A step with a host read of its own cannot be captured: the heuristic
+    draft-length schedule, a confidence threshold, and `StandDrafter` run eagerly. A captured batch keeps its rows
+    until every one is done, where an eager one drops the finished ones: with a generator per row (or at temperature
+    0) both decode the same tokens; with one generator shared by the rows, the draws after a row finishes are laid
+    out differently (both exact). block: the most steps between two progresses (None: as many as the rows are
+    expected to need, up to 16; 1: after every step, what a step callback needs); an eager batch of several rows
+    yields one after every step. `progress.stop()` ends every row where it stands.
+    The last progress holds `sequences` [B, T + N], the prompts as given then the new tokens (N: the longest row's),
+    padded with pad_token_id after each row's EOS (as `generate` does), and the stats: `stats.acceptance_map` [B, N],
+    the step (1, 2, ...) that committed each new token, `stats.from_draft` [B, N], whether it was an accepted draft
+    (padding -1 / False)."""
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a ChainDrafter or a TreeDrafter (mmspec.text), got {type(drafter).__name__}")
@@ -162,19 +176,23 @@ def speculative_generate(
     # An eager batch of several rows reads its progress after every step and drops its finished rows at once (the
     # others' steps get cheaper); a single row, or a captured batch, reads it once per block.
     narrows = runner.graphs is None and input_ids.shape[0] > 1
-    done, fewest, most, flags = False, 0, 0, []
+    halt, fewest, most = Halt(), 0, 0
     try:
-        while not done:
+        while True:
             # a block never runs past the end of the slowest row (each step past it would be a wasted target
             # forward): a step commits at most lookahead + 1 tokens; rates vary too much along a decoding for its
             # mean so far to bound the next steps', and a read of the progress costs only a sync
             runner.run(1 if narrows else block_size((max_new_tokens - fewest) / (inner.lookahead + 1), block))
-            live = runner.step.rows
-            if on_step is not None and live.show(on_step, runner.iterations):
-                live.done.fill_(True)  # the caller stopped every row where it stands
+            live = runner.step.rows  # the captured steps' own while graphs replay
             flags, fewest, longest = live.progress()
-            done, most = all(flags), max(most, longest)
-            if narrows and not done:
+            most = max(most, longest)
+            if all(flags):
+                break
+            yield live.snapshot(runner.iterations, fewest, halt)
+            if halt.stopped:
+                live.done.fill_(True)  # every row ends where it stands
+                break
+            if narrows:
                 going_on = rows.retire(flags)
                 if going_on is not None:
                     step.select(going_on)
@@ -182,8 +200,10 @@ def speculative_generate(
         runner.finish()
 
     # 3. Prompts as given, then each row's new tokens, padded to the longest row.
-    rows.retire(flags)  # every row is done
+    rows.retire([True] * rows.batch_size)  # every row is done
     sequences = rows.output(input_ids, stats, most)
     stats.timings["total"] = time.perf_counter() - started
     stats.finalize()
-    return sequences, stats
+    result = rows.snapshot(runner.iterations, fewest, halt)
+    result.sequences, result.stats = sequences, stats
+    yield result

@@ -11,12 +11,28 @@ of row b is `seq[b] = tokens[b, prompt_lengths[b] - 1:]`, of which `committed[b]
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from mmspec.adapters.causal_lm import Prompt, left_align
-from mmspec.core.component import StepHook
+from mmspec.core.progress import Halt, Progress
 from mmspec.core.speculation import Round
 from mmspec.text.stats import TextStats
+
+
+@dataclass(kw_only=True)
+class TextProgress(Progress):
+    """A text decoding's progress (`mmspec.core.progress`): step, the verification steps so far; n_done, the fewest
+    new tokens of a row still going (max_new_tokens once none goes); generated_ids [B, max_new_tokens] long, each
+    row's new tokens so far, then pad_token_id; new_tokens [B] long, how many. In the last progress only (else None):
+    sequences [B, T + N] long, the prompts as given, then each row's new tokens, padded to the longest row, and the
+    run's `TextStats`."""
+
+    generated_ids: torch.Tensor
+    new_tokens: torch.Tensor
+    sequences: torch.Tensor | None = None
+    stats: TextStats | None = None
 
 
 def new_ids(tokens: torch.Tensor, prompt_lengths: torch.Tensor, generated: torch.Tensor, width: int,
@@ -130,12 +146,13 @@ class TextRows:
     def finish(self) -> None:
         """Nothing to fold: the loop writes the rows out (`retire`, `output`)."""
 
-    def show(self, on_step: StepHook, step: int) -> bool:
-        """Hand every row so far to the caller's hook (`speculative_generate`'s `on_step`); whether it says stop."""
+    def snapshot(self, step: int, fewest: int, halt: Halt) -> TextProgress:
+        """Every row so far (the finished ones as written out) after `step` steps; fewest: `progress`'s."""
         so_far, counts = self.final[0].clone(), self.final[1].clone()
         so_far[self.rows], counts[self.rows] = self.tokens, self.generated
-        ids = new_ids(so_far, self.prompt_lengths, counts, self.max_new_tokens, self.pad_token_id)
-        return bool(on_step(step, int(counts.min()), {"generated_ids": ids, "new_tokens": counts}))
+        return TextProgress(step=step, n_done=fewest, new_tokens=counts, halt=halt,
+                            generated_ids=new_ids(so_far, self.prompt_lengths, counts, self.max_new_tokens,
+                                                  self.pad_token_id))
 
     def retire(self, done: list[bool]) -> torch.Tensor | None:
         """Write the done rows out (done: each row's flag, as `progress` read it); the batch positions that go on

@@ -27,10 +27,12 @@ had. Shapes: B batch, L_f tokens per frame, C latent channels.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
+from mmspec.core.progress import Halt, Progress
 from mmspec.core.rng import keyed_normal
 from mmspec.core.runtime.capture import CallGraphs
 from mmspec.core.stats import DecodingStats
@@ -79,6 +81,18 @@ def frame_noise(seeds: torch.Tensor, frames: torch.Tensor, purpose: int, tokens:
     """Keyed N(0, 1) [B, n, tokens, channels] for rows with `seeds` [B] and absolute frame indices `frames` [n]."""
     return keyed_normal(seeds[:, None, None], frames[None, :, None], purpose, torch.arange(tokens)[None, None],
                         dim=channels)
+
+
+@dataclass(kw_only=True)
+class FrameProgress(Progress):
+    """A rollout's progress (`mmspec.core.progress`) after a frame: step, its index; n_done, the frames emitted;
+    frames, their latents ([B, L_f, C] each), and `latents` [B, n_done, L_f, C] (read-only: they sit in the cache)."""
+
+    frames: tuple[torch.Tensor, ...]
+
+    @property
+    def latents(self) -> torch.Tensor:
+        return torch.stack(self.frames, 1)
 
 
 class FrameSession:
@@ -173,6 +187,16 @@ class FrameSession:
         if len(values) not in (1, B):
             raise ValueError(f"actions must be an int or one per row ({B}), got {len(values)}")
         return self._run(self._step, values * B if len(values) == 1 else values)
+
+    def rollout(self, actions: torch.Tensor) -> Iterator[FrameProgress]:
+        """One `step` per column of `actions` [B, T] long, as a run (`mmspec.core.progress`): a `FrameProgress`
+        after every frame; `progress.stop()` ends it after that frame. The session stays open."""
+        frames, halt = [], Halt()
+        for step, action in enumerate(actions.T):
+            frames.append(self.step(action))
+            yield FrameProgress(step=step, n_done=len(frames), frames=tuple(frames), halt=halt)
+            if halt.stopped:
+                return
 
     def close(self) -> FrameStats:
         """End the session; speculated frames still queued are discarded (so emitted = computed - discarded)."""

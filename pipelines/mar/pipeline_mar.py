@@ -188,12 +188,10 @@ class MARPipeline(MMSpecPipeline):
         label_tensor = torch.tensor(labels, device=device)
         schedule = DiffusionSchedule.cosine(num_diffusion_steps, x0_clip=self.transformer.config.x0_clip)
         self.replays_graphs()
-        self._interrupt = False
-        with self.progress_bar(total=self.transformer.config.seq_len) as progress:
-            on_step = self.step_hook(callback_on_step_end, names, progress)
-            tokens, stats = decoding.run(self.transformer, self.draft_transformer, seeds, num_iter, schedule,
-                                         label_tensor, guidance_scale, temperature, on_step, plan,
-                                         self.sampler_graphs, cfg_schedule)
+        steps = decoding.run(self.transformer, self.draft_transformer, seeds, num_iter, schedule, label_tensor,
+                             guidance_scale, temperature, plan, self.sampler_graphs, cfg_schedule)
+        result = self.run_decoding(steps, callback_on_step_end, names, total=self.transformer.config.seq_len)
+        tokens, stats = result.latents, result.stats
         stats.describe(decoding)
         images = tokens if output_type == "latent" else self.decode_tokens(tokens, output_type)
         self.maybe_free_model_hooks()

@@ -329,7 +329,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             return_dict (`bool`, defaults to `True`): return a [`TextPipelineOutput`] instead of `(texts, stats)`.
             callback_on_step_end (`Callable`, *optional*): called after every target forward as
                 `callback_on_step_end(pipe, step, n_generated, callback_kwargs)` (n_generated: the fewest new tokens of
-                a row); `callback_kwargs` holds the tensors named in `callback_on_step_end_tensor_inputs`
+                a row still generating); `callback_kwargs` holds the tensors named in `callback_on_step_end_tensor_inputs`
                 (`"generated_ids"`: [B, max_new_tokens], each row's new tokens so far then padding; `"new_tokens"`:
                 [B]). Read-only (they sit in the KV cache). Set `pipe._interrupt = True` to end every row there.
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
@@ -373,7 +373,6 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         else:
             decoding = self.decoding_for_call(decoding, decoding_settings)
         decoding.check_sampling(temperature)
-        self._interrupt = False
 
         # 2. Decode
         started = time.perf_counter()
@@ -384,12 +383,11 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         online = self.online if self.learns_online(decoding) else None
         if online is not None:
             online.before_request()
-        with self.progress_bar(total=max_new_tokens) as progress:
-            on_step = self.step_hook(callback_on_step_end, names, progress)
-            sequences, stats = self.supplied(decoding).run(
-                self.target, self.draft, ids, mask, on_step=on_step, eos_token_id=eos, pad_token_id=pad,
-                generator=generator, graphs=self.step_graphs, block=None if callback_on_step_end is None else 1,
-                **sampling)
+        steps = self.supplied(decoding).run(self.target, self.draft, ids, mask, eos_token_id=eos, pad_token_id=pad,
+                                            generator=generator, graphs=self.step_graphs,
+                                            block=None if callback_on_step_end is None else 1, **sampling)
+        result = self.run_decoding(steps, callback_on_step_end, names, total=max_new_tokens)
+        sequences, stats = result.sequences, result.stats
         if chosen_by is not None:
             stats.chosen_by = chosen_by
             if not self._interrupt:

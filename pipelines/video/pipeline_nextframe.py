@@ -212,15 +212,8 @@ class NextFramePipeline(MMSpecPipeline):
         if actions.ndim != 2 or actions.shape[0] != B or actions.shape[1] < 1:
             raise ValueError(f"actions must be a non-empty list of ints or [{B}, T] ints, got shape "
                              f"{tuple(actions.shape)}")
-        self._interrupt, emitted = False, []
-        with self.progress_bar(total=actions.shape[1]) as progress:
-            on_step = self.step_hook(callback_on_step_end, names, progress)
-            for step, action in enumerate(actions.T):
-                emitted.append(session.step(action))
-                so_far = {"latents": torch.stack(emitted, 1)} if callback_on_step_end is not None else {}
-                if on_step is not None and on_step(step, len(emitted), so_far):
-                    break
-        latents = torch.stack(emitted, 1)
+        latents = self.run_decoding(session.rollout(actions), callback_on_step_end, names,
+                                    total=actions.shape[1]).latents
         stats = session.close()
         video = self.decode_latents(latents, output_type, stats)
         self.maybe_free_model_hooks()

@@ -11,6 +11,7 @@ import torch
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.graphs import SamplerGraphs
 from mmspec.continuous.methods import AR, ContinuousSpeculation
+from mmspec.core.progress import run_to_end
 from mmspec.core.runtime.capture import HostReads
 from tests.models.test_mar import tiny_mar
 
@@ -24,8 +25,10 @@ def pair():
 
 def decode(decoding, pair, seeds=SEEDS, graphs=None):
     target, draft = pair
-    return decoding.run(target, draft, seeds.to(target.device), 8, DiffusionSchedule.cosine(6, x0_clip=4.0),
-                        LABELS.to(target.device), 3.0, temperature=0.9, graphs=graphs)
+    result = run_to_end(decoding.run(target, draft, seeds.to(target.device), 8,
+                                     DiffusionSchedule.cosine(6, x0_clip=4.0), LABELS.to(target.device), 3.0,
+                                     temperature=0.9, graphs=graphs))
+    return result.latents, result.stats
 
 
 def replays_match_eager(pair, decoding, cuda=False) -> SamplerGraphs:

@@ -10,6 +10,7 @@ from scipy import stats
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.mar_decoding import coarsen, cosine_plan
 from mmspec.continuous.methods import AR, ContinuousSpeculation
+from mmspec.core.progress import run_to_end
 from mmspec.models.mar import MARModel
 from tests.continuous.toy import AnalyticHeadMAR
 from tests.models.test_mar import TINY, tiny_mar
@@ -19,12 +20,14 @@ SCALES = [1.0, 0.5, 0.8, 1.2]
 
 def generate(model, seeds, plan, schedule, **kwargs):
     """Plain MAR sampling on `plan`: the continuous AR component."""
-    return AR().run(model, None, seeds, len(plan), schedule, plan=plan, **kwargs)
+    result = run_to_end(AR().run(model, None, seeds, len(plan), schedule, plan=plan, **kwargs))
+    return result.latents, result.stats
 
 
 def generate_speculative(target, draft, seeds, num_iter, schedule, speculation=ContinuousSpeculation(), **kwargs):
     """Speculative MAR sampling with `speculation`."""
-    return speculation.run(target, draft, seeds, num_iter, schedule, **kwargs)
+    result = run_to_end(speculation.run(target, draft, seeds, num_iter, schedule, **kwargs))
+    return result.latents, result.stats
 
 
 @pytest.fixture(scope="module")
@@ -209,12 +212,14 @@ def test_the_loop_guides_every_step_as_upstream_s_linear_schedule(num_iter, guid
 
     model, seeds, schedule = tiny_mar(), torch.tensor([0, 1]), DiffusionSchedule.cosine(4)
     recorder = GuidanceRecorder()
-    decode(recorder, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale)
+    run_to_end(decode(recorder, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale))
     expected = upstream_guidance(guidance_scale, TINY["seq_len"], num_iter)
     assert recorder.seen == pytest.approx(expected, abs=1e-12)
     assert recorder.seen[-1] == pytest.approx(1 + (guidance_scale - 1) * (TINY["seq_len"] - 1) / TINY["seq_len"])
     constant = GuidanceRecorder()
-    decode(constant, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale, cfg_schedule="constant")
+    run_to_end(decode(constant, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale,
+                      cfg_schedule="constant"))
     assert constant.seen == [guidance_scale] * num_iter
     with pytest.raises(ValueError, match=r"cfg_schedule must be one of \('linear', 'constant'\), got 'cosine'"):
-        decode(constant, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale, cfg_schedule="cosine")
+        next(decode(constant, model, None, seeds, num_iter, schedule, guidance_scale=guidance_scale,
+                    cfg_schedule="cosine"))

@@ -55,7 +55,7 @@ def test_ar_decoding_equals_full_recompute_sampling(sampling):
     assert torch.equal(steps[-1].tokens, expected)
     N = model.num_image_tokens
     # a DecodeStep after the prefill and after every block of iterations: 15 = 8 + 4 + 2 + 1 (no iteration wasted)
-    assert [s.min_committed for s in steps] == [1, 9, 13, 15, 16]
+    assert [s.n_done for s in steps] == [1, 9, 13, 15, 16]
     assert stats.target_forwards == N and stats.tokens_per_target_forward == 1.0
     assert (steps[0].tokens[:, 1:] == PAD_ID).all() and steps[0].n_committed.tolist() == [1, 1]
 

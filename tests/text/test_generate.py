@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from mmspec.core.progress import run_to_end
 from mmspec.core.runtime.capture import StepGraphs
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import (
@@ -71,7 +72,7 @@ def test_ar_counts_its_own_forwards_through_generate_and_through_the_loop(tiny_t
     from mmspec.text.methods import AR
 
     ids, mask = prompts(1)
-    _, through_generate = AR().run(tiny_target, None, ids, mask, max_new_tokens=8, temperature=0)
+    through_generate = run_to_end(AR().run(tiny_target, None, ids, mask, max_new_tokens=8, temperature=0)).stats
     _, through_loop = speculative_generate(tiny_target, ids, mask, drafter=NoDrafter(), max_new_tokens=8,
                                            temperature=0)
     assert (through_generate.target_forwards, through_generate.tokens_per_target_forward) == (8, 1.0)

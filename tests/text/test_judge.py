@@ -5,6 +5,7 @@ judge reads the target's feature of each draft (slot i + 1 of the verification w
 import pytest
 import torch
 
+from mmspec.core.progress import run_to_end
 from mmspec.core.rules import Exact, Judge
 from mmspec.core.rules.judge import JudgeTest
 from mmspec.models.judge import JudgeHead
@@ -23,9 +24,10 @@ def judge(feature_size: int, bias: float) -> JudgeHead:
 
 def decode(target, draft, acceptance, temperature, seed=0):
     ids, mask = prompts(4)
-    return TextSpeculation(drafter="model", acceptance=acceptance).run(
+    result = run_to_end(TextSpeculation(drafter="model", acceptance=acceptance).run(
         target, draft, ids, mask, max_new_tokens=24, temperature=temperature, pad_token_id=0,
-        generator=torch.Generator().manual_seed(seed))
+        generator=torch.Generator().manual_seed(seed)))
+    return result.sequences, result.stats
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.0])

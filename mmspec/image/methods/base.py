@@ -49,7 +49,8 @@ class ImageDecoding(DecodingComponent):
         """Decode the image tokens of `condition`'s samples with `model` (a `DiscreteImageModel` adapter): one
         `DecodeStep` after the prefill and after every block of at most `block` iterations (None: as many as the rows
         are expected to need, up to 16, so the host reads the progress rarely; 1: after every target forward).
-        Closing the iterator early stops there (the stats count what was committed)."""
+        The last one is the result (`mmspec.core.progress`); `progress.stop()`, or closing the iterator, ends the
+        decoding where it stands (the stats count what was committed)."""
         from mmspec.image.loop import decode  # the components stay importable without torch
 
         return decode(self, model, condition, sampling, generator, stats, block)

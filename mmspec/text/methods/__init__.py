@@ -5,10 +5,11 @@ the built-in ones. `AR()` is the target alone; every drafter is a decoding of it
 text component runs the same way:
 
     component.run(target, draft, input_ids, attention_mask, *, max_new_tokens, temperature, top_k, top_p,
-                  eos_token_id, pad_token_id, generator, on_step, graphs, block) -> (sequences [B, T + N], TextStats)
+                  eos_token_id, pad_token_id, generator, graphs, block) -> Iterator[TextProgress]
 
-(graphs, block: how a speculative decoding's steps replay and how often it reads its progress,
-`speculative_generate`; AR runs transformers' `generate`, which takes neither.)
+a run (`mmspec.core.progress`) whose last progress holds the sequences [B, T + N] and the `TextStats` (graphs,
+block: how a speculative decoding's steps replay and how often it yields, `speculative_steps`; AR runs
+transformers' `generate`, which replays no graphs).
 
 The settings live here, without torch (the CLI's flags come from them); running imports the engine.
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,14 +21,22 @@ class AR(TextDecoding):
     name: ClassVar[str] = "ar"
 
     def run(self, target, draft, input_ids, attention_mask=None, graphs=None, block=None, **options):
-        if graphs is not None:
-            from mmspec.text.drafters import NoDrafter
-            from mmspec.text.generate import speculative_generate
+        if graphs is None:
+            from mmspec.text.ar import ar_steps
 
-            sequences, stats = speculative_generate(target, input_ids, attention_mask, drafter=NoDrafter(),
-                                                    graphs=graphs, block=block, **options)
-            stats.method, stats.speculative = "AR(): graphed, through the speculative loop drafting nothing", False
-            return sequences, stats
-        from mmspec.text.ar import generate_ar
+            return ar_steps(target, input_ids, attention_mask, block=block, **options)
+        from mmspec.text.drafters import NoDrafter
+        from mmspec.text.generate import speculative_steps
 
-        return generate_ar(target, input_ids, attention_mask, **options)
+        return graphed(speculative_steps(target, input_ids, attention_mask, drafter=NoDrafter(), graphs=graphs,
+                                         block=block, **options))
+
+
+def graphed(steps):
+    """The speculative loop's run drafting nothing, its result's stats named as AR's."""
+    with closing(steps):
+        for progress in steps:
+            if progress.stats is not None:
+                progress.stats.method = "AR(): graphed, through the speculative loop drafting nothing"
+                progress.stats.speculative = False
+            yield progress

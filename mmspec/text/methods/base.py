@@ -15,9 +15,11 @@ from mmspec.core.rules.exact import Exact
 from mmspec.core.settings import runtime, setting
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
 
-    from mmspec.text.stats import TextStats
+    from mmspec.text.rows import TextProgress
 
 LEARNED = "learned"  # SpecDec++'s learned draft length: a stop rule of the draft model (`TextDraftModel`)
 
@@ -30,7 +32,9 @@ class TextDecoding(DecodingComponent):
     described: ClassVar[str | None] = None  # a phrase for the CLI's and the demo's lists (None: the docstring's first)
 
     def run(self, target: Any, draft: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-            **options) -> tuple[torch.Tensor, TextStats]:
+            **options) -> Iterator[TextProgress]:
+        """Generate after the prompts input_ids [B, T] (attention_mask [B, T]; `draft`: the pipeline's draft LM or
+        None): a run (`mmspec.core.progress`) of `TextProgress`, the last one with the sequences and the stats."""
         raise NotImplementedError(f"{type(self).__name__} must define run()")
 
     def needs_draft_model(self) -> bool:
@@ -75,17 +79,17 @@ class TextDrafting(TextDecoding):
                              f"drafter={self.name!r}")
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):
-        """`speculative_generate(target, input_ids, attention_mask, ...)` with this drafter, draft-length schedule
-        and acceptance; `options` are its sampling and stopping arguments (max_new_tokens, temperature, top_k, top_p,
-        eos_token_id, pad_token_id, generator, on_step) and how its steps run (graphs, block)."""
+        """`speculative_steps(target, input_ids, attention_mask, ...)` with this drafter, draft-length schedule and
+        acceptance; `options` are its sampling and stopping arguments (max_new_tokens, temperature, top_k, top_p,
+        eos_token_id, pad_token_id, generator) and how its steps run (graphs, block)."""
         from mmspec.core.drafting.lengths import DraftLengthSchedule
-        from mmspec.text.generate import speculative_generate
+        from mmspec.text.generate import speculative_steps
 
         # SpecDec++'s learned length is the drafter's stop rule under a constant one
         kind = "constant" if self.schedule == LEARNED else self.schedule
-        return speculative_generate(target, input_ids, attention_mask, drafter=self.drafting(target, draft),
-                                    draft_length=DraftLengthSchedule(self.draft_length, kind=kind),
-                                    acceptance=attached(self.acceptance, target), **options)
+        return speculative_steps(target, input_ids, attention_mask, drafter=self.drafting(target, draft),
+                                 draft_length=DraftLengthSchedule(self.draft_length, kind=kind),
+                                 acceptance=attached(self.acceptance, target), **options)
 
 
 @dataclass(frozen=True)
@@ -102,11 +106,11 @@ class TreeDrafting(TextDecoding):
                              "verified by exact tree rules")
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):
-        """`speculative_generate` with this drafter's trees (`options` as `TextDrafting.run`'s)."""
-        from mmspec.text.generate import speculative_generate
+        """`speculative_steps` with this drafter's trees (`options` as `TextDrafting.run`'s)."""
+        from mmspec.text.generate import speculative_steps
 
-        return speculative_generate(target, input_ids, attention_mask, drafter=self.drafting(target, draft),
-                                    acceptance=self.acceptance, **options)
+        return speculative_steps(target, input_ids, attention_mask, drafter=self.drafting(target, draft),
+                                 acceptance=self.acceptance, **options)
 
 
 @dataclass(frozen=True)

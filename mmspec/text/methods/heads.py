@@ -75,10 +75,10 @@ class TextDraftHeads(TextDecoding):
         return HeadDrafter(target, self.head, lookup_after=self.lookup_after, vocabulary=vocabulary)
 
     def run(self, target, draft, input_ids, attention_mask=None, **options):
-        """`speculative_generate` with this head's drafter (`draft` is not read)."""
-        from mmspec.text.generate import speculative_generate
+        """`speculative_steps` with this head's drafter (`draft` is not read)."""
+        from mmspec.text.generate import speculative_steps
 
         if not self.tree_size:
             options["draft_length"] = self.draft_length
-        return speculative_generate(target, input_ids, attention_mask, drafter=self.make_drafter(target),
-                                    acceptance=attached(self.acceptance, target), **options)
+        return speculative_steps(target, input_ids, attention_mask, drafter=self.make_drafter(target),
+                                 acceptance=attached(self.acceptance, target), **options)
