@@ -89,11 +89,16 @@ class CausalLMState(CFGRows):
 class CausalLMAdapter:
     """A transformers causal LM (`model(input_ids=...).logits`) as a `CausalModel` over its own vocabulary."""
 
-    capabilities = frozenset({"tree", "features"})
+    capabilities = frozenset({"tree", "features", "exits"})
 
     def __init__(self, model):
         self.model = model
         self.vocab_size = model.config.vocab_size
+
+    @property
+    def context_length(self) -> int | None:
+        """The most positions the model attends over (its config's `max_position_embeddings`; None: no bound)."""
+        return getattr(self.model.config, "max_position_embeddings", None)
 
     # --- what a subclass changes -----------------------------------------------------------------------------------
     @property
@@ -128,6 +133,16 @@ class CausalLMAdapter:
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
         layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)
         return list(layers or [])
+
+    def exit_model(self, exit_layer: int | None, adapter=None) -> torch.nn.Module:
+        """A causal LM sharing this one's weights that exits early: its first `exit_layer` layers, then its final
+        norm and LM head (LayerSkip's draft, `early_exit_view`), or with a Kangaroo exit `adapter` (None: at the
+        adapter's own exit layer) between them (`kangaroo_view`). It has its own config, so its own shallower cache."""
+        from mmspec.adapters.views import early_exit_view, kangaroo_view
+
+        if adapter is None:
+            return early_exit_view(self.model, exit_layer)
+        return kangaroo_view(self.model, adapter, exit_layer)
 
     # --- the protocol ----------------------------------------------------------------------------------------------
     def prefill(self, prompt: Prompt, cfg: bool = False, max_window: int = 1) -> tuple[CausalLMState, Logits | None]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmspec.adapters.causal_lm import Prompt, cache_keyword
+from mmspec.adapters.causal_lm import CausalLMAdapter, Prompt, cache_keyword
 from mmspec.adapters.static_cache import SlotCache, additive_mask
 from mmspec.adapters.views import block_at, check_adapter
 
@@ -43,14 +43,16 @@ class ExitsState:
 
 
 class NestedExits:
-    """The nested drafts of a sorted `adapter` over `target` (a transformers Llama-style causal LM: its decoder layers
-    take rotary `position_embeddings`), level j being `levels[j]` (the target's layers l_{j-1} + 1 .. l_j) and
-    `exit_blocks[j]` (the adapter's block after layer l_j, its keys and values in cache layer l_k + j), then the
-    adapter's norm and the target's LM head. The layers are called one by one, sharing a window's rotary table and
-    mask, so a level pays for its layers only, not for a backbone's own mask and rotary work each time. Shapes: B
-    rows, W window tokens, S slots, d features."""
+    """The nested drafts of a sorted `adapter` over `target` (a transformers Llama-style causal LM, or its
+    `CausalLMAdapter`: its decoder layers take rotary `position_embeddings`), level j being `levels[j]` (the target's
+    layers l_{j-1} + 1 .. l_j) and `exit_blocks[j]` (the adapter's block after layer l_j, its keys and values in
+    cache layer l_k + j), then the adapter's norm and the target's LM head. The layers are called one by one, sharing
+    a window's rotary table and mask, so a level pays for its layers only, not for a backbone's own mask and rotary
+    work each time. Shapes: B rows, W window tokens, S slots, d features."""
 
     def __init__(self, target, adapter):
+        if isinstance(target, CausalLMAdapter):
+            target = target.model
         exits = adapter.exits
         for exit_layer in exits:
             check_adapter(target, adapter, exit_layer)

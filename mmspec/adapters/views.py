@@ -1,8 +1,9 @@
 """Views of a transformers causal LM that share its weights: a shallow copy with module and hook dicts of its own
 (`module_view`), its first layers with its head (`early_exit_view`, LayerSkip's draft), the same with a Kangaroo exit
-adapter on top (`kangaroo_view`), a head that scores a trimmed vocabulary (`trimmed_view`, VocabTrim), and a decoder
-layer that keeps its cache in another slot (`block_at`). The text drafters run them; the models that train for them
-(`mmspec.models.kangaroo`) check against them.
+adapter on top (`kangaroo_view`), a head that scores a trimmed vocabulary (`trimmed_view`, VocabTrim), a decoder layer
+that keeps its cache in another slot (`block_at`), and a family's own readout of its image tokens as a module
+(`Readout`, what an image adapter's "features" capability hands a draft head). The text drafters run them; the models
+that train for them (`mmspec.models.kangaroo`) check against them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ def module_view(model: torch.nn.Module) -> torch.nn.Module:
         if name == "_modules" or name.endswith("hooks") or "_hooks_" in name:
             setattr(view, name, type(value)(value) if name == "_modules" else type(value)())
     return view
+
+
+class Readout(torch.nn.Module):
+    """A function of a model's own modules as a module: `forward(x) = read(x)`, such as an image family's embedding of
+    its image tokens or its logits of them from features (a draft head reads through both, and a feature tap's
+    pre-hook catches this module's input). `reads`: the module whose dtype and device are this module's (the model
+    whose hidden states `read` takes)."""
+
+    def __init__(self, read, reads: torch.nn.Module):
+        super().__init__()
+        self.read, self.reads = read, reads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.read(x)
 
 
 def trimmed_view(model, vocabulary: torch.Tensor):

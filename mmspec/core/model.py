@@ -9,6 +9,7 @@ they hold a `CausalModel` and its state, which lives outside the `nn.Module` (th
       "tree":     forward_tree(tokens [B, T], offset, visible, state) -> logits [B, T, V]; keep_path(state, path)
       "segments": forward_segments(tokens, positions, segments, state) -> logits; commit_segments(state, keep)
       "features": feature_readout() -> (embedding, LM head); feature_layers() -> decoder layers (a feature head's)
+      "exits":    exit_model(exit_layer, adapter) -> an early-exit LM sharing the weights (LayerSkip, Kangaroo)
 
 "Tokens after the prompt" count what a decoder appended: the image tokens of an image model, the last prompt token and
 the new tokens of a text model (whose prefill holds the prompt but its last token, which opens the first window).
@@ -33,6 +34,7 @@ CAPABILITIES = {
     "tree": ("forward_tree", "keep_path"),  # tree attention over draft nodes, then keep the accepted path
     "segments": ("forward_segments", "commit_segments"),  # scattered windows that see the committed tokens only
     "features": ("feature_readout", "feature_layers"),  # what a feature head reads: the LM head's input, layers
+    "exits": ("exit_model",),  # self-speculative drafts: the first layers (and an exit adapter)
 }
 
 

@@ -39,15 +39,19 @@ from mmspec.models.llamagen.gpt import TransformerBlock, rope_table_2d
 class TargetReadout:
     """The target's frozen token embedding and LM head, shared with a head (never saved with it)."""
 
-    def bind(self, embedding: nn.Embedding, lm_head: nn.Linear) -> None:
-        """Read tokens in and features out through the target's `embedding` and `lm_head` (V x d both)."""
+    def bind(self, embedding: nn.Module, lm_head: nn.Module) -> None:
+        """Read tokens in and features out through the target's `embedding` (ids [...] -> [..., d]) and `lm_head`
+        ([..., d] -> logits [..., V]): a transformers LM's, or an image family's readout of its image tokens
+        (`mmspec.adapters.views.Readout`)."""
         d = self.config.feature_size
-        if embedding.weight.shape[1] != d or lm_head.weight.shape[1] != d:
-            raise ValueError(f"the head reads features of width {d}; the target's embedding is "
-                             f"{tuple(embedding.weight.shape)} and its LM head {tuple(lm_head.weight.shape)}")
-        if lm_head.weight.shape[0] != self.config.vocab_size:
+        with torch.no_grad():  # one token through both, for their widths (forward: no hook of the target's fires)
+            embedded = embedding(torch.zeros(1, dtype=torch.long, device=next(lm_head.parameters()).device))
+            width, V = embedded.shape[-1], lm_head.forward(embedded.to(next(lm_head.parameters()).dtype)).shape[-1]
+        if width != d:
+            raise ValueError(f"the head reads features of width {d}; the target's embedding and LM head read {width}")
+        if V != self.config.vocab_size:
             raise ValueError(f"the head was trained for a vocabulary of {self.config.vocab_size}; the target's LM "
-                             f"head has {lm_head.weight.shape[0]}")
+                             f"head has {V}")
         # plain attributes, not submodules: the target's weights are neither trained nor saved with the head
         self.__dict__["embedding"], self.__dict__["lm_head"] = embedding, lm_head
 
@@ -66,13 +70,12 @@ class TargetReadout:
         return next(self.parameters()).dtype
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.embedding(tokens, self.embedding.weight).to(self.weight_dtype)
+        return self.embedding(tokens).to(self.weight_dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Predicted features [..., d] -> float32 logits [..., V] through the target's LM head (called as a function,
-        so hooks on the target's head, such as its feature tap, do not fire)."""
-        weight = self.lm_head.weight
-        return F.linear(hidden.to(weight.dtype), weight, self.lm_head.bias).float()
+        """Predicted features [..., d] -> float32 logits [..., V] through the target's LM head (its `forward`, so
+        hooks on the target's head, such as its feature tap, do not fire)."""
+        return self.lm_head.forward(hidden.to(next(self.lm_head.parameters()).dtype)).float()
 
 
 class EagleHead(TargetReadout, ModelMixin, ConfigMixin):

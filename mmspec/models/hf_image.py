@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.adapters.causal_lm import CausalLMAdapter, CausalLMState
+from mmspec.adapters.views import Readout
 from mmspec.core.model import Logits
 
 
@@ -59,9 +60,11 @@ def left_pad(ids: torch.Tensor, mask: torch.Tensor, length: int) -> tuple[torch.
 class CausalLMImageAdapter(CausalLMAdapter):
     """Base of the transformers-family adapters. A subclass sets `model`, `language_model` (the decoder returning
     `last_hidden_state`), `grid`, `vocab_size` and implements `embed_image`, `image_logits`, `unconditional`,
-    `decode`, `codebook`. Trees over image tokens are not offered yet (no family test covers them)."""
+    `decode`, `codebook`. The "features" capability reads the image tokens through the family's own embedding and
+    image head (`feature_readout`), so a draft head works on every family. Trees over image tokens are not offered
+    yet (no family test covers them)."""
 
-    capabilities = frozenset()
+    capabilities = frozenset({"features"})
     model: torch.nn.Module
     language_model: torch.nn.Module
     grid: tuple[int, int]
@@ -91,11 +94,24 @@ class CausalLMImageAdapter(CausalLMAdapter):
         return {"inputs_embeds": self.embed_image(tokens)}
 
     def head(self, output) -> torch.Tensor:
-        return self.image_logits(output.last_hidden_state)
+        return self.feature_readout()[1](output.last_hidden_state)
 
     def head_at(self, output, index: torch.Tensor) -> torch.Tensor:
         hidden = output.last_hidden_state
-        return self.image_logits(hidden.gather(1, index[:, None, None].expand(-1, 1, hidden.shape[-1])))
+        return self.feature_readout()[1](hidden.gather(1, index[:, None, None].expand(-1, 1, hidden.shape[-1])))
+
+    def feature_readout(self) -> tuple[Readout, Readout]:
+        """The embedding of the local image ids (`embed_image`) and their logits (`image_logits`) as modules, made
+        once: every forward's logits go through the second, so a feature tap on it catches the language model's last
+        hidden states."""
+        if "_readout" not in vars(self):
+            self._readout = (Readout(self.embed_image, self.language_model),
+                             Readout(self.image_logits, self.language_model))
+        return self._readout
+
+    def feature_layers(self) -> list[torch.nn.Module]:
+        """The language model's decoder layers in order."""
+        return list(self.language_model.layers)
 
     def prefill(self, condition: PromptCondition, cfg: bool,
                 max_window: int = 1) -> tuple[CausalLMState, Logits]:

@@ -15,14 +15,15 @@ import dataclasses
 
 import torch
 
+from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.adapters.static_cache import as_static_model
-from mmspec.adapters.views import early_exit_view, kangaroo_view, trimmed_view
+from mmspec.adapters.views import trimmed_view
 from mmspec.core.drafting.heads import FeatureTap
 from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.drafting.proposer import ModelProposer
 from mmspec.core.drafting.stops import ConfidenceStop, LearnedStop
 from mmspec.core.drafts import Draft
-from mmspec.core.model import Logits
+from mmspec.core.model import Logits, require
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import AcceptanceRule, rule_from
@@ -174,11 +175,19 @@ def learned_stop(model, head, threshold: float | None) -> LearnedStop:
     return LearnedStop(head, lambda: tap.feature, model.get_input_embeddings(), threshold)
 
 
+def exits_of(target, drafter: str):
+    """The target as a model adapter with the "exits" capability (`CausalLMAdapter.exit_model`)."""
+    model = as_causal_model(target)
+    require(model, {"exits"}, drafter)
+    return model
+
+
 class LayerSkipDrafter(ModelDrafter):
     """Self-speculative drafting (LayerSkip / HF `assistant_early_exit`): the target's first `exit_layer` layers."""
 
     def __init__(self, target, exit_layer: int, confidence_threshold: float = 0.0):
-        super().__init__(early_exit_view(target, exit_layer), confidence_threshold=confidence_threshold)
+        super().__init__(exits_of(target, "LayerSkipDrafter").exit_model(exit_layer),
+                         confidence_threshold=confidence_threshold)
 
 
 class KangarooDrafter(ModelDrafter):
@@ -188,7 +197,8 @@ class KangarooDrafter(ModelDrafter):
     is below it (the paper's 0.6; 0 = never)."""
 
     def __init__(self, target, adapter, confidence_threshold: float = 0.0):
-        super().__init__(kangaroo_view(target, adapter), confidence_threshold=confidence_threshold)
+        super().__init__(exits_of(target, "KangarooDrafter").exit_model(None, adapter),
+                         confidence_threshold=confidence_threshold)
 
 
 class NGramDrafter(ChainDrafter):

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import torch
 
+from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.adapters.static_cache import as_static_model
 from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.probs import SamplingConfig
@@ -41,8 +42,9 @@ from mmspec.text.stats import TextStats
 PROMPT_SLOTS = 64  # the buffers' room for the prompts is a multiple of it
 
 
-def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, lookahead, eos_token_id,
+def check_inputs(model, input_ids, attention_mask, drafter, max_new_tokens, lookahead, eos_token_id,
                  generator) -> None:
+    """model: the target as a model adapter (its `vocab_size` and `context_length`)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
         raise TypeError("input_ids must be a [B, T] torch.long tensor")
     if input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
@@ -51,10 +53,9 @@ def check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, loo
         raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
                          f"{tuple(input_ids.shape)}")
     check_max_new_tokens(max_new_tokens)
-    vocab = target.config.vocab_size
-    if drafter.vocab_size is not None and drafter.vocab_size != vocab:
-        raise ValueError(f"draft vocabulary size {drafter.vocab_size} does not match the target's {vocab}")
-    context = getattr(target.config, "max_position_embeddings", None)
+    if drafter.vocab_size is not None and drafter.vocab_size != model.vocab_size:
+        raise ValueError(f"draft vocabulary size {drafter.vocab_size} does not match the target's {model.vocab_size}")
+    context = getattr(model, "context_length", None)
     if context is not None and input_ids.shape[1] + max_new_tokens + lookahead + 1 > context:
         raise ValueError(
             f"prompt length {input_ids.shape[1]} + max_new_tokens {max_new_tokens} + draft length {lookahead} + 1 "
@@ -144,8 +145,9 @@ def speculative_steps(
         raise TypeError(f"graphs must be a mmspec.core.runtime.capture.StepGraphs, got {type(graphs).__name__}")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
         raise ValueError(f"block must be an int >= 1 or None, got {block!r}")
-    inner = drafter.step(target.config.vocab_size, acceptance, draft_length, tree_rule, measure_ceiling)
-    check_inputs(target, input_ids, attention_mask, drafter, max_new_tokens, inner.lookahead, eos_token_id, generator)
+    adapter = as_causal_model(target)
+    inner = drafter.step(adapter.vocab_size, acceptance, draft_length, tree_rule, measure_ceiling)
+    check_inputs(adapter, input_ids, attention_mask, drafter, max_new_tokens, inner.lookahead, eos_token_id, generator)
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     shortest, longest = torch.stack([mask.sum(-1).min(), mask.sum(-1).max()]).tolist()  # one host read
     if shortest < 1:

@@ -18,7 +18,7 @@ from mmspec.core.drafting.proposer import stop_after
 from mmspec.core.drafts import Draft
 from mmspec.core.probs import process_logits
 from mmspec.core.rng import inverse_cdf, uniform
-from mmspec.text.drafters import ChainDrafter, confidence_stop
+from mmspec.text.drafters import ChainDrafter, confidence_stop, exits_of
 
 
 class SortedExitDrafter(ChainDrafter):
@@ -35,12 +35,13 @@ class SortedExitDrafter(ChainDrafter):
         if not 0 < exit_threshold <= 1:
             raise ValueError(f"exit_threshold must be in (0, 1], got {exit_threshold}")
         self.stop = confidence_stop(confidence_threshold)
-        self.nested = NestedExits(target, adapter)
+        model = exits_of(target, "SortedExitDrafter")
+        self.nested = NestedExits(model, adapter)
         if len(self.nested.exit_layers) < 2:
             raise ValueError(f"sorted exits need an adapter trained at two exits or more (exit_layers), this one has "
                              f"{list(self.nested.exit_layers)}: train one with python -m mmspec.zoo.train_kangaroo "
                              f"--exit-layers ...")
-        self.exit_threshold, self.vocab_size = exit_threshold, target.config.vocab_size
+        self.exit_threshold, self.vocab_size = exit_threshold, model.vocab_size
         self.exits_taken = torch.zeros(len(self.nested.exit_layers), dtype=torch.long)
         self.forwards = 0
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.adapters.views import early_exit_view
 from mmspec.core.drafting.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
@@ -27,7 +26,7 @@ from mmspec.core.speculation import Tree
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.tree_verify import RULE_NAMES
 from mmspec.core.trees import DraftTree
-from mmspec.text.drafters import Drafter, WithDraftModel, text_law, tree_lookup
+from mmspec.text.drafters import Drafter, WithDraftModel, exits_of, text_law, tree_lookup
 from mmspec.text.kinds import check_max_ngram, check_tree_lookup
 from mmspec.text.rows import TextRows
 
@@ -102,7 +101,7 @@ class LayerSkipTreeDrafter(ModelTreeDrafter):
     """Dynamic trees from the target's first `exit_layer` layers (self-speculative)."""
 
     def __init__(self, target, exit_layer: int, shape: TreeShape = DYNAMIC_TREE):
-        super().__init__(early_exit_view(target, exit_layer), shape)
+        super().__init__(exits_of(target, "LayerSkipTreeDrafter").exit_model(exit_layer), shape)
 
 
 NGRAM_BASE = 1 << 20  # n-gram keys are exact for token ids below it and n <= 3 (2^60 < 2^63)

@@ -1,6 +1,7 @@
 """Checks every transformers-family image adapter (`mmspec.models.hf_image`) must pass, shared by the family tests:
 decoding runs, the ragged cache after every SJD iteration against a fresh prefill, the exact law of the first two
-image tokens (for chi-square tests of seeded samplers), LANTERN tables from the codebook."""
+image tokens (for chi-square tests of seeded samplers), LANTERN tables from the codebook, draft heads on the
+family's features."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import pytest
 import torch
 
 from mmspec.core.codebook import NeighbourTable
+from mmspec.core.drafting.heads import bind_head
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
-from mmspec.image import AR, COUPLINGS, SJD
+from mmspec.image import AR, COUPLINGS, SJD, DraftHeads
+from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.models.hf_image import PromptCondition
 from tests.law import chi_square_p_value
 
@@ -127,3 +130,31 @@ def check_lantern_table(adapter, k_max: int = 4):
     assert neighbours.shape == (adapter.vocab_size, k_max)
     codes = adapter.codebook().shape[0]
     assert (neighbours[:codes] >= 0).all() and (neighbours[codes:] == -1).all()  # structure tokens never relax
+
+
+def check_draft_heads_read_the_family_s_features(adapter, condition: PromptCondition, guidance: float = 3.0):
+    """The "features" capability: a head's tap catches the language model's last hidden states (what the family's
+    image head reads) in every forward, and greedy decoding with a random EAGLE or Hydra head on them drafts and
+    equals greedy AR."""
+    width, dtype = adapter.language_model.config.hidden_size, next(adapter.language_model.parameters()).dtype
+    torch.manual_seed(0)
+    heads = {"eagle": EagleHead(feature_size=width, vocab_size=adapter.vocab_size, n_head=1, ffn_hidden=8),
+             "hydra": HydraHead(feature_size=width, vocab_size=adapter.vocab_size, num_heads=3, hidden=8)}
+    caught = {}
+    handle = adapter.language_model.register_forward_hook(
+        lambda module, args, output: caught.update(hidden=output.last_hidden_state))
+    try:
+        tap = bind_head(heads["eagle"].to(dtype).eval(), adapter)
+        with torch.no_grad():
+            state, _ = adapter.prefill(condition, cfg=guidance != 1.0)
+            assert torch.equal(tap.feature, caught["hidden"][:, -1:])  # each row's last prompt token
+            adapter.forward(torch.zeros(condition.input_ids.shape[0], 2, dtype=torch.long), state)
+            assert torch.equal(tap.feature, caught["hidden"])  # every token of a window
+    finally:
+        handle.remove()
+    greedy = SamplingConfig(0, guidance_scale=guidance)
+    ar, _ = run(AR(), adapter, condition, greedy)
+    for kind, head in heads.items():
+        tokens, stats = run(DraftHeads(kind, 3, head=head.to(dtype).eval()), adapter, condition, greedy)
+        assert torch.equal(tokens, ar), kind
+        assert stats.drafted > 0

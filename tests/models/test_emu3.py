@@ -13,6 +13,7 @@ from mmspec.models.hf_image import PromptCondition
 from tests.law import chi_square_p_value
 from tests.models.family_checks import (
     check_cache_and_its_mutation,
+    check_draft_heads_read_the_family_s_features,
     check_first_two_tokens_follow,
     check_greedy_sjd_equals_ar,
     check_lantern_table,
@@ -148,6 +149,11 @@ def test_end_of_line_lands_on_its_absolute_positions_in_every_decoding(model, wi
 
 def test_greedy_sjd_equals_greedy_ar(model):
     check_greedy_sjd_equals_ar(Emu3Adapter(model, H, W), PromptCondition(PROMPTS, negative_ids=NEGATIVE), 3.0)
+
+
+def test_draft_heads_read_emu3_s_features(model):
+    check_draft_heads_read_the_family_s_features(Emu3Adapter(model, H, W), PromptCondition(PROMPTS,
+                                                                                           negative_ids=NEGATIVE))
 
 
 def test_cache_equals_a_fresh_prefill_after_every_iteration_and_a_skipped_rollback_is_caught(model):

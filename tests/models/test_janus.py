@@ -11,6 +11,7 @@ from mmspec.image import AR
 from mmspec.models.janus import JanusAdapter, JanusCondition
 from tests.models.family_checks import (
     check_cache_and_its_mutation,
+    check_draft_heads_read_the_family_s_features,
     check_first_two_tokens_follow,
     check_greedy_sjd_equals_ar,
     check_lantern_table,
@@ -76,6 +77,14 @@ def test_left_padded_prompts_give_each_prompt_its_own_image(model):
 
 def test_greedy_sjd_equals_greedy_ar(model):
     check_greedy_sjd_equals_ar(JanusAdapter(model), JanusCondition(PROMPTS), 3.0)
+
+
+def test_draft_heads_read_janus_s_features_and_a_head_that_skips_the_readout_is_caught(model):
+    check_draft_heads_read_the_family_s_features(JanusAdapter(model), JanusCondition(PROMPTS))
+    skipping = JanusAdapter(model)  # mutation: logits read without the readout module, so no tap catches features
+    skipping.head = lambda output: skipping.image_logits(output.last_hidden_state)
+    with pytest.raises(AssertionError):
+        check_draft_heads_read_the_family_s_features(skipping, JanusCondition(PROMPTS))
 
 
 def test_cache_equals_a_fresh_prefill_after_every_iteration_and_a_skipped_rollback_is_caught(model):

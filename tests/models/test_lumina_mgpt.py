@@ -19,6 +19,7 @@ from mmspec.models.lumina_mgpt import (
 )
 from tests.models.family_checks import (
     check_cache_and_its_mutation,
+    check_draft_heads_read_the_family_s_features,
     check_first_two_tokens_follow,
     check_greedy_sjd_equals_ar,
     check_lantern_table,
@@ -132,6 +133,10 @@ def test_new_lines_land_on_their_absolute_positions_in_every_decoding(model, win
 
 def test_greedy_sjd_equals_greedy_ar(model):
     check_greedy_sjd_equals_ar(LuminaMGPTAdapter(*model, H, W), PromptCondition(PROMPTS), 4.0)
+
+
+def test_draft_heads_read_lumina_mgpt_s_features(model):
+    check_draft_heads_read_the_family_s_features(LuminaMGPTAdapter(*model, H, W), PromptCondition(PROMPTS), 4.0)
 
 
 def test_cache_equals_a_fresh_prefill_after_every_iteration_and_a_skipped_rollback_is_caught(model):

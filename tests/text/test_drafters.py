@@ -2,6 +2,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+from mmspec.adapters.causal_lm import CausalLMAdapter
 from mmspec.adapters.views import early_exit_view
 from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.probs import SamplingConfig
@@ -77,6 +78,22 @@ def test_early_exit_view_shares_weights_and_equals_truncated_model():
     assert calls == []  # hooks on the target (forward counters) do not fire for draft calls
     with pytest.raises(ValueError, match="exit_layer"):
         early_exit_view(target, 3)
+
+
+def test_self_speculative_drafters_reach_the_exits_through_the_model_protocol():
+    """LayerSkip drafts from the adapter's "exits" capability (`exit_model`, an early-exit view); a model adapter
+    without it is refused by name before anything runs."""
+    target = tiny_llama(num_layers=3)
+    drafter = LayerSkipDrafter(CausalLMAdapter(target), 2)
+    assert drafter.model.config.num_hidden_layers == 2
+    assert drafter.model.model.embed_tokens.weight is target.model.embed_tokens.weight
+
+    class NoExits(CausalLMAdapter):
+        capabilities = frozenset({"tree"})
+
+    with pytest.raises(ValueError, match=r"LayerSkipDrafter needs a model adapter with exit_model \(capability "
+                                         r"'exits'\)"):
+        LayerSkipDrafter(NoExits(target), 2)
 
 
 def test_confidence_stop_shortens_drafts():
