@@ -60,6 +60,7 @@ def test_every_block_runs_or_says_why_not():
     assert shell_unmarked == [], "shell blocks need a marker (arguments checked / not run)"
 
 
+@pytest.mark.slow  # every example end to end (models trained, eval runs): the slow tier
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.kind == "run" and b.lang in ("python", "py")], ids=str)
 def test_python_block_runs(block, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # examples may write files

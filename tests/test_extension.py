@@ -463,6 +463,7 @@ class Echo(TextDrafting):
 '''
 
 
+@pytest.mark.slow  # three new processes: the slow tier
 def test_an_installed_plugin_reaches_the_command_line(tmp_path):
     """A package declaring an `mmspec.plugins` entry point (here a module and its dist-info on PYTHONPATH, as pip
     would install them) is imported by the registry: `mmspec text --method echo` runs its drafter in a new process.

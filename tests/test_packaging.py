@@ -34,6 +34,7 @@ def wheel(tmp_path_factory) -> Path:
     return next(out.glob("mmspec-*.whl"))
 
 
+@pytest.mark.slow  # a wheel built and installed: the slow tier
 def test_the_wheel_holds_one_top_level_name(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -53,6 +54,7 @@ def run_installed(site: Path, code: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *code], cwd="/", env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a wheel built and installed: the slow tier
 def test_the_installed_package_works_from_any_directory(wheel, tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target",

@@ -100,6 +100,43 @@ class CausalLMAdapter:
         """The most positions the model attends over (its config's `max_position_embeddings`; None: no bound)."""
         return getattr(self.model.config, "max_position_embeddings", None)
 
+    @property
+    def pad_token_id(self) -> int | None:
+        """The id the model's generation config pads finished rows with (None: it names none)."""
+        return getattr(getattr(self.model, "generation_config", None), "pad_token_id", None)
+
+    @property
+    def special_token_ids(self) -> list[int]:
+        """The config's EOS, padding and BOS ids (each may be a list), flattened."""
+        ids = (getattr(self.model.config, f"{name}_token_id", None) for name in ("eos", "pad", "bos"))
+        return [i for id_ in ids if id_ is not None for i in ([id_] if isinstance(id_, int) else id_)]
+
+    @property
+    def token_ranking(self) -> list[int] | None:
+        """The ids ordered by how often the model writes them (its config's `token_ranking`, written by
+        `mmspec.zoo.train_vocabulary`; None: never measured): VocabTrim's draft vocabulary is its head."""
+        return getattr(self.model.config, "token_ranking", None)
+
+    @property
+    def early_exit_layer(self) -> int | None:
+        """The layer the model was trained to exit early at (its config's `early_exit_layer`; None: none)."""
+        return getattr(self.model.config, "early_exit_layer", None)
+
+    @property
+    def feature_size(self) -> int:
+        """The width of the feature a head reads (the input of the LM head: the backbone's hidden size)."""
+        return self.backbone.config.hidden_size
+
+    def generate(self, **kwargs) -> torch.Tensor:
+        """The model's own autoregressive generation (transformers' `generate`, same arguments): the AR baseline."""
+        return self.model.generate(**kwargs)
+
+    def trimmed(self, vocabulary: torch.Tensor) -> CausalLMAdapter:
+        """This model with an LM head that scores only the ids `vocabulary` ([|S|] long): VocabTrim's draft."""
+        from mmspec.adapters.views import trimmed_view
+
+        return CausalLMAdapter(trimmed_view(self.model, vocabulary))
+
     # --- what a subclass changes -----------------------------------------------------------------------------------
     @property
     def backbone(self) -> torch.nn.Module:

@@ -189,5 +189,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def as_static_model(model, capacity: int):
-    """A transformers causal LM on a `StaticCausalLMAdapter` of `capacity` slots; an adapter as it is."""
+    """A transformers causal LM, or the plain `CausalLMAdapter` of one, on a `StaticCausalLMAdapter` of `capacity`
+    slots; any other model adapter as it is."""
+    if type(model) is CausalLMAdapter:  # a family's subclass changes its inputs and head: it stays as it is
+        model = model.model
     return StaticCausalLMAdapter(model, capacity) if isinstance(model, torch.nn.Module) else model

@@ -309,13 +309,16 @@ def _all_inside_exact(q: torch.Tensor, sets: torch.Tensor, k: int, scheme: str) 
     """Q(every draft in H) for every set H (rows of sets: [2^V, V] 0/1): [R, 2^V]."""
     if scheme == "iid":
         return (q @ sets.T) ** k
-    R, V = q.shape
-    inside = torch.zeros(R, sets.shape[0], dtype=torch.float64)
-    for subset in combinations(range(V), k):
-        for order in permutations(subset):
-            prob, drawn = torch.ones(R, dtype=torch.float64), torch.zeros(R, dtype=torch.float64)
-            for x in order:
-                prob = prob * q[:, x] / (1 - drawn).clamp(min=1e-300)
-                drawn = drawn + q[:, x]
-            inside += prob[:, None] * sets[:, list(order)].prod(-1)[None]
-    return inside
+    V = q.shape[1]
+    # every ordered sample without replacement, [M, k]: its probability is the product of q(x_j) / (1 - q(x_<j)),
+    # built over the k draws (token-major, [M, R]: elementwise passes, where a reduction over k would be slow)
+    orders = torch.tensor([order for subset in combinations(range(V), k) for order in permutations(subset)],
+                          device=q.device)
+    q_by_token = q.T.contiguous()  # [V, R]
+    prob = torch.ones(orders.shape[0], q.shape[0], dtype=q.dtype, device=q.device)
+    drawn = torch.zeros_like(prob)  # q of the tokens drawn before
+    for draw in orders.T:  # the k draws
+        x = q_by_token[draw]
+        prob.mul_(x).div_((1 - drawn).clamp_(min=1e-300))
+        drawn.add_(x)
+    return (sets[:, orders].prod(-1).to(q.device) @ prob).T  # [2^V, M] @ [M, R]: whether H holds the whole sample

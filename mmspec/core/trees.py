@@ -104,10 +104,14 @@ class TreeLayout:
         device = tree.tokens.device
         real = tree.real
         parent_slot = torch.where(real, tree.parent + 1, -1)
-        ancestors = torch.eye(N + 1, dtype=torch.bool, device=device).repeat(B, 1, 1)
-        ancestors[:, 1:].scatter_(2, parent_slot.clamp(min=0)[..., None], real[..., None])
-        for _ in range(math.ceil(math.log2(N + 1))):  # transitive closure by squaring: paths of length <= N
-            ancestors = ancestors.float().bmm(ancestors.float()) > 0
+        slots = torch.arange(N + 1, device=device)
+        # pointer doubling: `jump` is each slot's 2^i-th ancestor (the root's and a padding node's: itself), and
+        # every ancestor up to it is in `ancestors` after round i; paths are at most N long
+        jump = torch.cat([slots[:1].expand(B, 1), torch.where(real, parent_slot, slots[1:])], 1)  # [B, N + 1]
+        ancestors = (slots == slots[:, None]).repeat(B, 1, 1).scatter_(2, jump[..., None], True)
+        for _ in range(math.ceil(math.log2(N + 1))):
+            ancestors |= ancestors.gather(1, jump[..., None].expand(-1, -1, N + 1))
+            jump = jump.gather(1, jump)
         depth = ancestors.sum(-1) - 1
         # sibling rank: earlier real nodes with the same parent
         same_parent = (parent_slot[:, :, None] == parent_slot[:, None, :]) & real[:, :, None] & real[:, None, :]

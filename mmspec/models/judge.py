@@ -12,6 +12,7 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from mmspec.core.drafting.heads import FeatureTap
+from mmspec.core.model import require
 
 
 class JudgeHead(ModelMixin, ConfigMixin):
@@ -33,13 +34,14 @@ class JudgeHead(ModelMixin, ConfigMixin):
         return self(features).sigmoid()
 
     def attach(self, target) -> None:
-        """Read `target`'s features (a transformers causal LM): a tap on its LM head's input, shared with the draft
-        heads (`FeatureTap.of`), which holds the last forward's [B, W, d]."""
-        head = target.get_output_embeddings()
-        if head.in_features != self.config.feature_size:
+        """Read `target`'s features (a model adapter with the "features" capability, `mmspec.adapters`): a tap on
+        its LM head's input, shared with the draft heads (`FeatureTap.of`), which holds the last forward's
+        [B, W, d]."""
+        require(target, {"features"}, "JudgeHead")
+        if target.feature_size != self.config.feature_size:
             raise ValueError(f"the judge reads features of width {self.config.feature_size}; the target's are "
-                             f"{head.in_features} wide")
-        self.__dict__["tap"] = FeatureTap.of(head)  # not a submodule: never saved with the judge
+                             f"{target.feature_size} wide")
+        self.__dict__["tap"] = FeatureTap.of(target.feature_readout()[1])  # not a submodule: never saved with it
 
     @property
     def features(self) -> torch.Tensor:

@@ -11,6 +11,7 @@ import greenlet
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.core.progress import Halt
 from mmspec.core.rng import Generators
 from mmspec.text.generate import stop_tokens
@@ -54,7 +55,8 @@ def ar_steps(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
              max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              eos_token_id: int | None = None, pad_token_id: int | None = None, generator: Generators = None,
              block: int | None = None) -> Iterator[TextProgress]:
-    """`target.generate` (prompts [B, T], left-padded) as a run (`mmspec.core.progress`): a `TextProgress` every
+    """The target's own `generate` (a transformers causal LM or its `CausalLMAdapter`; prompts [B, T], left-padded)
+    as a run (`mmspec.core.progress`): a `TextProgress` every
     `block` tokens (None: 16), the last one with the sequences [B, T + N] and the stats. Sampling runs on the global
     RNG: without a generator it draws from it and advances it, so two calls differ; with one (one generator:
     transformers' sampler has no per-row generators) on a fork of it seeded with a draw of `generator`, so the
@@ -64,7 +66,11 @@ def ar_steps(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
         raise ValueError("decoding=AR() takes one generator: transformers' generate samples from the global RNG")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
         raise ValueError(f"block must be an int >= 1 or None, got {block!r}")
-    pad_token_id = stop_tokens(target, eos_token_id, pad_token_id, input_ids.device)[1]
+    model = as_causal_model(target)
+    if not callable(getattr(model, "generate", None)):
+        raise TypeError(f"decoding=AR() runs the target's own generate: a transformers causal LM or its "
+                        f"CausalLMAdapter, got {type(target).__name__}")
+    pad_token_id = stop_tokens(model, eos_token_id, pad_token_id, input_ids.device)[1]
     handoff = Handoff(block or 16, input_ids.shape[1], max_new_tokens, eos_token_id, pad_token_id)
     sample = temperature > 0
     kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p) if sample else {}
@@ -75,7 +81,7 @@ def ar_steps(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
         with contextlib.nullcontext() if generator is None else torch.random.fork_rng(devices=[]):
             if generator is not None:
                 torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator, device=generator.device)))
-            return target.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=sample,
+            return model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=sample,
                                    max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
                                    stopping_criteria=StoppingCriteriaList([handoff]), **kwargs)
 

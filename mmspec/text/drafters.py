@@ -15,9 +15,8 @@ import dataclasses
 
 import torch
 
-from mmspec.adapters.causal_lm import as_causal_model
+from mmspec.adapters.causal_lm import CausalLMAdapter, as_causal_model
 from mmspec.adapters.static_cache import as_static_model
-from mmspec.adapters.views import trimmed_view
 from mmspec.core.drafting.heads import FeatureTap
 from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.drafting.proposer import ModelProposer
@@ -77,9 +76,10 @@ class WithDraftModel:
     vocabulary: torch.Tensor | None = None
 
     def attach(self, model) -> None:
-        """model: any transformers causal LM (or an `early_exit_view` of the target), or a `CausalModel` adapter."""
-        self.model = model
-        self.vocab_size = model.config.vocab_size if isinstance(model, torch.nn.Module) else model.vocab_size
+        """model: a model adapter (a `CausalLMAdapter`, or another `CausalModel`), or a transformers causal LM (or
+        an `early_exit_view` of the target), which is wrapped in one."""
+        self.model = as_causal_model(model)
+        self.vocab_size = self.model.vocab_size
         self.proposer: ModelProposer | None = None
 
     @property
@@ -141,7 +141,8 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
             raise ValueError("stop_threshold applies with an acceptance_head (SpecDec++'s learned draft length)")
         if vocabulary is not None and acceptance_head is not None:
             raise ValueError("an acceptance_head reads the draft's full law: it does not take a trimmed vocabulary")
-        self.attach(model if vocabulary is None else trimmed_view(model, vocabulary))
+        trimmed = None if vocabulary is None else transformers_lm(model, "a draft vocabulary").trimmed(vocabulary)
+        self.attach(model if trimmed is None else trimmed)
         self.vocabulary = vocabulary
         self.stop = stop if acceptance_head is None else learned_stop(model, acceptance_head, stop_threshold)
 
@@ -163,16 +164,25 @@ def confidence_stop(threshold: float) -> ConfidenceStop | None:
     return ConfidenceStop(threshold) if threshold else None
 
 
+def transformers_lm(model, reader: str) -> CausalLMAdapter:
+    """`model` as the `CausalLMAdapter` of a transformers causal LM, which `reader` needs (TypeError otherwise)."""
+    model = as_causal_model(model)
+    if not isinstance(model, CausalLMAdapter):
+        raise TypeError(f"{reader} reads a transformers draft model, got {type(model).__name__}")
+    return model
+
+
 def learned_stop(model, head, threshold: float | None) -> LearnedStop:
-    """SpecDec++'s stop for draft `model` (a transformers causal LM): `head` reads the input of its LM head and
-    its embedding of each drafted token; threshold None: the head's own (`AcceptanceHead.stop_threshold`)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"an acceptance_head reads a transformers draft model's features, got {type(model).__name__}")
-    if head.config.feature_size != model.config.hidden_size:
+    """SpecDec++'s stop for draft `model` (a transformers causal LM or its adapter): `head` reads the input of its
+    LM head and its embedding of each drafted token; threshold None: the head's own
+    (`AcceptanceHead.stop_threshold`)."""
+    model = transformers_lm(model, "an acceptance_head")
+    if head.config.feature_size != model.feature_size:
         raise ValueError(f"acceptance_head reads features of width {head.config.feature_size}; the draft model's "
-                         f"are {model.config.hidden_size} wide")
-    tap = FeatureTap.of(model.get_output_embeddings())
-    return LearnedStop(head, lambda: tap.feature, model.get_input_embeddings(), threshold)
+                         f"are {model.feature_size} wide")
+    embedding, lm_head = model.feature_readout()
+    tap = FeatureTap.of(lm_head)
+    return LearnedStop(head, lambda: tap.feature, embedding, threshold)
 
 
 def exits_of(target, drafter: str):
@@ -332,9 +342,12 @@ class NoDrafter(ChainDrafter):
 
 def _key_of(name: str, value):
     """A drafter setting as a hashable key: plain values as they are, a module by its class, depth and weights (an
-    early-exit view shares the target's), anything else by its type."""
+    early-exit view shares the target's) and a transformers model's adapter by its module, anything else by its
+    type."""
     if value is None or isinstance(value, (bool, int, float, str, tuple)):
         return name, value
+    if type(value) is CausalLMAdapter:
+        value = value.model
     if isinstance(value, torch.nn.Module):
         first = next(value.parameters(), None)
         layers = getattr(getattr(value, "config", None), "num_hidden_layers", None)

@@ -66,13 +66,14 @@ def check_inputs(model, input_ids, attention_mask, drafter, max_new_tokens, look
     check_generators(generator, input_ids.shape[0])
 
 
-def stop_tokens(target, eos_token_id, pad_token_id: int | None, device) -> tuple[torch.Tensor | None, int]:
+def stop_tokens(model, eos_token_id, pad_token_id: int | None, device) -> tuple[torch.Tensor | None, int]:
     """(eos, pad): the EOS ids as a [E] long tensor (None: rows stop at max_new_tokens only) and the pad id: the
-    caller's, else the target's generation config's, else the first EOS (else 0)."""
+    caller's, else the target's (`model`: its adapter; `CausalLMAdapter.pad_token_id`), else the first EOS (else
+    0)."""
     ids = None if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
     eos = None if ids is None else torch.tensor(ids, device=device)
     if pad_token_id is None:
-        pad_token_id = getattr(getattr(target, "generation_config", None), "pad_token_id", None)
+        pad_token_id = getattr(model, "pad_token_id", None)
     if pad_token_id is None:
         pad_token_id = 0 if ids is None else ids[0]
     return eos, pad_token_id
@@ -118,10 +119,10 @@ def speculative_steps(
     """Speculative decoding as a run (`mmspec.core.progress`): a `TextProgress` after every block of steps, the last
     one holding the output.
 
-    target: a transformers causal LM. input_ids: [B, T] long, prompts (left or right padded).
-    attention_mask: [B, T], 1 for prompt tokens (None = all). drafter: a `ChainDrafter` (ModelDrafter,
-    LayerSkipDrafter, NGramDrafter) or a `TreeDrafter` (ModelTreeDrafter, LayerSkipTreeDrafter, StandDrafter; its
-    `TreeShape` sizes the tree). acceptance: `Exact()` (lossless) or `Typical(...)` (lossy, opt-in, chains only), or
+    target: a transformers causal LM, or a model adapter (`mmspec.adapters.CausalLMAdapter`). input_ids: [B, T]
+    long, prompts (left or right padded). attention_mask: [B, T], 1 for prompt tokens (None = all). drafter: a
+    `ChainDrafter` (ModelDrafter, LayerSkipDrafter, NGramDrafter) or a `TreeDrafter` (ModelTreeDrafter,
+    LayerSkipTreeDrafter, StandDrafter; its `TreeShape` sizes the tree). acceptance: `Exact()` (lossless) or `Typical(...)` (lossy, opt-in, chains only), or
     its name. draft_length: chains only, tokens drafted per step (default 4), or a `DraftLengthSchedule`. tree_rule:
     trees only, the exact rule that walks them (`mmspec.core.tree_verify`; default: the one for how the drafter draws
     children). measure_ceiling: trees only, also report the mean alpha* at the visited nodes (`stats.tree_alpha_star`,
@@ -157,7 +158,7 @@ def speculative_steps(
         slots = -(-slots // PROMPT_SLOTS) * PROMPT_SLOTS
     stats = TextStats(steps=torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device))
     rows = TextRows(input_ids, mask, max_new_tokens, inner.lookahead,
-                    *stop_tokens(target, eos_token_id, pad_token_id, input_ids.device), stats, prompt_width=longest,
+                    *stop_tokens(adapter, eos_token_id, pad_token_id, input_ids.device), stats, prompt_width=longest,
                     prompt_slots=slots)
     timer, started = PhaseTimer(stats.timings), time.perf_counter()
     capacity = slots + max_new_tokens + inner.window + 1
@@ -165,7 +166,7 @@ def speculative_steps(
            capacity)
 
     # 1. Prefill the target with all but each row's last prompt token (that one is scored with the first draft).
-    model = as_static_model(target, capacity)
+    model = as_static_model(adapter, capacity)
     with timer("target"):
         state, _ = model.prefill(rows.prompt)
     stats.target_forwards = stats.prefill_forwards = int(rows.prompt.input_ids.shape[1] > 0)

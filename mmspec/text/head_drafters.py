@@ -27,10 +27,9 @@ class WithHead:
     a session of the head, prefilled with the prompt's features."""
 
     def attach(self, target, head) -> None:
-        if not isinstance(target, torch.nn.Module):
-            raise TypeError(f"a head drafter needs the target transformers model, got {type(target).__name__}")
+        """target: a model adapter with the "features" capability (a transformers causal LM is wrapped in one)."""
         self.tap = bind_head(head, as_causal_model(target))
-        self.head, self.target = head, target
+        self.head = head
         self.reader = head  # what drafts: the head, or a view of it trimmed to a draft vocabulary
         self.vocabulary: torch.Tensor | None = None
         self.vocab_size = head.config.vocab_size

@@ -16,6 +16,7 @@ from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.utils import BaseOutput, is_accelerate_available
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from mmspec.adapters.causal_lm import CausalLMAdapter
 from mmspec.core.component import DecodingComponent, component_from
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators
@@ -211,6 +212,11 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         return cls(target, tokenizer, **kwargs)
 
     @property
+    def target_model(self) -> CausalLMAdapter:
+        """The target behind the model protocol, what the decodings receive (`mmspec.adapters.CausalLMAdapter`)."""
+        return CausalLMAdapter(self.target)
+
+    @property
     def methods(self) -> tuple[str, ...]:
         """The names of `method_names()` this pipeline can run: the drafters it has the parts of (`"model"`,
         `"cascade"` and `"tree"` need a draft, `"layerskip"` an exit layer in the target's config, `"kangaroo"` an
@@ -218,7 +224,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         supplies (`"heads"`: an EAGLE head), and "ar"."""
         components = {name: self.component_named(name) for name in method_names()}
         unavailable = {name for name, c in components.items() if c.needs_draft_model()} if self.draft is None else set()
-        if getattr(self.target.config, "early_exit_layer", None) is None:
+        if self.target_model.early_exit_layer is None:
             unavailable.add("layerskip")
         if self.kangaroo_adapter is not None and len(self.kangaroo_adapter.exits) < 2:
             unavailable.add("s2d")
@@ -294,7 +300,7 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     def check_lengths(self, prompts: list[str], max_new_tokens: int) -> None:
         """max_new_tokens an int >= 1, and the longest prompt and its new tokens within the target's context."""
         check_max_new_tokens(max_new_tokens)
-        context = getattr(self.target.config, "max_position_embeddings", None)
+        context = self.target_model.context_length
         longest = max(len(ids) for ids in self.tokenizer(prompts, verbose=False)["input_ids"])
         if context is not None and longest + max_new_tokens > context:
             raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} exceeds the target's context "
@@ -383,7 +389,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
         online = self.online if self.learns_online(decoding) else None
         if online is not None:
             online.before_request()
-        steps = self.supplied(decoding).run(self.target, self.draft, ids, mask, eos_token_id=eos, pad_token_id=pad,
+        draft = None if self.draft is None else CausalLMAdapter(self.draft)
+        steps = self.supplied(decoding).run(self.target_model, draft, ids, mask, eos_token_id=eos, pad_token_id=pad,
                                             generator=generator, graphs=self.step_graphs,
                                             block=None if callback_on_step_end is None else 1, **sampling)
         result = self.run_decoding(steps, callback_on_step_end, names, total=max_new_tokens)

@@ -73,6 +73,7 @@ def test_a_suite_on_a_missing_gpu_fails_at_once_and_writes_nothing(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # a new process per benchmark: the slow tier (the suite's own check stays)
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_benchmark_refuses_a_device_this_machine_lacks(name, tmp_path):
@@ -85,6 +86,7 @@ def test_every_benchmark_refuses_a_device_this_machine_lacks(name, tmp_path):
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.slow  # new processes: the slow tier
 @pytest.mark.parametrize("device", ["tpu", "cuda:x"])
 def test_a_device_that_is_not_cpu_or_cuda_is_refused(device):
     run = subprocess.run([sys.executable, "-m", "mmspec.eval.cost_model", "--device", device], capture_output=True,

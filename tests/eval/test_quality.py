@@ -134,6 +134,7 @@ def one_process(tmp_path_factory, tiny) -> tuple[dict, Path]:
     return report, folder
 
 
+@pytest.mark.slow  # whole evaluation runs: the slow tier
 def test_report_and_resume(one_process, tiny, tmp_path):
     first = one_process[0]
     shutil.copytree(one_process[1], tmp_path, dirs_exist_ok=True)
@@ -193,6 +194,7 @@ def test_a_store_made_with_other_weights_is_refused(small_image_model, tmp_path)
         generate(pipe, store, plan, 1, "shapes")
 
 
+@pytest.mark.slow  # whole evaluation runs: the slow tier
 def test_sharded_run_matches_one_process(one_process, tiny, tmp_path):
     one, one_folder = one_process
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

@@ -84,9 +84,9 @@ def test_self_speculative_drafters_reach_the_exits_through_the_model_protocol():
     """LayerSkip drafts from the adapter's "exits" capability (`exit_model`, an early-exit view); a model adapter
     without it is refused by name before anything runs."""
     target = tiny_llama(num_layers=3)
-    drafter = LayerSkipDrafter(CausalLMAdapter(target), 2)
-    assert drafter.model.config.num_hidden_layers == 2
-    assert drafter.model.model.embed_tokens.weight is target.model.embed_tokens.weight
+    exits = LayerSkipDrafter(CausalLMAdapter(target), 2).model.model  # the early-exit view the adapter gave
+    assert exits.config.num_hidden_layers == 2
+    assert exits.model.embed_tokens.weight is target.model.embed_tokens.weight
 
     class NoExits(CausalLMAdapter):
         capabilities = frozenset({"tree"})

@@ -153,3 +153,10 @@ def test_head_drafters_refuse_what_they_cannot_do(tiny_llama):
         HeadDrafter(tiny_llama, head("eagle", 32, 64, feature_layers=(0, 2)))
     with pytest.raises(ValueError, match="feature_layers must be distinct layer indices"):
         head("eagle", 32, 64, feature_layers=(1, 1))
+
+    class TreesOnly:  # a model adapter without the "features" capability
+        capabilities = frozenset({"tree"})
+
+    with pytest.raises(ValueError, match=r"a draft head needs a model adapter with feature_readout and feature_layers "
+                                         r"\(capability 'features'\); TreesOnly"):
+        HeadDrafter(TreesOnly(), head("eagle", 32, 64))

@@ -5,6 +5,7 @@ judge reads the target's feature of each draft (slot i + 1 of the verification w
 import pytest
 import torch
 
+from mmspec.adapters.causal_lm import CausalLMAdapter
 from mmspec.core.progress import run_to_end
 from mmspec.core.rules import Exact, Judge
 from mmspec.core.rules.judge import JudgeTest
@@ -75,6 +76,8 @@ def test_judge_needs_a_head_and_a_target(tiny_target):
     with pytest.raises(ValueError, match="attach"):
         _ = JudgeHead(feature_size=32).features
     with pytest.raises(ValueError, match="features of width 8"):
-        JudgeHead(feature_size=8).attach(tiny_target)
+        JudgeHead(feature_size=8).attach(CausalLMAdapter(tiny_target))
+    with pytest.raises(ValueError, match="JudgeHead needs a model adapter with feature_readout"):
+        JudgeHead(feature_size=32).attach(tiny_target)  # the module itself: the protocol is the adapter's
     with pytest.raises(ValueError, match="threshold"):
         JudgeHead(threshold=1.0)

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
@@ -11,6 +12,7 @@ from mmspec.zoo.shapes import scenes
 from mmspec.zoo.train_image import build_tokenizer, main
 
 
+@pytest.mark.slow  # three trainings: the slow tier
 def test_train_save_resume_and_reload(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     args = ["--work-dir", str(work), "--out-dir", str(out), "--train-scenes", "48", "--held-out-scenes", "16",

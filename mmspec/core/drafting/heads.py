@@ -27,7 +27,7 @@ import torch
 from mmspec.core.drafting import vocabulary
 from mmspec.core.drafting.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.drafts import Draft
-from mmspec.core.model import Logits
+from mmspec.core.model import Logits, require
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
 from mmspec.core.speculation import DraftLaw
@@ -39,6 +39,7 @@ def bind_head(head, model) -> FeatureTap:
     """Read the head's tokens and features through `model`'s embedding and LM head (the model protocol's "features"
     capability: `feature_readout()`, `feature_layers()`, for text and image targets alike); the tap that catches
     what the head reads of the model's forwards."""
+    require(model, {"features"}, "a draft head")
     embedding, lm_head = model.feature_readout()
     head.bind(embedding, lm_head)
     return FeatureTap.of(lm_head, head.tapped_layers(model.feature_layers()))

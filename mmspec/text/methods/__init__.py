@@ -7,9 +7,11 @@ text component runs the same way:
     component.run(target, draft, input_ids, attention_mask, *, max_new_tokens, temperature, top_k, top_p,
                   eos_token_id, pad_token_id, generator, graphs, block) -> Iterator[TextProgress]
 
-a run (`mmspec.core.progress`) whose last progress holds the sequences [B, T + N] and the `TextStats` (graphs,
-block: how a speculative decoding's steps replay and how often it yields, `speculative_steps`; AR runs
-transformers' `generate`, which replays no graphs).
+with `target` and `draft` behind the model protocol (`mmspec.adapters.CausalLMAdapter`: what a component reads of
+a model, its vocabulary, context, features, early exits and own `generate`, it reads through the adapter; `draft`
+None where the pipeline has no draft LM): a run (`mmspec.core.progress`) whose last progress holds the sequences
+[B, T + N] and the `TextStats` (graphs, block: how a speculative decoding's steps replay and how often it yields,
+`speculative_steps`; AR runs the target's own `generate`, which replays no graphs).
 
 The settings live here, without torch (the CLI's flags come from them); running imports the engine.
 """

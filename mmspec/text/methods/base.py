@@ -33,8 +33,10 @@ class TextDecoding(DecodingComponent):
 
     def run(self, target: Any, draft: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
             **options) -> Iterator[TextProgress]:
-        """Generate after the prompts input_ids [B, T] (attention_mask [B, T]; `draft`: the pipeline's draft LM or
-        None): a run (`mmspec.core.progress`) of `TextProgress`, the last one with the sequences and the stats."""
+        """Generate after the prompts input_ids [B, T] (attention_mask [B, T]): a run (`mmspec.core.progress`) of
+        `TextProgress`, the last one with the sequences and the stats. target: the target behind the model protocol
+        (a `mmspec.adapters.CausalLMAdapter`; a transformers causal LM is wrapped in one); draft: the pipeline's
+        draft LM, likewise, or None."""
         raise NotImplementedError(f"{type(self).__name__} must define run()")
 
     def needs_draft_model(self) -> bool:
@@ -144,23 +146,25 @@ class ExitAdapter:
 
 def attached(acceptance: AcceptanceRule, target: Any) -> AcceptanceRule:
     """`acceptance`, its judge head (judge decoding's, `Judge(head=...)`) reading `target`'s features of the drafts."""
+    from mmspec.adapters.causal_lm import as_causal_model
+
     head = getattr(acceptance, "head", None)
     if head is not None:
-        head.attach(target)
+        head.attach(as_causal_model(target))
     return acceptance
 
 
 def draft_vocabulary(target: Any, size: int):
     """VocabTrim's vocabulary for a drafter of `target` (its draft LM or a draft head): the `size` ids first in the
-    target's config's `token_ranking` (`mmspec.zoo.train_vocabulary`) and its special tokens (EOS, padding, BOS)."""
+    target's `token_ranking` (`mmspec.zoo.train_vocabulary`) and its special tokens (EOS, padding, BOS)."""
+    from mmspec.adapters.causal_lm import as_causal_model
     from mmspec.core.drafting.vocabulary import frequent_vocabulary
 
-    ranking = getattr(target.config, "token_ranking", None)
+    target = as_causal_model(target)
+    ranking = getattr(target, "token_ranking", None)
     if ranking is None:
         raise ValueError("draft_vocabulary needs the target's token ranking (its config's token_ranking): write it "
                          "with python -m mmspec.zoo.train_vocabulary --target <its folder>")
     if size > len(ranking):
         raise ValueError(f"draft_vocabulary={size} exceeds the target's vocabulary of {len(ranking)}")
-    specials = [getattr(target.config, f"{name}_token_id", None) for name in ("eos", "pad", "bos")]
-    flat = [i for s in specials if s is not None for i in ([s] if isinstance(s, int) else s)]
-    return frequent_vocabulary(ranking, size, keep=flat)
+    return frequent_vocabulary(ranking, size, keep=target.special_token_ids)

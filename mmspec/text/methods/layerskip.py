@@ -22,9 +22,9 @@ class LayerSkip(ConfidenceStop, TextDrafting):
                                      "config's early_exit_layer)", kind=int, low=1)
 
     def make_drafter(self, target, draft=None):
-        from mmspec.text.drafters import LayerSkipDrafter
+        from mmspec.text.drafters import LayerSkipDrafter, exits_of
 
-        exit_layer = self.exit_layer or getattr(target.config, "early_exit_layer", None)
+        exit_layer = self.exit_layer or exits_of(target, "drafter='layerskip'").early_exit_layer
         if exit_layer is None:
             raise ValueError("drafter='layerskip' needs exit_layer: the target's config names no early_exit_layer")
         return LayerSkipDrafter(target, exit_layer, confidence_threshold=self.confidence_threshold)
