@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.adapters.causal_lm import as_causal_model
-from mmspec.core.drafting.heads import bind_head
+from mmspec.adapters.features import bind_head
 from mmspec.core.progress import run_to_end
 from mmspec.text.methods import TextDraftHeads, TextDraftModel
 from mmspec.text.online import OnlineDistillation, OnlineHeadDistillation, copy_sharing

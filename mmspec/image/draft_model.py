@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.core.drafting.heads import HeadProposer, bind_head
+from mmspec.adapters.features import bind_head
+from mmspec.core.drafting.heads import HeadProposer
 from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.drafting.proposer import ModelProposer
 from mmspec.core.drafts import Draft

@@ -11,7 +11,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from mmspec.core.drafting.heads import FeatureTap
+from mmspec.adapters.features import FeatureTap
 from mmspec.core.model import require
 
 

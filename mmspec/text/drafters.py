@@ -16,8 +16,8 @@ import dataclasses
 import torch
 
 from mmspec.adapters.causal_lm import CausalLMAdapter, as_causal_model
+from mmspec.adapters.features import FeatureTap
 from mmspec.adapters.static_cache import as_static_model
-from mmspec.core.drafting.heads import FeatureTap
 from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.drafting.proposer import ModelProposer
 from mmspec.core.drafting.stops import ConfidenceStop, LearnedStop

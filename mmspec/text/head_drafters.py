@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from mmspec.adapters.causal_lm import as_causal_model
+from mmspec.adapters.features import bind_head
 from mmspec.adapters.views import module_view, trimmed_readout
-from mmspec.core.drafting.heads import HeadProposer, bind_head, check_draft_depth
+from mmspec.core.drafting.heads import HeadProposer, check_draft_depth
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 from mmspec.text.drafters import ChainDrafter, draft_lookup, looked_up_tail, text_law

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.adapters.causal_lm import as_causal_model
-from mmspec.core.drafting.heads import bind_head
+from mmspec.adapters.features import bind_head
 from mmspec.core.training.heads import Pairs, aligned, unrolled_predictions
 
 DIVERGENCES = ("fkl", "tvd")

@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from mmspec.adapters.causal_lm import Prompt
+from mmspec.adapters.features import FeatureTap
 from mmspec.adapters.static_cache import as_static_model
-from mmspec.core.drafting.heads import FeatureTap
 from mmspec.core.runtime.measured import median_seconds
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, ZOO_DIR, load_causal_lm, resolve_model

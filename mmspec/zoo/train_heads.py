@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mmspec.adapters.causal_lm import CausalLMAdapter
-from mmspec.core.drafting.heads import FeatureTap
+from mmspec.adapters.features import FeatureTap
 from mmspec.core.kinds import HEAD_KINDS
 from mmspec.core.training.heads import Pairs, aligned, unrolled_predictions
 from mmspec.models.heads import EagleHead, HydraHead

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from mmspec.core.drafting.heads import FeatureTap
+from mmspec.adapters.features import FeatureTap
 from mmspec.models.judge import JudgeHead
 from mmspec.text.online import positions_of
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, ZOO_DIR, load_causal_lm

@@ -107,7 +107,7 @@ def test_selected_rows_decode_as_alone():
 def test_features_are_the_lm_heads_input_and_the_decoder_layers():
     """The "features" capability: a feature head binds to any transformers causal LM through the protocol, as to an
     image model; the tap catches the LM head's input (the final norm's output) and each decoder layer's output."""
-    from mmspec.core.drafting.heads import FeatureTap
+    from mmspec.adapters.features import FeatureTap
     from mmspec.core.model import require
 
     model = tiny_llama()

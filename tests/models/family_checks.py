@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mmspec.adapters.features import bind_head
 from mmspec.core.codebook import NeighbourTable
-from mmspec.core.drafting.heads import bind_head
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.stats import SpecStats
 from mmspec.image import AR, COUPLINGS, SJD, DraftHeads

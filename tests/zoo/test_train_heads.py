@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from mmspec.core.drafting import heads as head_drafting
+from mmspec.adapters.features import FeatureTap
 from mmspec.core.drafting.heads import HeadProposer
 from mmspec.core.probs import SamplingConfig, process_logits
 from mmspec.core.training import heads as head_training
@@ -49,7 +49,7 @@ def test_training_steps_give_the_drafting_laws(tiny_llama, kind, monkeypatch):  
     prompt = torch.randint(0, 32, (1, 6), generator=torch.Generator().manual_seed(2))
     sequence, rounds = drafted_laws(tiny_llama, head, prompt, monkeypatch)
     teacher = train_heads.TextTeacher(tiny_llama)
-    teacher.tap = head_drafting.FeatureTap.of(teacher.lm_head, head.tapped_layers(teacher.layers))
+    teacher.tap = FeatureTap.of(teacher.lm_head, head.tapped_layers(teacher.layers))
     batch = teacher.pairs(sequence)
     with torch.no_grad():
         if kind != "hydra":

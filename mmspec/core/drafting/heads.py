@@ -2,7 +2,7 @@
 
 A head has no model of its own to run ahead: it reads the feature the target computed for each committed token (the
 input of the target's LM head, and for an EAGLE-3 head the outputs of some of its decoder layers too, caught by a
-`FeatureTap`) and drafts from it. `HeadProposer` offers the draft-model proposer's two calls (`chain`, `tree`;
+`mmspec.adapters.features.FeatureTap`) and drafts from it. `HeadProposer` offers the draft-model proposer's two calls (`chain`, `tree`;
 `mmspec.core.drafting.proposer.ModelProposer`), so the draft-model steps of text and images verify its drafts unchanged.
 
 A round for a row with c committed tokens (model-view indices, the row's last token at c - 1):
@@ -19,7 +19,6 @@ feature. Shapes: B samples, R cache rows (2B with classifier-free guidance), d t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,59 +26,12 @@ import torch
 from mmspec.core.drafting import vocabulary
 from mmspec.core.drafting.tree_growth import TreeLookup, grow_tree, shape_for
 from mmspec.core.drafts import Draft
-from mmspec.core.model import Logits, require
+from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
 from mmspec.core.speculation import DraftLaw
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
-
-
-def bind_head(head, model) -> FeatureTap:
-    """Read the head's tokens and features through `model`'s embedding and LM head (the model protocol's "features"
-    capability: `feature_readout()`, `feature_layers()`, for text and image targets alike); the tap that catches
-    what the head reads of the model's forwards."""
-    require(model, {"features"}, "a draft head")
-    embedding, lm_head = model.feature_readout()
-    head.bind(embedding, lm_head)
-    return FeatureTap.of(lm_head, head.tapped_layers(model.feature_layers()))
-
-
-class FeatureTap:
-    """What a head reads of a target's last forward ([R, W, w], `features`): the input of its LM head, the feature
-    ([R, W, d], w = d), after the outputs of the decoder `layers` an EAGLE-3 head fuses (w = (k + 1) d for k of
-    them), each cut to the feature's last W columns (the LM head reads the last columns of the final layer's output).
-    Forward hooks on the modules, shared by every drafter that reads the same ones (`FeatureTap.of`)."""
-
-    def __init__(self, lm_head: torch.nn.Module, layers: Sequence[torch.nn.Module] = ()):
-        self.feature: torch.Tensor | None = None
-        self.layer_outputs: list[torch.Tensor | None] = [None] * len(layers)
-        self.handles = [lm_head.register_forward_pre_hook(self._keep_feature)]
-        self.handles += [layer.register_forward_hook(self._keeper(i)) for i, layer in enumerate(layers)]
-
-    def _keep_feature(self, module, inputs) -> None:
-        self.feature = inputs[0]
-
-    def _keeper(self, index: int):
-        def keep(module, inputs, output) -> None:  # transformers' decoder layers may return (hidden, ...) tuples
-            self.layer_outputs[index] = output[0] if isinstance(output, tuple) else output
-        return keep
-
-    @property
-    def features(self) -> torch.Tensor:
-        if not self.layer_outputs:
-            return self.feature
-        W = self.feature.shape[1]
-        return torch.cat([*(output[:, -W:] for output in self.layer_outputs), self.feature], -1)
-
-    @classmethod
-    def of(cls, lm_head: torch.nn.Module, layers: Sequence[torch.nn.Module] = ()) -> FeatureTap:
-        """The tap on `lm_head` and `layers` (in this order), made on first use."""
-        taps = lm_head.__dict__.setdefault("_feature_taps", {})
-        key = tuple(id(layer) for layer in layers)
-        if key not in taps:
-            taps[key] = cls(lm_head, layers)
-        return taps[key]
 
 
 def check_draft_depth(head: Any, depth: int, argument: str, unit: str = "tokens") -> None:
@@ -94,7 +46,7 @@ class HeadProposer:
     """Drafts chains and trees with a head `session` (`mmspec.models.heads.HeadSession`) for B rows, from the
     features `tap` caught of the target's forwards. After `prefill`, each `chain` / `tree` call is one round."""
 
-    def __init__(self, session: Any, tap: FeatureTap, batch_size: int, device: torch.device,
+    def __init__(self, session: Any, tap: Any, batch_size: int, device: torch.device,
                  vocabulary: torch.Tensor | None = None, vocab_size: int | None = None):
         if (vocabulary is None) != (vocab_size is None):
             raise ValueError("a trimmed head needs both its vocabulary and the target's vocab_size")

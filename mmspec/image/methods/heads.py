@@ -47,7 +47,8 @@ class DraftHeads(DraftedTree, ImageDecoding):
         if self.head is None:
             raise ValueError(f"decoding='heads' needs a draft head: load a pipeline that has a {self.kind}_head, or "
                              f"pass head=<{'EagleHead' if self.kind == 'eagle' else 'HydraHead'}> to DraftHeads")
-        from mmspec.core.drafting.heads import bind_head, check_draft_depth
+        from mmspec.adapters.features import bind_head
+        from mmspec.core.drafting.heads import check_draft_depth
 
         if self.tree_rates is None:
             check_draft_depth(self.head, self.draft_length, "draft_length")
