@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): a new virtualenv with today's versions of every dependency, then the suite.
 #
-#   bash tests/run.sh                 # the default tier (every test not marked slow), browser tests required
-#   bash tests/run.sh --all           # then the slow tier (soak and load tests, whole-suite smoke runs): what CI runs
+#   bash tests/run.sh                 # the default tier (every test not marked slow)
+#   bash tests/run.sh --all           # then the slow tier (soak and load tests, the demo in a browser (required),
+#                                     # whole-suite smoke runs, end-to-end runs in new processes): what CI runs
 #   bash tests/run.sh tests/core -x   # arguments go to pytest (-n 0: one process)
 #
 # Nothing that the machine already has can hide a break: the virtualenv (.venv-test, or $MMSPEC_TEST_VENV) is created

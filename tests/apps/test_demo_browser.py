@@ -17,6 +17,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 60_000
+pytestmark = pytest.mark.slow  # a browser driving the demo end to end: the slow tier (the API tests stay)
 
 
 @pytest.fixture(scope="module")
