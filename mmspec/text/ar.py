@@ -55,13 +55,12 @@ def ar_steps(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
              max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              eos_token_id: int | None = None, pad_token_id: int | None = None, generator: Generators = None,
              block: int | None = None) -> Iterator[TextProgress]:
-    """The target's own `generate` (a transformers causal LM or its `CausalLMAdapter`; prompts [B, T], left-padded)
-    as a run (`mmspec.core.progress`): a `TextProgress` every
-    `block` tokens (None: 16), the last one with the sequences [B, T + N] and the stats. Sampling runs on the global
-    RNG: without a generator it draws from it and advances it, so two calls differ; with one (one generator:
-    transformers' sampler has no per-row generators) on a fork of it seeded with a draw of `generator`, so the
-    caller's generator advances as with every other decoding and a seed repeats its sample. `generate` runs in a
-    greenlet that pauses at each progress until the caller asks for the next one."""
+    """The target's own `generate` (a transformers causal LM or its `CausalLMAdapter`; prompts [B, T], left-padded) as a
+    run (`mmspec.core.progress`): a `TextProgress` every `block` tokens (None: 16), the last one with the sequences [B,
+    T + N] and the stats. Sampling runs on the global RNG: without a generator it draws from it and advances it, so two
+    calls differ; with one (one generator: transformers' sampler has no per-row generators) on a fork of it seeded with
+    a draw of `generator`, so the caller's generator advances as with every other decoding and a seed repeats its
+    sample. `generate` runs in a greenlet that pauses at each progress until the caller asks for the next one."""
     if isinstance(generator, (list, tuple)):
         raise ValueError("decoding=AR() takes one generator: transformers' generate samples from the global RNG")
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
@@ -82,8 +81,8 @@ def ar_steps(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | Non
             if generator is not None:
                 torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator, device=generator.device)))
             return model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=sample,
-                                   max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
-                                   stopping_criteria=StoppingCriteriaList([handoff]), **kwargs)
+                                  max_new_tokens=max_new_tokens, pad_token_id=pad_token_id,
+                                  stopping_criteria=StoppingCriteriaList([handoff]), **kwargs)
 
     start, halt, fewest = time.perf_counter(), Halt(), 0
     worker = greenlet.greenlet(run_generate)

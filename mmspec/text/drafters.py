@@ -141,10 +141,11 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
             raise ValueError("stop_threshold applies with an acceptance_head (SpecDec++'s learned draft length)")
         if vocabulary is not None and acceptance_head is not None:
             raise ValueError("an acceptance_head reads the draft's full law: it does not take a trimmed vocabulary")
-        trimmed = None if vocabulary is None else transformers_lm(model, "a draft vocabulary").trimmed(vocabulary)
-        self.attach(model if trimmed is None else trimmed)
-        self.vocabulary = vocabulary
         self.stop = stop if acceptance_head is None else learned_stop(model, acceptance_head, stop_threshold)
+        if vocabulary is not None:
+            model = transformers_lm(model, "a draft vocabulary").trimmed(vocabulary)
+        self.attach(model)
+        self.vocabulary = vocabulary
 
     @property
     def capturable(self) -> bool:

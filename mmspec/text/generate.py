@@ -119,26 +119,25 @@ def speculative_steps(
     """Speculative decoding as a run (`mmspec.core.progress`): a `TextProgress` after every block of steps, the last
     one holding the output.
 
-    target: a transformers causal LM, or a model adapter (`mmspec.adapters.CausalLMAdapter`). input_ids: [B, T]
-    long, prompts (left or right padded). attention_mask: [B, T], 1 for prompt tokens (None = all). drafter: a
-    `ChainDrafter` (ModelDrafter, LayerSkipDrafter, NGramDrafter) or a `TreeDrafter` (ModelTreeDrafter,
-    LayerSkipTreeDrafter, StandDrafter; its `TreeShape` sizes the tree). acceptance: `Exact()` (lossless) or `Typical(...)` (lossy, opt-in, chains only), or
-    its name. draft_length: chains only, tokens drafted per step (default 4), or a `DraftLengthSchedule`. tree_rule:
-    trees only, the exact rule that walks them (`mmspec.core.tree_verify`; default: the one for how the drafter draws
-    children). measure_ceiling: trees only, also report the mean alpha* at the visited nodes (`stats.tree_alpha_star`,
-    a vocabulary sort per node). generator: a torch.Generator or one per row. graphs: replay the steps from these
-    captured steps (`StepGraphs(cuda=True)` on a GPU; keep it across calls: a later call with the same settings and
-    batch replays the graphs of the first). A step with a host read of its own cannot be captured: the heuristic
-    draft-length schedule, a confidence threshold, and `StandDrafter` run eagerly. A captured batch keeps its rows
-    until every one is done, where an eager one drops the finished ones: with a generator per row (or at temperature
-    0) both decode the same tokens; with one generator shared by the rows, the draws after a row finishes are laid
-    out differently (both exact). block: the most steps between two progresses (None: as many as the rows are
-    expected to need, up to 16; 1: after every step, what a step callback needs); an eager batch of several rows
-    yields one after every step. `progress.stop()` ends every row where it stands.
-    The last progress holds `sequences` [B, T + N], the prompts as given then the new tokens (N: the longest row's),
-    padded with pad_token_id after each row's EOS (as `generate` does), and the stats: `stats.acceptance_map` [B, N],
-    the step (1, 2, ...) that committed each new token, `stats.from_draft` [B, N], whether it was an accepted draft
-    (padding -1 / False)."""
+    target: a transformers causal LM, or a model adapter (`mmspec.adapters.CausalLMAdapter`). input_ids: [B, T] long,
+    prompts (left or right padded). attention_mask: [B, T], 1 for prompt tokens (None = all). drafter: a `ChainDrafter`
+    (ModelDrafter, LayerSkipDrafter, NGramDrafter) or a `TreeDrafter` (ModelTreeDrafter, LayerSkipTreeDrafter,
+    StandDrafter; its `TreeShape` sizes the tree). acceptance: `Exact()` (lossless) or `Typical(...)` (lossy, opt-in,
+    chains only), or its name. draft_length: chains only, tokens drafted per step (default 4), or a
+    `DraftLengthSchedule`. tree_rule: trees only, the exact rule that walks them (`mmspec.core.tree_verify`; default:
+    the one for how the drafter draws children). measure_ceiling: trees only, also report the mean alpha* at the visited
+    nodes (`stats.tree_alpha_star`, a vocabulary sort per node). generator: a torch.Generator or one per row. graphs:
+    replay the steps from these captured steps (`StepGraphs(cuda=True)` on a GPU; keep it across calls: a later call
+    with the same settings and batch replays the graphs of the first). A step with a host read of its own cannot be
+    captured: the heuristic draft-length schedule, a confidence threshold, and `StandDrafter` run eagerly. A captured
+    batch keeps its rows until every one is done, where an eager one drops the finished ones: with a generator per row
+    (or at temperature 0) both decode the same tokens; with one generator shared by the rows, the draws after a row
+    finishes are laid out differently (both exact). block: the most steps between two progresses (None: as many as the
+    rows are expected to need, up to 16; 1: after every step, what a step callback needs); an eager batch of several
+    rows yields one after every step. `progress.stop()` ends every row where it stands. The last progress holds
+    `sequences` [B, T + N], the prompts as given then the new tokens (N: the longest row's), padded with pad_token_id
+    after each row's EOS (as `generate` does), and the stats: `stats.acceptance_map` [B, N], the step (1, 2, ...) that
+    committed each new token, `stats.from_draft` [B, N], whether it was an accepted draft (padding -1 / False)."""
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     if not isinstance(drafter, Drafter):
         raise TypeError(f"drafter must be a ChainDrafter or a TreeDrafter (mmspec.text), got {type(drafter).__name__}")

@@ -2,8 +2,9 @@
 
 A head has no model of its own to run ahead: it reads the feature the target computed for each committed token (the
 input of the target's LM head, and for an EAGLE-3 head the outputs of some of its decoder layers too, caught by a
-`mmspec.adapters.features.FeatureTap`) and drafts from it. `HeadProposer` offers the draft-model proposer's two calls (`chain`, `tree`;
-`mmspec.core.drafting.proposer.ModelProposer`), so the draft-model steps of text and images verify its drafts unchanged.
+`mmspec.adapters.features.FeatureTap`) and drafts from it. `HeadProposer` offers the draft-model proposer's two
+calls (`chain`, `tree`; `mmspec.core.drafting.proposer.ModelProposer`), so the draft-model steps of text and images
+verify its drafts unchanged.
 
 A round for a row with c committed tokens (model-view indices, the row's last token at c - 1):
     catch up  the tokens committed since the last round (indices kept .. c - 1) are re-read with the features of the
