@@ -21,7 +21,8 @@ if WORKER:  # the workers share the cores: one torch thread per core each, not e
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
-def tiny_llama(vocab_size: int = 48, hidden_size: int = 32, num_layers: int = 2, seed: int = 0, dtype=torch.float64):
+def tiny_llama(vocab_size: int = 48, hidden_size: int = 32, num_layers: int = 2, seed: int = 0, dtype=torch.float64,
+               num_heads: int = 4):
     """A random tiny `LlamaForCausalLM` built in code (no hub), float64 by default so greedy ties cannot flip."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -31,8 +32,8 @@ def tiny_llama(vocab_size: int = 48, hidden_size: int = 32, num_layers: int = 2,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
         max_position_embeddings=256,
         pad_token_id=0,
         bos_token_id=1,

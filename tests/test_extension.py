@@ -430,7 +430,8 @@ def test_the_text_drafter_keeps_the_target_s_law(drafter, draft_length, temperat
 
 def test_the_text_drafter_s_mutation_companion_is_rejected():
     target = TableLM(random_table(text_law.V, 0))
-    p_value, _ = text_law.law_test(target, MislabelledStickyDrafter(0.8), 1.0, 0, draft_length=3)
+    p_value, _ = text_law.law_test(target, MislabelledStickyDrafter(0.8), 1.0, 0, rows=text_law.MUTATION_ROWS,
+                                   draft_length=3)
     assert p_value < text_law.ALPHA, f"a drafter reporting the wrong law was not detected (p = {p_value:.2e})"
 
 

@@ -65,10 +65,9 @@ class TableImageModel:
         occur past the image (scratch) and read their first N - 1 tokens."""
         lengths = lengths.clamp(max=self.N - 1)
         V = self.vocab_size
-        value = torch.zeros(tokens.shape[0], self.N, dtype=torch.long)  # value[b, k] = base-V number of k tokens
-        for k in range(1, self.N):
-            value[:, k] = value[:, k - 1] * V + tokens[:, k - 1]
-        return self.offsets[lengths] + value.gather(1, lengths)
+        powers = V ** torch.arange(self.N - 2, -1, -1)  # [N - 1]
+        prefix = (tokens[:, : self.N - 1] * powers).sum(-1, keepdim=True)  # base-V number of the first N - 1 tokens
+        return self.offsets[lengths] + prefix // V ** (self.N - 1 - lengths)  # ... of the first lengths[b, w]
 
     def logits(self, state: TableState, lengths: torch.Tensor) -> Logits:
         return self.logits_of(state.tokens, state.prompts, lengths, state.cfg)

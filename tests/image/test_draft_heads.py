@@ -11,7 +11,7 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.image import AR, DraftHeads
 from mmspec.models.heads import EagleHead, HydraHead
 from tests.image.test_draft_model import TREE_GROUPS, decode, llamagen
-from tests.image.test_jacobi_law import ALPHA, V, assert_exact, decode_rows, law_checks
+from tests.image.test_jacobi_law import ALPHA, MUTATION_GROUPS, V, assert_exact, decode_rows, law_checks
 from tests.text.test_head_drafters import check_fused_columns, law_of_previous_depth
 
 
@@ -50,7 +50,7 @@ def test_head_trees_match_the_exact_law(kind, trees):
 @pytest.mark.parametrize("options", [{}, {"feature_layers": (0,)}])
 def test_stale_laws_are_rejected(monkeypatch, options):
     monkeypatch.setattr(head_drafting.HeadProposer, "chain", law_of_previous_depth(head_drafting.HeadProposer.chain))
-    tokens, _, model = decode_rows(DraftHeads("eagle", 3, head=head("eagle", **options)))
+    tokens, _, model = decode_rows(DraftHeads("eagle", 3, head=head("eagle", **options)), groups=MUTATION_GROUPS)
     assert min(law_checks(tokens, model).values()) < ALPHA
 
 

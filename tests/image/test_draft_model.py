@@ -14,7 +14,18 @@ from mmspec.core.stats import SpecStats
 from mmspec.image import AR, DraftModel
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from tests.image.table_model import TableImageModel
-from tests.image.test_jacobi_law import ALPHA, FORCED, GRID, GROUP, N, V, assert_exact, decode_rows, law_checks
+from tests.image.test_jacobi_law import (
+    ALPHA,
+    FORCED,
+    GRID,
+    GROUP,
+    MUTATION_GROUPS,
+    N,
+    V,
+    assert_exact,
+    decode_rows,
+    law_checks,
+)
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_transformer, tiny_vq
 
 
@@ -38,7 +49,6 @@ def test_draft_model_decoding_matches_the_exact_law_without_cfg():
 
 
 TREE_GROUPS = 66_667  # 200,001 rows
-MUTATION_GROUPS = 16_667  # 50,001 rows: each tree mutation's p-value underflows to 0 there (measured), a quarter's time
 
 
 @pytest.mark.parametrize("depth,width", [(1, 2), (2, 3), (3, 2)])
@@ -128,7 +138,7 @@ MUTATIONS = {
 def test_mutations_are_rejected(mutation, monkeypatch):
     owner, attribute, replacement = MUTATIONS[mutation]
     monkeypatch.setattr(owner, attribute, replacement)
-    tokens, _, model = decode_rows(DraftModel(2, drafter=drafter()))
+    tokens, _, model = decode_rows(DraftModel(2, drafter=drafter()), groups=MUTATION_GROUPS)
     checks = law_checks(tokens, model)
     assert min(checks.values()) < ALPHA, f"mutation {mutation} was not detected: {checks}"
 

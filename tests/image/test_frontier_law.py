@@ -15,13 +15,14 @@ from mmspec.core import multidraft, tree_verify
 from mmspec.core.probs import SamplingConfig
 from mmspec.image import SJD, frontier
 from tests.image.table_model import TableImageModel
-from tests.image.test_jacobi_law import ALPHA, N, assert_exact, decode_rows, law_checks
+from tests.image.test_jacobi_law import ALPHA, MUTATION_GROUPS, N, assert_exact, decode_rows, law_checks
 
 TREES = [SJD(2, "horizontal", "maximal", tree_width=3, tree_depth=1),
          SJD(3, "random", "none", tree_width=3, tree_depth=2),
          SJD(N, "horizontal", "maximal", tree_width=2, tree_depth=2),
          SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2),
          SJD(N + 3, "random", "gumbel", tree_width=2, tree_depth=3)]
+CHAIN_GROUPS = 4_167  # the chains' acceptance rates on 12,501 rows are within 0.002 of theirs on 100,002 (measured)
 
 
 @pytest.mark.parametrize("decoding", TREES, ids=repr)
@@ -30,8 +31,8 @@ def test_sjd_with_a_frontier_tree_matches_the_exact_law(decoding):
     assert_exact(tokens, model)
     assert (tokens[:, 2] == 3).all()
     chain = SJD(decoding.window, decoding.init, decoding.coupling)
-    _, chain_stats, _ = decode_rows(chain, seed=1)
-    # the alternates were accepted: a higher acceptance rate than the chain's (its standard error is < 0.001 here)
+    _, chain_stats, _ = decode_rows(chain, seed=1, groups=CHAIN_GROUPS)
+    # the alternates were accepted: a higher acceptance rate than the chain's (the smallest gap, window 2's, is 0.015)
     assert stats.acceptance_rate > chain_stats.acceptance_rate + 0.005
 
 
@@ -60,7 +61,7 @@ MUTATIONS = {  # (object, attribute, replacement)
 def test_mutations_are_rejected(mutation, monkeypatch):
     owner, attribute, replacement = MUTATIONS[mutation]
     monkeypatch.setattr(owner, attribute, replacement)
-    tokens, _, model = decode_rows(SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2))
+    tokens, _, model = decode_rows(SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2), groups=MUTATION_GROUPS)
     checks = law_checks(tokens, model)
     assert min(checks.values()) < ALPHA, f"mutation {mutation} was not detected: {checks}"
 

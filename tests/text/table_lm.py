@@ -2,7 +2,7 @@
 
 `TableLM` is a second-order Markov model: the logits of the next token are `table[prev2, prev1]`, where prev1 and
 prev2 are the last two *valid* tokens of the row up to the query slot. It reads its history from the transformers
-cache (keys are one-hot token ids) and the attention mask, exactly as a transformer would, so a missing cache rollback
+cache (a key is its token's id) and the attention mask, exactly as a transformer would, so a missing cache rollback
 or a wrong position changes its output law. It takes the 2-D slot mask of `forward_window` and the 4-D additive
 tree mask of `forward_tree`.
 """
@@ -54,25 +54,24 @@ class TableLM(torch.nn.Module):
         B, W = input_ids.shape
         if past_key_values is None:  # a whole-sequence forward (the online learner reads the target's laws so)
             past_key_values = DynamicCache()
-        one_hot = torch.nn.functional.one_hot(input_ids, V).double()[:, None]  # [B, 1, W, V]
-        keys, _ = past_key_values.update(one_hot, one_hot, 0)
-        history = keys[:, 0].argmax(-1)  # [B, S]
+        ids = input_ids.double()[:, None, :, None]  # [B, 1, W, 1]: a token's key and value are its id
+        keys, _ = past_key_values.update(ids, ids, 0)
+        history = keys[:, 0, :, 0].long()  # [B, S]
         S = history.shape[1]
+        slots = torch.arange(S)
         if attention_mask.ndim == 4:  # tree attention: an additive [B, 1, W, S] mask, 0 where visible
             visible = attention_mask[:, 0] == 0
         else:
             valid = attention_mask.bool()  # [B, S]
-            slots = torch.arange(S)
-            query_slots = slots[S - W :]  # [W]
-            visible = valid[:, None, :] & (slots[None, None, :] <= query_slots[None, :, None])  # [B, W, S]
-        rank = visible.long().cumsum(-1)
-        count = rank[..., -1:]  # [B, W, 1] tokens visible to each query
+            visible = valid[:, None, :] & (slots[None, None, :] <= slots[S - W :, None])  # [B, W, S]
+        # each query's last two visible slots, counted from 1 (0: none); int16 keeps this [B, W, S] work small
+        seen = visible * (slots + 1).to(torch.int16)  # [B, W, S]
+        last1 = seen.amax(-1)  # [B, W]
+        last2 = (seen * (seen != last1[..., None])).amax(-1)
 
-        def last(k):  # token with rank count - k, or NONE
-            hit = visible & (rank == count - k)
-            idx = hit.long().argmax(-1)
-            return torch.where(hit.any(-1), history.gather(1, idx), NONE)
-        prev1, prev2 = last(0), last(1)
+        def token_at(slot):  # [B, W] slot counted from 1 -> its token, or NONE
+            return torch.where(slot > 0, history.gather(1, (slot.long() - 1).clamp(min=0)), NONE)
+        prev1, prev2 = token_at(last1), token_at(last2)
         logits = self.table[prev2.clamp(min=0) + (prev2 < 0) * V, prev1.clamp(min=0) + (prev1 < 0) * V]
         feature = torch.nn.functional.pad(logits, (0, self.lm_head.in_features - V))
         self.layers[0](feature)  # its output, column for column beside the feature, is what a fusing head reads

@@ -16,7 +16,7 @@ from mmspec.text.drafters import CascadeDrafter, ModelDrafter, NoDrafter
 from mmspec.text.tree_drafters import ModelTreeDrafter
 from tests.text.table_lm import TableLM, random_table
 from tests.text.test_generate import prompts
-from tests.text.test_generate_law import ALPHA, V, law_test
+from tests.text.test_generate_law import ALPHA, MUTATION_ROWS, V, law_test
 
 
 def decode(target, drafter, ids, mask, temperature, top_k, seed, draft_length=4):
@@ -96,5 +96,5 @@ def lenient_keep_lookup(q, draws, proposal, available, lenience=2.0):
 def test_lenient_middle_level_is_rejected(monkeypatch):
     monkeypatch.setattr(drafting, "keep_lookup", lenient_keep_lookup)
     target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
-    p_value, _ = law_test(target, CascadeDrafter(draft, max_ngram=2), 1.0, 0, draft_length=3)
+    p_value, _ = law_test(target, CascadeDrafter(draft, max_ngram=2), 1.0, 0, rows=MUTATION_ROWS, draft_length=3)
     assert p_value < ALPHA, f"the lenient cascade was not detected (p = {p_value:.2e})"

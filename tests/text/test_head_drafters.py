@@ -16,7 +16,7 @@ from mmspec.text import speculative_generate
 from mmspec.text.drafters import NoDrafter
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
 from tests.text.table_lm import TableLM, random_table
-from tests.text.test_generate_law import ALPHA, V, law_test
+from tests.text.test_generate_law import ALPHA, MUTATION_ROWS, V, law_test
 
 
 def head(kind: str, width: int = V + V % 2, vocab: int = V, seed: int = 0, **options):
@@ -50,11 +50,11 @@ CONFIGS = {  # name: (drafter maker, draft_length, temperature, top_k)
 }
 
 
-def run_and_test(name, seed=0):
+def run_and_test(name, seed=0, rows=None):
     make, draft_length, temperature, top_k = CONFIGS[name]
     target = TableLM(random_table(V, 0))
     options = {} if draft_length is None else {"draft_length": draft_length}
-    return law_test(target, make(target), temperature, top_k, seed, **options)
+    return law_test(target, make(target), temperature, top_k, seed, rows, **options)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -77,7 +77,7 @@ def law_of_previous_depth(chain):
 @pytest.mark.parametrize("name", ["eagle_chain", "eagle3_chain"])
 def test_stale_laws_are_rejected(monkeypatch, name):
     monkeypatch.setattr(head_drafting.HeadProposer, "chain", law_of_previous_depth(head_drafting.HeadProposer.chain))
-    p_value, _ = run_and_test(name)
+    p_value, _ = run_and_test(name, rows=MUTATION_ROWS)
     assert p_value < ALPHA
 
 

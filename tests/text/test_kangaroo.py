@@ -73,7 +73,7 @@ def exit_drafter(confidence_threshold: float) -> KangarooDrafter:
     """Kangaroo's drafter on a tiny Llama over the law test's vocabulary, its head sharpened so that the double exit
     trips at any depth (the table target verifies: the law test needs its exact joint law; the drafter's cache,
     adapter and double exit are Kangaroo's)."""
-    host = tiny_llama(vocab_size=V, hidden_size=8, num_layers=2, seed=3)
+    host = tiny_llama(vocab_size=V, hidden_size=8, num_layers=2, seed=3, num_heads=1)
     with torch.no_grad():
         host.lm_head.weight.mul_(60.0)
     return KangarooDrafter(host, adapter_for(host, 1), confidence_threshold=confidence_threshold)

@@ -15,7 +15,7 @@ from mmspec.core.tree_shape import TreeShape
 from mmspec.text import speculative_generate
 from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from tests.text.table_lm import TableLM, random_table
-from tests.text.test_generate_law import ALPHA, EOS, PROMPT_MASK, PROMPTS, V, law_test
+from tests.text.test_generate_law import ALPHA, EOS, MUTATION_ROWS, PROMPT_MASK, PROMPTS, V, law_test
 
 CONFIGS = {  # name: (drafter, tree rule, temperature, top_k)
     "rsd_k2": (lambda d: ModelTreeDrafter(d, TreeShape(6, 2, 2, 3)), None, 1.0, 0),
@@ -77,9 +77,6 @@ MUTATIONS = {  # name: (config, module, attribute, replacement)
     "cascade_residual_not_renormalised": ("cascade_positional_iid_topk", multidraft, "residual_law",
                                           siblings_not_renormalised),
 }
-
-
-MUTATION_ROWS = 50_000  # each mutation's p-value underflows to 0 there (measured): a quarter of the law tests' rows
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))

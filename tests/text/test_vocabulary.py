@@ -17,7 +17,7 @@ from mmspec.text.head_drafters import HeadDrafter
 from mmspec.text.methods import TextDraftHeads, TextSpeculation, draft_vocabulary
 from tests.text.table_lm import TableLM, random_table
 from tests.text.test_generate import prompts
-from tests.text.test_generate_law import ALPHA, EOS, V, law_test
+from tests.text.test_generate_law import ALPHA, EOS, MUTATION_ROWS, V, law_test
 from tests.text.test_head_drafters import head
 
 KEPT = torch.tensor([0, 2, EOS])
@@ -107,7 +107,7 @@ def first_ids_map(index, q, kept, vocab_size):
 def test_first_ids_map_is_rejected(kind, monkeypatch):
     monkeypatch.setattr(vocabulary, "widen", first_ids_map)
     target = TableLM(random_table(V, 0))
-    p_value, _ = law_test(target, trimmed_drafter(kind, target), 1.0, 0, draft_length=3)
+    p_value, _ = law_test(target, trimmed_drafter(kind, target), 1.0, 0, rows=MUTATION_ROWS, draft_length=3)
     assert p_value < ALPHA, f"the mutant map was not detected (p = {p_value:.2e})"
 
 
