@@ -46,19 +46,21 @@ class TableImageModel:
         with torch.no_grad():
             self.lm_head.weight.copy_(torch.eye(V, dtype=torch.float64))
         self.layers = torch.nn.ModuleList([Reversed()])  # a "decoder layer" for EAGLE-3 heads to fuse
+        self.layers_read = False  # the layer runs in every forward once a head has asked for it
 
     def feature_readout(self):
         return self.embedding, self.lm_head
 
     def feature_layers(self):
+        self.layers_read = True
         return self.layers
 
-    def _read_out(self, logits: Logits) -> Logits:
-        rows = logits.cond if logits.uncond is None else torch.cat([logits.cond, logits.uncond])
-        self.layers[0](rows)  # its output, column for column beside the feature, is what a fusing head reads
+    def _read_out(self, rows: torch.Tensor, B: int) -> Logits:
+        """Logits of the table rows [B or 2B, ..., V] (with CFG: the unconditional twins after the B samples')."""
+        if self.layers_read:
+            self.layers[0](rows)  # its output, column for column beside the feature, is what a fusing head reads
         rows = self.lm_head(rows)
-        B = logits.cond.shape[0]
-        return Logits(rows[:B], None if logits.uncond is None else rows[B:])
+        return Logits(rows[:B], rows[B:] if rows.shape[0] > B else None)
 
     def codes(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Table row of the prefix tokens[b, :lengths[b, w]] for lengths [B, W]; prefixes longer than N - 1 only
@@ -73,20 +75,24 @@ class TableImageModel:
         return self.logits_of(state.tokens, state.prompts, lengths, state.cfg)
 
     def logits_of(self, tokens: torch.Tensor, prompts: torch.Tensor, lengths: torch.Tensor, cfg: bool) -> Logits:
-        return self._read_out(self._table_rows(tokens, prompts, lengths, cfg))
+        return self._read_out(self._table_rows(tokens, prompts, lengths, cfg), tokens.shape[0])
 
-    def _table_rows(self, tokens: torch.Tensor, prompts: torch.Tensor, lengths: torch.Tensor, cfg: bool) -> Logits:
+    def _table_rows(self, tokens: torch.Tensor, prompts: torch.Tensor, lengths: torch.Tensor,
+                    cfg: bool) -> torch.Tensor:
+        """The table rows [B, W, V] of the prefixes (`codes`), then with CFG the unconditional rows of the same."""
         code = self.codes(tokens, lengths)
-        return Logits(self.table[prompts[:, None], code], self.table[-1][code] if cfg else None)
+        if cfg:
+            prompts = torch.cat([prompts, torch.full_like(prompts, self.table.shape[0] - 1)])
+            code = code.repeat(2, 1)
+        return self.table[prompts[:, None], code]
 
     def logits_per_query(self, sequences: torch.Tensor, lengths: torch.Tensor, state: TableState) -> Logits:
         """Logits [B, T, V] of T queries per row, query t reading the first lengths[b, t] tokens of its own sequence
         sequences[b, t] (tree nodes and PJD's segment tokens each see a prefix of their own)."""
         B, T = lengths.shape
-        logits = self._table_rows(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T),
-                                  lengths.reshape(B * T, 1), state.cfg)
-        return self._read_out(Logits(logits.cond.view(B, T, -1),
-                                     None if logits.uncond is None else logits.uncond.view(B, T, -1)))
+        rows = self._table_rows(sequences.reshape(B * T, -1), state.prompts.repeat_interleave(T),
+                                lengths.reshape(B * T, 1), state.cfg)  # [(2) B T, 1, V]
+        return self._read_out(rows.view(-1, T, rows.shape[-1]), B)
 
     def prefill(self, condition: torch.Tensor, cfg: bool, max_window: int = 1):
         B = condition.shape[0]

@@ -116,7 +116,8 @@ def test_auto_is_the_default_and_an_explicit_decoding_wins(pipe):
 def test_measuring_shows_a_bar_that_names_what_it_times(tmp_path, pipe, candidates, capsys):
     """First use times every candidate (seconds to minutes on a CPU): a bar says so; a cached measurement shows
     nothing."""
-    policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), check_cached=False)
+    policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8,
+                                check_cached=False)
     pipe.set_progress_bar_config(disable=False)
     try:
         policy.rates(pipe, PROMPTS, candidates, SAMPLING)
