@@ -25,6 +25,7 @@ from mmspec.core.stats import SpecStats
 from mmspec.image import methods  # noqa: F401  registers the image decodings
 from mmspec.image.loop import PAD_ID
 from mmspec.image.policy import DecodingPolicy
+from mmspec.models.hf_image import CausalLMImageAdapter, SlotGraphs, on_slot_cache
 from mmspec.pipelines.auto import pipeline_class_for, saved_class_name
 from mmspec.pipelines.base import MMSpecPipeline
 from mmspec.pipelines.pipeline_output import ARImagePipelineOutput
@@ -54,6 +55,16 @@ class ARImagePipeline(MMSpecPipeline):
     def encode_prompt(self, prompts: list[str], negative_prompt: list[str] | None, adapter):
         """The condition of one image per prompt."""
         raise NotImplementedError
+
+    def graphed(self, adapter):
+        """On CUDA a transformers family's adapter decodes on a fixed-capacity slot cache with its decoding steps
+        captured as CUDA graphs (`mmspec.models.hf_image.on_slot_cache`; the graphs are kept with the pipeline, so a
+        later call replays them); elsewhere the adapter as it is (LlamaGen's captures its own `WindowGraphs`)."""
+        if not isinstance(adapter, CausalLMImageAdapter) or adapter.model.device.type != "cuda":
+            return adapter
+        if "_slot_graphs" not in vars(self):
+            self._slot_graphs = SlotGraphs()
+        return on_slot_cache(adapter, self._slot_graphs)
 
     def draft_adapter(self):
         """The adapter of the pipeline's draft model for `decoding="draft"`, or None."""
@@ -260,7 +271,7 @@ class ARImagePipeline(MMSpecPipeline):
         decoding = self.decoding_for_call(decoding, decoding_settings)
         if not isinstance(decoding, str):
             decoding.check_sampling(temperature)
-        adapter = self.image_adapter(height, width)
+        adapter = self.graphed(self.image_adapter(height, width))
         self._guidance_scale = guidance_scale
 
         # 2. Encode the prompts, one condition row per image

@@ -92,7 +92,8 @@ def step_graphs(model: DiscreteImageModel):
 
 def step_key(decoding, sampling: SamplingConfig, opening: Opening) -> tuple:
     """What makes two decodings' steps replayable by the same captured graphs."""
-    return type(decoding), decoding.describe(), sampling, opening.first_token.shape[0], opening.dtype, opening.N
+    slots = getattr(getattr(opening.state, "cache", None), "capacity", None)  # a fixed-capacity cache's
+    return type(decoding), decoding.describe(), sampling, opening.first_token.shape[0], opening.dtype, opening.N, slots
 
 
 def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None]:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mmspec.adapters.causal_lm import CausalLMAdapter, CausalLMState
+from mmspec.adapters.causal_lm import CausalLMAdapter, CausalLMState, cache_keyword
+from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.adapters.views import Readout
 from mmspec.core.model import Logits
 
@@ -169,13 +170,15 @@ class LineStructuredAdapter(CausalLMImageAdapter):
 
     def image_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(weight [V, D], bias [V] or None): the LM head's rows of the local ids (`token_ids`), gathered on first
-        use and again when the head's weights are replaced or move (another device or dtype)."""
-        head = self.model.lm_head
-        key = head.weight.data_ptr(), head.weight.dtype, head.weight.device
-        if getattr(self, "_image_head_key", None) != key:
-            ids = self.token_ids.to(head.weight.device)
-            self._image_head = head.weight[ids], None if head.bias is None else head.bias[ids]
-            self._image_head_key = key
+        use and again when the head's weight is replaced or moves (another device or dtype). The check reads no data
+        pointer, so a traced step holds it."""
+        weight = self.model.lm_head.weight
+        key = getattr(self, "_image_head_key", None)
+        if key is None or key[0] is not weight or key[1] != weight.dtype or key[2] != weight.device:
+            bias = self.model.lm_head.bias
+            ids = self.token_ids.to(weight.device)
+            self._image_head = weight[ids], None if bias is None else bias[ids]
+            self._image_head_key = weight, weight.dtype, weight.device
         return self._image_head
 
     def to_bpe(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -185,3 +188,53 @@ class LineStructuredAdapter(CausalLMImageAdapter):
     def codes(self, tokens: torch.Tensor) -> torch.Tensor:
         """The codes [B, h, w] of image-span tokens [B, h * (w + 1)] (line column dropped)."""
         return tokens.view(-1, self.height, self.width + 1)[..., : self.width]
+
+
+SLOT_ROUNDING = 64  # a cache's slots are rounded up to this, so that prompts of similar lengths share captured steps
+
+
+class SlotGraphs:
+    """The captured decoding steps of one family model (`mmspec.core.runtime.capture.StepGraphs`: CUDA graphs, or
+    with cuda=False their CPU tape, which replays with a CUDA graph's semantics), kept across calls by the pipeline;
+    `mmspec.image.loop` finds them as `adapter.graphs.steps`."""
+
+    capture_static = True  # kept across decodings: not a step's state
+
+    def __init__(self, cuda: bool = True):
+        from mmspec.core.runtime.capture import StepGraphs
+
+        self.steps = StepGraphs(cuda=cuda)
+
+
+class SlotCacheFamily(StaticCausalLMAdapter):
+    """A family adapter on a `SlotCache` of fixed capacity (`StaticCausalLMAdapter`: writes by slot index, rollback
+    by length, no host read), made by `on_slot_cache`: the family's own inputs, language model and image head, with
+    each decoding's capacity its prompt (CFG rows laid out), the image span and the widest window, rounded up to
+    `SLOT_ROUNDING`."""
+
+    capture_static = True  # its weights and graphs, not a decoding's state (which lives in the state it returns)
+    graphs: SlotGraphs
+    max_window: int = 1
+
+    def prefill(self, condition: PromptCondition, cfg: bool, max_window: int = 1):
+        self.max_window = max_window
+        return super().prefill(condition, cfg, max_window)
+
+    def prefill_rows(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, batch_size: int, cfg: bool):
+        N = self.grid[0] * self.grid[1]
+        self.capacity = -(-(input_ids.shape[1] + N + self.max_window + 1) // SLOT_ROUNDING) * SLOT_ROUNDING
+        return super().prefill_rows(input_ids, attention_mask, batch_size, cfg)
+
+
+def on_slot_cache(adapter: CausalLMImageAdapter, graphs: SlotGraphs) -> CausalLMImageAdapter:
+    """The family `adapter` (Janus, Emu3, Lumina-mGPT, ...) decoding on a fixed-capacity slot cache, its decoding
+    steps captured whole in `graphs` (keep one `SlotGraphs` per model across calls, so that later calls replay what
+    the first captured): what the family pipelines run on CUDA. Same tokens as the adapter's eager path, which stays
+    for CPUs and for checks."""
+    family = type(adapter)
+    static = type(f"SlotCache{family.__name__}", (SlotCacheFamily, family), {})
+    made = object.__new__(static)
+    made.__dict__.update(vars(adapter))
+    made.cache_keyword = cache_keyword(adapter.backbone)
+    made.capacity, made.graphs = 1, graphs
+    return made

@@ -242,6 +242,14 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             self._decoding_policy = TextDecodingPolicy()
         return self._decoding_policy
 
+    @decoding_policy.setter
+    def decoding_policy(self, policy: TextDecodingPolicy) -> None:
+        """Another policy (`TextDecodingPolicy(calibration_tokens=8, cache=...)`: shorter timing calls, a cache of
+        its own)."""
+        if not isinstance(policy, TextDecodingPolicy):
+            raise TypeError(f"decoding_policy must be a TextDecodingPolicy, got {type(policy).__name__}")
+        self._decoding_policy = policy
+
     def resolve_decoding(self, value: DecodingComponent | str | dict, **settings) -> DecodingComponent | str:
         """`"auto"`, or a component from an object, a config dict, or a registered name plus settings (`"ngram"`,
         `"heads"`, `"ar"`, a user's). `"speculative"` with `drafter=` names the drafter's decoding, and a config saved

@@ -19,6 +19,7 @@ from mmspec.core.component import DecodingComponent
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.models.nextframe import NextFrameTransformer
 from mmspec.pipelines.base import MMSpecPipeline
+from mmspec.text.policy import TextDecodingPolicy
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET
 from tests.models.llamagen_tiny import tiny_pipeline
 from tests.models.test_mar import TINY
@@ -182,6 +183,7 @@ def test_a_generator_passed_to_successive_calls_advances(case, plain):
 def test_text_calls_with_one_generator_continue_its_stream(decoding):
     pipe = text_pipeline()
     pipe.set_progress_bar_config(disable=True)
+    pipe.decoding_policy = TextDecodingPolicy(calibration_tokens=8)  # "auto" times its candidates on short calls
     generator = torch.Generator().manual_seed(0)
     first, second = (pipe(["b d c"] * 8, max_new_tokens=5, temperature=1.0, generator=generator, **decoding)
                      for _ in range(2))

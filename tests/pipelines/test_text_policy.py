@@ -173,3 +173,14 @@ def test_a_chosen_run_far_off_its_figure_has_the_methods_timed_again(tmp_path, p
     note = policy.record(key, name, new_tokens=8, seconds=8 / (figure / 3))
     assert note == f"it ran at 0.333x the tokens/s measured for {name}: the methods are timed again on the next call"
     assert "measured now" in policy.choose(pipe, PROMPTS, two, SAMPLING)[1]
+
+
+def test_a_pipeline_takes_another_policy(pipe):
+    default = pipe.decoding_policy
+    try:
+        pipe.decoding_policy = mine = TextDecodingPolicy(calibration_tokens=8)
+        assert pipe.decoding_policy is mine
+        with pytest.raises(TypeError, match="decoding_policy must be a TextDecodingPolicy, got dict"):
+            pipe.decoding_policy = {}
+    finally:
+        pipe.decoding_policy = default

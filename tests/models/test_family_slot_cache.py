@@ -1,0 +1,106 @@
+"""The transformers families (Janus, Emu3, Lumina-mGPT) on a fixed-capacity slot cache with their decoding steps
+captured whole (`mmspec.models.hf_image.on_slot_cache`, what the family pipelines run on CUDA): through the CPU tape,
+which replays with a CUDA graph's semantics, every decoding decodes what the eager path decodes, token for token and
+stat for stat (sampled, CFG, top-k, a ragged batch of three prompts, the families' forced line tokens), also when a
+second call replays the kept steps, and a slot cache that keeps rejected drafts is caught; a step reads nothing on
+the host and traces whole. Where CUDA is present the CUDA graphs decode the same."""
+
+import pytest
+import torch
+
+from mmspec.adapters.static_cache import StaticCausalLMAdapter
+from mmspec.core.probs import SamplingConfig
+from mmspec.core.runtime.capture import HostReads, compiles_fullgraph
+from mmspec.core.stats import SpecStats
+from mmspec.image import AR, SJD
+from mmspec.image.loop import open_decoding
+from mmspec.models.emu3 import Emu3Adapter
+from mmspec.models.hf_image import PromptCondition, SlotGraphs, on_slot_cache
+from mmspec.models.janus import JanusAdapter
+from mmspec.models.lumina_mgpt import LuminaMGPTAdapter
+from tests.models import test_emu3, test_janus, test_lumina_mgpt
+
+SAMPLING = SamplingConfig(temperature=1.0, top_k=6, guidance_scale=3.0)
+DECODINGS = {"ar": AR(), "sjd": SJD(3, "horizontal", "none"), "mc-sjd": SJD(4, "random", "maximal"),
+             "sjd-wide": SJD(16, "lookahead", "gumbel")}
+
+
+def ragged(prompts: torch.Tensor, **negative) -> PromptCondition:
+    """The prompts, the second one shorter by two tokens (left padding)."""
+    mask = torch.ones_like(prompts)
+    mask[1, :2] = 0
+    return PromptCondition(prompts, mask, **negative)
+
+
+@pytest.fixture(scope="module")
+def families():
+    """name: (adapter maker, condition), float64 models (no near-tie flips between the two caches' kernels)."""
+    janus, emu3 = test_janus.tiny_janus().double(), test_emu3.tiny_emu3().double()
+    lm, vqgan = test_lumina_mgpt.tiny_lumina()
+    lm = lm.double()
+    return {
+        "janus": (lambda: JanusAdapter(janus), ragged(test_janus.PROMPTS)),
+        "emu3": (lambda: Emu3Adapter(emu3, test_emu3.H, test_emu3.W),
+                 ragged(test_emu3.PROMPTS, negative_ids=test_emu3.NEGATIVE)),
+        "lumina_mgpt": (lambda: LuminaMGPTAdapter(lm, vqgan, test_lumina_mgpt.H, test_lumina_mgpt.W),
+                        ragged(test_lumina_mgpt.PROMPTS)),
+    }
+
+
+def decode(decoding, adapter, condition, seed):
+    stats = SpecStats()
+    with torch.no_grad():
+        *_, last = decoding.run(adapter, condition, SAMPLING, torch.Generator().manual_seed(seed), stats)
+    return last.tokens, {**stats.as_dict(), "timings_s": None}
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina_mgpt"])
+def test_the_slot_cache_path_decodes_what_the_eager_path_decodes(families, family):
+    make, condition = families[family]
+    slotted = on_slot_cache(make(), SlotGraphs(cuda=False))
+    for name, decoding in DECODINGS.items():
+        for seed in (0, 1):  # the second call replays the steps the first captured
+            tokens, stats = decode(decoding, slotted, condition, seed)
+            eager_tokens, eager_stats = decode(decoding, make(), condition, seed)
+            assert torch.equal(tokens, eager_tokens), (name, seed)
+            assert stats == eager_stats, (name, seed)
+    assert len(slotted.graphs.steps.shells) == len(DECODINGS)  # one capture per decoding, replayed after
+
+
+def test_a_slot_cache_that_keeps_rejected_drafts_is_caught(families, monkeypatch):
+    """Mutant: the slot cache's rollback does nothing (the rejected drafts' keys stay visible)."""
+    monkeypatch.setattr(StaticCausalLMAdapter, "rollback", lambda self, state, keep: None)
+    make, condition = families["janus"]
+    tokens, _ = decode(DECODINGS["mc-sjd"], on_slot_cache(make(), SlotGraphs(cuda=False)), condition, 0)
+    assert not torch.equal(tokens, decode(DECODINGS["mc-sjd"], make(), condition, 0)[0])
+
+
+@pytest.mark.parametrize("name", list(DECODINGS))
+def test_a_step_reads_nothing_on_the_host_and_traces_whole(families, name):
+    make, condition = families["emu3"]  # forced end-of-line tokens inside the step
+    adapter, decoding, stats = on_slot_cache(make(), SlotGraphs(cuda=False)), DECODINGS[name], SpecStats()
+    with torch.no_grad():
+        opening = open_decoding(adapter, condition, SAMPLING, None, stats, decoding.max_window, decoding)
+        step = decoding.step(adapter, opening, SAMPLING, None, stats)
+        step()  # the first iteration takes the first-round branches
+        with HostReads() as reads:
+            step()
+        opening.timer.enabled = False  # dynamo does not trace the host timer (a capture turns it off too)
+        traced, reason = compiles_fullgraph(step)
+    assert reads.count == 0
+    assert traced, reason
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graphs_decode_what_the_eager_path_decodes(families):
+    make, condition = families["lumina_mgpt"]
+    adapter = make()
+    adapter.model.cuda()
+    cuda = PromptCondition(*(None if x is None else x.cuda() for x in vars(condition).values()))
+    slotted = on_slot_cache(adapter, SlotGraphs(cuda=True))
+    for decoding in DECODINGS.values():
+        stats = SpecStats()
+        with torch.no_grad():
+            *_, last = decoding.run(slotted, cuda, SAMPLING, torch.Generator("cuda").manual_seed(0), stats)
+            *_, eager = decoding.run(make(), cuda, SAMPLING, torch.Generator("cuda").manual_seed(0), SpecStats())
+        assert torch.equal(last.tokens, eager.tokens)
