@@ -29,7 +29,10 @@ fi
 echo "creating $venv and installing mmspec[test] (2-3 minutes on 2 cores)"
 python3 -m venv --clear "$venv"
 "$venv/bin/python" -m pip install -qq --upgrade pip
-"$venv/bin/python" -m pip install -qq "torch==2.13.0" -e ".[test]"
+# --no-compile: compiling every installed module (torch's thousands) takes longer than compiling, on first import, the
+# ones the tests import; bytecode is then written as they import (whatever PYTHONDONTWRITEBYTECODE said)
+"$venv/bin/python" -m pip install -qq --no-compile "torch==2.13.0" -e ".[test]"
+unset PYTHONDONTWRITEBYTECODE
 echo "installed in $(( $(date +%s) - start )) s"
 
 "$venv/bin/python" - <<'EOF'
