@@ -26,7 +26,7 @@ if ! command -v chromium > /dev/null; then
     $sudo apt-get install -y -q chromium > /dev/null || { $sudo apt-get update -q && $sudo apt-get install -y -q chromium; }
 fi
 
-echo "creating $venv and installing mmspec[test] (2-3 minutes on 2 cores)"
+echo "creating $venv and installing mmspec[test] (under a minute with pip's cache, a few minutes downloading)"
 python3 -m venv --clear "$venv"
 "$venv/bin/python" -m pip install -qq --upgrade pip
 # --no-compile: compiling every installed module (torch's thousands) takes longer than compiling, on first import, the
