@@ -34,13 +34,18 @@ break is a host read or a data-dependent shape, which no CUDA graph can hold;
   prompt per call, 128 new tokens (`--new-tokens`) at T = 0, batch 1: transformers' `generate` with its KV cache (not
   captured), and `speculative_generate` drafting nothing (`NoDrafter`: AR through our loop, the text AR that the
   others are measured against), with the draft model's chains of 4, its dynamic trees and prompt lookup; the captured
-  part is the whole step (`speculative_generate(graphs=StepGraphs(...))`); an iteration is a target forward.
+  part is the whole step (`speculative_generate(graphs=StepGraphs(...))`); an iteration is a target forward;
+- janus_* / emu3_* / lumina_mgpt_* (`ar`, `sjd`, `mc_sjd`: W 16 random / uncoupled and horizontal / maximal): the
+  transformers families at tiny configurations with random weights (`family_shapes`: 16 x 16 codes, CFG 3, top-k 8,
+  T = 1), on the slot cache their pipelines decode on with CUDA (`mmspec.models.hf_image.on_slot_cache`), the whole
+  step captured; an iteration is a target forward. Random weights set the acceptance: their speedups say nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -66,10 +71,13 @@ METHODS = {
     "pjd": {"decoding": "pjd", "window": 8, "rows": 2},
 }
 WIDTHS = {"ar": 1, "sjd": 16, "mc_sjd": 16, "draft": 3, "pjd": None, "sjd_tree": None, "draft_tree": None}
+FAMILIES = ("janus", "emu3", "lumina_mgpt")
+FAMILY_METHODS = ("ar", "sjd", "mc_sjd")
 LOOPS = ("mar_head", "mar_speculative", "frame_ar", "frame", "text_hf_ar", "text_ar", "text_model", "text_tree",
-         "text_ngram")
+         "text_ngram", *(f"{family}_{method}" for family in FAMILIES for method in FAMILY_METHODS))
 AR_OF = {"mar_head": ("mar_head", "mar_speculative"), "frame_ar": ("frame_ar", "frame"),
-         "text_ar": ("text_hf_ar", "text_ar", "text_model", "text_tree", "text_ngram")}
+         "text_ar": ("text_hf_ar", "text_ar", "text_model", "text_tree", "text_ngram"),
+         **{f"{family}_ar": tuple(f"{family}_{method}" for method in FAMILY_METHODS) for family in FAMILIES}}
 
 
 def call(pipe, device, options, batch, start):
@@ -168,7 +176,7 @@ def measure_loops(device: torch.device, captured: bool, calls: int, num_iter: in
     the loop's own AR, host reads per iteration, and fullgraph (traced with the eager steps)."""
     results = {}
     runs = {**_mar_runs(device, captured, num_iter, diffusion_steps), **_frame_runs(device, captured),
-            **_text_runs(device, captured, new_tokens)}
+            **_text_runs(device, captured, new_tokens), **_family_runs(device, captured)}
     for method, run in runs.items():
         try:
             results[method] = _measure_loop(device, run, captured, calls)
@@ -301,6 +309,50 @@ def _text_runs(device, captured: bool, new_tokens: int) -> dict:
 
     return {"text_hf_ar": hf_ar, "text_ar": ours(NoDrafter), "text_model": ours(lambda: ModelDrafter(draft)),
             "text_tree": ours(lambda: ModelTreeDrafter(draft)), "text_ngram": ours(lambda: NGramDrafter())}
+
+
+def family_shapes() -> dict:
+    """The transformers families at tiny configurations (random weights), each image 16 rows of 16 codes, as the
+    embedded LlamaGen's (Emu3 and Lumina-mGPT close each row with a forced line token)."""
+    from mmspec.eval.real_shapes import Emu3Shape, JanusShape, LuminaShape
+
+    janus = JanusShape(32, 37, 2, 4, context=6, overrides={
+        "vision_config": {"image_size": 80, "patch_size": 5, "num_image_tokens": 256, "hidden_size": 32,
+                          "projection_dim": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "mlp_ratio": 2},
+        "vq_config": {"embed_dim": 12, "num_embeddings": 12, "latent_channels": 12, "base_channels": 32,
+                      "channel_multiplier": [1, 1], "num_patches": 16},
+        "text_config": {"vocab_size": 100020}, "image_token_id": 0})
+    return {"janus": janus, "emu3": Emu3Shape(32, 37, 2, 4, 2, 200, 16, 16, 20, context=6),
+            "lumina_mgpt": LuminaShape(32, 37, 2, 4, 2, 200, 16, 16, 16, context=6)}
+
+
+def _family_runs(device, captured: bool) -> dict:
+    """`FAMILIES` x `FAMILY_METHODS` at batch 1 on the slot-cache path their pipelines run on CUDA
+    (`mmspec.models.hf_image.on_slot_cache`; eager: its steps uncaptured); an iteration is a target forward."""
+    from mmspec.core.probs import SamplingConfig
+    from mmspec.core.stats import SpecStats
+    from mmspec.image import AR, SJD
+    from mmspec.models.hf_image import SlotGraphs, on_slot_cache
+
+    decodings = {"ar": AR(), "sjd": SJD(16, "random", "none"), "mc_sjd": SJD(16, "horizontal", "maximal")}
+    sampling = SamplingConfig(temperature=1.0, top_k=8, guidance_scale=GUIDANCE)
+    runs = {}
+    for family, shape in family_shapes().items():
+        with torch.device(device):
+            model = shape.model().eval()
+        adapter = on_slot_cache(shape.adapter(model), SlotGraphs(cuda=True) if captured else None)
+        condition = shape.condition(1, device)
+
+        def run(seed: int, trace: bool, adapter=adapter, condition=condition, decoding=None):
+            stats = SpecStats()
+            with trace_checks() if trace else contextlib.nullcontext() as checks, torch.no_grad():
+                for _ in decoding.run(adapter, condition, sampling, seeded(device, [seed])[0], stats):
+                    pass
+            return stats.target_forwards - 1, 1, checks[0] if trace else None  # the prefill is not an iteration
+
+        for method in FAMILY_METHODS:
+            runs[f"{family}_{method}"] = functools.partial(run, decoding=decodings[method])
+    return runs
 
 
 def main(argv: list[str] | None = None) -> dict:

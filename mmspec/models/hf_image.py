@@ -213,7 +213,7 @@ class SlotCacheFamily(StaticCausalLMAdapter):
     `SLOT_ROUNDING`."""
 
     capture_static = True  # its weights and graphs, not a decoding's state (which lives in the state it returns)
-    graphs: SlotGraphs
+    graphs: SlotGraphs | None
     max_window: int = 1
 
     def prefill(self, condition: PromptCondition, cfg: bool, max_window: int = 1):
@@ -226,11 +226,11 @@ class SlotCacheFamily(StaticCausalLMAdapter):
         return super().prefill_rows(input_ids, attention_mask, batch_size, cfg)
 
 
-def on_slot_cache(adapter: CausalLMImageAdapter, graphs: SlotGraphs) -> CausalLMImageAdapter:
+def on_slot_cache(adapter: CausalLMImageAdapter, graphs: SlotGraphs | None) -> CausalLMImageAdapter:
     """The family `adapter` (Janus, Emu3, Lumina-mGPT, ...) decoding on a fixed-capacity slot cache, its decoding
     steps captured whole in `graphs` (keep one `SlotGraphs` per model across calls, so that later calls replay what
-    the first captured): what the family pipelines run on CUDA. Same tokens as the adapter's eager path, which stays
-    for CPUs and for checks."""
+    the first captured; None: the steps run eagerly on the slot cache): what the family pipelines run on CUDA. Same
+    tokens as the adapter's eager path, which stays for CPUs and for checks."""
     family = type(adapter)
     static = type(f"SlotCache{family.__name__}", (SlotCacheFamily, family), {})
     made = object.__new__(static)
