@@ -316,13 +316,7 @@ def family_shapes() -> dict:
     embedded LlamaGen's (Emu3 and Lumina-mGPT close each row with a forced line token)."""
     from mmspec.eval.real_shapes import Emu3Shape, JanusShape, LuminaShape
 
-    janus = JanusShape(32, 37, 2, 4, context=6, overrides={
-        "vision_config": {"image_size": 80, "patch_size": 5, "num_image_tokens": 256, "hidden_size": 32,
-                          "projection_dim": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "mlp_ratio": 2},
-        "vq_config": {"embed_dim": 12, "num_embeddings": 12, "latent_channels": 12, "base_channels": 32,
-                      "channel_multiplier": [1, 1], "num_patches": 16},
-        "text_config": {"vocab_size": 100020}, "image_token_id": 0})
-    return {"janus": janus, "emu3": Emu3Shape(32, 37, 2, 4, 2, 200, 16, 16, 20, context=6),
+    return {"janus": JanusShape.tiny(16), "emu3": Emu3Shape(32, 37, 2, 4, 2, 200, 16, 16, 20, context=6),
             "lumina_mgpt": LuminaShape(32, 37, 2, 4, 2, 200, 16, 16, 16, context=6)}
 
 
@@ -330,6 +324,7 @@ def _family_runs(device, captured: bool) -> dict:
     """`FAMILIES` x `FAMILY_METHODS` at batch 1 on the slot-cache path their pipelines run on CUDA
     (`mmspec.models.hf_image.on_slot_cache`; eager: its steps uncaptured); an iteration is a target forward."""
     from mmspec.core.probs import SamplingConfig
+    from mmspec.core.progress import run_to_end
     from mmspec.core.stats import SpecStats
     from mmspec.image import AR, SJD
     from mmspec.models.hf_image import SlotGraphs, on_slot_cache
@@ -346,8 +341,7 @@ def _family_runs(device, captured: bool) -> dict:
         def run(seed: int, trace: bool, adapter=adapter, condition=condition, decoding=None):
             stats = SpecStats()
             with trace_checks() if trace else contextlib.nullcontext() as checks, torch.no_grad():
-                for _ in decoding.run(adapter, condition, sampling, seeded(device, [seed])[0], stats):
-                    pass
+                run_to_end(decoding.run(adapter, condition, sampling, seeded(device, [seed])[0], stats))
             return stats.target_forwards - 1, 1, checks[0] if trace else None  # the prefill is not an iteration
 
         for method in FAMILY_METHODS:

@@ -92,13 +92,12 @@ def fit(root: Path, keep: list[str], carry: list[str], limit_mib: float) -> None
     if fitted(root):
         raise TreeError("the tree is fitted already; --restore first")
     folders = model_folders(root)
-    worlds = sorted({folder.split("/")[2] for folder in folders})
-    for name in keep:
-        if name.strip("/").split("/")[0] not in worlds or not any(
-                f"{folder}/".startswith(f"{ZOO}/{name.strip('/')}/") for folder in folders):
-            raise TreeError(f"--keep: no zoo world or model folder {name!r}; choose from "
-                             f"{', '.join(worlds)} or their folders ({', '.join(f[len(ZOO) + 1:] for f in folders)})")
     kept = [f"{ZOO}/{name.strip('/')}/" for name in keep]
+    for name, prefix in zip(keep, kept, strict=True):
+        if not any(f"{folder}/".startswith(prefix) for folder in folders):
+            worlds = sorted({folder.split("/")[2] for folder in folders})
+            raise TreeError(f"--keep: no zoo world or model folder {name!r}; choose from "
+                            f"{', '.join(worlds)} or their folders ({', '.join(f[len(ZOO) + 1:] for f in folders)})")
     leave = [folder for folder in folders if not any(f"{folder}/".startswith(k) for k in kept)]
     left = {path for folder in leave for path in git("ls-files", "-z", folder, root=root).split("\0")[:-1]}
     travelling = size(root, [p for p in travelling_files(root) if p not in left]) + size(root, carry)

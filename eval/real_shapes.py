@@ -161,6 +161,17 @@ class JanusShape(DecoderShape):
     def adapter(self, model) -> JanusAdapter:
         return JanusAdapter(model)
 
+    @classmethod
+    def tiny(cls, patches: int) -> JanusShape:
+        """A tiny Janus (width 32, 2 layers, a 12-code VQ) whose images are `patches` x `patches` tokens."""
+        return cls(32, 37, 2, 4, context=6, overrides={
+            "vision_config": {"image_size": 5 * patches, "patch_size": 5, "num_image_tokens": patches**2,
+                              "hidden_size": 32, "projection_dim": 32, "num_hidden_layers": 1,
+                              "num_attention_heads": 4, "mlp_ratio": 2},
+            "vq_config": {"embed_dim": 12, "num_embeddings": 12, "latent_channels": 12, "base_channels": 32,
+                          "channel_multiplier": [1, 1], "num_patches": patches},
+            "text_config": {"vocab_size": 100020}, "image_token_id": 0})
+
     def condition(self, batch_size: int, device: torch.device) -> PromptCondition:
         ids = torch.full((batch_size, self.context), 5, dtype=torch.long, device=device)
         ids[:, 0], ids[:, -1] = self.BOS, self.BOI

@@ -105,23 +105,23 @@ class TreeLayout:
         real = tree.real
         parent_slot = torch.where(real, tree.parent + 1, -1)
         slots = torch.arange(N + 1, device=device)
-        # pointer doubling: `jump` is each slot's 2^i-th ancestor (the root's and a padding node's: itself), `steps`
-        # how far up that is, and every ancestor up to it is in `ancestors` after round i; paths are at most N long
+        # pointer doubling: `jump` is each slot's 2^i-th ancestor (the root's and a padding node's: itself), `depth`
+        # how far up that is (the slot's depth once `jump` is the root), and every ancestor up to it is in
+        # `ancestors` after round i; paths are at most N long
         jump = torch.cat([slots[:1].expand(B, 1), torch.where(real, parent_slot, slots[1:])], 1)  # [B, N + 1]
-        steps = (jump != slots).long()
+        depth = (jump != slots).long()
         ancestors = (slots == slots[:, None]).repeat(B, 1, 1).scatter_(2, jump[..., None], True)
         row_start = torch.arange(B, device=device)[:, None] * (N + 1)
         for _ in range(math.ceil(math.log2(N + 1))):
             # the ancestor rows by row index (an index per row, not per entry: cheaper than a gather)
             ancestors |= ancestors.view(B * (N + 1), N + 1).index_select(0, (row_start + jump).flatten()).view_as(
                 ancestors)
-            steps = steps + steps.gather(1, jump)
+            depth = depth + depth.gather(1, jump)
             jump = jump.gather(1, jump)
-        depth = steps
         # sibling rank: earlier real nodes with the same parent (summed as int16: a bool sum to int64 is slow)
         same_parent = (parent_slot[:, :, None] == parent_slot[:, None, :]) & real[:, :, None] & real[:, None, :]
-        rank = (same_parent & torch.ones(N, N, dtype=torch.bool, device=device).tril(-1)).sum(-1, dtype=torch.int16)
-        rank = rank.long()  # [B, N]
+        earlier = torch.ones(N, N, dtype=torch.bool, device=device).tril(-1)
+        rank = (same_parent & earlier).sum(-1, dtype=torch.int16).long()  # [B, N]
         K = tree.branching if tree.branching is not None else (  # host sync without the grower's bound
             int(torch.where(real, rank + 1, 0).max()) if N else 0)
         children = torch.full((B, (N + 1) * K + 1), -1, dtype=torch.long, device=device)

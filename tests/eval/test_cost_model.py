@@ -79,12 +79,7 @@ def test_bad_arguments_fail_before_any_model_loads(argv, message, capsys):
 
 
 def test_janus_pro_is_measured_through_its_adapter_at_a_tiny_size():
-    tiny = JanusShape(32, 37, 2, 4, context=6, overrides={
-        "vision_config": {"image_size": 20, "patch_size": 5, "num_image_tokens": 16, "hidden_size": 32,
-                          "projection_dim": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "mlp_ratio": 2},
-        "vq_config": {"embed_dim": 12, "num_embeddings": 12, "latent_channels": 12, "base_channels": 32,
-                      "channel_multiplier": [1, 1], "num_patches": 4},
-        "text_config": {"vocab_size": 100020}, "image_token_id": 0})
+    tiny = JanusShape.tiny(4)
     entry = measure_real_shape("janus-tiny", tiny, torch.device("cpu"), torch.float32, (1, 2), (1, 2, 4), repeats=1)
     assert set(entry["cost_curve"][2]) == {1, 2, 3, 4, 5} and entry["cost_curve"][2][1] == 1.0
     assert entry["parameters"] == tiny.parameters() > tiny.parameters(1)

@@ -10,15 +10,14 @@ import torch
 
 from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.core.probs import SamplingConfig
-from mmspec.core.runtime.capture import HostReads, compiles_fullgraph
 from mmspec.core.stats import SpecStats
 from mmspec.image import AR, SJD
-from mmspec.image.loop import open_decoding
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition, SlotGraphs, on_slot_cache
 from mmspec.models.janus import JanusAdapter
 from mmspec.models.lumina_mgpt import LuminaMGPTAdapter
 from tests.models import test_emu3, test_janus, test_lumina_mgpt
+from tests.models.test_llamagen_graphs import second_iteration
 
 SAMPLING = SamplingConfig(temperature=1.0, top_k=6, guidance_scale=3.0)
 DECODINGS = {"ar": AR(), "sjd": SJD(3, "horizontal", "none"), "mc-sjd": SJD(4, "random", "maximal"),
@@ -78,16 +77,9 @@ def test_a_slot_cache_that_keeps_rejected_drafts_is_caught(families, monkeypatch
 @pytest.mark.parametrize("name", list(DECODINGS))
 def test_a_step_reads_nothing_on_the_host_and_traces_whole(families, name):
     make, condition = families["emu3"]  # forced end-of-line tokens inside the step
-    adapter, decoding, stats = on_slot_cache(make(), SlotGraphs(cuda=False)), DECODINGS[name], SpecStats()
-    with torch.no_grad():
-        opening = open_decoding(adapter, condition, SAMPLING, None, stats, decoding.max_window, decoding)
-        step = decoding.step(adapter, opening, SAMPLING, None, stats)
-        step()  # the first iteration takes the first-round branches
-        with HostReads() as reads:
-            step()
-        opening.timer.enabled = False  # dynamo does not trace the host timer (a capture turns it off too)
-        traced, reason = compiles_fullgraph(step)
-    assert reads.count == 0
+    reads, traced, reason = second_iteration(on_slot_cache(make(), SlotGraphs(cuda=False)), condition,
+                                             DECODINGS[name], SAMPLING)
+    assert reads == 0
     assert traced, reason
 
 

@@ -155,21 +155,28 @@ def test_a_step_that_reassigns_its_state_is_caught():
     assert not replays_match_eager(ReassigningSJD(3, "horizontal", "maximal"))
 
 
-@pytest.mark.parametrize("name", list(DECODINGS))
-def test_a_step_reads_nothing_on_the_host_and_traces_whole(name):
-    models = (tiny_transformer(seed=0, dtype=torch.float32), tiny_transformer(seed=1, dtype=torch.float32))
-    target, drafter = adapters(models)
-    decoding, stats = DECODINGS[name](drafter), SpecStats()
+def second_iteration(model, cond, decoding, sampling) -> tuple[int, bool, str]:
+    """(host reads, whether it traces whole, the first graph break) of a decoding's second iteration on `model`:
+    the first takes the first-round branches (a drafter's first context)."""
+    stats = SpecStats()
     with torch.no_grad():
-        opening = open_decoding(target, condition(0, 1, dtype=torch.float32), SAMPLING, None, stats,
-                                decoding.max_window, decoding)
-        step = decoding.step(target, opening, SAMPLING, None, stats)
-        step()  # the first iteration takes the first-round branches (a drafter's first context)
+        opening = open_decoding(model, cond, sampling, None, stats, decoding.max_window, decoding)
+        step = decoding.step(model, opening, sampling, None, stats)
+        step()
         with HostReads() as reads:
             step()
         opening.timer.enabled = False  # dynamo does not trace the host timer (a capture turns it off too)
         traced, reason = compiles_fullgraph(step)
-    assert reads.count == 0
+    return reads.count, traced, reason
+
+
+@pytest.mark.parametrize("name", list(DECODINGS))
+def test_a_step_reads_nothing_on_the_host_and_traces_whole(name):
+    models = (tiny_transformer(seed=0, dtype=torch.float32), tiny_transformer(seed=1, dtype=torch.float32))
+    target, drafter = adapters(models)
+    reads, traced, reason = second_iteration(target, condition(0, 1, dtype=torch.float32), DECODINGS[name](drafter),
+                                             SAMPLING)
+    assert reads == 0
     assert traced, reason
 
 
