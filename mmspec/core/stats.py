@@ -18,6 +18,7 @@ Plain AR has neither: its table shows forwards and tokens only (`speculative=Fal
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -221,26 +222,38 @@ class SpecStats(DecodingStats):
         self._child_counts[0] += ((accepted_rank.flatten()[:, None] == ranks) & counted).sum(0)
         self._child_counts[1] += ((node_children.flatten()[:, None] > ranks) & counted).sum(0)
 
-    def finalize(self) -> None:
-        """Fold the device counters into the histogram and totals (one host transfer; trees, one more)."""
-        if self._tree_sums is not None:
-            (rule, inner, star, unknown), (hits, seen) = self._tree_sums.tolist(), self._child_counts.tolist()
-            self._tree_sums = self._child_counts = None
+    def finalize(self, *along: torch.Tensor) -> list[torch.Tensor]:
+        """Fold the device counters into the histogram, totals and tree rates, in one host transfer that also brings
+        `along` (integer tensors the caller needs on the host), returned as CPU long tensors of their shapes."""
+        counts, self._counts = self._counts, None
+        tree = (self._tree_sums, self._child_counts) if self._tree_sums is not None else None
+        self._tree_sums = self._child_counts = None
+        parts = [tensor.flatten() for tensor in along]
+        if counts is not None:
+            parts += [counts.hist, counts.totals, counts.longest[None], counts.excess[None]]
+        if tree is not None:
+            parts += [tree[0], tree[1].flatten()]
+        if not parts:
+            return []
+        read = torch.cat([part.double() for part in parts]).tolist()  # one transfer: counts < 2**53 are exact
+        ends = list(itertools.accumulate(part.numel() for part in parts))
+        pieces = iter([read[end - part.numel():end] for part, end in zip(parts, ends, strict=True)])
+        host = [torch.tensor(next(pieces), dtype=torch.long).view(tensor.shape) for tensor in along]
+        if counts is not None:
+            hist, (drafted, accepted, tested), (longest,), (excess,) = (next(pieces) for _ in range(4))
+            self.accept_hist = torch.tensor(hist[: int(longest) + 1], dtype=torch.long)  # n <= its draft's length
+            self.drafted += int(drafted)
+            self.accepted += int(accepted)
+            if counts.lossy:
+                self.excess_acceptance = excess / max(1, int(tested))
+                self.excess_per_sample = excess / max(1, self.steps.numel())
+        if tree is not None:
+            (rule, inner, star, unknown), flat = next(pieces), next(pieces)
+            hits, seen = flat[: len(flat) // 2], flat[len(flat) // 2:]
             self.tree_acceptance = rule / inner if inner else None
             self.tree_alpha_star = star / inner if inner and self._star_measured and not unknown else None
             self.child_acceptance = tuple(hit / count for hit, count in zip(hits, seen, strict=True) if count) or None
-        counts, self._counts = self._counts, None
-        if counts is None:
-            return
-        # one transfer (counts < 2**53 are exact in float64)
-        *hist, drafted, accepted, tested, longest, excess = torch.cat(
-            [counts.hist.double(), counts.totals.double(), counts.longest.double()[None], counts.excess[None]]).tolist()
-        self.accept_hist = torch.tensor(hist[: int(longest) + 1], dtype=torch.long)  # n <= its draft's length
-        self.drafted += int(drafted)
-        self.accepted += int(accepted)
-        if counts.lossy:
-            self.excess_acceptance = excess / max(1, int(tested))
-            self.excess_per_sample = excess / max(1, self.steps.numel())
+        return host
 
     @property
     def mean_accepted_length(self) -> float:

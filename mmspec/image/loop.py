@@ -22,7 +22,7 @@ from mmspec.core.probs import SamplingConfig, one_hot, process_logits
 from mmspec.core.progress import Halt, Progress
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.rules.base import TokenTest
-from mmspec.core.runtime.capture import StepRunner, block_size
+from mmspec.core.runtime.capture import StepRunner, block_size, iterations_left
 from mmspec.core.speculation import Round
 from mmspec.core.stats import PhaseTimer, SpecStats
 from mmspec.core.verify import VerifyResult
@@ -71,18 +71,26 @@ def decode(decoding, model: DiscreteImageModel, condition: Any, sampling: Sampli
     runner = StepRunner(step, stats, opening.timer, step_graphs(model), step_key(decoding, sampling, opening))
     halt = Halt()
     try:
-        progress = runner.step.progress()
+        progress = opened(opening)
         progress.halt = halt
         yield progress
         while progress.n_done < opening.N and not halt.stopped:
-            done = runner.iterations
-            rate = (progress.n_done - 1) / done if done else 1.0  # tokens per iteration of the slowest row
-            runner.run(block_size((opening.N - progress.n_done) / max(rate, 1.0), block))
+            left = iterations_left(opening.N - progress.n_done, progress.n_done - 1, runner.iterations,
+                                   decoding.forward_width)
+            runner.run(block_size(left, block))
             progress = runner.step.progress()
             progress.halt = halt
             yield progress
     finally:  # also when the caller stops early (closes this generator): count what was committed
         runner.finish()
+
+
+def opened(opening: Opening) -> DecodeStep:
+    """The progress right after the prefill, known without a host read: every row holds its first token."""
+    B, N = opening.first_token.shape[0], opening.N
+    tokens = torch.full((B, N), PAD_ID, dtype=torch.long, device=opening.first_token.device)
+    tokens[:, 0] = opening.first_token
+    return DecodeStep(step=0, n_done=1, tokens=tokens, n_committed=torch.ones_like(opening.first_token))
 
 
 def step_graphs(model: DiscreteImageModel):
@@ -257,10 +265,9 @@ class Commits:
 
     def finish(self) -> None:
         """Fold the stats once the decoding ends (also when the caller stops early)."""
-        self.stats.new_tokens, self.stats.steps = torch.stack([self.committed.clamp(max=self.N),
-                                                               self.stats.steps]).cpu()  # one transfer
+        (self.stats.new_tokens, self.stats.steps), = self.stats.finalize(
+            torch.stack([self.committed.clamp(max=self.N), self.stats.steps]))  # one transfer
         self.stats.timings["total"] = time.perf_counter() - self.started
-        self.stats.finalize()
 
 
 class ARStep:

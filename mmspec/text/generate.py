@@ -31,7 +31,7 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.core.progress import Halt, StepHook, run_to_end
 from mmspec.core.rng import Generators, check_generators
 from mmspec.core.rules.base import AcceptanceRule
-from mmspec.core.runtime.capture import StepGraphs, StepRunner, block_size
+from mmspec.core.runtime.capture import StepGraphs, StepRunner, block_size, iterations_left
 from mmspec.core.speculation import SpeculativeStep
 from mmspec.core.stats import PhaseTimer
 from mmspec.text.drafters import Drafter
@@ -181,10 +181,8 @@ def speculative_steps(
     halt, fewest, most = Halt(), 0, 0
     try:
         while True:
-            # a block never runs past the end of the slowest row (each step past it would be a wasted target
-            # forward): a step commits at most lookahead + 1 tokens; rates vary too much along a decoding for its
-            # mean so far to bound the next steps', and a read of the progress costs only a sync
-            runner.run(1 if narrows else block_size((max_new_tokens - fewest) / (inner.lookahead + 1), block))
+            left = iterations_left(max_new_tokens - fewest, fewest, runner.iterations, inner.lookahead + 1)
+            runner.run(1 if narrows else block_size(left, block))
             live = runner.step.rows  # the captured steps' own while graphs replay
             flags, fewest, longest = live.progress()
             most = max(most, longest)
@@ -201,11 +199,10 @@ def speculative_steps(
     finally:
         runner.finish()
 
-    # 3. Prompts as given, then each row's new tokens, padded to the longest row.
+    # 3. Prompts as given, then each row's new tokens, padded to the longest row; the stats folded.
     rows.retire([True] * rows.batch_size)  # every row is done
     sequences = rows.output(input_ids, stats, most)
     stats.timings["total"] = time.perf_counter() - started
-    stats.finalize()
     result = rows.snapshot(runner.iterations, fewest, halt)
     result.sequences, result.stats = sequences, stats
     yield result

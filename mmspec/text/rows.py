@@ -172,12 +172,12 @@ class TextRows:
 
     def output(self, input_ids: torch.Tensor, stats: TextStats, N: int) -> torch.Tensor:
         """[B, T + N]: the prompts as given, then each row's new tokens, padded to the longest row (N: its new
-        tokens, as `progress` read them); the stats' per-token maps."""
+        tokens, as `progress` read them); folds the stats, with their per-token maps (one host transfer)."""
         tokens, generated, committed_at, drafted = self.final
         index = self.prompt_lengths[:, None] + torch.arange(N, device=tokens.device)
         real = torch.arange(N, device=tokens.device) < generated[:, None]
         maps = torch.stack([torch.where(real, committed_at.gather(1, index), -1), real & drafted.gather(1, index)])
-        acceptance_map, from_draft = maps.cpu()  # one transfer
+        (acceptance_map, from_draft), = stats.finalize(maps)
         stats.acceptance_map, stats.from_draft = acceptance_map, from_draft.bool()
         stats.new_tokens = generated
         return torch.cat([input_ids, new_ids(tokens, self.prompt_lengths, generated, N, self.pad_token_id)], dim=1)

@@ -1,6 +1,6 @@
 """`mmspec.core.runtime.capture`: the tape replays with a CUDA graph's semantics (in-place state advances, a reassigned
 attribute or a Python value read at capture does not, a host read cannot be captured); the host-read counter; the
-state walk and the shell copy; the runner's block accounting; block sizes."""
+state walk and the shell copy; the runner's block accounting; block sizes and the iterations they are cut to."""
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ from mmspec.core.runtime.capture import (
     TapeGraph,
     block_size,
     copy_step,
+    iterations_left,
     state_tensors,
 )
 from mmspec.core.stats import PhaseTimer, SpecStats
@@ -143,3 +144,10 @@ def test_the_runner_replays_blocks_on_a_shell_and_hands_the_state_back(calls):
 def test_block_sizes_shrink_towards_the_end():
     assert [block_size(r) for r in (100, 16, 15.9, 8, 7.9, 4, 3, 1.5, 0.2)] == [16, 16, 8, 8, 4, 4, 2, 1, 1]
     assert [block_size(r, 3) for r in (100, 2.5)] == [3, 2]  # the caller's bound
+
+
+def test_iterations_left_follow_the_slowest_rows_rate_and_never_overshoot_a_first_block():
+    assert iterations_left(64, 0, 0, 8) == 8  # before any iteration: at the most a step commits, no waste
+    assert iterations_left(60, 40, 10, 8) == 15  # then at the rate kept so far: 4 tokens an iteration
+    assert iterations_left(10, 3, 6, 8) == 10  # a rate below one token an iteration (a row that finished) counts as 1
+    assert block_size(iterations_left(255, 0, 0, 16)) == 8 and block_size(iterations_left(255, 0, 0, 1)) == 16

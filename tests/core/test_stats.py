@@ -106,3 +106,20 @@ def test_child_acceptance_is_each_ranks_rate_among_the_visited_nodes_that_have_i
     assert stats.child_acceptance == (0.5, 0.0, 1.0)
     assert stats.tree_acceptance == pytest.approx(0.6) and stats.tree_alpha_star is None
     assert "child_acceptance" in stats.as_dict() and "child_acceptance" in stats.table()
+
+
+def test_finalize_brings_the_callers_tensors_in_the_same_transfer():
+    """One host read folds the counters, the tree rates and what the caller asks along, in their shapes."""
+    from mmspec.core.runtime.capture import HostReads
+
+    stats = filled(SpecStats)  # finalized once: its counters are folded
+    stats.record_step(VerifyResult(torch.tensor([2, 1]), torch.zeros(2, dtype=torch.long),
+                                   torch.zeros(2, 2, dtype=torch.bool)), torch.full((2,), 2), active=None)
+    nan = float("nan")
+    stats.record_tree_walk(torch.tensor([[0.5, nan]]), None, torch.tensor([[2, 0]]), torch.tensor([[0, -1]]))
+    along = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    with HostReads() as reads:
+        host, = stats.finalize(along)
+    assert reads.count == 1 and torch.equal(host, along) and host.dtype == torch.long
+    assert stats.drafted == 6 + 4 and stats.accepted == 2 + 3 and stats.accept_hist.tolist() == [0, 1, 1]
+    assert stats.child_acceptance == (1.0, 0.0) and stats.finalize() == []  # nothing left to fold

@@ -399,6 +399,15 @@ def _side_stream(cuda: bool) -> Iterator[None]:
     torch.cuda.current_stream().wait_stream(side)
 
 
+def iterations_left(remaining: int, done: int, iterations: int, most_per_iteration: int) -> float:
+    """The iterations a decoding is expected to need for the `remaining` tokens of its slowest row, for `block_size`:
+    at the rate that row kept so far (`done` tokens in `iterations`); before its first iteration at the most tokens
+    a step commits (`most_per_iteration`), so that a first block never runs past the end."""
+    if iterations == 0:
+        return remaining / most_per_iteration
+    return remaining / max(done / iterations, 1.0)
+
+
 def block_size(remaining_iterations: float, most: int | None = None) -> int:
     """The iterations of the next block, for every loop: the largest of `BLOCK_SIZES` that does not exceed the
     iterations a decoding is expected to have left (at least 1; blocks shrink towards the end, so few iterations run
