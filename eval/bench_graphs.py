@@ -35,7 +35,8 @@ break is a host read or a data-dependent shape, which no CUDA graph can hold;
   captured), and `speculative_generate` drafting nothing (`NoDrafter`: AR through our loop, the text AR that the
   others are measured against), with the draft model's chains of 4, its dynamic trees and prompt lookup; the captured
   part is the whole step (`speculative_generate(graphs=StepGraphs(...))`); an iteration is a target forward;
-- janus_* / emu3_* / lumina_mgpt_* (`ar`, `sjd`, `mc_sjd`: W 16 random / uncoupled and horizontal / maximal): the
+- janus_* / emu3_* / lumina_mgpt_* (`ar`, `sjd`, `mc_sjd`, `frontier`: W 16 random / uncoupled and horizontal /
+  maximal, the latter with SJD-PAC's frontier tree of width 2 and depth 2 (20 nodes a forward)): the
   transformers families at tiny configurations with random weights (`family_shapes`: 16 x 16 codes, CFG 3, top-k 8,
   T = 1), on the slot cache their pipelines decode on with CUDA (`mmspec.models.hf_image.on_slot_cache`), the whole
   step captured; an iteration is a target forward. Random weights set the acceptance: their speedups say nothing.
@@ -72,7 +73,7 @@ METHODS = {
 }
 WIDTHS = {"ar": 1, "sjd": 16, "mc_sjd": 16, "draft": 3, "pjd": None, "sjd_tree": None, "draft_tree": None}
 FAMILIES = ("janus", "emu3", "lumina_mgpt")
-FAMILY_METHODS = ("ar", "sjd", "mc_sjd")
+FAMILY_METHODS = ("ar", "sjd", "mc_sjd", "frontier")
 LOOPS = ("mar_head", "mar_speculative", "frame_ar", "frame", "text_hf_ar", "text_ar", "text_model", "text_tree",
          "text_ngram", *(f"{family}_{method}" for family in FAMILIES for method in FAMILY_METHODS))
 AR_OF = {"mar_head": ("mar_head", "mar_speculative"), "frame_ar": ("frame_ar", "frame"),
@@ -329,7 +330,8 @@ def _family_runs(device, captured: bool) -> dict:
     from mmspec.image import AR, SJD
     from mmspec.models.hf_image import SlotGraphs, on_slot_cache
 
-    decodings = {"ar": AR(), "sjd": SJD(16, "random", "none"), "mc_sjd": SJD(16, "horizontal", "maximal")}
+    decodings = {"ar": AR(), "sjd": SJD(16, "random", "none"), "mc_sjd": SJD(16, "horizontal", "maximal"),
+                 "frontier": SJD(16, "horizontal", "maximal", tree_width=2)}  # bench_image's sjd_tree
     sampling = SamplingConfig(temperature=1.0, top_k=8, guidance_scale=GUIDANCE)
     runs = {}
     for family, shape in family_shapes().items():

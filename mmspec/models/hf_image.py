@@ -62,10 +62,10 @@ class CausalLMImageAdapter(CausalLMAdapter):
     """Base of the transformers-family adapters. A subclass sets `model`, `language_model` (the decoder returning
     `last_hidden_state`), `grid`, `vocab_size` and implements `embed_image`, `image_logits`, `unconditional`,
     `decode`, `codebook`. The "features" capability reads the image tokens through the family's own embedding and
-    image head (`feature_readout`), so a draft head works on every family. Trees over image tokens are not offered
-    yet (no family test covers them)."""
+    image head (`feature_readout`), so a draft head works on every family; "tree" scores a frontier tree's nodes in
+    one forward with tree attention (`CausalLMAdapter.forward_tree`)."""
 
-    capabilities = frozenset({"features"})
+    capabilities = frozenset({"tree", "features"})
     model: torch.nn.Module
     language_model: torch.nn.Module
     grid: tuple[int, int]

@@ -3,7 +3,8 @@ captured whole (`mmspec.models.hf_image.on_slot_cache`, what the family pipeline
 which replays with a CUDA graph's semantics, every decoding decodes what the eager path decodes, token for token and
 stat for stat (sampled, CFG, top-k, a ragged batch of three prompts, the families' forced line tokens), also when a
 second call replays the kept steps, and a slot cache that keeps rejected drafts is caught; a step reads nothing on
-the host and traces whole. Where CUDA is present the CUDA graphs decode the same."""
+the host and traces whole. A frontier tree's nodes score, on either cache, what a window of their paths scores. Where
+CUDA is present the CUDA graphs decode the same."""
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
 from mmspec.image import AR, SJD
+from mmspec.image.frontier import FrontierTree
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition, SlotGraphs, on_slot_cache
 from mmspec.models.janus import JanusAdapter
@@ -21,7 +23,7 @@ from tests.models.test_llamagen_graphs import second_iteration
 
 SAMPLING = SamplingConfig(temperature=1.0, top_k=6, guidance_scale=3.0)
 DECODINGS = {"ar": AR(), "sjd": SJD(3, "horizontal", "none"), "mc-sjd": SJD(4, "random", "maximal"),
-             "sjd-wide": SJD(16, "lookahead", "gumbel")}
+             "sjd-wide": SJD(16, "lookahead", "gumbel"), "frontier": SJD(5, "random", "maximal", tree_width=3)}
 
 
 def ragged(prompts: torch.Tensor, **negative) -> PromptCondition:
@@ -64,6 +66,42 @@ def test_the_slot_cache_path_decodes_what_the_eager_path_decodes(families, famil
             assert torch.equal(tokens, eager_tokens), (name, seed)
             assert stats == eager_stats, (name, seed)
     assert len(slotted.graphs.steps.shells) == len(DECODINGS)  # one capture per decoding, replayed after
+
+
+def tree_logits(adapter, condition, tree: FrontierTree, tokens, visible=None):
+    """Logits (conditional and unconditional rows) of a tree of `tokens` [B, T] scored after the prompts."""
+    with torch.no_grad():
+        state, _ = adapter.prefill(condition, cfg=True, max_window=tree.size)
+        logits = adapter.forward_tree(tokens, tree.level, tree.ancestors if visible is None else visible, state)
+    return torch.stack([logits.cond, logits.uncond])
+
+
+def path_logits(adapter, condition, tree: FrontierTree, tokens):
+    """The same logits, each node's from a window forward of its root-to-node path."""
+    nodes = []
+    for node in range(tree.size):
+        path = tree.ancestors[node].nonzero().flatten()  # in slot order, which is level order along a path
+        with torch.no_grad():
+            state, _ = adapter.prefill(condition, cfg=True, max_window=tree.size)
+            logits = adapter.forward(tokens[:, path], state)
+        nodes.append(torch.stack([logits.cond[:, -1], logits.uncond[:, -1]]))
+    return torch.stack(nodes, 2)
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina_mgpt"])
+def test_a_tree_node_scores_what_a_window_of_its_path_scores(families, family):
+    """A frontier tree (window 4, width 3, depth 2) on the eager cache and on the slot cache; a tree mask that lets a
+    node see the nodes slotted before it (its siblings and cousins, a window's causal mask) is caught."""
+    make, condition = families[family]
+    tree = FrontierTree.build(4, 3, 2)
+    adapter = make()
+    tokens = torch.randint(0, adapter.codebook().shape[0], (condition.input_ids.shape[0], tree.size),
+                           generator=torch.Generator().manual_seed(0))
+    reference = path_logits(adapter, condition, tree, tokens)
+    for cache in (make(), on_slot_cache(make(), None)):
+        torch.testing.assert_close(tree_logits(cache, condition, tree, tokens), reference, rtol=0, atol=1e-9)
+    causal = torch.ones_like(tree.ancestors).tril()
+    assert not torch.allclose(tree_logits(adapter, condition, tree, tokens, causal), reference, atol=1e-3)
 
 
 def test_a_slot_cache_that_keeps_rejected_drafts_is_caught(families, monkeypatch):
