@@ -1,10 +1,11 @@
 """Sequence-level exactness on a real family's slot cache: a tiny random Emu3 (its end-of-line tokens forced in the
-span), on the fixed-capacity slot cache its pipeline decodes on with CUDA (`on_slot_cache`, its steps run
-uncaptured: `tests/models/test_family_slot_cache.py` shows the captured steps decode the same tokens), decodes ROWS images of 2 rows of 2 codes for two prompts alternating in one batch, with CFG 2.0 and
-top-k 3, by AR, SJD, MC-SJD and SJD with a frontier tree. Each prompt's sampled images are compared by a chi-square
-test with the exact joint law of the family's AR sampling, enumerated over the top-k support on the eager cache.
-Mutation companions: a slot cache whose rollback keeps the rejected drafts, and one whose tree step keeps the main
-chain's keys / values instead of the accepted path's, must be rejected.
+span), on the fixed-capacity slot cache its pipeline decodes on with CUDA (`on_slot_cache`, the steps uncaptured:
+`tests/models/test_family_slot_cache.py` shows the captured steps decode the same tokens), decodes ROWS images of 2
+rows of 2 codes for two prompts alternating in one batch, with CFG 2.0 and top-k 3, by AR, SJD, MC-SJD and SJD with
+a frontier tree. Each prompt's sampled images are compared by a chi-square test with the exact joint law of the
+family's AR sampling, enumerated over the top-k support on the eager cache. Mutation companions: a slot cache whose
+rollback keeps the rejected drafts, and one whose tree step keeps the main chain's keys / values instead of the
+accepted path's, must be rejected.
 """
 
 import pytest
