@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-benchmarks=(bench_text bench_image bench_continuous bench_video bench_graphs quality cost_model)
+benchmarks=(bench_text bench_image bench_continuous bench_video bench_graphs quality cost_model real_size)
 device=cuda tier=full out=eval/results/gpu python=python3 only=$(IFS=,; echo "${benchmarks[*]}")
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -47,6 +47,7 @@ declare -A settings=(  # the full run; --short and --quick below
     [bench_graphs]=""
     [quality]="--quick --methods ar sjd tree lantern gsd draft pjd"
     [cost_model]="--dtype bfloat16"
+    [real_size]="--dtype bfloat16"
 )
 if [ "$tier" = short ]; then  # bench_graphs, bench_text and bench_continuous: about 7.5 minutes on one H100
     for name in bench_image bench_video; do settings[$name]="--quick"; done
@@ -55,6 +56,7 @@ if [ "$tier" = short ]; then  # bench_graphs, bench_text and bench_continuous: a
 ours_tree ours_tree_n30 ours_tree_full30"
     settings[bench_continuous]="--quick --no-fd --methods ar exact draft"
     settings[cost_model]="--dtype bfloat16 --batch-sizes 1 4 --prompts 4 --repeats 10"
+    settings[real_size]="--dtype bfloat16 --models janus-pro-7b lumina-mgpt-7b --iterations 32 --prompts 4"
 elif [ "$tier" = smoke ]; then
     settings=(
         [bench_text]="--quick --prompts 1 --new-tokens 16 --stop-prompts 2 --stream-prompts 12"
@@ -64,6 +66,7 @@ elif [ "$tier" = smoke ]; then
         [bench_graphs]="--quick --prompts 1 --num-iter 8 --diffusion-steps 10 --new-tokens 32"
         [quality]="--quick --num-prompts 2 --ar-seed-sets 2 --methods ar sjd"
         [cost_model]="--quick --models llamagen-b --batch-sizes 1 --windows 1 2 4 --prompts 1 --repeats 1"
+        [real_size]="--quick --batch-sizes 1 --iterations 4 --prompts 1"
     )
 fi
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("bench_text", "bench_image", "bench_continuous", "bench_video", "bench_graphs", "quality", "cost_model")
+BENCHMARKS = ("bench_text", "bench_image", "bench_continuous", "bench_video", "bench_graphs", "quality", "cost_model",
+              "real_size")
 
 
 def suite(*args: str, out: Path) -> subprocess.CompletedProcess:
@@ -64,7 +65,7 @@ def test_the_suite_refuses_bad_arguments_and_writes_nothing(tmp_path):
     run = suite("--only", "bench_text,bench_imgae", out=tmp_path / "results")
     assert run.returncode == 2
     assert run.stderr.strip() == ("gpu_suite.sh: --only: unknown benchmark 'bench_imgae'; choose from bench_text "
-                                  "bench_image bench_continuous bench_video bench_graphs quality cost_model")
+                                  "bench_image bench_continuous bench_video bench_graphs quality cost_model real_size")
     assert not (tmp_path / "results").exists()
 
 

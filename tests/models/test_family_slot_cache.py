@@ -121,6 +121,29 @@ def test_a_step_reads_nothing_on_the_host_and_traces_whole(families, name):
     assert traced, reason
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_slot_steps_score_what_the_eager_cache_scores_and_capture_whole(dtype):
+    """The families' weights in bfloat16 / float16: a frontier tree's logits on the slot cache agree with the eager
+    cache's to the precision's rounding (far below the logits' spread), and a frontier step on the slot cache runs
+    through the tape, reads nothing on the host and traces whole."""
+    janus = test_janus.tiny_janus().to(dtype)
+    condition = ragged(test_janus.PROMPTS)
+    tree = FrontierTree.build(4, 3, 2)
+    codes = JanusAdapter(janus).codebook().shape[0]
+    tokens = torch.randint(0, codes, (3, tree.size), generator=torch.Generator().manual_seed(0))
+    eager = tree_logits(JanusAdapter(janus), condition, tree, tokens)
+    slotted = tree_logits(on_slot_cache(JanusAdapter(janus), None), condition, tree, tokens)
+    assert eager.dtype == slotted.dtype == torch.float32  # the image logits, as every family returns them
+    assert (slotted - eager).abs().max() < 0.05 * eager.std()
+    adapter = on_slot_cache(JanusAdapter(janus), SlotGraphs(cuda=False))
+    tokens, _ = decode(DECODINGS["frontier"], adapter, condition, 0)
+    assert (tokens >= 0).all()
+    reads, traced, reason = second_iteration(on_slot_cache(JanusAdapter(janus), SlotGraphs(cuda=False)), condition,
+                                             DECODINGS["frontier"], SAMPLING)
+    assert reads == 0
+    assert traced, reason
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graphs_decode_what_the_eager_path_decodes(families):
     make, condition = families["lumina_mgpt"]
