@@ -3,8 +3,9 @@ captured whole (`mmspec.models.hf_image.on_slot_cache`, what the family pipeline
 which replays with a CUDA graph's semantics, every decoding decodes what the eager path decodes, token for token and
 stat for stat (sampled, CFG, top-k, a ragged batch of three prompts, the families' forced line tokens), also when a
 second call replays the kept steps, and a slot cache that keeps rejected drafts is caught; a step reads nothing on
-the host and traces whole. A frontier tree's nodes score, on either cache, what a window of their paths scores. Where
-CUDA is present the CUDA graphs decode the same."""
+the host and traces whole. A frontier tree's nodes score, on either cache, what a window of their paths scores; a
+draft model of the family drafts chains and trees on the slot cache as it does eagerly; half-precision steps capture
+whole. Where CUDA is present the CUDA graphs decode the same."""
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 from mmspec.adapters.static_cache import StaticCausalLMAdapter
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.stats import SpecStats
-from mmspec.image import AR, SJD
+from mmspec.image import AR, SJD, DraftModel
 from mmspec.image.frontier import FrontierTree
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition, SlotGraphs, on_slot_cache
@@ -31,6 +32,15 @@ def ragged(prompts: torch.Tensor, **negative) -> PromptCondition:
     mask = torch.ones_like(prompts)
     mask[1, :2] = 0
     return PromptCondition(prompts, mask, **negative)
+
+
+@pytest.fixture(scope="module")
+def drafters():
+    """name: a draft adapter maker, each family's tiny model of another seed (float64)."""
+    lm, vqgan = test_lumina_mgpt.tiny_lumina(seed=1)
+    janus, emu3, lm = test_janus.tiny_janus(seed=1).double(), test_emu3.tiny_emu3(seed=1).double(), lm.double()
+    return {"janus": lambda: JanusAdapter(janus), "emu3": lambda: Emu3Adapter(emu3, test_emu3.H, test_emu3.W),
+            "lumina_mgpt": lambda: LuminaMGPTAdapter(lm, vqgan, test_lumina_mgpt.H, test_lumina_mgpt.W)}
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +112,26 @@ def test_a_tree_node_scores_what_a_window_of_its_path_scores(families, family):
         torch.testing.assert_close(tree_logits(cache, condition, tree, tokens), reference, rtol=0, atol=1e-9)
     causal = torch.ones_like(tree.ancestors).tril()
     assert not torch.allclose(tree_logits(adapter, condition, tree, tokens, causal), reference, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", ["janus", "emu3", "lumina_mgpt"])
+def test_a_draft_model_of_the_family_decodes_on_the_slot_cache_what_it_decodes_eagerly(families, drafters, family):
+    """Another model of the family drafts chains and full trees: with target and drafter on slot caches, the steps
+    through the tape decode what the eager caches decode; a chain's step reads nothing on the host and traces
+    whole."""
+    make, condition = families[family]
+    slotted = on_slot_cache(make(), SlotGraphs(cuda=False))
+    for tree_width, seed in ((1, 0), (1, 1), (2, 0)):  # the chain's second call replays the first's steps
+        tokens, stats = decode(DraftModel(3, tree_width=tree_width, drafter=on_slot_cache(drafters[family](), None)),
+                               slotted, condition, seed)
+        eager_tokens, eager_stats = decode(DraftModel(3, tree_width=tree_width, drafter=drafters[family]()), make(),
+                                           condition, seed)
+        assert torch.equal(tokens, eager_tokens), (tree_width, seed)
+        assert stats == eager_stats and 0 < stats["accepted"] < stats["drafted"], (tree_width, seed)
+    reads, traced, reason = second_iteration(on_slot_cache(make(), SlotGraphs(cuda=False)), condition,
+                                             DraftModel(3, drafter=on_slot_cache(drafters[family](), None)), SAMPLING)
+    assert reads == 0
+    assert traced, reason
 
 
 def test_a_slot_cache_that_keeps_rejected_drafts_is_caught(families, monkeypatch):
