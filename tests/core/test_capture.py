@@ -149,5 +149,6 @@ def test_block_sizes_shrink_towards_the_end():
 def test_iterations_left_follow_the_slowest_rows_rate_and_never_overshoot_a_first_block():
     assert iterations_left(64, 0, 0, 8) == 8  # before any iteration: at the most a step commits, no waste
     assert iterations_left(60, 40, 10, 8) == 15  # then at the rate kept so far: 4 tokens an iteration
-    assert iterations_left(10, 3, 6, 8) == 10  # a rate below one token an iteration (a row that finished) counts as 1
+    assert iterations_left(60, 3, 3, 8) == 6  # but no more than twice the iterations so far
+    assert iterations_left(10, 3, 16, 8) == 10  # a rate below one token an iteration (a row that finished) counts as 1
     assert block_size(iterations_left(255, 0, 0, 16)) == 8 and block_size(iterations_left(255, 0, 0, 1)) == 16

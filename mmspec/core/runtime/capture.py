@@ -401,11 +401,12 @@ def _side_stream(cuda: bool) -> Iterator[None]:
 
 def iterations_left(remaining: int, done: int, iterations: int, most_per_iteration: int) -> float:
     """The iterations a decoding is expected to need for the `remaining` tokens of its slowest row, for `block_size`:
-    at the rate that row kept so far (`done` tokens in `iterations`); before its first iteration at the most tokens
-    a step commits (`most_per_iteration`), so that a first block never runs past the end."""
+    before its first iteration at the most tokens a step commits (`most_per_iteration`), so that a first block never
+    runs past the end; then at the rate that row kept so far (`done` tokens in `iterations`), but no more than twice
+    the iterations it has run (a rate read off a few iterations, whose drafts were still poor, is a poor guide)."""
     if iterations == 0:
         return remaining / most_per_iteration
-    return remaining / max(done / iterations, 1.0)
+    return min(remaining / max(done / iterations, 1.0), 2 * iterations)
 
 
 def block_size(remaining_iterations: float, most: int | None = None) -> int:
