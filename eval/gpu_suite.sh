@@ -3,21 +3,23 @@
 # commands with their seconds):
 #
 #   bash eval/gpu_suite.sh                                   # --device cuda, into eval/results/gpu/
+#   bash eval/gpu_suite.sh --short                           # the CUDA tests and the GPU benchmarks of the families
 #   bash eval/gpu_suite.sh --short --only bench_text,quality # two benchmarks at their own --quick settings
 #   bash eval/gpu_suite.sh --device cpu --quick --out DIR    # the smoke test run by tests/eval/test_gpu_suite.py
 #
 # Options: --device DEVICE (default cuda), --quick (the smallest settings of each benchmark: a smoke test, about six
-# minutes on 2 CPU cores), --short (each benchmark's own --quick settings, but bench_graphs, bench_text and
-# bench_continuous sized so that the three take about 7.5 minutes on one H100; the cost model at every real shape),
-# --only NAME[,NAME] (these benchmarks; environment.json keeps the other benchmarks' runs from earlier calls), --out DIR
-# (default eval/results/gpu), --python PYTHON (default python3). The full run is sized for under 25 minutes on one
-# H100-class GPU; it and --short also draw docs/images/cost_model_<device>.png. Nothing is written when a benchmark
-# fails: the results go to a scratch folder and move only after every benchmark has finished.
+# minutes on 2 CPU cores), --short (cuda_tests, bench_graphs, real_size and cost_model, sized to take under 9 minutes
+# on one H100; with --only, any benchmark at its short settings), --only NAME[,NAME] (these benchmarks;
+# environment.json keeps the other benchmarks' runs from earlier calls), --out DIR (default eval/results/gpu),
+# --python PYTHON (default python3). cuda_tests runs the tests that need CUDA (`pytest -k cuda`, its counts in
+# cuda_tests.json); the full and short runs on a CUDA device start with it. The full run is sized for under 25
+# minutes on one H100-class GPU; it and --short also draw docs/images/cost_model_<device>.png. Nothing is written
+# when a benchmark or a test fails: the results go to a scratch folder and move only after every one has finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-benchmarks=(bench_text bench_image bench_continuous bench_video bench_graphs quality cost_model real_size)
-device=cuda tier=full out=eval/results/gpu python=python3 only=$(IFS=,; echo "${benchmarks[*]}")
+benchmarks=(cuda_tests bench_text bench_image bench_continuous bench_video bench_graphs quality cost_model real_size)
+device=cuda tier=full out=eval/results/gpu python=python3 only=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) device="${2:?--device needs a value}"; shift 2 ;;
@@ -26,20 +28,38 @@ while [ $# -gt 0 ]; do
         --only) only="${2:?--only needs a value}"; shift 2 ;;
         --out) out="${2:?--out needs a value}"; shift 2 ;;
         --python) python="${2:?--python needs a value}"; shift 2 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_suite.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+if [ -z "$only" ]; then  # the tier's own set; the CUDA tests only where there is CUDA
+    case "$tier" in
+        short) only=bench_graphs,real_size,cost_model ;;
+        *) only=$(IFS=,; echo "${benchmarks[*]:1}") ;;
+    esac
+    [[ "$device" == cuda* && "$tier" != smoke ]] && only="cuda_tests,$only"
+fi
 IFS=, read -r -a chosen <<< "$only"
 for name in "${chosen[@]}"; do
     [[ " ${benchmarks[*]} " == *" $name "* ]] || {
         echo "gpu_suite.sh: --only: unknown benchmark '$name'; choose from ${benchmarks[*]}" >&2; exit 2; }
 done
 
+"$python" - "$device" <<'PY' || exit 2  # a device this machine lacks: one line, before any test or model
+import sys
+from mmspec.core.runtime.devices import parse_device
+
+try:
+    parse_device(sys.argv[1])
+except ValueError as error:
+    sys.exit(f"gpu_suite.sh: {error}")
+PY
+
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 plot="$scratch/cost_model_${device%%:*}.png"  # to docs/images/ after a full run; a smoke test's is dropped
 declare -A settings=(  # the full run; --short and --quick below
+    [cuda_tests]=""
     [bench_text]=""
     [bench_image]=""
     [bench_continuous]=""
@@ -59,6 +79,7 @@ ours_tree ours_tree_n30 ours_tree_full30"
     settings[real_size]="--dtype bfloat16 --models janus-pro-7b lumina-mgpt-7b --iterations 32 --prompts 4"
 elif [ "$tier" = smoke ]; then
     settings=(
+        [cuda_tests]=""
         [bench_text]="--quick --prompts 1 --new-tokens 16 --stop-prompts 2 --stream-prompts 12"
         [bench_image]="--quick --prompts 1 --methods sjd_published sjd_maximal draft heads heads_lantern"
         [bench_continuous]="--quick --images-bs1 1 --images-bs8 2 --num-iter 8 --diffusion-steps 10 --no-fd"
@@ -79,9 +100,29 @@ for name in "${benchmarks[@]}"; do
         cost_model) extra="--plot $plot" ;;
     esac
     command="$python -m mmspec.eval.$name --device $device ${settings[$name]} --json $scratch/$name.json $extra"
+    run=($command)
+    if [ "$name" = cuda_tests ]; then  # the default tier's tests named for CUDA; their counts as JSON
+        run=("$python" -m pytest -q -p no:cacheprovider -m "not slow" -k cuda tests --junitxml "$scratch/cuda_tests.xml")
+        command="${run[*]}"
+    fi
     echo "== $command"
     began=$(date +%s)
-    $command
+    "${run[@]}"
+    if [ "$name" = cuda_tests ]; then
+        "$python" - "$scratch/cuda_tests.xml" "$scratch/cuda_tests.json" "$device" <<'PY'
+import json, sys
+import xml.etree.ElementTree as ElementTree
+import torch
+from mmspec.eval.devices import machine
+
+suite = ElementTree.parse(sys.argv[1]).getroot()
+suite = suite if suite.tag == "testsuite" else suite[0]
+counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+json.dump({**machine(torch.device(sys.argv[3])), **counts, "passed": counts["tests"] - counts["failures"]
+           - counts["errors"] - counts["skipped"]}, open(sys.argv[2], "w"), indent=1)
+PY
+        rm "$scratch/cuda_tests.xml"
+    fi
     commands+=("$name	$(( $(date +%s) - began ))	${command//$scratch/$out}")
 done
 

@@ -64,9 +64,25 @@ def test_the_suite_refuses_bad_arguments_and_writes_nothing(tmp_path):
     assert run.returncode == 2 and "unknown argument --frobnicate" in run.stderr
     run = suite("--only", "bench_text,bench_imgae", out=tmp_path / "results")
     assert run.returncode == 2
-    assert run.stderr.strip() == ("gpu_suite.sh: --only: unknown benchmark 'bench_imgae'; choose from bench_text "
-                                  "bench_image bench_continuous bench_video bench_graphs quality cost_model real_size")
+    assert run.stderr.strip() == ("gpu_suite.sh: --only: unknown benchmark 'bench_imgae'; choose from cuda_tests "
+                                  "bench_text bench_image bench_continuous bench_video bench_graphs quality cost_model "
+                                  "real_size")
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow  # a new pytest process over the whole suite's collection
+def test_the_cuda_tests_run_as_one_step_and_report_their_counts(tmp_path):
+    """`--only cuda_tests` on the CPU: the tests named for CUDA run (their CUDA twins skip) and their counts land in
+    cuda_tests.json, the command in environment.json."""
+    run = suite("--device", "cpu", "--quick", "--only", "cuda_tests", out=tmp_path / "results")
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = json.loads((tmp_path / "results" / "cuda_tests.json").read_text())
+    assert counts["tests"] >= 20 and counts["failures"] == counts["errors"] == 0 and counts["skipped"] > 0
+    assert counts["passed"] + counts["skipped"] == counts["tests"] and counts["device"]["type"] == "cpu"
+    environment = json.loads((tmp_path / "results" / "environment.json").read_text())
+    assert [r["benchmark"] for r in environment["runs"]] == ["cuda_tests"]
+    assert "-m pytest" in environment["runs"][0]["command"] and "-k cuda" in environment["runs"][0]["command"]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["cuda_tests.json", "environment.json"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
