@@ -321,17 +321,23 @@ def family_shapes() -> dict:
             "lumina_mgpt": LuminaShape(32, 37, 2, 4, 2, 200, 16, 16, 16, context=6)}
 
 
+def family_decodings() -> dict:
+    """`FAMILY_METHODS`' decodings (frontier: bench_image's sjd_tree); `mmspec.eval.real_size` times the same."""
+    from mmspec.image import AR, SJD
+
+    return {"ar": AR(), "sjd": SJD(16, "random", "none"), "mc_sjd": SJD(16, "horizontal", "maximal"),
+            "frontier": SJD(16, "horizontal", "maximal", tree_width=2)}
+
+
 def _family_runs(device, captured: bool) -> dict:
     """`FAMILIES` x `FAMILY_METHODS` at batch 1 on the slot-cache path their pipelines run on CUDA
     (`mmspec.models.hf_image.on_slot_cache`; eager: its steps uncaptured); an iteration is a target forward."""
     from mmspec.core.probs import SamplingConfig
     from mmspec.core.progress import run_to_end
     from mmspec.core.stats import SpecStats
-    from mmspec.image import AR, SJD
     from mmspec.models.hf_image import SlotGraphs, on_slot_cache
 
-    decodings = {"ar": AR(), "sjd": SJD(16, "random", "none"), "mc_sjd": SJD(16, "horizontal", "maximal"),
-                 "frontier": SJD(16, "horizontal", "maximal", tree_width=2)}  # bench_image's sjd_tree
+    decodings = family_decodings()
     sampling = SamplingConfig(temperature=1.0, top_k=8, guidance_scale=GUIDANCE)
     runs = {}
     for family, shape in family_shapes().items():

@@ -38,26 +38,17 @@ from mmspec.core.probs import SamplingConfig
 from mmspec.core.runtime.devices import add_device_arguments, resolve_device
 from mmspec.core.runtime.measured import median_seconds
 from mmspec.core.stats import SpecStats, synchronize
+from mmspec.eval.bench_graphs import family_decodings, family_shapes
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.eval.real_shapes import REAL_SHAPES, RealShape
-from mmspec.image import AR, SJD
 from mmspec.image.policy import measure_cost_curve
 from mmspec.models.hf_image import SlotGraphs, on_slot_cache
 
-METHODS = {  # the embedded pipeline's settings of each exact method, and the decoding they make
-    "sjd": {"decoding": "sjd", "window": 16, "init": "random", "coupling": "none"},
-    "mc_sjd": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal"},
-    "frontier": {"decoding": "sjd", "window": 16, "init": "horizontal", "coupling": "maximal", "tree_width": 2},
-}
+METHODS = tuple(method for method in family_decodings() if method != "ar")  # bench_graphs' family rows' exact ones
 FAMILIES = ("janus-pro-1b", "janus-pro-7b", "emu3-8b", "lumina-mgpt-7b")  # the shapes on a transformers slot cache
 SAMPLING = SamplingConfig(temperature=1.0, top_k=2000, guidance_scale=3.0)
 ITERATIONS, BLOCK = 64, 8
 QUICK = {"batch_sizes": (1, 2), "iterations": 16, "prompts": 2}
-
-
-def decoding_of(options: dict) -> SJD:
-    settings = {key: value for key, value in options.items() if key != "decoding"}
-    return SJD(**settings)
 
 
 def copy_bandwidth(device: torch.device, mib: int) -> float:
@@ -106,18 +97,19 @@ def measure_model(name: str, shape: RealShape, device: torch.device, dtype: torc
     weight_bytes = weights_read(eager.backbone)
     graphed = on_slot_cache(shape.adapter(model), SlotGraphs(cuda=True) if device.type == "cuda" else None)
     N = shape.image_tokens
+    decodings = family_decodings()
     entry = {"parameters": shape.parameters(), "weight_bytes": weight_bytes, "image_tokens": N, "batch_sizes": {}}
     floor_ms = 1000 * weight_bytes / bandwidth
     for B in batch_sizes:
         condition = shape.condition(B, device)
-        forward = measure_cost_curve(eager, condition, SAMPLING, sorted({1, *(decoding_of(o).forward_width
-                                                                            for o in METHODS.values())}), 3)
+        widths = sorted({decoding.forward_width for decoding in decodings.values()})
+        forward = measure_cost_curve(eager, condition, SAMPLING, widths, 3)
         runs = {}
-        for method, decoding in {"ar": AR(), **{m: decoding_of(o) for m, o in METHODS.items()}}.items():
+        for method, decoding in decodings.items():
             timed_iterations(decoding, graphed, condition, device, iterations)  # captures what the next replays
             runs[method] = timed_iterations(decoding, graphed, condition, device, iterations)
             runs[method]["outside_share"] = round(1 - forward[decoding.forward_width] / runs[method]["iteration_s"], 3)
-        eager_ar = timed_iterations(AR(), eager, condition, device, iterations)
+        eager_ar = timed_iterations(decodings["ar"], eager, condition, device, iterations)
         ar_image = runs["ar"]["prefill_s"] + N * runs["ar"]["iteration_s"]
         eager_image = eager_ar["prefill_s"] + N * eager_ar["iteration_s"]
         row = {"graphed_ar": {"ms_per_token": round(1000 * runs["ar"]["iteration_s"], 3),
@@ -156,15 +148,16 @@ def embedded_compression(device: torch.device, batch_sizes, prompts: int) -> dic
 
     pipe = AutoARImagePipeline.from_pretrained(IMAGE_T2I, dtype=torch.float32).to(device)
     pipe.set_progress_bar_config(disable=True)
-    texts = held_out_prompts(prompts)
+    texts, decodings = held_out_prompts(prompts), family_decodings()
     result = {"source": f"embedded text-to-image model ({Path(IMAGE_T2I).name}), {prompts} held-out prompts"}
     for B in batch_sizes:
         result[B] = {}
-        for method, options in METHODS.items():
+        for method in METHODS:
             tokens = forwards = 0
             for start in range(0, prompts - B + 1, B):
                 stats = pipe(texts[start:start + B], generator=seeded(device, range(start, start + B)),
-                             output_type="latent", guidance_scale=SAMPLING.guidance_scale, **options).stats
+                             output_type="latent", guidance_scale=SAMPLING.guidance_scale,
+                             decoding=decodings[method]).stats
                 tokens, forwards = tokens + int(stats.new_tokens.max()), forwards + stats.target_forwards - 1
             result[B][method] = round(tokens / forwards, 3)
         print(f"embedded batch {B}: step compression " + ", ".join(f"{m} {c:.2f}" for m, c in result[B].items()),
@@ -190,8 +183,6 @@ def parse_compression(parser: argparse.ArgumentParser, given: list[str]) -> dict
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from mmspec.eval.bench_graphs import family_shapes
-
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_arguments(parser)
     parser.add_argument("--quick", action="store_true",

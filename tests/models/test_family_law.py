@@ -39,10 +39,9 @@ def emu3():
     return model
 
 
-def condition(rows: int) -> PromptCondition:
-    """Prompts 0 and 1 alternating over `rows` rows, with the negative prompt."""
-    prompts = PROMPTS[torch.arange(rows) % 2]
-    return PromptCondition(prompts, negative_ids=NEGATIVE[:1].expand(rows, -1))
+def condition(prompts: torch.Tensor) -> PromptCondition:
+    """The rows of `prompts` [R] (0 or 1: which of PROMPTS), each with the negative prompt."""
+    return PromptCondition(PROMPTS[prompts], negative_ids=NEGATIVE[:1].expand(len(prompts), -1))
 
 
 def exact_laws(adapter) -> dict[int, dict[tuple, float]]:
@@ -57,10 +56,8 @@ def exact_laws(adapter) -> dict[int, dict[tuple, float]]:
                 images = {image + (token,): mass for image, mass in images.items()}
                 continue
             prefixes = list(images)
-            rows = len(prefixes)
             with torch.no_grad():
-                state, logits = adapter.prefill(PromptCondition(PROMPTS[prompt].expand(rows, -1),
-                                                                negative_ids=NEGATIVE[:1].expand(rows, -1)), cfg=True)
+                state, logits = adapter.prefill(condition(torch.full((len(prefixes),), prompt)), cfg=True)
                 if position:
                     logits = adapter.forward(torch.tensor(prefixes), state)
             law = process_logits(logits.cond[:, -1].double(), SAMPLING, logits.uncond[:, -1].double())
@@ -88,7 +85,8 @@ def decode(model, decoding, rows: int = ROWS, seed: int = 0):
     adapter = on_slot_cache(Emu3Adapter(model, H, W), None)
     stats = SpecStats()
     with torch.no_grad():
-        *_, last = decoding.run(adapter, condition(rows), SAMPLING, torch.Generator().manual_seed(seed), stats)
+        *_, last = decoding.run(adapter, condition(torch.arange(rows) % 2), SAMPLING,
+                                torch.Generator().manual_seed(seed), stats)
     assert (last.n_committed == H * (W + 1)).all()
     return last.tokens, stats
 

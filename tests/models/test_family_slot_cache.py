@@ -34,28 +34,29 @@ def ragged(prompts: torch.Tensor, **negative) -> PromptCondition:
     return PromptCondition(prompts, mask, **negative)
 
 
-@pytest.fixture(scope="module")
-def drafters():
-    """name: a draft adapter maker, each family's tiny model of another seed (float64)."""
-    lm, vqgan = test_lumina_mgpt.tiny_lumina(seed=1)
-    janus, emu3, lm = test_janus.tiny_janus(seed=1).double(), test_emu3.tiny_emu3(seed=1).double(), lm.double()
+def adapter_makers(seed: int) -> dict:
+    """name: a maker of adapters of the family's tiny model of `seed`, float64 (no near-tie flips between the two
+    caches' kernels)."""
+    janus, emu3 = test_janus.tiny_janus(seed).double(), test_emu3.tiny_emu3(seed).double()
+    lm, vqgan = test_lumina_mgpt.tiny_lumina(seed)
+    lm = lm.double()
     return {"janus": lambda: JanusAdapter(janus), "emu3": lambda: Emu3Adapter(emu3, test_emu3.H, test_emu3.W),
             "lumina_mgpt": lambda: LuminaMGPTAdapter(lm, vqgan, test_lumina_mgpt.H, test_lumina_mgpt.W)}
 
 
 @pytest.fixture(scope="module")
+def drafters():
+    """name: a draft adapter maker, each family's tiny model of another seed."""
+    return adapter_makers(1)
+
+
+@pytest.fixture(scope="module")
 def families():
-    """name: (adapter maker, condition), float64 models (no near-tie flips between the two caches' kernels)."""
-    janus, emu3 = test_janus.tiny_janus().double(), test_emu3.tiny_emu3().double()
-    lm, vqgan = test_lumina_mgpt.tiny_lumina()
-    lm = lm.double()
-    return {
-        "janus": (lambda: JanusAdapter(janus), ragged(test_janus.PROMPTS)),
-        "emu3": (lambda: Emu3Adapter(emu3, test_emu3.H, test_emu3.W),
-                 ragged(test_emu3.PROMPTS, negative_ids=test_emu3.NEGATIVE)),
-        "lumina_mgpt": (lambda: LuminaMGPTAdapter(lm, vqgan, test_lumina_mgpt.H, test_lumina_mgpt.W),
-                        ragged(test_lumina_mgpt.PROMPTS)),
-    }
+    """name: (adapter maker, condition)."""
+    makers = adapter_makers(0)
+    return {"janus": (makers["janus"], ragged(test_janus.PROMPTS)),
+            "emu3": (makers["emu3"], ragged(test_emu3.PROMPTS, negative_ids=test_emu3.NEGATIVE)),
+            "lumina_mgpt": (makers["lumina_mgpt"], ragged(test_lumina_mgpt.PROMPTS))}
 
 
 def decode(decoding, adapter, condition, seed):
