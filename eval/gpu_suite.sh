@@ -75,7 +75,7 @@ if [ "$tier" = short ]; then  # bench_graphs, bench_text and bench_continuous: a
     settings[bench_text]="--quick --methods hf_prompt_lookup ours_model ours_model_len8 ours_model_len16 ours_ngram \
 ours_tree ours_tree_n30 ours_tree_full30"
     settings[bench_continuous]="--quick --no-fd --methods ar exact draft"
-    settings[cost_model]="--dtype bfloat16 --batch-sizes 1 4 --prompts 4 --repeats 10"
+    settings[cost_model]="--dtype bfloat16 --models llamagen-b llamagen-l --batch-sizes 1 4 --prompts 4 --repeats 5"
     settings[real_size]="--dtype bfloat16 --models janus-pro-7b lumina-mgpt-7b --iterations 32 --prompts 4"
 elif [ "$tier" = smoke ]; then
     settings=(

@@ -1,23 +1,26 @@
 """Random-weight models at the real configurations of the families the cost model measures (`mmspec.eval.cost_model`).
 
 A forward's cost does not depend on the weights' values, so a model with random weights of a release's shapes costs
-what the release costs. Each `RealShape` builds its target and a drafter (`DRAFT_LAYERS` decoder layers at the
-target's width: an EAGLE / LANTERN drafter's size) as `mmspec.image.DiscreteImageModel` adapters, and a condition
-for B samples; its VQ decoder is tiny, since a forward never touches it.
+what the release costs. Each `RealShape` builds its target, a drafter (`DRAFT_LAYERS` decoder layers at the target's
+width: an EAGLE / LANTERN drafter's size) and an EAGLE head at the target's width as `mmspec.image.DiscreteImageModel`
+adapters (`Adapters`), and a condition for B samples; its VQ decoder is tiny, since a forward never touches it.
 """
 
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 import torch
 
 from mmspec.models.chameleon_vqgan import ChameleonVQGAN
 from mmspec.models.emu3 import Emu3Adapter
-from mmspec.models.hf_image import PromptCondition
+from mmspec.models.heads import EagleHead
+from mmspec.models.hf_image import PromptCondition, SlotGraphs, on_slot_cache
 from mmspec.models.janus import JanusAdapter
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.gpt import OFFICIAL_SIZES, LlamaGenTransformer
+from mmspec.models.llamagen.graphs import WindowGraphs
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.models.lumina_mgpt import (
     IMAGE_END,
@@ -29,12 +32,26 @@ from mmspec.models.lumina_mgpt import (
 )
 
 DRAFT_LAYERS = 1
+HEAD_SLACK = 64  # positions a 1-d EAGLE head holds past the prompt and the image (the widest window's)
+
+
+@dataclass
+class Adapters:
+    """A target's adapters as its pipeline decodes with them: `target` (its steps captured where the pipeline captures
+    them), the draft path's `drafter` (likewise), the target's `eager` adapter (what the head path runs on) and an
+    EAGLE `head` on its features."""
+
+    target: Any
+    drafter: Any
+    eager: Any
+    head: torch.nn.Module
 
 
 class RealShape:
     """A model at a real configuration, built with random weights: its target and drafter adapters
-    (`mmspec.image.DiscreteImageModel`) and a condition for B samples. Subclasses set `layers`, `kv_width` (key or
-    value features per token and layer) and `context` (tokens cached besides the image) and build the models."""
+    (`mmspec.image.DiscreteImageModel`), an EAGLE head at its size and a condition for B samples. Subclasses set
+    `layers`, `kv_width` (key or value features per token and layer) and `context` (tokens cached besides the image)
+    and build the models."""
 
     layers: int
     kv_width: int
@@ -44,6 +61,14 @@ class RealShape:
         raise NotImplementedError
 
     def adapter(self, model: torch.nn.Module):
+        raise NotImplementedError
+
+    def captured(self, model: torch.nn.Module, cuda: bool):
+        """The adapter its pipeline captures the steps of: CUDA graphs (cuda), or their CPU tape."""
+        raise NotImplementedError
+
+    def head(self, model: torch.nn.Module, vocab_size: int) -> EagleHead:
+        """An EAGLE head of one decoder layer at the target's width, attention heads and FFN width, random weights."""
         raise NotImplementedError
 
     def condition(self, batch_size: int, device: torch.device):
@@ -58,15 +83,24 @@ class RealShape:
             return sum(p.numel() for p in self.model(layers).parameters())
 
     def bytes_needed(self, dtype: torch.dtype, batch_size: int, window: int) -> int:
-        """Weights (target and drafter) plus the KV cache of 2B rows over the context, the image and a window."""
+        """Weights (the target, the drafter and the head, counted at the drafter's size, which it is below) plus the
+        KV cache of 2B rows over the context, the image and a window."""
         cache = 2 * self.layers * 2 * batch_size * (self.context + self.image_tokens + window) * self.kv_width
-        return (self.parameters() + self.parameters(DRAFT_LAYERS) + cache) * dtype.itemsize
+        return (self.parameters() + 2 * self.parameters(DRAFT_LAYERS) + cache) * dtype.itemsize
 
-    def build(self, device: torch.device, dtype: torch.dtype) -> tuple:
-        """The target's and the drafter's (`DRAFT_LAYERS` decoder layers) adapters, random weights on `device`."""
+    def build(self, device: torch.device, dtype: torch.dtype, captured: bool) -> Adapters:
+        """The target's, the drafter's (`DRAFT_LAYERS` decoder layers) and the head's adapters, random weights on
+        `device`; captured: the target and the drafter with their steps captured (`captured`; CUDA graphs on a CUDA
+        device), else eager."""
         with torch.device(device):
             target, drafter = self.model().to(dtype).eval(), self.model(DRAFT_LAYERS).to(dtype).eval()
-        return self.adapter(target), self.adapter(drafter)
+        eager = self.adapter(target)
+        # `type`, not diffusers' `to(dtype)`, which warns of float32-only modules a head has none of
+        head = self.head(target, eager.vocab_size).to(device).type(dtype).eval()
+        if not captured:
+            return Adapters(eager, self.adapter(drafter), eager, head)
+        cuda = device.type == "cuda"
+        return Adapters(self.captured(target, cuda), self.captured(drafter, cuda), eager, head)
 
 
 @dataclass(frozen=True)
@@ -98,9 +132,18 @@ class LlamaGenShape(RealShape):
     def model(self, layers: int | None = None) -> LlamaGenTransformer:
         return LlamaGenTransformer(**{**self.config, "n_layer": layers or self.layers})
 
-    def adapter(self, model: LlamaGenTransformer) -> LlamaGenAdapter:
+    def adapter(self, model: LlamaGenTransformer, graphs: WindowGraphs | None = None) -> LlamaGenAdapter:
         vq = LlamaGenVQModel(codebook_size=16384, ch=32, ch_mult=(1,), num_res_blocks=1, z_channels=32)
-        return LlamaGenAdapter(model, vq.to(model.device))
+        return LlamaGenAdapter(model, vq.to(model.device), graphs)
+
+    def captured(self, model: LlamaGenTransformer, cuda: bool) -> LlamaGenAdapter:
+        return self.adapter(model, WindowGraphs(model, capture=cuda))
+
+    def head(self, model: LlamaGenTransformer, vocab_size: int) -> EagleHead:
+        block = model.layers[0]
+        return EagleHead(feature_size=self.config["dim"], vocab_size=vocab_size, n_head=self.config["n_head"],
+                         ffn_hidden=block.feed_forward.w1.out_features, positions="2d",
+                         grid_size=self.config["grid_size"])
 
     def condition(self, batch_size: int, device: torch.device) -> LlamaGenCondition:
         return LlamaGenCondition(torch.zeros(batch_size, dtype=torch.long, device=device))
@@ -123,6 +166,13 @@ class DecoderShape(RealShape):
     @property
     def layers(self) -> int:
         return self.num_layers
+
+    def captured(self, model, cuda: bool):
+        return on_slot_cache(self.adapter(model), SlotGraphs(cuda=cuda))
+
+    def head(self, model, vocab_size: int) -> EagleHead:
+        return EagleHead(feature_size=self.hidden, vocab_size=vocab_size, n_head=self.heads,
+                         ffn_hidden=self.intermediate, max_positions=self.context + self.image_tokens + HEAD_SLACK)
 
 
 @dataclass(frozen=True)

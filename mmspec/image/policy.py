@@ -260,32 +260,51 @@ def measure_overheads(model: DiscreteImageModel, condition, sampling: SamplingCo
 def measure_replayed_iterations(model: DiscreteImageModel, condition, sampling: SamplingConfig, candidates,
                                 block: int = 8, repeats: int = REPEATS, tick: Tick = None,
                                 clock: Clock = time.perf_counter) -> dict[str, float]:
-    """Settled seconds of one iteration of each candidate's whole step (1: AR's) as a decoding on a model with
-    captured steps runs it: blocks of `block` iterations replayed from the model's step graphs, with the read of the
-    progress that follows each block; timed on `repeats` decodings after an untimed one (whose block captures the
-    graphs the pipeline's own decodings then replay). Under "prefill": the seconds of opening a decoding. On a GPU a
-    window forward and the kernels around it are then costed as one graph runs them, not as eager launches."""
-    device = model_device(model)
-    seconds = {"prefill": measure_prefill(model, condition, sampling, repeats, clock)}
-    for candidate in candidates:
-        decoding = candidate_decoding(candidate)
-        times = []
-        for _ in range(1 + repeats):
-            stats = SpecStats()
-            opening = open_decoding(model, condition, sampling, None, stats, decoding.max_window, decoding)
-            step = decoding.step(model, opening, sampling, None, stats)
-            runner = StepRunner(step, stats, opening.timer, step_graphs(model), step_key(decoding, sampling, opening))
-            runner.run(1)  # a decoding's first iteration runs eagerly
-            runner.run(block)
-            synchronize(device)
-            began = clock()
-            runner.run(block)
-            runner.step.progress()
-            times.append((clock() - began) / block)
-            runner.finish()
-        seconds[candidate_name(candidate)] = settled(times[1:])
+    """`time_iterations` of each candidate's decoding (1: AR's) on a model with captured steps, keyed by
+    `candidate_name`. Under "prefill": the seconds of opening a decoding. On a GPU a window forward and the kernels
+    around it are then costed as one graph runs them, not as eager launches."""
+    runs = {candidate_name(candidate): (model, candidate_decoding(candidate)) for candidate in candidates}
+    return {"prefill": measure_prefill(model, condition, sampling, repeats, clock)} | time_iterations(
+        runs, condition, sampling, block, repeats, tick, clock)
+
+
+@torch.no_grad()
+def time_iterations(runs: dict, condition, sampling: SamplingConfig, block: int = 8, repeats: int = REPEATS,
+                    tick: Tick = None, clock: Clock = time.perf_counter) -> dict:
+    """Settled seconds of one iteration of each decoding's whole step as a decoding runs it, per key of `runs`
+    (key -> (model, decoding)): blocks of `block` iterations (replayed from the model's step graphs where it has
+    them, else eager), with the read of the progress that follows each block. Each decoding is timed once a round,
+    `repeats` rounds after an untimed one (whose blocks capture the graphs the timed ones, and the pipeline's own
+    decodings, then replay), round robin, so that a slow spell of the machine falls on a few rounds of every
+    decoding, not on all rounds of a few. A step has fixed shapes, so an iteration costs the same whatever it
+    accepts. tick(): called after each round (progress)."""
+    for model, decoding in runs.values():
+        decoding.check_model(model)  # as a decoding's run does (a head taps the target's features here)
+    times = {key: [] for key in runs}
+    for _ in range(1 + repeats):
+        for key, (model, decoding) in runs.items():
+            times[key].append(timed_block(model, condition, sampling, decoding, block, clock))
         if tick is not None:
             tick()
+    return {key: settled(seconds[1:]) for key, seconds in times.items()}
+
+
+def timed_block(model: DiscreteImageModel, condition, sampling: SamplingConfig, decoding: ImageDecoding, block: int,
+                clock: Clock) -> float:
+    """Seconds per iteration of one block of `block` iterations and the progress read after it, on a new decoding
+    whose first iteration and first block ran untimed."""
+    stats = SpecStats()
+    opening = open_decoding(model, condition, sampling, None, stats, decoding.max_window, decoding)
+    step = decoding.step(model, opening, sampling, None, stats)
+    runner = StepRunner(step, stats, opening.timer, step_graphs(model), step_key(decoding, sampling, opening))
+    runner.run(1)  # a decoding's first iteration runs eagerly
+    runner.run(block)
+    synchronize(model_device(model))
+    began = clock()
+    runner.run(block)
+    runner.step.progress()
+    seconds = (clock() - began) / block
+    runner.finish()
     return seconds
 
 
@@ -495,7 +514,7 @@ class DecodingPolicy:
             return None
         widest = max(candidates, key=lambda c: candidate_decoding(c).forward_width)
         name = candidate_name(widest)
-        with self.measuring(f"checking the cached replayed steps for batch {batch_size}", 2) as tick:
+        with self.measuring(f"checking the cached replayed steps for batch {batch_size}", 1 + PROBE_REPEATS) as tick:
             probe = measure_replayed_iterations(model, condition, sampling, (1, widest), repeats=PROBE_REPEATS,
                                                 tick=tick, clock=self.clock)
         return disagreement(describe(candidate_decoding(widest)), saved[name] / saved["1"], probe[name] / probe["1"],
@@ -531,7 +550,7 @@ class DecodingPolicy:
                 return saved, False
             logger.warning("the cached replayed iterations for %s %s: measuring them again", key, doubt)
         with self.measuring(f"timing the replayed steps of {len(candidates)} decodings for batch {batch_size}",
-                            len(candidates)) as tick:
+                            1 + REPEATS) as tick:
             seconds = measure_replayed_iterations(model, condition, sampling, candidates, tick=tick,
                                                   clock=self.clock)
         self.store(model_print, device_print, key, seconds)

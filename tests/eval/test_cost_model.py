@@ -1,5 +1,6 @@
 """`mmspec.eval.cost_model`: the projection formula on numbers worked by hand, the real shapes' sizes, the skip of a
-model that does not fit, and clear errors. The whole script runs in tests/eval/test_gpu_suite.py."""
+model that does not fit, every method's step timed on each family's adapters (eager and captured), and clear errors.
+The whole script runs in tests/eval/test_gpu_suite.py."""
 
 import pytest
 import torch
@@ -7,45 +8,43 @@ import torch
 from mmspec.eval import cost_model
 from mmspec.eval.cost_model import measure_real_shape, projected_speedups
 from mmspec.eval.real_shapes import REAL_SHAPES, Emu3Shape, JanusShape, LlamaGenShape, LuminaShape
+from mmspec.models.hf_image import SlotCacheFamily
 
 
-def embedded_runs(ar_overhead: float = 0.0, overhead: float = 0.0) -> dict:
-    run = {"overhead_s": overhead}
-    return {"ar": {"overhead_s": ar_overhead},
-            "sjd": {2: {"compression": 2.0, **run}, 4: {"compression": 3.0, **run}},
-            "mc_sjd": {2: {"compression": 1.8, **run}, 4: {"compression": 4.0, **run}},
-            "lantern": {4: {"compression": 5.0, **run}},
-            "draft": {2: {"compression": 1.5, **run}, 3: {"compression": 2.0, **run}},
-            "heads": {2: {"compression": 1.8, **run}, 3: {"compression": 2.8, **run}}}
+def embedded_runs() -> dict:
+    return {"sjd": {2: {"compression": 2.0}, 4: {"compression": 3.0}},
+            "mc_sjd": {2: {"compression": 1.8}, 4: {"compression": 4.0}},
+            "lantern": {4: {"compression": 5.0}},
+            "draft": {2: {"compression": 1.5}, 3: {"compression": 2.0}},
+            "heads": {2: {"compression": 1.8}, 3: {"compression": 2.8}}}
 
 
-STEPS = {"draft": 0.5, "heads": 0.25}  # seconds of one call of each drafter
+def iterations(ar: float = 1.0) -> dict:
+    """Seconds of one iteration: AR's and every method's at its windows."""
+    return {"ar": ar, "sjd": {2: 1.0, 4: 2.0}, "mc_sjd": {2: 1.0, 4: 2.0}, "lantern": {4: 2.0},
+            "draft": {2: 1.5, 3: 2.5}, "heads": {2: 1.25, 3: 2.0}}
 
 
 def test_the_projection_on_numbers_worked_by_hand():
-    curve = {1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0}  # seconds of a W-token forward
-    projected = projected_speedups(curve, draft_steps=STEPS, embedded=embedded_runs())
+    projected = projected_speedups(iterations(), embedded_runs())
     assert projected["ar"] == {"window": 1, "speedup": 1.0}
     assert projected["sjd"] == {"window": 2, "speedup": 2.0}  # 2.0 / 1.0 beats 3.0 / 2.0
     assert projected["mc_sjd"] == {"window": 4, "speedup": 2.0}  # 4.0 / 2.0 beats 1.8 / 1.0
     assert projected["lantern"] == {"window": 4, "speedup": 2.5}
-    # the draft path pays its drafter: W = 2: 1.5 / (1.0 + 0.5) = 1.0; W = 3: 2.0 / (1.5 + 2 * 0.5) = 0.8
-    assert projected["draft"] == {"window": 2, "speedup": 1.0}
-    # the head path pays its cheaper head: W = 2: 1.8 / (1.0 + 0.25) = 1.44; W = 3: 2.8 / (1.5 + 2 * 0.25) = 1.4
-    assert projected["heads"] == {"window": 2, "speedup": 1.44}
+    assert projected["draft"] == {"window": 2, "speedup": 1.0}  # 1.5 / 1.5 beats 2.0 / 2.5
+    assert projected["heads"] == {"window": 2, "speedup": 1.44}  # 1.8 / 1.25 beats 2.8 / 2.0
 
 
-def test_overhead_outside_the_forward_counts_per_forward():
-    curve = {1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0}
-    projected = projected_speedups(curve, STEPS, embedded_runs(ar_overhead=0.5, overhead=1.0))
-    # sjd W = 2: 2.0 * (1.0 + 0.5) / (1.0 + 1.0) = 1.5; W = 4: 3.0 * 1.5 / 3.0 = 1.5 -> the first best
-    assert projected["sjd"]["speedup"] == 1.5
-    assert projected["lantern"]["speedup"] == 2.5  # 5.0 * 1.5 / 3.0
+def test_ar_s_iteration_is_the_unit_of_every_speedup():
+    projected = projected_speedups(iterations(ar=1.5), embedded_runs())
+    assert projected["sjd"]["speedup"] == 3.0  # 2.0 * 1.5 / 1.0
+    assert projected["lantern"]["speedup"] == 3.75  # 5.0 * 1.5 / 2.0
 
 
-def test_windows_without_a_measured_cost_are_not_projected():
-    projected = projected_speedups({1: 1.0, 2: 1.0, 4: 4.0}, STEPS, embedded_runs())
-    assert projected["sjd"]["window"] == 2 and projected["draft"]["window"] == 2  # draft W = 3 has no cost
+def test_windows_without_a_measured_iteration_are_not_projected():
+    timed = iterations() | {"sjd": {2: 1.0}, "draft": {2: 1.5}}
+    projected = projected_speedups(timed, embedded_runs())
+    assert projected["sjd"] == {"window": 2, "speedup": 2.0} and projected["draft"]["window"] == 2
 
 
 def test_the_real_shapes_have_the_official_sizes():
@@ -62,7 +61,8 @@ def test_a_model_that_does_not_fit_is_skipped_with_a_line(monkeypatch):
     entry = measure_real_shape("llamagen-l", LlamaGenShape("GPT-L", 256), torch.device("cpu"), torch.float32,
                                (1, 8), (1, 64), repeats=1)
     assert set(entry) == {"skipped"}
-    assert entry["skipped"] == "needs about 2.4 GiB, 1.0 GiB free on cpu"  # 343 M + a 1-layer drafter + cache, fp32
+    # 343 M + a 1-layer drafter + a head counted as one + the cache, fp32
+    assert entry["skipped"] == "needs about 2.6 GiB, 1.0 GiB free on cpu"
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -78,24 +78,61 @@ def test_bad_arguments_fail_before_any_model_loads(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_janus_pro_is_measured_through_its_adapter_at_a_tiny_size():
-    tiny = JanusShape.tiny(4)
-    entry = measure_real_shape("janus-tiny", tiny, torch.device("cpu"), torch.float32, (1, 2), (1, 2, 4), repeats=1)
+@pytest.fixture
+def small_lantern(monkeypatch):
+    """LANTERN relaxing among 5 neighbours: the tiny VQs have 12 to 20 codes (the real ones' k is 100)."""
+    monkeypatch.setitem(cost_model.METHODS, "lantern", lambda W: {"decoding": "sjd", "window": W,
+                                                                   "acceptance": "lantern", "lantern_k": 5})
+
+
+TINY = {"janus": JanusShape.tiny(4), "emu3": Emu3Shape(32, 37, 2, 4, 2, 200, 3, 4, 20, context=6),
+        "lumina-mgpt": LuminaShape(32, 37, 2, 4, 2, 200, 2, 4, 16, context=6)}
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+@pytest.mark.parametrize("family", TINY)
+def test_every_method_s_step_is_timed_on_the_family_s_adapters(family, captured, small_lantern):
+    tiny = TINY[family]
+    entry = measure_real_shape(family, tiny, torch.device("cpu"), torch.float32, (2,), (1, 2, 4), repeats=1,
+                               captured=captured)
+    seconds = entry["iteration_seconds"][2]
+    assert seconds["ar"] > 0
+    assert {method: set(by_window) for method, by_window in seconds.items() if method != "ar"} == {
+        "sjd": {2, 4}, "mc_sjd": {2, 4}, "lantern": {2, 4}, "draft": {2, 3, 5}, "heads": {2, 3, 5}}
+    assert all(s > 0 for by_window in list(seconds.values())[1:] for s in by_window.values())
     assert set(entry["cost_curve"][2]) == {1, 2, 3, 4, 5} and entry["cost_curve"][2][1] == 1.0
+    assert set(entry["outside_share"][2]) == set(seconds)
     assert entry["parameters"] == tiny.parameters() > tiny.parameters(1)
-    assert tiny.image_tokens == 16
 
 
-@pytest.mark.parametrize("tiny", [
-    Emu3Shape(32, 37, 2, 4, 2, 200, 3, 4, 20, context=6),
-    LuminaShape(32, 37, 2, 4, 2, 200, 2, 4, 16, context=6),
-], ids=["emu3", "lumina-mgpt"])
-def test_line_structured_families_are_measured_through_their_adapters_at_a_tiny_size(tiny):
-    entry = measure_real_shape("tiny", tiny, torch.device("cpu"), torch.float32, (2,), (1, 2, 4), repeats=1)
-    assert set(entry["cost_curve"][2]) == {1, 2, 3, 4, 5} and entry["cost_curve"][2][1] == 1.0
-    assert entry["draft_step_seconds"][2] > 0
-    assert tiny.image_tokens == tiny.height * (tiny.width + 1)  # every row closed by its line token
-    assert tiny.kv_width == 16  # 2 of 4 heads of width 8
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_the_adapters_are_the_pipelines(captured):
+    """Captured: the target and the drafter on the slot cache with step graphs (their CPU tape here); the head's
+    adapter eager, its head an EAGLE layer at the target's width."""
+    adapters = TINY["emu3"].build(torch.device("cpu"), torch.float32, captured)
+    for adapter in (adapters.target, adapters.drafter):
+        assert isinstance(adapter, SlotCacheFamily) == captured
+        assert (getattr(adapter, "graphs", None) is not None) == captured
+    assert not isinstance(adapters.eager, SlotCacheFamily)
+    assert adapters.head.config.feature_size == 32 and adapters.head.config.ffn_hidden == 37
+    assert adapters.head.config.vocab_size == adapters.eager.vocab_size
+
+
+def test_a_llamagen_shape_captures_on_its_window_graphs():
+    shape = LlamaGenShape("GPT-B", 256)
+    with torch.device("meta"):
+        model = shape.model(1)
+    adapter = shape.captured(model, cuda=False)
+    assert adapter.graphs is not None and adapter.graphs.transformer is model and not adapter.graphs.capture
+    head = shape.head(model, 16384)
+    assert head.config.positions == "2d" and head.config.grid_size == 16 and head.config.feature_size == 768
+
+
+def test_the_tiny_shapes_sizes():
+    assert TINY["janus"].image_tokens == 16
+    emu3 = TINY["emu3"]
+    assert emu3.image_tokens == emu3.height * (emu3.width + 1)  # every row closed by its line token
+    assert emu3.kv_width == 16  # 2 of 4 heads of width 8
 
 
 def test_the_janus_pro_shapes_are_the_releases():
