@@ -30,11 +30,14 @@ break is a host read or a data-dependent shape, which no CUDA graph can hold;
 - frame_ar / frame: the embedded next-frame world (mmspec/zoo/nextframe_shapes), 24 frames at 10 % action changes,
   sequential and `FrameSpeculation(frames=4)`; the captured part is a block's Euler steps; latency per frame, an
   iteration is a model forward; fullgraph: one block's Euler steps;
-- text_hf_ar / text_ar / text_model / text_tree / text_ngram: the embedded pair (mmspec/zoo/pycode), a held-out
+- text_hf_ar / text_ar / `TEXT_DRAFTERS`: the embedded pair (mmspec/zoo/pycode, with the heads it ships), a held-out
   prompt per call, 128 new tokens (`--new-tokens`) at T = 0, batch 1: transformers' `generate` with its KV cache (not
-  captured), and `speculative_generate` drafting nothing (`NoDrafter`: AR through our loop, the text AR that the
-  others are measured against), with the draft model's chains of 4, its dynamic trees and prompt lookup; the captured
-  part is the whole step (`speculative_generate(graphs=StepGraphs(...))`); an iteration is a target forward;
+  captured), `speculative_generate` drafting nothing (`NoDrafter`: AR through our loop, the text AR that the others
+  are measured against), and every registered text drafter at its defaults: the draft model's chains of 4, layer
+  skip, prompt lookup, the draft model's dynamic trees, STAND, EAGLE (chains and its dynamic tree), EAGLE-3 (a random
+  head: the zoo ships none), Hydra, the cascade, SpecDec++'s learned length, Kangaroo and S2D; the captured part is
+  the whole step (`speculative_generate(graphs=StepGraphs(...))`; a drafter whose step reads the host runs eagerly);
+  an iteration is a target forward;
 - janus_* / emu3_* / lumina_mgpt_* (`ar`, `sjd`, `mc_sjd`, `frontier`: W 16 random / uncoupled and horizontal /
   maximal, the latter with SJD-PAC's frontier tree of width 2 and depth 2 (20 nodes a forward)): the
   transformers families at tiny configurations with random weights (`family_shapes`: 16 x 16 codes, CFG 3, top-k 8,
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import statistics
@@ -74,10 +78,26 @@ METHODS = {
 WIDTHS = {"ar": 1, "sjd": 16, "mc_sjd": 16, "draft": 3, "pjd": None, "sjd_tree": None, "draft_tree": None}
 FAMILIES = ("janus", "emu3", "lumina_mgpt")
 FAMILY_METHODS = ("ar", "sjd", "mc_sjd", "frontier")
-LOOPS = ("mar_head", "mar_speculative", "frame_ar", "frame", "text_hf_ar", "text_ar", "text_model", "text_tree",
-         "text_ngram", *(f"{family}_{method}" for family in FAMILIES for method in FAMILY_METHODS))
+TEXT_DRAFTERS = {  # row -> (a registered text decoding, its settings): every built-in drafter of `mmspec.text.methods`
+    "text_model": ("model", {}),
+    "text_layerskip": ("layerskip", {}),
+    "text_ngram": ("ngram", {}),
+    "text_tree": ("tree", {}),
+    "text_stand": ("stand", {}),
+    "text_eagle": ("heads", {"kind": "eagle"}),
+    "text_eagle3": ("heads", {"kind": "eagle"}),  # its head: `eagle3_head`
+    "text_eagle_tree": ("heads", {"kind": "eagle", "tree_size": 16}),
+    "text_hydra": ("heads", {"kind": "hydra"}),
+    "text_cascade": ("cascade", {}),
+    "text_specdecpp": ("model", {"schedule": "learned"}),
+    "text_kangaroo": ("kangaroo", {}),
+    "text_s2d": ("s2d", {}),
+}
+TEXT_ROWS = tuple(TEXT_DRAFTERS)
+LOOPS = ("mar_head", "mar_speculative", "frame_ar", "frame", "text_hf_ar", "text_ar", *TEXT_ROWS,
+         *(f"{family}_{method}" for family in FAMILIES for method in FAMILY_METHODS))
 AR_OF = {"mar_head": ("mar_head", "mar_speculative"), "frame_ar": ("frame_ar", "frame"),
-         "text_ar": ("text_hf_ar", "text_ar", "text_model", "text_tree", "text_ngram"),
+         "text_ar": ("text_hf_ar", "text_ar", *TEXT_ROWS),
          **{f"{family}_ar": tuple(f"{family}_{method}" for method in FAMILY_METHODS) for family in FAMILIES}}
 
 
@@ -274,19 +294,37 @@ def _frame_runs(device, captured: bool) -> dict:
     return {"frame_ar": runner(AR()), "frame": runner(FrameSpeculation(frames=4))}
 
 
+def eagle3_head(target) -> torch.nn.Module:
+    """An EAGLE-3 head for the embedded target, random weights (the zoo ships none): one decoder layer over the
+    target's feature fused with the outputs of its first, middle and last layers. Its host reads and its trace do
+    not depend on its weights; its acceptance does, so its speed means nothing."""
+    from mmspec.models.heads import EagleHead
+
+    config, layers = target.config, target.config.num_hidden_layers
+    torch.manual_seed(0)
+    head = EagleHead(feature_size=config.hidden_size, vocab_size=config.vocab_size,
+                     n_head=config.num_attention_heads, ffn_hidden=config.intermediate_size,
+                     feature_layers=tuple(sorted({0, layers // 2, layers - 1})))
+    return head.to(target.device).eval()
+
+
 def _text_runs(device, captured: bool, new_tokens: int) -> dict:
     from mmspec.core.progress import run_to_end
     from mmspec.core.runtime.capture import StepGraphs
-    from mmspec.text import speculative_generate
+    from mmspec.eval.bench_text import load_heads
+    from mmspec.pipelines.text import SpeculativeTextPipeline
     from mmspec.text.ar import ar_steps
-    from mmspec.text.drafters import ModelDrafter, NGramDrafter, NoDrafter
-    from mmspec.text.tree_drafters import ModelTreeDrafter
+    from mmspec.text.drafters import NoDrafter
+    from mmspec.text.generate import speculative_steps
     from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, load_causal_lm
     from mmspec.zoo.text_corpus import held_out_prompts
 
     target, tokenizer = load_causal_lm(TEXT_TARGET, dtype=torch.float32)
     draft, _ = load_causal_lm(TEXT_DRAFT, dtype=torch.float32)
     target, draft = target.to(device), draft.to(device)
+    heads = load_heads(TEXT_TARGET, target)
+    pipe = SpeculativeTextPipeline(target, tokenizer, draft, eagle_head=heads["eagle"], hydra_head=heads["hydra"],
+                                   acceptance_head=heads["acceptance"], kangaroo_adapter=heads["kangaroo"])
     prompts = held_out_prompts(4)
     common = dict(max_new_tokens=new_tokens, temperature=0.0, eos_token_id=tokenizer.eos_token_id,
                   pad_token_id=tokenizer.pad_token_id)
@@ -300,16 +338,25 @@ def _text_runs(device, captured: bool, new_tokens: int) -> dict:
         stats = run_to_end(ar_steps(target, *encoded(seed), generator=seeded(device, [seed])[0], **common)).stats
         return int(stats.new_tokens.max()), 1, None
 
-    def ours(make_drafter):
+    def ours(steps):
+        """steps(input_ids, attention_mask, generator): a run of `speculative_steps`."""
         def run(seed: int, trace: bool):
             with trace_checks() if trace else contextlib.nullcontext() as checks:
-                _, stats = speculative_generate(target, *encoded(seed), drafter=make_drafter(), graphs=graphs,
-                                                generator=seeded(device, [seed])[0], **common)
+                stats = run_to_end(steps(*encoded(seed), seeded(device, [seed])[0])).stats
             return stats.target_forwards - stats.prefill_forwards, 1, checks[0] if trace else None
         return run
 
-    return {"text_hf_ar": hf_ar, "text_ar": ours(NoDrafter), "text_model": ours(lambda: ModelDrafter(draft)),
-            "text_tree": ours(lambda: ModelTreeDrafter(draft)), "text_ngram": ours(lambda: NGramDrafter())}
+    given = {"text_eagle3": {"head": eagle3_head(target)}}  # runtime fields, before the pipeline supplies the rest
+
+    def decoded(row: str, name: str, settings: dict):
+        decoding = pipe.supplied(dataclasses.replace(pipe.resolve_decoding(name, **settings), **given.get(row, {})))
+        return ours(lambda ids, mask, generator: decoding.run(target, draft, ids, mask, graphs=graphs,
+                                                                 generator=generator, **common))
+
+    nothing = ours(lambda ids, mask, generator: speculative_steps(target, ids, mask, drafter=NoDrafter(),
+                                                                  graphs=graphs, generator=generator, **common))
+    return {"text_hf_ar": hf_ar, "text_ar": nothing,
+            **{row: decoded(row, name, settings) for row, (name, settings) in TEXT_DRAFTERS.items()}}
 
 
 def family_shapes() -> dict:

@@ -27,7 +27,10 @@ class FeatureTap:
     """What a head reads of a target's last forward ([R, W, w], `features`): the input of its LM head, the feature
     ([R, W, d], w = d), after the outputs of the decoder `layers` an EAGLE-3 head fuses (w = (k + 1) d for k of
     them), each cut to the feature's last W columns (the LM head reads the last columns of the final layer's output).
-    Forward hooks on the modules, shared by every drafter that reads the same ones (`FeatureTap.of`)."""
+    Forward hooks on the modules, shared by every drafter that reads the same ones (`FeatureTap.of`), and by a
+    drafter's step and its captured copy (the hooks write this object, whichever step runs the forward)."""
+
+    capture_static = True
 
     def __init__(self, lm_head: torch.nn.Module, layers: Sequence[torch.nn.Module] = ()):
         self.feature: torch.Tensor | None = None

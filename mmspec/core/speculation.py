@@ -157,8 +157,10 @@ def closing(accepted: torch.Tensor, result: VerifyResult) -> torch.Tensor:
 
 class ChainDrafts(Protocol):
     """A drafter of chains: `propose(rows, budget [B] long, width, sampling, generator) -> Draft`, up to budget[b]
-    tokens after row b's committed tokens in a draft of `width` (a host int: the step's static shape); `forwards`:
-    its model calls so far; `capturable`: no host read of its own; `select(index)`: rows left the batch."""
+    tokens after row b's committed tokens in a draft of `width` (a host int: the step's static shape);
+    `observe(rows, laws)`: the round's target forward ran and its rows committed (a head keeps the features it read;
+    laws: None for chains); `forwards`: its model calls so far; `capturable`: no host read of its own;
+    `select(index)`: rows left the batch."""
 
     forwards: int
     capturable: bool
@@ -166,13 +168,16 @@ class ChainDrafts(Protocol):
     def propose(self, rows: Rows, budget: torch.Tensor, width: int, sampling: SamplingConfig,
                 generator: Generators) -> Draft: ...
 
+    def observe(self, rows: Rows, laws: torch.Tensor | None) -> None: ...
+
     def select(self, index: torch.Tensor) -> None: ...
 
 
 class TreeDrafts(Protocol):
     """A drafter of trees of `shape`: `propose(rows, sampling, generator) -> DraftTree` after each row's committed
     tokens; `observe(rows, laws)`: the round committed rows' new tokens, drawn from laws [B, D + 1, V] (for drafters
-    that learn from the target); `forwards`, `capturable`, `select` as for chains."""
+    that learn from the target, and heads that keep the features it read); `forwards`, `capturable`, `select` as for
+    chains."""
 
     shape: TreeShape
     forwards: int
@@ -238,6 +243,7 @@ class Chain:
         return chain_round(target, state, last, draft, self.law, sampling, self.test, generator, timer)
 
     def observe(self, round: Round, rows: Rows, stats: SpecStats) -> None:
+        self.drafter.observe(rows, round.laws)
         self.lengths.update(round.result.n_accepted, round.drafted)
 
     def select(self, index: torch.Tensor) -> None:

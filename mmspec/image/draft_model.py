@@ -128,6 +128,9 @@ class Proposed:
     def select(self, index: torch.Tensor) -> None:
         self.proposer.select(index)
 
+    def observe(self, rows: Commits, laws: torch.Tensor | None) -> None:
+        self.proposer.observe()
+
 
 class ProposedChains(Proposed):
     """A proposer's chains (`mmspec.core.speculation.ChainDrafts`)."""
@@ -146,6 +149,3 @@ class ProposedTrees(Proposed):
 
     def propose(self, rows: Commits, sampling: SamplingConfig, generator: Generators) -> DraftTree:
         return self.proposer.tree(rows.seq, rows.committed, self.shape, self.law, sampling, generator)
-
-    def observe(self, rows: Commits, laws: torch.Tensor) -> None:
-        pass

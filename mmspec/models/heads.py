@@ -240,7 +240,7 @@ class EagleSession(HeadSession):
         allowed[:, :, :T] = causal & valid[:, None, :]
         hidden = self._run(tokens, self.head.fuse(features), positions, slots, allowed)
         self.valid[:, :T] = valid
-        self.root_hidden = hidden[:, -1]
+        self.root_hidden = hidden[:, -1].clone()
         return self.split(self.head.logits(hidden[:, -1:]))
 
     def catch_up(self, tokens, features, start, committed) -> Logits:
@@ -255,9 +255,10 @@ class EagleSession(HeadSession):
         in_window = (keys[None, None, :] >= slots[:, :1, None]) & (keys[None, None, :] <= slots[:, :, None])
         hidden = self._run(tokens, self.head.fuse(features), self.rows(self.offsets)[:, None] + index, slots,
                            kept[:, None, :] | in_window)
-        self.valid = kept | ((keys >= (self.base + start)[:, None]) & (keys < (self.base + committed)[:, None]))
+        # in place, as every state a round leaves to the next: a captured step's next iteration reads these tensors
+        self.valid.copy_(kept | ((keys >= (self.base + start)[:, None]) & (keys < (self.base + committed)[:, None])))
         last = (committed - 1 - start).clamp(0, W - 1)  # a row that committed nothing keeps junk it never commits
-        self.root_hidden = hidden.gather(1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]
+        self.root_hidden.copy_(hidden.gather(1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
         return self.split(self.head.logits(self.root_hidden[:, None]))
 
     def begin_round(self, committed: torch.Tensor, view_width: int) -> None:
@@ -309,7 +310,11 @@ class HydraSession(HeadSession):
         self.last: torch.Tensor | None = None  # [R] the last committed token
 
     def _root(self, feature: torch.Tensor, token: torch.Tensor) -> Logits:
-        self.root_feature, self.last = feature, token
+        if self.root_feature is None:
+            self.root_feature, self.last = feature.clone(), token.clone()
+        else:  # in place: a captured step's next iteration reads them
+            self.root_feature.copy_(feature)
+            self.last.copy_(token)
         return self.split(self.head.logits(self.head(feature, token[:, None])[:, None]))
 
     def prefill(self, tokens, features, positions, valid) -> Logits:

@@ -23,7 +23,7 @@ from mmspec.core.drafting.proposer import ModelProposer
 from mmspec.core.drafting.stops import ConfidenceStop, LearnedStop
 from mmspec.core.drafts import Draft
 from mmspec.core.model import Logits, require
-from mmspec.core.probs import SamplingConfig, process_logits
+from mmspec.core.probs import SamplingConfig, one_hot, process_logits
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import AcceptanceRule, rule_from
 from mmspec.core.speculation import Chain
@@ -59,6 +59,10 @@ class Drafter:
 
     def select(self, index: torch.Tensor) -> None:
         """Keep only batch rows `index` ([B'] long), in that order: finished rows left the batch."""
+
+    def observe(self, rows: TextRows, laws: torch.Tensor | None) -> None:
+        """The round's target forward ran and rows.count[b] tokens were committed to row b (trees: drawn from
+        laws[b, j]; None for chains): for drafters that learn from the target or read its features."""
 
     def step(self, vocab_size: int, acceptance: AcceptanceRule | str,
              draft_length: int | DraftLengthSchedule | None, tree_rule: str | None, measure_ceiling: bool):
@@ -322,7 +326,7 @@ def looked_up_tail(draft: Draft, lookup, width: int, budget: torch.Tensor) -> Dr
     if first == width:
         return Draft(draft.tokens, torch.minimum(draft.lengths, budget), draft.q)
     tail, available = lookup(draft.tokens, draft.lengths, width - first)
-    point_mass = torch.nn.functional.one_hot(tail, draft.q.shape[-1]).to(draft.q.dtype)
+    point_mass = one_hot(tail, draft.q.shape[-1], draft.q.dtype)
     return Draft(torch.cat([draft.tokens, tail], 1), torch.minimum(first + available, budget),
                  torch.cat([draft.q, point_mass], 1))
 

@@ -70,6 +70,9 @@ class WithHead:
     def select(self, index: torch.Tensor) -> None:
         self.proposer.select(index)
 
+    def observe(self, rows: TextRows, laws: torch.Tensor | None) -> None:
+        self.proposer.observe()
+
 
 class HeadDrafter(WithHead, ChainDrafter):
     """Chains from a feature head (EAGLE: any length; Hydra: at most its number of heads), each token drawn from the
@@ -78,8 +81,6 @@ class HeadDrafter(WithHead, ChainDrafter):
     lookup (n-grams up to `max_ngram`) the rest, point masses, as far as it finds a match (None: the head drafts
     every position). vocabulary: VocabTrim's draft vocabulary ([|S|] long ids, `frequent_vocabulary`): the head
     reads out only those rows of the target's LM head, its law renormalised over them (None: all)."""
-
-    capturable = False  # its first round reads the prefill's law, the others catch up: two shapes of step
 
     def __init__(self, target, head, lookup_after: int | None = None, max_ngram: int = 3,
                  vocabulary: torch.Tensor | None = None):
@@ -110,8 +111,6 @@ class HeadTreeDrafter(WithHead, LookupAfter, TreeDrafter):
     """Trees from a feature head: EAGLE-2's dynamic trees by default (`shape`: any `TreeShape`, depth at most a
     Hydra head's number of heads). lookup_after: a horizontal cascade, the head's levels up to it, prompt lookup's
     after (`LookupAfter`; None: every level the head's)."""
-
-    capturable = False
 
     def __init__(self, target, head, shape: TreeShape = DYNAMIC_TREE, lookup_after: int | None = None,
                  max_ngram: int = 3):

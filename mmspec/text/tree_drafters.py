@@ -44,9 +44,6 @@ class TreeDrafter(Drafter):
     def propose(self, rows: TextRows, sampling: SamplingConfig, generator: Generators) -> DraftTree:
         raise NotImplementedError
 
-    def observe(self, rows: TextRows, laws: torch.Tensor) -> None:
-        pass
-
     def step(self, vocab_size, acceptance, draft_length, tree_rule, measure_ceiling) -> Tree:
         if draft_length is not None:
             raise ValueError("draft_length applies to chain drafters; a tree drafter is sized by its TreeShape")

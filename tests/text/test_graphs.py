@@ -13,8 +13,10 @@ import torch
 
 from mmspec.core.runtime.capture import HostReads, StepGraphs, trace_checks
 from mmspec.core.tree_shape import TreeShape
+from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter
+from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import ModelTreeDrafter
 from tests.conftest import tiny_llama
@@ -29,12 +31,33 @@ def models():
     return tiny_llama(num_layers=3, seed=0), tiny_llama(num_layers=1, seed=1)
 
 
+HEADS = {}  # one head per kind and target: later calls share the steps the first captured (keyed by its weights)
+
+
+def head(kind: str, target, **options):
+    """A random head on the target's features (in the target's dtype)."""
+    key = kind, id(target), tuple(options.items())
+    if key not in HEADS:
+        torch.manual_seed(3)
+        width, vocab = target.config.hidden_size, target.config.vocab_size
+        made = (EagleHead(feature_size=width, vocab_size=vocab, n_head=2, ffn_hidden=16, **options) if kind == "eagle"
+                else HydraHead(feature_size=width, vocab_size=vocab, num_heads=4, hidden=16))
+        HEADS[key] = made.to(target.device).type(target.dtype).eval()
+    return HEADS[key]
+
+
+HEAD_TREE = TreeShape(nodes=6, branching=2, expand=2, depth=3)
 DRAFTERS = {
     "model": lambda target, draft: ModelDrafter(draft),
     "layerskip": lambda target, draft: LayerSkipDrafter(target, 1),
     "ngram": lambda target, draft: NGramDrafter(max_ngram=2),
     "tree": lambda target, draft: ModelTreeDrafter(draft, TreeShape(nodes=6, branching=2, expand=2, depth=3)),
     "none": lambda target, draft: NoDrafter(),  # graphed AR
+    "eagle": lambda target, draft: HeadDrafter(target, head("eagle", target)),
+    "eagle3": lambda target, draft: HeadDrafter(target, head("eagle", target, feature_layers=(0, 2))),
+    "hydra": lambda target, draft: HeadDrafter(target, head("hydra", target)),
+    "eagle_tree": lambda target, draft: HeadTreeDrafter(target, head("eagle", target), HEAD_TREE),
+    "hydra_tree": lambda target, draft: HeadTreeDrafter(target, head("hydra", target), HEAD_TREE),
 }
 SAMPLINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0, top_k=8)}
 

@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmspec.core.drafting import heads as head_drafting
 from mmspec.core.drafts import Draft
+from mmspec.core.runtime.capture import StepGraphs
 from mmspec.core.tree_shape import TreeShape
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
@@ -50,16 +51,21 @@ CONFIGS = {  # name: (drafter maker, draft_length, temperature, top_k)
 }
 
 
-def run_and_test(name, seed=0, rows=None):
+CAPTURED = ("eagle_chain_topk", "eagle3_chain", "hydra_chain", "eagle_chain_lookup_after", "eagle_tree",
+            "hydra_tree_topk")  # also run on the captured steps' code (their CPU tape)
+
+
+def run_and_test(name, seed=0, rows=None, captured=False):
     make, draft_length, temperature, top_k = CONFIGS[name]
     target = TableLM(random_table(V, 0))
     options = {} if draft_length is None else {"draft_length": draft_length}
-    return law_test(target, make(target), temperature, top_k, seed, rows, **options)
+    graphs = StepGraphs(cuda=False) if captured else None
+    return law_test(target, make(target), temperature, top_k, seed, rows, graphs=graphs, **options)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_head_drafting_matches_exact_joint_law(name):
-    p_value, stats = run_and_test(name)
+@pytest.mark.parametrize("name,captured", [(name, False) for name in CONFIGS] + [(name, True) for name in CAPTURED])
+def test_head_drafting_matches_exact_joint_law(name, captured):
+    p_value, stats = run_and_test(name, captured=captured)
     assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
     assert 0 < stats.accepted < stats.drafted  # both branches of the rule were exercised
 
@@ -74,10 +80,10 @@ def law_of_previous_depth(chain):
     return mutated
 
 
-@pytest.mark.parametrize("name", ["eagle_chain", "eagle3_chain"])
-def test_stale_laws_are_rejected(monkeypatch, name):
+@pytest.mark.parametrize("name,captured", [("eagle_chain", False), ("eagle3_chain", False), ("eagle_chain", True)])
+def test_stale_laws_are_rejected(monkeypatch, name, captured):
     monkeypatch.setattr(head_drafting.HeadProposer, "chain", law_of_previous_depth(head_drafting.HeadProposer.chain))
-    p_value, _ = run_and_test(name, rows=MUTATION_ROWS)
+    p_value, _ = run_and_test(name, rows=MUTATION_ROWS, captured=captured)
     assert p_value < ALPHA
 
 

@@ -60,7 +60,7 @@ class HeadProposer:
         self.last_tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.tree_depth = 0
         self.opening: Logits | None = None  # the prefill's law of the first draft, until the first round
-        self.selected: torch.Tensor | None = None  # samples kept since the target's last forward
+        self.caught: torch.Tensor | None = None  # [R, W, w] the features of the target's last forward (`observe`)
 
     def prefill(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 valid: torch.Tensor) -> None:
@@ -71,20 +71,29 @@ class HeadProposer:
 
     def select(self, index: torch.Tensor) -> None:
         """Keep only rows `index` ([B'] long): finished rows left the batch."""
+        if self.caught is not None:
+            self.caught = self.caught[self.session.sample_rows(index)]
         self.session.select(index)
         self.kept = self.kept[index]
         if self.last_tree is not None:
             self.last_tree = tuple(x[index] for x in self.last_tree)
-        self.selected = index if self.selected is None else self.selected[index]
+
+    def observe(self) -> None:
+        """The target's forward of this round just ran: keep the features its tap caught, in place (a captured
+        step's next iteration reads this tensor; the tap's own are the forward's outputs, which the next forward
+        replaces)."""
+        features = self.tap.features
+        if self.caught is None or self.caught.shape != features.shape:
+            self.caught = features.clone()
+        else:
+            self.caught.copy_(features)
 
     def _root(self, seq: torch.Tensor, committed: torch.Tensor) -> Logits:
         """Catch up with the tokens committed since the last round; the law after each row's last one [B, 1, V]."""
         if self.opening is not None:
             root, self.opening = self.opening, None
             return root
-        features = self.tap.features
-        if self.selected is not None:
-            features, self.selected = features[self.session.sample_rows(self.selected)], None
+        features = self.caught
         if self.last_tree is not None:
             features = self._path_features(features, seq)
         W = features.shape[1]
@@ -165,5 +174,10 @@ class HeadProposer:
         root_law = law(root, torch.zeros(B, 1, dtype=torch.long, device=seq.device), law_sampling)[:, 0]
         tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator, lookup)
         self.session.end_round()
-        self.last_tree, self.tree_depth = (tree.tokens, tree.parent, tree.real), shape.depth
+        last = (tree.tokens, tree.parent, tree.real)
+        if self.last_tree is None:
+            self.last_tree, self.tree_depth = tuple(x.clone() for x in last), shape.depth
+        else:  # in place: the next round reads them (a captured step's next iteration too)
+            for kept, new in zip(self.last_tree, last, strict=True):
+                kept.copy_(new)
         return tree

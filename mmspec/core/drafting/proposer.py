@@ -62,6 +62,9 @@ class ModelProposer:
         self.model.select_rows(self.state, index)
         self.kept = self.kept[index]
 
+    def observe(self) -> None:
+        """The target's forward of this round ran: a draft model reads nothing of it."""
+
     def _opening(self, seq: torch.Tensor, committed: torch.Tensor) -> torch.Tensor:
         """A chain round's first window [B, C]: the committed tokens the draft cache lacks, rolled back to c - 2 —
         the last one on the first round (C = 1), then always the last two (C = 2; see the module docstring)."""
