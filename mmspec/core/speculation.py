@@ -193,7 +193,7 @@ class TreeDrafts(Protocol):
 class DraftLengths(Protocol):
     """How many tokens each row drafts a round (`mmspec.core.drafting.lengths.DraftLengthSchedule`): `budget` [B]
     long after `reset`; `width()` the round's static draft width; `update` learns from what was accepted;
-    `max_length`, `kind` ("constant": no host read) and `length` key a captured round."""
+    `max_length`, `kind` and `length` key a captured round."""
 
     budget: torch.Tensor
     max_length: int
@@ -220,9 +220,7 @@ class Chain:
 
     @property
     def capturable(self) -> bool:
-        """A capturable drafter (one with a stop rule is not) and a constant draft length (the heuristic schedule
-        reads the host)."""
-        return self.drafter.capturable and self.lengths.kind == "constant"
+        return self.drafter.capturable
 
     def capture_key(self) -> tuple:
         """What of the strategy makes two decodings' rounds replayable by the same graphs (the drafter's settings are

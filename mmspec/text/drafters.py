@@ -20,7 +20,7 @@ from mmspec.adapters.features import FeatureTap
 from mmspec.adapters.static_cache import as_static_model
 from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.drafting.proposer import ModelProposer
-from mmspec.core.drafting.stops import ConfidenceStop, LearnedStop
+from mmspec.core.drafting.stops import ConfidenceStop, DraftStop, LearnedStop
 from mmspec.core.drafts import Draft
 from mmspec.core.model import Logits, require
 from mmspec.core.probs import SamplingConfig, one_hot, process_logits
@@ -151,10 +151,6 @@ class ModelDrafter(WithDraftModel, ChainDrafter):
         self.attach(model)
         self.vocabulary = vocabulary
 
-    @property
-    def capturable(self) -> bool:
-        return self.stop is None  # a stop rule reads the host after each draft token
-
     @torch.no_grad()
     def propose(self, rows, budget, width, sampling, generator) -> Draft:
         return self.proposer.chain(rows.seq, rows.committed, width, text_law, sampling, generator, budget,
@@ -258,22 +254,27 @@ def ngram_lookup(tokens: torch.Tensor, lengths: torch.Tensor, width: int, max_ng
 
 class CascadeDrafter(ModelDrafter):
     """Cascade drafting (CS-Drafting, Chen et al. 2023) with prompt lookup under the draft model. Vertical: the draft
-    model's chain, the very tokens and laws `ModelDrafter` draws from the same generator, costs fewer draft forwards,
-    because each forward also scores prompt lookup's continuation of the drafts so far and keeps it as far as the
-    model's draws agree with it (`ModelProposer.cascade`). Horizontal (`lookup_after` < the draft length): the draft
+    model's chain, the very tokens and laws `ModelDrafter` draws from the same generator, where each forward also
+    scores prompt lookup's continuation of the drafts so far and keeps it as far as the model's draws agree with it
+    (`ModelProposer.cascade`), so that fewer forwards (`forwards_per_round`) draft as far. Horizontal (`lookup_after` < the draft length): the draft
     model drafts the first `lookup_after` positions, prompt lookup continues the rest, deterministic drafts (their law
     a point mass), as far as it finds a match.
 
     model: any transformers causal LM (or a `CausalModel` adapter) sharing the target's tokenizer; max_ngram: the
-    longest n-gram the lookup matches; lookup_after: None = every position from the draft model."""
+    longest n-gram the lookup matches; lookup_after: None = every position from the draft model; forwards_per_round:
+    the draft model's forwards a round (a fixed number: a captured step holds them; None: the draft length, every row
+    drafting its full chain, `ModelDrafter`'s very drafts; fewer: a row's draft ends where they reached, at least
+    that many tokens, more where prompt lookup's continuations held)."""
 
-    capturable = False  # a host read per draft forward: whether every row has its tokens
-
-    def __init__(self, model, max_ngram: int = 3, lookup_after: int | None = None):
+    def __init__(self, model, max_ngram: int = 3, lookup_after: int | None = None,
+                 forwards_per_round: int | None = None):
         super().__init__(model)
         check_max_ngram(max_ngram)
         check_lookup_after(lookup_after)
-        self.max_ngram, self.lookup_after = max_ngram, lookup_after
+        if forwards_per_round is not None and (isinstance(forwards_per_round, bool) or not isinstance(
+                forwards_per_round, int) or forwards_per_round < 1):
+            raise ValueError(f"forwards_per_round must be an int >= 1 or None, got {forwards_per_round!r}")
+        self.max_ngram, self.lookup_after, self.forwards_per_round = max_ngram, lookup_after, forwards_per_round
 
     def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
         # a cascade forward scores up to a draft's length past the row's drafts so far
@@ -283,7 +284,9 @@ class CascadeDrafter(ModelDrafter):
     def propose(self, rows, budget, width, sampling, generator) -> Draft:
         first = width if self.lookup_after is None else min(self.lookup_after, width)
         lookup = draft_lookup(rows, width, self.max_ngram)
-        draft = self.proposer.cascade(rows.seq, rows.committed, first, text_law, sampling, generator, lookup)
+        forwards = None if self.forwards_per_round is None else min(self.forwards_per_round, first)
+        draft = self.proposer.cascade(rows.seq, rows.committed, first, text_law, sampling, generator, lookup,
+                                      forwards=forwards)
         return looked_up_tail(draft, lookup, width, budget)
 
 
@@ -319,15 +322,16 @@ def tree_lookup(rows: TextRows, max_ngram: int):
 
 
 def looked_up_tail(draft: Draft, lookup, width: int, budget: torch.Tensor) -> Draft:
-    """A horizontal cascade: `draft` (a drafter's first G positions, every row full) continued to `width` tokens by
-    `lookup` (`draft_lookup`), deterministic drafts whose law is a point mass, as far as it finds a match; each row
-    cut to its `budget` [B]."""
+    """A horizontal cascade: `draft` (a drafter's first G positions) continued to `width` tokens by `lookup`
+    (`draft_lookup`), deterministic drafts whose law is a point mass, as far as it finds a match, for the rows whose
+    G positions are all drafted (a shorter row keeps its own); each row cut to its `budget` [B]."""
     first = draft.tokens.shape[1]
     if first == width:
         return Draft(draft.tokens, torch.minimum(draft.lengths, budget), draft.q)
     tail, available = lookup(draft.tokens, draft.lengths, width - first)
     point_mass = one_hot(tail, draft.q.shape[-1], draft.q.dtype)
-    return Draft(torch.cat([draft.tokens, tail], 1), torch.minimum(first + available, budget),
+    lengths = torch.where(draft.lengths < first, draft.lengths, first + available)
+    return Draft(torch.cat([draft.tokens, tail], 1), torch.minimum(lengths, budget),
                  torch.cat([draft.q, point_mass], 1))
 
 
@@ -347,10 +351,12 @@ class NoDrafter(ChainDrafter):
 
 def _key_of(name: str, value):
     """A drafter setting as a hashable key: plain values as they are, a module by its class, depth and weights (an
-    early-exit view shares the target's) and a transformers model's adapter by its module, anything else by its
-    type."""
+    early-exit view shares the target's) and a transformers model's adapter by its module, a stop rule by its
+    `capture_key`, anything else by its type."""
     if value is None or isinstance(value, (bool, int, float, str, tuple)):
         return name, value
+    if isinstance(value, DraftStop):
+        return name, value.capture_key()
     if type(value) is CausalLMAdapter:
         value = value.model
     if isinstance(value, torch.nn.Module):

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from mmspec.core.runtime.capture import HostReads, StepGraphs, trace_checks
+from mmspec.core.drafting.lengths import DraftLengthSchedule
 from mmspec.core.tree_shape import TreeShape
+from mmspec.models.acceptance import AcceptanceHead
 from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.text import speculative_generate
-from mmspec.text.drafters import LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter
+from mmspec.text.drafters import CascadeDrafter, LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
 from mmspec.text.rows import TextRows
 from mmspec.text.tree_drafters import ModelTreeDrafter
@@ -46,9 +48,22 @@ def head(kind: str, target, **options):
     return HEADS[key]
 
 
+def acceptance_head(draft):
+    """A random SpecDec++ acceptance head on the draft's features; its stop threshold cuts some drafts, not all."""
+    torch.manual_seed(4)
+    head = AcceptanceHead(feature_size=draft.config.hidden_size, hidden=16, layers=1, stop_threshold=(0.5, 0.5))
+    return HEADS.setdefault(("acceptance", id(draft)), head.to(draft.device).type(draft.dtype).eval())
+
+
 HEAD_TREE = TreeShape(nodes=6, branching=2, expand=2, depth=3)
 DRAFTERS = {
     "model": lambda target, draft: ModelDrafter(draft),
+    "confidence": lambda target, draft: ModelDrafter(draft, confidence_threshold=0.3),
+    "specdecpp": lambda target, draft: ModelDrafter(draft, acceptance_head=acceptance_head(draft)),
+    "heuristic": lambda target, draft: ModelDrafter(draft),  # with `SCHEDULES`' heuristic draft length
+    "cascade": lambda target, draft: CascadeDrafter(draft, max_ngram=2),
+    "cascade_lookup_after": lambda target, draft: CascadeDrafter(draft, max_ngram=2, lookup_after=2),
+    "cascade_forwards": lambda target, draft: CascadeDrafter(draft, max_ngram=2, forwards_per_round=2),
     "layerskip": lambda target, draft: LayerSkipDrafter(target, 1),
     "ngram": lambda target, draft: NGramDrafter(max_ngram=2),
     "tree": lambda target, draft: ModelTreeDrafter(draft, TreeShape(nodes=6, branching=2, expand=2, depth=3)),
@@ -60,12 +75,14 @@ DRAFTERS = {
     "hydra_tree": lambda target, draft: HeadTreeDrafter(target, head("hydra", target), HEAD_TREE),
 }
 SAMPLINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0, top_k=8)}
+SCHEDULES = {"heuristic": DraftLengthSchedule(2, kind="heuristic", max_length=5)}  # a drafter's draft_length
 
 
 def generate(models, kind, sampling, seed=0, graphs=None, **options):
     target, draft = models
     device = target.device
-    options = {"max_new_tokens": 24, "eos_token_id": EOS, **SAMPLINGS[sampling], **options}
+    options = {"max_new_tokens": 24, "eos_token_id": EOS, **SAMPLINGS[sampling],
+               **({"draft_length": SCHEDULES[kind]} if kind in SCHEDULES else {}), **options}
     generators = [torch.Generator(device).manual_seed(seed + 100 * row) for row in range(PROMPTS.shape[0])]
     return speculative_generate(target, PROMPTS.to(device), MASK.to(device), drafter=DRAFTERS[kind](target, draft),
                                 generator=generators, graphs=graphs, **options)

@@ -10,8 +10,8 @@ from mmspec.core.kinds import SCHEDULES
 
 class DraftLengthSchedule:
     """Per-row draft budgets. "constant": always `length`. "heuristic" (HF `num_assistant_tokens_schedule`): +2 after a
-    fully accepted draft, else -1, never below 1 or above `max_length`. budget: [B] long after `reset`.
-    """
+    fully accepted draft, else -1, never below 1 or above `max_length`. budget: [B] long after `reset`. A step drafts
+    `width()` tokens a row, a fixed shape, and each row's budget masks what it keeps (no host read)."""
 
     def __init__(self, length: int = 4, kind: str = "constant", max_length: int = 16):
         if isinstance(length, bool) or not isinstance(length, int) or length < 1:
@@ -33,8 +33,8 @@ class DraftLengthSchedule:
         self.budget = torch.full((batch_size,), self.length, dtype=torch.long, device=device)
 
     def width(self) -> int:
-        """The draft width of the next step: the constant length, or the widest budget (one host read)."""
-        return self.length if self.kind == "constant" else int(self.budget.max())
+        """The draft width of every step: the constant length, or the longest a budget may grow to."""
+        return self.max_length
 
     def select(self, index: torch.Tensor) -> None:
         self.budget = self.budget[index]

@@ -80,8 +80,9 @@ class ModelProposer:
         """`length` (G) draft tokens after each row's committed tokens seq[b, :committed[b]] (seq: [B, S] long,
         committed: [B] long), token i drawn from its law with the i-th of G uniforms per row (drawn once the first
         law is known, in its dtype); budget: [B] long, the drafts each row wants (default G; the draft's
-        `lengths`). stop: after each token, which rows draft no more this round (`mmspec.core.drafting.stops`; the
-        round ends early once every row has stopped: one host read per draft token)."""
+        `lengths`). stop: after each token, which rows draft no more this round (`mmspec.core.drafting.stops`): the
+        chain is drafted to its full length all the same, and each row's length masks what the rule cut (a fixed
+        shape, no host read)."""
         B, device = committed.shape[0], committed.device
         tokens = self._opening(seq, committed)
         drafts, laws, draws = [], [], None
@@ -101,23 +102,23 @@ class ModelProposer:
             laws.append(q)
             if stop is not None and i < length - 1:
                 stop_at = stop_after(stop_at, stop(i, logits, q, tokens, sampling), i)
-                if bool((stop_at <= i + 1).all()):  # host read: every row has stopped
-                    break
-        return Draft(torch.cat(drafts, 1), stop_at.clamp(max=len(drafts)), torch.cat(laws, 1))
+        return Draft(torch.cat(drafts, 1), stop_at, torch.cat(laws, 1))
 
     def cascade(self, seq: torch.Tensor, committed: torch.Tensor, length: int, law: DraftLaw,
                 sampling: SamplingConfig, generator: Generators, lookup: Lookup,
-                budget: torch.Tensor | None = None) -> Draft:
+                budget: torch.Tensor | None = None, forwards: int | None = None) -> Draft:
         """The chain `chain` draws (token i from its law with the i-th of G uniforms per row, the same tokens and
-        laws), in fewer forwards: a vertical cascade (CS-Drafting, Chen et al. 2023) with a cheaper deterministic
+        laws), with fewer forwards' worth of drawing: a vertical cascade (CS-Drafting, Chen et al. 2023) with a cheaper deterministic
         drafter under the model. Each forward scores the row's last draft and `lookup`'s continuation of it; a
         looked-up token is kept while it equals what the model's draw at its position gives (drawing from q and
         keeping a deterministic proposal only when the draw equals it is exact, and here draws nothing extra), and
         the first draw that differs is kept too, so each forward adds at least one token per row.
 
         lookup(drafts [B, G] long, have [B] long, width) -> (tokens [B, width] long, available [B] long): up to
-        `width` tokens continuing each row's committed tokens and its first have[b] drafts. Two host reads per
-        forward: the longest continuation found (the window's width) and whether every row has its G tokens."""
+        `width` tokens continuing each row's committed tokens and its first have[b] drafts. The round runs
+        `forwards` forwards (None: G, and every row has its G tokens), each scoring G - 1 looked-up tokens (those
+        past a row's `available` are never kept): fixed shapes, no host read. With fewer than G, a row's draft ends
+        where its forwards reached: at least `forwards` tokens, more where the lookup's continuations held."""
         B, device = committed.shape[0], committed.device
         width = length - 1  # looked-up tokens scored per forward: the draws of the last G - 1 positions
         fed = self._opening(seq, committed)  # [B, C]
@@ -126,15 +127,13 @@ class ModelProposer:
         offsets = torch.arange(width + 1, device=device)
         drafts = torch.zeros(B, length + width + 1, dtype=torch.long, device=device)
         laws = draws = None
-        for _ in range(length):
+        for _ in range(length if forwards is None else forwards):
             proposal, available = lookup(drafts[:, :length], have, width)
-            span = int(available.max())  # host read: the window scores only looked-up tokens some row has
-            proposal = proposal[:, :span]
             self.forwards += 1
             scored = fed.shape[1]
             logits = self.model.forward(torch.cat([fed, proposal], 1), self.state).at(slice(scored - 1, None))
-            position = have[:, None] + offsets[: span + 1]  # [B, G'] the draft index of each scored law
-            q = law(logits, position, sampling)  # [B, G', V]
+            position = have[:, None] + offsets  # [B, G] the draft index of each scored law
+            q = law(logits, position, sampling)  # [B, G, V]
             if draws is None:
                 draws = uniform((B, length), generator, device, q.dtype)
                 laws = q.new_zeros(B, length + width + 1, q.shape[-1])
@@ -149,11 +148,7 @@ class ModelProposer:
             cached = cached + torch.where(new > 0, scored + kept, 0)
             self.model.rollback(self.state, cached)
             have = have + new
-            if bool((have >= length).all()):  # host read
-                break
-        lengths = torch.full((B,), length, dtype=torch.long, device=device) if budget is None else budget.clamp(
-            max=length)
-        return Draft(drafts[:, :length], lengths, laws[:, :length])
+        return Draft(drafts[:, :length], have if budget is None else torch.minimum(have, budget), laws[:, :length])
 
     def tree(self, seq: torch.Tensor, committed: torch.Tensor, shape: TreeShape, law: DraftLaw,
              sampling: SamplingConfig, generator: Generators, lookup: TreeLookup | None = None) -> DraftTree:

@@ -1,7 +1,8 @@
 """When a row stops drafting (a draft model's chain, `mmspec.core.drafting.proposer.ModelProposer.chain`): after each
 drafted token the stop rule says, per row, whether that token is the row's last this round. A rule reads only the
 drafter's side (its laws, tokens and features), so it changes what is proposed, never the law of what is kept: every
-rule is exact. Each forces a host read per draft token (the round ends early once every row has stopped).
+rule is exact. The chain is drafted to its full length whatever the rule says, and each row's length masks what it
+cut: a fixed-shape step, with no host read, that a CUDA graph can hold.
 
 `ConfidenceStop`: stop after a token whose draft probability is below a threshold (HF's
 `assistant_confidence_threshold`). `LearnedStop` (SpecDec++, Huang et al. 2024): an acceptance head on the drafter's
@@ -20,10 +21,14 @@ from mmspec.core.probs import SamplingConfig
 class DraftStop:
     """Base of the stop rules: `start(batch_size, device)` opens a round; `__call__(i, logits, q, token, sampling)`
     after draft token i (0-based) of every row: logits [B, 1, V] the draft model's, q [B, 1, V] the processed law
-    the token [B, 1] was drawn from; returns [B] bool, the rows whose draft ends with this token."""
+    the token [B, 1] was drawn from; returns [B] bool, the rows whose draft ends with this token. `capture_key()`:
+    what makes two rules' rounds replayable by the same captured graphs."""
 
     def start(self, batch_size: int, device: torch.device) -> None:
         pass
+
+    def capture_key(self) -> tuple:
+        raise NotImplementedError
 
     def __call__(self, i: int, logits: Logits, q: torch.Tensor, token: torch.Tensor,
                  sampling: SamplingConfig) -> torch.Tensor:
@@ -37,6 +42,9 @@ class ConfidenceStop(DraftStop):
         if not 0 < threshold < 1:
             raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         self.threshold = threshold
+
+    def capture_key(self) -> tuple:
+        return type(self), self.threshold
 
     def __call__(self, i, logits, q, token, sampling):
         return q[:, 0].gather(1, token).squeeze(1) < self.threshold
@@ -56,6 +64,9 @@ class LearnedStop(DraftStop):
             raise ValueError(f"threshold must be in (0, 1), got {threshold}")
         self.head, self.feature, self.embed, self.threshold = head, feature, embed, threshold
         self.kept: torch.Tensor | None = None  # [B] predicted probability that every draft so far is accepted
+
+    def capture_key(self) -> tuple:
+        return type(self), next(self.head.parameters()).data_ptr(), self.threshold
 
     def start(self, batch_size, device):
         self.kept = torch.ones(batch_size, device=device)

@@ -14,7 +14,7 @@ from mmspec.text.methods.base import LooksUp, TextDrafting
 @register_decoding
 @dataclass(frozen=True)
 class Cascade(LooksUp, TextDrafting):
-    """The draft LM's chain, its looked-up continuations kept while its draws agree: the same drafts in fewer draft
+    """The draft LM's chain, its looked-up continuations kept while its draws agree: as far in fewer draft
     forwards."""
 
     name: ClassVar[str] = "cascade"
@@ -23,6 +23,9 @@ class Cascade(LooksUp, TextDrafting):
     lookup_after: int | None = setting(None, "a horizontal cascade: the draft LM drafts the first N positions, "
                                        "prompt lookup the rest (default: every position from the draft LM, with "
                                        "the cheaper lookup under it)", kind=int, low=1)
+    forwards_per_round: int | None = setting(None, "the draft LM's forwards a round (default: the draft length, "
+                                             "every chain drafted in full; fewer: a chain ends where they reached, "
+                                             "further where prompt lookup's continuations held)", kind=int, low=1)
 
     def check(self) -> None:
         super().check()
@@ -36,4 +39,5 @@ class Cascade(LooksUp, TextDrafting):
     def make_drafter(self, target, draft=None):
         from mmspec.text.drafters import CascadeDrafter
 
-        return CascadeDrafter(draft, max_ngram=self.max_ngram, lookup_after=self.lookup_after)
+        return CascadeDrafter(draft, max_ngram=self.max_ngram, lookup_after=self.lookup_after,
+                              forwards_per_round=self.forwards_per_round)
