@@ -11,8 +11,8 @@ import copy
 import pytest
 import torch
 
-from mmspec.core.runtime.capture import HostReads, StepGraphs, trace_checks
 from mmspec.core.drafting.lengths import DraftLengthSchedule
+from mmspec.core.runtime.capture import HostReads, StepGraphs, trace_checks
 from mmspec.core.tree_shape import TreeShape
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.models.heads import EagleHead, HydraHead
