@@ -256,9 +256,9 @@ class CascadeDrafter(ModelDrafter):
     """Cascade drafting (CS-Drafting, Chen et al. 2023) with prompt lookup under the draft model. Vertical: the draft
     model's chain, the very tokens and laws `ModelDrafter` draws from the same generator, where each forward also
     scores prompt lookup's continuation of the drafts so far and keeps it as far as the model's draws agree with it
-    (`ModelProposer.cascade`), so that fewer forwards (`forwards_per_round`) draft as far. Horizontal (`lookup_after` < the draft length): the draft
-    model drafts the first `lookup_after` positions, prompt lookup continues the rest, deterministic drafts (their law
-    a point mass), as far as it finds a match.
+    (`ModelProposer.cascade`), so that fewer forwards (`forwards_per_round`) draft as far. Horizontal (`lookup_after`
+    < the draft length): the draft model drafts the first `lookup_after` positions, prompt lookup continues the rest,
+    deterministic drafts (their law a point mass), as far as it finds a match.
 
     model: any transformers causal LM (or a `CausalModel` adapter) sharing the target's tokenizer; max_ngram: the
     longest n-gram the lookup matches; lookup_after: None = every position from the draft model; forwards_per_round:
