@@ -109,10 +109,10 @@ class ModelProposer:
                 budget: torch.Tensor | None = None, forwards: int | None = None) -> Draft:
         """The chain `chain` draws (token i from its law with the i-th of G uniforms per row, the same tokens and
         laws), as far in fewer forwards: a vertical cascade (CS-Drafting, Chen et al. 2023) with a cheaper
-        deterministic drafter under the model. Each forward scores the row's last draft and `lookup`'s continuation of it; a
-        looked-up token is kept while it equals what the model's draw at its position gives (drawing from q and
-        keeping a deterministic proposal only when the draw equals it is exact, and here draws nothing extra), and
-        the first draw that differs is kept too, so each forward adds at least one token per row.
+        deterministic drafter under the model. Each forward scores the row's last draft and `lookup`'s continuation
+        of it; a looked-up token is kept while it equals what the model's draw at its position gives (drawing from q
+        and keeping a deterministic proposal only when the draw equals it is exact, and here draws nothing extra),
+        and the first draw that differs is kept too, so each forward adds at least one token per row.
 
         lookup(drafts [B, G] long, have [B] long, width) -> (tokens [B, width] long, available [B] long): up to
         `width` tokens continuing each row's committed tokens and its first have[b] drafts. The round runs
