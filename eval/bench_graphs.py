@@ -74,8 +74,11 @@ METHODS = {
     "draft": {"decoding": "draft", "draft_length": 2},
     "draft_tree": {"decoding": "draft", "draft_length": 2, "tree_width": 2},
     "pjd": {"decoding": "pjd", "window": 8, "rows": 2},
+    "heads": {"decoding": "heads", "kind": "eagle", "draft_length": 2},
+    "heads_tree": {"decoding": "heads", "kind": "eagle", "draft_length": 2, "tree_width": 2},
 }
-WIDTHS = {"ar": 1, "sjd": 16, "mc_sjd": 16, "draft": 3, "pjd": None, "sjd_tree": None, "draft_tree": None}
+WIDTHS = {"ar": 1, "sjd": 16, "mc_sjd": 16, "draft": 3, "heads": 3, "pjd": None, "sjd_tree": None, "draft_tree": None,
+          "heads_tree": None}
 FAMILIES = ("janus", "emu3", "lumina_mgpt")
 FAMILY_METHODS = ("ar", "sjd", "mc_sjd", "frontier")
 TEXT_DRAFTERS = {  # row -> (a registered text decoding, its settings): every built-in drafter of `mmspec.text.methods`

@@ -12,7 +12,7 @@ line saying so) and each batch size B, the script times one iteration of every m
 (`mmspec.image.policy.time_iterations`: the window forward for B samples and their CFG rows, the drafting,
 verification, commit and rollback around it) as the method's pipeline runs it: on CUDA replayed from the step's CUDA
 graph, as the pipelines capture it (LlamaGen's `WindowGraphs`, the transformers families' slot cache), elsewhere
-eagerly; the head path runs eagerly everywhere (a head reads the target's features from eager forwards). The draft
+eagerly. The draft
 path's drafter at a real size is the target's width with `real_shapes.DRAFT_LAYERS` decoder layers (an EAGLE /
 LANTERN drafter's size), its head an EAGLE head of one decoder layer at the target's width (`RealShape.head`). A
 step has fixed shapes, so an iteration costs the same whatever it accepts: the iteration is the unit of the price,
@@ -23,15 +23,18 @@ and `outside_share`, the part of an iteration spent outside that forward.
 Acceptance comes from the embedded text-to-image model (`mmspec/zoo/shapes`), decoded on the same device with the
 same held-out prompts and seeds: for each method of `METHODS` and each window W (draft length W - 1 for the draft
 and the head path) the step compression c(W, B) = image tokens / batch target forwards after the prefill. With
-s(W, B) a method's seconds per iteration and s_AR(B) AR's, the projected speedup of a method on a model at batch B is
-the best over W of
+s(W, B) a method's seconds per iteration, s_AR(B) AR's, P(B) the seconds of opening a decoding (the condition's
+prefill and token 0) and N the image's tokens, the projected speedup of a method on a model at batch B is the best
+over W of
 
-    c(W, B) * s_AR(B) / s(W, B)
+    (P(B) + N s_AR(B)) / (P(B) + N / c(W, B) s(W, B))
+
+as the automatic default (`mmspec.image.policy`) predicts a decoding's time.
 
 The embedded model is its own test of the projection: its iterations are timed like the real shapes', its wall
 clock is measured on the same runs that give the acceptance, and `projection_relative_error` is the largest
 |projected - measured| / measured over the lossless methods at the first batch size (each at the window the
-projection picks). The prefill, which every method pays alike, is left out of the projection.
+projection picks). The text encoder, which every method pays alike, is left out of the projection.
 
 MAR-B / L / H (`mmspec.eval.cost_mar`: continuous speculative decoding, MAR-B drafting for MAR-L and MAR-H) and the
 NFD-size next-frame transformer (`mmspec.eval.cost_video`: frame speculation) are projected the same way from their
@@ -41,7 +44,6 @@ own embedded models, under the report's "mar" and "video" keys, each with its ow
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import statistics
 import sys
@@ -60,7 +62,7 @@ from mmspec.eval.cost_video import VIDEO_SHAPES, measure_video
 from mmspec.eval.devices import machine, seeded, write_json
 from mmspec.eval.real_shapes import REAL_SHAPES, Adapters, RealShape
 from mmspec.image.methods import get_decoding
-from mmspec.image.policy import measure_cost_curve, time_iterations
+from mmspec.image.policy import measure_cost_curve, measure_prefill, time_iterations
 from mmspec.zoo import IMAGE_T2I
 from mmspec.zoo.shapes import class_label, scenes
 
@@ -94,14 +96,11 @@ def settings(windows) -> dict[tuple[str, int], dict]:
 
 
 def decoding_on(options: dict, adapters: Adapters):
-    """(the model a method's step runs on, its decoding) from the settings of `METHODS`: the draft path with the
-    adapters' drafter; the head path with their head, on the target's eager adapter."""
+    """A method's decoding from the settings of `METHODS`: the draft path with the adapters' drafter, the head path
+    with their head."""
     decoding = get_decoding(options["decoding"], **{k: v for k, v in options.items() if k != "decoding"})
-    if decoding.name == "draft":
-        return adapters.target, dataclasses.replace(decoding, drafter=adapters.drafter)
-    if decoding.name == "heads":
-        return adapters.eager, dataclasses.replace(decoding, head=adapters.head)
-    return adapters.target, decoding
+    runtime = {"draft": {"drafter": adapters.drafter}, "heads": {"head": adapters.head}}.get(decoding.name, {})
+    return dataclasses.replace(decoding, **runtime)
 
 
 def available_bytes(device: torch.device) -> int:
@@ -117,14 +116,16 @@ def relative(curve: dict[int, float]) -> dict[int, float]:
     return {W: round(seconds / curve[1], 3) for W, seconds in curve.items()}
 
 
-def projected_speedups(iterations: dict, embedded: dict) -> dict:
+def projected_speedups(iterations: dict, prefill: float, tokens: int, embedded: dict) -> dict:
     """Per method: the window the projection picks and its projected speedup over AR at one batch size.
 
-    iterations: seconds of one iteration, AR's under "ar" and per method and W (`measure_iterations`); embedded: the
-    embedded model's runs at this batch size (`run_embedded`), per method and W the step compression."""
+    iterations: seconds of one iteration, AR's under "ar" and per method and W (`measure_iterations`); prefill:
+    seconds of opening a decoding; tokens: the image's N tokens; embedded: the embedded model's runs at this batch
+    size (`run_embedded`), per method and W the step compression c. An image takes prefill + N / c iterations."""
+    ar = prefill + tokens * iterations["ar"]
     projected = {"ar": {"window": 1, "speedup": 1.0}}
     for method in METHODS:
-        speedups = {W: run["compression"] * iterations["ar"] / iterations[method][W]
+        speedups = {W: ar / (prefill + tokens / run["compression"] * iterations[method][W])
                     for W, run in embedded[method].items() if W in iterations.get(method, {})}
         best = max(speedups, key=speedups.get)
         projected[method] = {"window": best, "speedup": round(speedups[best], 3)}
@@ -148,18 +149,22 @@ def measure_real_shape(name: str, shape: RealShape, device: torch.device, dtype:
 
 
 def measure_iterations(name: str, adapters: Adapters, condition_of, batch_sizes, windows, repeats: int) -> dict:
-    """Per batch size B: seconds of one iteration of AR's step and of every method's at each window
-    (`time_iterations`), the target's eager cost curve (`forward_seconds`: W -> seconds of a W-token forward with
-    its CFG rows and logits processing; `cost_curve`: the same relative to W = 1) and each iteration's
-    `outside_share`, 1 - its forward's seconds / its seconds. condition_of(B): a condition for B samples."""
+    """Per batch size B: seconds of opening a decoding (`prefill_seconds`) and of one iteration of AR's step and of
+    every method's at each window (`time_iterations`), the target's eager cost curve (`forward_seconds`: W -> seconds
+    of a W-token forward with its CFG rows and logits processing; `cost_curve`: the same relative to W = 1) and each
+    iteration's `outside_share`, 1 - its forward's seconds / its seconds. condition_of(B): a condition for B
+    samples."""
     wanted = settings(windows)
     widths = sorted({1, *(W for _, W in wanted)})
-    entry = {"iteration_seconds": {}, "forward_seconds": {}, "cost_curve": {}, "outside_share": {}}
+    grid = adapters.target.grid
+    entry = {"image_tokens": grid[0] * grid[1], "prefill_seconds": {}, "iteration_seconds": {}, "forward_seconds": {},
+             "cost_curve": {}, "outside_share": {}}
     for B in batch_sizes:
         condition = condition_of(B)
+        entry["prefill_seconds"][B] = measure_prefill(adapters.target, condition, SAMPLING, repeats)
         curve = measure_cost_curve(adapters.eager, condition, SAMPLING, widths, repeats)
         runs = {"ar": (adapters.target, get_decoding("ar"))} | {
-            key: decoding_on(options, adapters) for key, options in wanted.items()}
+            key: (adapters.target, decoding_on(options, adapters)) for key, options in wanted.items()}
         timed = time_iterations(runs, condition, SAMPLING, BLOCK, repeats)
         seconds = {"ar": timed.pop("ar")}
         for (method, W), s in timed.items():
@@ -176,7 +181,8 @@ def measure_iterations(name: str, adapters: Adapters, condition_of, batch_sizes,
 def projections(entry: dict, runs: dict) -> dict:
     """Per batch size: `projected_speedups` of a model's `measure_iterations` entry with the embedded runs of that
     size."""
-    return {B: projected_speedups(seconds, runs[B]) for B, seconds in entry["iteration_seconds"].items()}
+    return {B: projected_speedups(seconds, entry["prefill_seconds"][B], entry["image_tokens"], runs[B])
+            for B, seconds in entry["iteration_seconds"].items()}
 
 
 def describe_iterations(name: str, batch_size: int, seconds: dict) -> str:
@@ -185,22 +191,11 @@ def describe_iterations(name: str, batch_size: int, seconds: dict) -> str:
                         for method, by_window in seconds.items() if method != "ar"))
 
 
-@contextlib.contextmanager
-def graphs_paused(pipe):
-    """The pipeline's CUDA graphs off while inside (its captured steps kept for afterwards): a head reads the
-    target's features from eager forwards."""
-    paused = pipe.cuda_graphs, pipe.window_graphs
-    pipe.cuda_graphs, pipe.window_graphs = False, {}
-    try:
-        yield
-    finally:
-        pipe.cuda_graphs, pipe.window_graphs = paused
-
-
 def embedded_adapters(pipe) -> Adapters:
     """The embedded pipeline's adapters as its decodings run them (its captured steps on CUDA)."""
-    with graphs_paused(pipe):
-        eager = pipe.image_adapter()
+    from mmspec.models.llamagen.adapter import LlamaGenAdapter
+
+    eager = LlamaGenAdapter(pipe.transformer, pipe.vqvae)
     return Adapters(pipe.image_adapter(), pipe.draft_adapter(), eager, pipe.eagle_head)
 
 
@@ -211,12 +206,10 @@ def run_embedded(pipe, device: torch.device, prompts: list[str], batch_size: int
     def timed(options: dict, batch: list[str], start: int):
         """(seconds, stats) of a call."""
         generators = seeded(device, range(1000 + start, 1000 + start + len(batch)))
-        pause = graphs_paused(pipe) if options.get("decoding") == "heads" else contextlib.nullcontext()
-        with pause:
-            synchronize(device)
-            began = time.perf_counter()
-            stats = pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
-            synchronize(device)
+        synchronize(device)
+        began = time.perf_counter()
+        stats = pipe(batch, generator=generators, output_type="latent", guidance_scale=GUIDANCE, **options).stats
+        synchronize(device)
         return time.perf_counter() - began, stats
 
     wanted = settings(windows)

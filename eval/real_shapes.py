@@ -38,8 +38,8 @@ HEAD_SLACK = 64  # positions a 1-d EAGLE head holds past the prompt and the imag
 @dataclass
 class Adapters:
     """A target's adapters as its pipeline decodes with them: `target` (its steps captured where the pipeline captures
-    them), the draft path's `drafter` (likewise), the target's `eager` adapter (what the head path runs on) and an
-    EAGLE `head` on its features."""
+    them), the draft path's `drafter` (likewise), the target's `eager` adapter (its eager forwards' cost curve) and
+    an EAGLE `head` on its features."""
 
     target: Any
     drafter: Any

@@ -3,13 +3,13 @@ l_1 < ... < l_k) over a transformers Llama-style target, on one cache: the "exit
 (`mmspec.text.sorted_exits.SortedExitDrafter`) chooses among, the target's first l_j layers then the adapter.
 
 `NestedExits` runs them on one cache: the target's first l_k layers, then the adapter's attention at each exit in
-slots of its own. A step feeds a token through the levels up to the deepest exit a row needs (`step`), so the deeper
-layers run only while a row needs them.
+slots of its own. A step feeds a token through every level (`step`), so that the step has one shape whatever exits
+the rows take (a captured step holds it).
 
-Layers a step does not run fall behind. Each level keeps the slot up to which its keys and values are its
-whole-sequence ones (`ExitsState.fresh`) and the features it hands the next level (`ExitsState.hidden`); when a step
-next needs it, it first reads the tokens it missed in one window (from the level below's features, already caught
-up), so every exit reads the states a whole-sequence pass gives.
+Each level keeps the features it hands the next level (`ExitsState.hidden`). The tokens a step commits after the
+drafts it fed lack their states (the closing token, and a last draft never fed), so each level first re-reads the
+last slots before each row's end in one window of fixed width (`catch_up`: from the level below's features, already
+caught up): every exit then reads the states a whole-sequence pass gives.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ from mmspec.adapters.views import block_at, check_adapter
 @dataclass
 class ExitsState:
     """cache: keys and values of every layer and exit; hidden: [B, S, d] per level but the last, the features it
-    hands the next (its segment's output) at every slot; fresh: [k, B] long, the slots before which each level's keys,
-    values and features are its whole-sequence ones."""
+    hands the next (its segment's output) at every slot."""
 
     cache: SlotCache
     hidden: list[torch.Tensor]
-    fresh: torch.Tensor
 
     def select(self, index: torch.Tensor) -> None:
         """Keep only rows `index` ([B'] long), in that order."""
@@ -39,7 +37,6 @@ class ExitsState:
             if layer.is_initialized:
                 layer.keys, layer.values = layer.keys[index], layer.values[index]
         self.hidden = [features[index] for features in self.hidden]
-        self.fresh = self.fresh[:, index]
 
 
 class NestedExits:
@@ -73,39 +70,36 @@ class NestedExits:
         B, T = ids.shape
         state = ExitsState(SlotCache(self.num_slots, capacity),
                            [ids.new_zeros(B, capacity, self.embed.embedding_dim, dtype=self.dtype)
-                            for _ in self.exit_layers[:-1]], ids.new_zeros(len(self.exit_layers), B))
+                            for _ in self.exit_layers[:-1]])
         if T:
             slots = torch.arange(T, device=ids.device).expand(B, T)
             hidden = self.embed(ids)
             for level in range(len(self.exit_layers)):
                 hidden, _ = self._level(level, hidden, slots, state, with_exit=True)
-            state.fresh[:] = (torch.ones_like(ids) if prompt.attention_mask is None else prompt.attention_mask).sum(-1)
         return state
 
-    def catch_up(self, level: int, tokens: torch.Tensor, end: torch.Tensor, state: ExitsState) -> torch.Tensor:
+    def catch_up(self, level: int, tokens: torch.Tensor, end: torch.Tensor, state: ExitsState,
+                 width: int) -> torch.Tensor:
         """Bring `level` (the levels below it already caught up to `end`) up to slot end[b] ([B] long) of each row,
-        whose tokens are tokens[b, :end[b]] ([B, >= max(end)] long, slot = index), in one window over the slots it
-        missed (one host read: the widest; at least the last slot, whose output it returns: a finished row steps
-        without committing); returns its exit's output at slot end[b] - 1, [B, d]."""
-        width = max(int((end - state.fresh[level]).max()), 1)
-        start = (end - width).clamp(min=0)  # a row with less to catch up re-reads slots it holds (the same values)
+        whose tokens are tokens[b, :end[b]] ([B, S] long, slot = index), re-reading the `width` slots before end[b]
+        (at least those committed since the last step; a row with fewer re-reads slots it holds, the same values;
+        near the start the window runs past end[b], slots the next steps overwrite); returns its exit's output at
+        slot end[b] - 1, [B, d]."""
+        start = (end - width).clamp(min=0)
         slots = start[:, None] + torch.arange(width, device=end.device)
-        inputs = (self.embed(tokens.gather(1, slots)) if level == 0 else
+        inputs = (self.embed(tokens.gather(1, slots.clamp(max=tokens.shape[1] - 1))) if level == 0 else
                   state.hidden[level - 1].gather(1, slots[:, :, None].expand(-1, -1, state.hidden[0].shape[-1])))
         _, exited = self._level(level, inputs, slots, state, with_exit=True)
-        state.fresh[level] = end
         return exited.gather(1, (end - 1 - start)[:, None, None].expand(-1, 1, exited.shape[-1]))[:, 0]
 
-    def step(self, tokens: torch.Tensor, slots: torch.Tensor, state: ExitsState, depth: int,
-             exits: set[int]) -> dict[int, torch.Tensor]:
-        """Feed one token per row (`tokens` [B, 1] at `slots` [B, 1]) through the first `depth` levels; the outputs
-        of the exits `exits` among them, {level: [B, d]}."""
-        hidden, outputs = self.embed(tokens), {}
-        for level in range(depth):
-            hidden, exited = self._level(level, hidden, slots, state, with_exit=level in exits)
-            if exited is not None:
-                outputs[level] = exited[:, -1]
-        return outputs
+    def step(self, tokens: torch.Tensor, slots: torch.Tensor, state: ExitsState) -> torch.Tensor:
+        """Feed one token per row (`tokens` [B, 1] at `slots` [B, 1]) through every level; the outputs of every exit,
+        [B, k, d]."""
+        hidden, outputs = self.embed(tokens), []
+        for level in range(len(self.exit_layers)):
+            hidden, exited = self._level(level, hidden, slots, state, with_exit=True)
+            outputs.append(exited[:, -1])
+        return torch.stack(outputs, 1)
 
     def _level(self, level: int, inputs: torch.Tensor, slots: torch.Tensor, state: ExitsState,
                with_exit: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

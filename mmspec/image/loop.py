@@ -23,6 +23,7 @@ from mmspec.core.progress import Halt, Progress
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.rules.base import TokenTest
 from mmspec.core.runtime.capture import StepRunner, block_size, iterations_left
+from mmspec.core.settings import runtime_fields
 from mmspec.core.speculation import Round
 from mmspec.core.stats import PhaseTimer, SpecStats
 from mmspec.core.verify import VerifyResult
@@ -99,9 +100,22 @@ def step_graphs(model: DiscreteImageModel):
 
 
 def step_key(decoding, sampling: SamplingConfig, opening: Opening) -> tuple:
-    """What makes two decodings' steps replayable by the same captured graphs."""
+    """What makes two decodings' steps replayable by the same captured graphs: the settings, and the models in its
+    runtime fields (a drafter, a head) by their weights, which a captured step reads."""
     slots = getattr(getattr(opening.state, "cache", None), "capacity", None)  # a fixed-capacity cache's
-    return type(decoding), decoding.describe(), sampling, opening.first_token.shape[0], opening.dtype, opening.N, slots
+    models = tuple(weights_of(getattr(decoding, name)) for name in runtime_fields(decoding))
+    return (type(decoding), decoding.describe(), models, sampling, opening.first_token.shape[0], opening.dtype,
+            opening.N, slots)
+
+
+def weights_of(value: Any) -> int | None:
+    """Where the weights of a module (or of an adapter's first module attribute) start: a model's identity across
+    the adapters made for it; None for anything else."""
+    if not isinstance(value, torch.nn.Module):
+        value = next((item for item in getattr(value, "__dict__", {}).values() if isinstance(item, torch.nn.Module)),
+                     None)
+    first = None if value is None else next(value.parameters(), None)
+    return None if first is None else first.data_ptr()
 
 
 def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None]:

@@ -29,8 +29,8 @@ between measured windows; its compression c is measured like the chains', `tree_
 where the pipeline has an EAGLE head with a measured acceptance (its config's `acceptance`, which `train_heads`
 writes), the head's exact chains of `HEAD_LENGTHS` drafts (`HeadChain`): their c follows from the head's held-out
 acceptance per depth (`head_compression`), scaled by what this pipeline's head runs reached, and their iteration
-cost holds the head's drafting, measured on their own step like the rest. A model with captured steps has none: a
-head reads the target's features from eager forwards.
+cost holds the head's drafting, measured on their own step like the rest (replayed from its graph on a model with
+captured steps, as the others).
 It picks the candidate of least T and runs it when that is predicted at least `MARGIN` times faster than AR, else AR.
 A choice, once made, holds for that batch size and CFG setting for the life of the policy (one per pipeline), so a
 seed gives the same image on every call; what later runs reach changes the choices made after `reconsider()` (or
@@ -603,10 +603,9 @@ class DecodingPolicy:
 
     def head_chains(self, model: DiscreteImageModel, head: torch.nn.Module | None,
                     sampling: SamplingConfig) -> list[HeadChain]:
-        """The head's chains of `HEAD_LENGTHS` drafts, where it records its acceptance and can draft for `model`
-        eagerly (none on a model with captured steps)."""
+        """The head's chains of `HEAD_LENGTHS` drafts, where it records its acceptance."""
         acceptance = head_acceptance(head, model, sampling)
-        if acceptance is None or step_graphs(model) is not None:
+        if acceptance is None:
             return []
         return [HeadChain(head, length, acceptance) for length in HEAD_LENGTHS]
 

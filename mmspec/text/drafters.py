@@ -54,7 +54,7 @@ class Drafter:
     def capture_key(self) -> tuple:
         """The drafter's class and settings (its models by their weights): per-batch state is left out, so the
         drafters of two calls with the same settings share their captured steps."""
-        return (type(self), *(_key_of(name, value) for name, value in sorted(vars(self).items())
+        return (type(self), *(key_of(name, value) for name, value in sorted(vars(self).items())
                               if name not in ("proposer", "vocab_size")))
 
     def select(self, index: torch.Tensor) -> None:
@@ -349,7 +349,7 @@ class NoDrafter(ChainDrafter):
         return DraftLengthSchedule.none()
 
 
-def _key_of(name: str, value):
+def key_of(name: str, value):
     """A drafter setting as a hashable key: plain values as they are, a module by its class, depth and weights (an
     early-exit view shares the target's) and a transformers model's adapter by its module, a stop rule by its
     `capture_key`, anything else by its type."""

@@ -128,13 +128,12 @@ def speculative_steps(
     the one for how the drafter draws children). measure_ceiling: trees only, also report the mean alpha* at the visited
     nodes (`stats.tree_alpha_star`, a vocabulary sort per node). generator: a torch.Generator or one per row. graphs:
     replay the steps from these captured steps (`StepGraphs(cuda=True)` on a GPU; keep it across calls: a later call
-    with the same settings and batch replays the graphs of the first). A step with a host read of its own cannot be
-    captured: the heuristic draft-length schedule, a confidence threshold, and `StandDrafter` run eagerly. A captured
-    batch keeps its rows until every one is done, where an eager one drops the finished ones: with a generator per row
-    (or at temperature 0) both decode the same tokens; with one generator shared by the rows, the draws after a row
-    finishes are laid out differently (both exact). block: the most steps between two progresses (None: as many as the
-    rows are expected to need, up to 16; 1: after every step, what a step callback needs); an eager batch of several
-    rows yields one after every step. `progress.stop()` ends every row where it stands. The last progress holds
+    with the same settings and batch replays the graphs of the first). A captured batch keeps its rows until every
+    one is done, where an eager one drops the finished ones: with a generator per row (or at temperature 0) both
+    decode the same tokens; with one generator shared by the rows, the draws after a row finishes are laid out
+    differently (both exact). block: the most steps between two progresses (None: as many as the rows are expected
+    to need, up to 16; 1: after every step, what a step callback needs); an eager batch of several rows yields one
+    after every step. `progress.stop()` ends every row where it stands. The last progress holds
     `sequences` [B, T + N], the prompts as given then the new tokens (N: the longest row's), padded with pad_token_id
     after each row's EOS (as `generate` does), and the stats: `stats.acceptance_map` [B, N], the step (1, 2, ...) that
     committed each new token, `stats.from_draft` [B, N], whether it was an accepted draft (padding -1 / False)."""

@@ -5,8 +5,8 @@ l_j layers then the adapter, and each row drafts a step's chain through the exit
 
 `mmspec.adapters.nested_exits.NestedExits` runs them on one cache; each row takes, step by step, the first exit
 whose top-1 probability for the step's first draft token (its temperature-1 law) reaches `exit_threshold`, the
-deepest if none does, and the batch drafts the rest of the chain through the layers of the deepest exit a row took,
-each row reading its own exit; each token's law is recorded as it is drawn, so verification is exact.
+deepest if none does, and the batch drafts the rest of the chain through every level, each row reading its own
+exit; each token's law is recorded as it is drawn, so verification is exact.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from mmspec.adapters.nested_exits import NestedExits
 from mmspec.core.drafting.proposer import stop_after
 from mmspec.core.drafts import Draft
-from mmspec.core.probs import process_logits
+from mmspec.core.probs import one_hot, process_logits
 from mmspec.core.rng import inverse_cdf, uniform
-from mmspec.text.drafters import ChainDrafter, confidence_stop, exits_of
+from mmspec.text.drafters import ChainDrafter, confidence_stop, exits_of, key_of
 
 
 class SortedExitDrafter(ChainDrafter):
@@ -27,9 +27,9 @@ class SortedExitDrafter(ChainDrafter):
 
     exit_threshold: a row drafts the step through the shallowest exit whose top-1 probability for the step's first
     token reaches it (the deepest if none does). confidence_threshold: Kangaroo's double early exit within the
-    chain (0 = never). `exits_taken` [k] counts the rows' choices over the drafter's steps."""
-
-    capturable = False  # the exits taken are read on the host every step
+    chain (0 = never). `exits_taken` [k] counts the rows' choices over the drafter's steps. A step runs every level,
+    each row reading its own exit's output: one shape whatever the rows choose (no host read; a captured step holds
+    it)."""
 
     def __init__(self, target, adapter, exit_threshold: float = 0.3, confidence_threshold: float = 0.0):
         if not 0 < exit_threshold <= 1:
@@ -45,8 +45,17 @@ class SortedExitDrafter(ChainDrafter):
         self.exits_taken = torch.zeros(len(self.nested.exit_layers), dtype=torch.long)
         self.forwards = 0
 
+    def capture_key(self) -> tuple:
+        nested = self.nested
+        return (type(self), self.exit_threshold, key_of("stop", self.stop), nested.exit_layers,
+                key_of("adapter", nested.norm), key_of("target", nested.embed))
+
     def start(self, rows, vocab_size, capacity) -> None:
         self.state = self.nested.prefill(rows.prompt, capacity)
+        # a step feeds every draft but the last through every level: of what it commits, only the last draft and
+        # the closing token lack their states
+        self.catch_up_width = 2
+        self.exits_taken = self.exits_taken.to(rows.tokens.device)
 
     def select(self, index: torch.Tensor) -> None:
         self.state.select(index)
@@ -57,12 +66,8 @@ class SortedExitDrafter(ChainDrafter):
         end = rows.offsets + rows.committed  # [B] each row's next slot (slot = position)
         self.forwards += 1
         exit_index, logits = self._choose(rows.tokens, end)  # [B], [B, 1, V]
-        taken = exit_index.tolist()  # host read: which exits (and layers) the chain runs
-        used = sorted(set(taken))
-        self.exits_taken += torch.bincount(torch.tensor(taken), minlength=len(self.exits_taken))
-        column = torch.tensor([used.index(j) if j in used else 0 for j in range(len(self.exits_taken))],
-                              device=device)
-        row_column = column[exit_index][:, None, None]  # each row's exit among those the chain runs
+        self.exits_taken += one_hot(exit_index, len(self.exits_taken), torch.long).sum(0)
+        row_exit = exit_index[:, None, None]
         drafts, laws, draws = [], [], None
         stop_at = budget.clone()
         if self.stop is not None:
@@ -78,30 +83,22 @@ class SortedExitDrafter(ChainDrafter):
                 break
             if self.stop is not None:
                 stop_at = stop_after(stop_at, self.stop(i, logits, q, tokens, sampling), i)
-                if bool((stop_at <= i + 1).all()):  # host read: every row has stopped
-                    break
-            self.forwards += 1  # the draft through the levels of the deepest exit taken, for the next one's law
-            outputs = self.nested.step(tokens, (end + i)[:, None], self.state, used[-1] + 1, set(used))
-            features = torch.stack([outputs[j] for j in used], 1)  # [B, len(used), d]
-            logits = self.nested.head(features.gather(1, row_column.expand(-1, 1, features.shape[-1])))
-        return Draft(torch.cat(drafts, 1), stop_at.clamp(max=len(drafts)), torch.cat(laws, 1))
+            self.forwards += 1  # the draft through every level, for the next token's law at each row's exit
+            features = self.nested.step(tokens, (end + i)[:, None], self.state)  # [B, k, d]
+            logits = self.nested.head(features.gather(1, row_exit.expand(-1, 1, features.shape[-1])))
+        return Draft(torch.cat(drafts, 1), stop_at, torch.cat(laws, 1))
 
     def _choose(self, tokens: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's exit for the step ([B] long) and its logits for the step's first draft token [B, 1, V]: the
-        levels catch up to the row's tokens (`tokens` [B, >= max(end)], slots before end [B]) one by one, shallowest
-        first, while a row is undecided (one host read per level); a row takes the first exit whose top-1 probability
-        (temperature 1) reaches `exit_threshold`, else the deepest."""
+        """Each row's exit for the step ([B] long) and its logits for the step's first draft token [B, 1, V]: every
+        level catches up to the row's tokens (`tokens` [B, S], slots before end [B]), shallowest first; a row takes
+        the first exit whose top-1 probability (temperature 1) reaches `exit_threshold`, else the deepest."""
         last = len(self.nested.exit_layers) - 1
         choice = torch.full_like(end, last)
         undecided, logits = torch.ones_like(end, dtype=torch.bool), None
         for level in range(last + 1):
-            scores = self.nested.head(self.nested.catch_up(level, tokens, end, self.state))  # [B, V]
+            scores = self.nested.head(self.nested.catch_up(level, tokens, end, self.state, self.catch_up_width))
             logits = scores if logits is None else torch.where(undecided[:, None], scores, logits)
-            if level == last:
-                break
             confident = scores.float().softmax(-1).amax(-1) >= self.exit_threshold
-            choice = torch.where(undecided & confident, level, choice)
+            choice = torch.where(undecided & confident & (level < last), level, choice)
             undecided &= ~confident
-            if not bool(undecided.any()):
-                break
         return choice, logits[:, None]

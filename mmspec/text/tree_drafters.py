@@ -7,9 +7,10 @@ accept a node's k-th child). What differs is where a node's law comes from:
   draft forward per depth over the frontier with tree attention, its tree slots dropped after drafting.
 - `StandDrafter` (STAND, Song et al. 2025, arXiv 2506.04708): no draft model. An n-gram memory of the *target's*
   distributions: every committed token stores the top entries of the law it was drawn from, keyed by the n tokens
-  before it (prompt tokens store a one-hot); a node's law mixes, over n = 3, 2, 1, 0 with geometrically falling
-  weights, the normalised sum of the stored laws whose key matches the node's last n tokens. Stochastic drafts from
-  a logit memory are what make model-free drafting work at T > 0, where prompt lookup's copies are mostly rejected.
+  before it (prompt tokens store a one-hot), in a memory of one entry per position; a node's law mixes, over
+  n = 3, 2, 1, 0 with geometrically falling weights, the normalised sum of the stored laws whose key matches the
+  node's last n tokens. Stochastic drafts from a logit memory are what make model-free drafting work at T > 0, where
+  prompt lookup's copies are mostly rejected.
 
 At temperature 0 the children are the top `branching` tokens of the temperature-1 draft law (deterministic).
 """
@@ -140,29 +141,35 @@ class StandDrafter(TreeDrafter):
             raise ValueError(f"backoff must be in (0, 1] (weight of each shorter context), got {backoff!r}")
         self.shape, self.max_ngram, self.top, self.backoff = shape, max_ngram, top, backoff
 
-    capturable = False  # its memory grows by the committed tokens, and it reads the host for the prompt's
-
     def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
-        batch_size, device = rows.batch_size, rows.tokens.device
+        """The memory: one entry per position of the rows' tokens (and a last one that writes of nothing land in),
+        the prompt's tokens stored as one-hot entries (no law was observed for them)."""
+        B, P, device = rows.batch_size, rows.tokens.shape[1], rows.tokens.device
         self.vocabulary = vocab_size
-        self.keys = torch.zeros(batch_size, 0, self.max_ngram, dtype=torch.long, device=device)
-        self.entry_tokens = torch.zeros(batch_size, 0, self.top, dtype=torch.long, device=device)
-        self.entry_probs = torch.zeros(batch_size, 0, self.top, device=device)
-        self.seen = torch.zeros(batch_size, dtype=torch.long, device=device)  # positions stored so far
+        self.keys = torch.full((B, P + 1, self.max_ngram), -1, dtype=torch.long, device=device)  # -1 never matches
+        self.entry_tokens = torch.zeros(B, P + 1, self.top, dtype=torch.long, device=device)
+        self.entry_probs = torch.zeros(B, P + 1, self.top, device=device)
+        one_hot = torch.zeros(B, P, self.top, device=device)
+        one_hot[..., 0] = 1
+        indices = torch.zeros(B, P, self.top, dtype=torch.long, device=device)
+        indices[..., 0] = rows.tokens
+        self._store(rows.tokens, torch.zeros_like(rows.lengths), P, (one_hot, indices), rows.lengths)
 
     def select(self, index: torch.Tensor) -> None:
-        self.keys, self.seen = self.keys[index], self.seen[index]
-        self.entry_tokens, self.entry_probs = self.entry_tokens[index], self.entry_probs[index]
+        self.keys, self.entry_tokens = self.keys[index], self.entry_tokens[index]
+        self.entry_probs = self.entry_probs[index]
 
     def _store(self, tokens, start, width, laws_top: tuple[torch.Tensor, torch.Tensor], count) -> None:
-        """Entries for positions start[b] + j, j < count[b] (< width), with the stored top laws ([B, width, top])."""
+        """Entries for positions start[b] + j, j < count[b] (< width), with the stored top laws ([B, width, top]),
+        written in place at their positions (a captured step's next iteration reads the memory)."""
         positions = start[:, None] + torch.arange(width, device=tokens.device)  # [B, width]
         keys = ngram_keys(tail(tokens, positions, self.max_ngram))
         real = torch.arange(width, device=tokens.device) < count[:, None]
-        self.keys = torch.cat([self.keys, torch.where(real[..., None], keys, -1)], 1)  # -1 never matches
-        self.entry_tokens = torch.cat([self.entry_tokens, laws_top[1]], 1)
-        self.entry_probs = torch.cat([self.entry_probs, laws_top[0].float() * real[..., None]], 1)
-        self.seen = torch.maximum(self.seen, start + count)
+        slots = torch.where(real, positions, self.keys.shape[1] - 1)  # the rest into the last entry, never matched
+        self.keys.scatter_(1, slots[..., None].expand_as(keys), torch.where(real[..., None], keys, -1))
+        self.entry_tokens.scatter_(1, slots[..., None].expand_as(laws_top[1]), laws_top[1])
+        self.entry_probs.scatter_(1, slots[..., None].expand_as(laws_top[0]),
+                                  laws_top[0].float() * real[..., None])
 
     def observe(self, rows, laws) -> None:
         tokens, count = rows.tokens, rows.count
@@ -170,18 +177,6 @@ class StandDrafter(TreeDrafter):
         values = torch.nn.functional.pad(top.values, (0, self.top - top.values.shape[-1]))
         indices = torch.nn.functional.pad(top.indices, (0, self.top - top.indices.shape[-1]))
         self._store(tokens, rows.lengths - count, laws.shape[1], (values, indices), count)
-
-    def _store_unseen(self, tokens, lengths) -> None:
-        """One-hot entries for committed tokens no law was observed for (the prompt, on the first call)."""
-        width = int((lengths - self.seen).max())  # host sync, once per step: 0 after the first call
-        if width > 0:
-            positions = self.seen[:, None] + torch.arange(width, device=tokens.device)
-            ids = tokens.gather(1, positions.clamp(max=tokens.shape[1] - 1))
-            one_hot = torch.zeros(*ids.shape, self.top, device=tokens.device)
-            one_hot[..., 0] = 1
-            indices = torch.zeros(*ids.shape, self.top, dtype=torch.long, device=tokens.device)
-            indices[..., 0] = ids
-            self._store(tokens, self.seen, width, (one_hot, indices), lengths - self.seen)
 
     def law(self, context: torch.Tensor, V: int) -> torch.Tensor:
         """The memory's law after each context [B, F, max_ngram] -> [B, F, V]: for every order n = 0..max_ngram
@@ -203,7 +198,6 @@ class StandDrafter(TreeDrafter):
     @torch.no_grad()
     def propose(self, rows, sampling, generator) -> DraftTree:
         tokens, lengths = rows.tokens, rows.lengths
-        self._store_unseen(tokens, lengths)
         V = self.vocabulary
         committed = tail(tokens, lengths[:, None], self.max_ngram)  # [B, 1, n]
 

@@ -26,7 +26,7 @@ def iterations(ar: float = 1.0) -> dict:
 
 
 def test_the_projection_on_numbers_worked_by_hand():
-    projected = projected_speedups(iterations(), embedded_runs())
+    projected = projected_speedups(iterations(), 0.0, 12, embedded_runs())
     assert projected["ar"] == {"window": 1, "speedup": 1.0}
     assert projected["sjd"] == {"window": 2, "speedup": 2.0}  # 2.0 / 1.0 beats 3.0 / 2.0
     assert projected["mc_sjd"] == {"window": 4, "speedup": 2.0}  # 4.0 / 2.0 beats 1.8 / 1.0
@@ -36,14 +36,20 @@ def test_the_projection_on_numbers_worked_by_hand():
 
 
 def test_ar_s_iteration_is_the_unit_of_every_speedup():
-    projected = projected_speedups(iterations(ar=1.5), embedded_runs())
+    projected = projected_speedups(iterations(ar=1.5), 0.0, 12, embedded_runs())
     assert projected["sjd"]["speedup"] == 3.0  # 2.0 * 1.5 / 1.0
     assert projected["lantern"]["speedup"] == 3.75  # 5.0 * 1.5 / 2.0
 
 
+def test_the_prefill_every_decoding_pays_is_counted():
+    projected = projected_speedups(iterations(), 6.0, 12, embedded_runs())
+    assert projected["sjd"]["speedup"] == 1.5  # (6 + 12 * 1) / (6 + 12 / 2 * 1)
+    assert projected["lantern"]["speedup"] == round(18 / (6 + 12 / 5 * 2), 3)
+
+
 def test_windows_without_a_measured_iteration_are_not_projected():
     timed = iterations() | {"sjd": {2: 1.0}, "draft": {2: 1.5}}
-    projected = projected_speedups(timed, embedded_runs())
+    projected = projected_speedups(timed, 0.0, 12, embedded_runs())
     assert projected["sjd"] == {"window": 2, "speedup": 2.0} and projected["draft"]["window"] == 2
 
 
@@ -102,6 +108,7 @@ def test_every_method_s_step_is_timed_on_the_family_s_adapters(family, captured,
     assert all(s > 0 for by_window in list(seconds.values())[1:] for s in by_window.values())
     assert set(entry["cost_curve"][2]) == {1, 2, 3, 4, 5} and entry["cost_curve"][2][1] == 1.0
     assert set(entry["outside_share"][2]) == set(seconds)
+    assert entry["prefill_seconds"][2] > 0 and entry["image_tokens"] == tiny.image_tokens
     assert entry["parameters"] == tiny.parameters() > tiny.parameters(1)
 
 

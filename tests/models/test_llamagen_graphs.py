@@ -1,6 +1,7 @@
 """`WindowGraphs`, the CUDA-graph path of the LlamaGen decoding loop: through its static buffers, kept cache and step
 graphs (on this CPU `TapeGraph`s, which replay with a CUDA graph's semantics) every image decoding — AR, SJD at several
-windows, MC-SJD, SJD's frontier trees, the draft model's chains and trees, PJD — decodes exactly what the eager path
+windows, MC-SJD, SJD's frontier trees, the draft model's chains and trees, PJD, EAGLE and Hydra heads' chains and
+trees — decodes exactly what the eager path
 decodes (sampled, CFG, top-k, batch 2, a padded prompt), also when later decodings reuse the kept cache and the
 captured steps; the kept cache ends with the eager cache's keys / values. Mutants are caught: a reused cache that
 keeps the last prompts' padding, and a step that reassigns its state instead of updating it in place (a graph's
@@ -13,10 +14,11 @@ import torch
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.runtime.capture import HostReads, compiles_fullgraph
 from mmspec.core.stats import SpecStats
-from mmspec.image import AR, SJD, DraftModel
+from mmspec.image import AR, SJD, DraftHeads, DraftModel
 from mmspec.image.jacobi import JacobiStep
 from mmspec.image.loop import open_decoding
 from mmspec.image.methods.pjd import PJD
+from mmspec.models.heads import EagleHead, HydraHead
 from mmspec.models.llamagen.adapter import LlamaGenAdapter, LlamaGenCondition
 from mmspec.models.llamagen.graphs import WindowGraphs
 from tests.models.llamagen_tiny import TEXT_CONTEXT, tiny_pipeline, tiny_transformer, tiny_vq
@@ -27,7 +29,22 @@ DECODINGS = {"ar": lambda drafter: AR(), "sjd-w3": lambda drafter: SJD(3, "horiz
              "sjd-tree": lambda drafter: SJD(5, "random", "maximal", tree_width=3),
              "draft": lambda drafter: DraftModel(2, drafter=drafter),
              "draft-tree": lambda drafter: DraftModel(2, tree_width=2, drafter=drafter),
-             "pjd": lambda drafter: PJD(3, rows=2)}
+             "pjd": lambda drafter: PJD(3, rows=2),
+             "heads": lambda drafter: DraftHeads("eagle", 2, head=head("eagle", drafter)),
+             "heads-tree": lambda drafter: DraftHeads("eagle", 2, tree_width=2, head=head("eagle", drafter)),
+             "hydra": lambda drafter: DraftHeads("hydra", 3, head=head("hydra", drafter))}
+HEADS = {}  # one head per kind and dtype: a captured step replays the head it was captured with (keyed by weights)
+
+
+def head(kind: str, drafter: LlamaGenAdapter):
+    """A random head on the tiny transformer's features (width 32, 24 tokens, a 4 x 4 grid), in the models' dtype."""
+    dtype = drafter.transformer.dtype
+    if (kind, dtype) not in HEADS:
+        torch.manual_seed(7)
+        made = (EagleHead(feature_size=32, vocab_size=24, n_head=4, ffn_hidden=32, positions="2d", grid_size=4)
+                if kind == "eagle" else HydraHead(feature_size=32, vocab_size=24, num_heads=3, hidden=32))
+        HEADS[kind, dtype] = made.type(dtype).eval()
+    return HEADS[kind, dtype]
 
 
 def condition(padded_row: int, seed: int, device="cpu", dtype=torch.float64) -> LlamaGenCondition:
@@ -159,6 +176,7 @@ def second_iteration(model, cond, decoding, sampling) -> tuple[int, bool, str]:
     """(host reads, whether it traces whole, the first graph break) of a decoding's second iteration on `model`:
     the first takes the first-round branches (a drafter's first context)."""
     stats = SpecStats()
+    decoding.check_model(model)  # as a decoding's run does (a head taps the target's features here)
     with torch.no_grad():
         opening = open_decoding(model, cond, sampling, None, stats, decoding.max_window, decoding)
         step = decoding.step(model, opening, sampling, None, stats)

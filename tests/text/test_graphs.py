@@ -1,10 +1,11 @@
 """Text speculation replayed from captured steps (`speculative_generate(..., graphs=StepGraphs(...))`) decodes what the
 eager steps decode, token for token and stat for stat: the tape replay (a CUDA graph's semantics on a CPU) with real
-transformers models on the fixed-capacity caches, for the draft-model, layer-skip, n-gram and model-tree drafters and
-none (graphed AR), greedy and sampled (top-k), batch 2 with ragged prompts and an EOS that ends the rows at different
-steps, three calls reusing the captured steps (a generator per row: an eager batch drops its finished rows, a
-captured one keeps them, and per-row streams do not depend on the batch); a step's host reads, its fullgraph trace,
-and a mutant the replay catches."""
+transformers models on the fixed-capacity caches, for every capturable drafter (the draft model's chains, with a
+confidence stop, SpecDec++'s learned stop and the heuristic schedule; cascades; layer skip; prompt lookup; S2D; the
+draft model's trees; STAND's; EAGLE, EAGLE-3 and Hydra chains and trees) and none (graphed AR), greedy and sampled
+(top-k), batch 2 with ragged prompts and an EOS that ends the rows at different steps, three calls reusing the
+captured steps (a generator per row: an eager batch drops its finished rows, a captured one keeps them, and per-row
+streams do not depend on the batch); a step's host reads, its fullgraph trace, and a mutant the replay catches."""
 
 import copy
 
@@ -16,11 +17,13 @@ from mmspec.core.runtime.capture import HostReads, StepGraphs, trace_checks
 from mmspec.core.tree_shape import TreeShape
 from mmspec.models.acceptance import AcceptanceHead
 from mmspec.models.heads import EagleHead, HydraHead
+from mmspec.models.kangaroo import KangarooAdapter
 from mmspec.text import speculative_generate
 from mmspec.text.drafters import CascadeDrafter, LayerSkipDrafter, ModelDrafter, NGramDrafter, NoDrafter
 from mmspec.text.head_drafters import HeadDrafter, HeadTreeDrafter
 from mmspec.text.rows import TextRows
-from mmspec.text.tree_drafters import ModelTreeDrafter
+from mmspec.text.sorted_exits import SortedExitDrafter
+from mmspec.text.tree_drafters import ModelTreeDrafter, StandDrafter
 from tests.conftest import tiny_llama
 
 PROMPTS = torch.tensor([[5, 9, 11, 5, 9, 30, 7, 5, 9], [0, 0, 0, 0, 12, 13, 12, 13, 12]])
@@ -55,6 +58,15 @@ def acceptance_head(draft):
     return HEADS.setdefault(("acceptance", id(draft)), head.to(draft.device).type(draft.dtype).eval())
 
 
+def sorted_adapter(target):
+    """S2D's adapter at exits 1 and 2 of the 3-layer target (random: both exits are taken at T = 1)."""
+    key = "s2d", id(target)
+    if key not in HEADS:
+        torch.manual_seed(5)
+        HEADS[key] = KangarooAdapter.for_target(target, 1, [1, 2]).to(target.device).type(target.dtype).eval()
+    return HEADS[key]
+
+
 HEAD_TREE = TreeShape(nodes=6, branching=2, expand=2, depth=3)
 DRAFTERS = {
     "model": lambda target, draft: ModelDrafter(draft),
@@ -64,6 +76,9 @@ DRAFTERS = {
     "cascade": lambda target, draft: CascadeDrafter(draft, max_ngram=2),
     "cascade_lookup_after": lambda target, draft: CascadeDrafter(draft, max_ngram=2, lookup_after=2),
     "cascade_forwards": lambda target, draft: CascadeDrafter(draft, max_ngram=2, forwards_per_round=2),
+    "stand": lambda target, draft: StandDrafter(TreeShape(nodes=6, branching=2, expand=2, depth=3)),
+    "s2d": lambda target, draft: SortedExitDrafter(target, sorted_adapter(target), exit_threshold=0.2,
+                                                   confidence_threshold=0.1),
     "layerskip": lambda target, draft: LayerSkipDrafter(target, 1),
     "ngram": lambda target, draft: NGramDrafter(max_ngram=2),
     "tree": lambda target, draft: ModelTreeDrafter(draft, TreeShape(nodes=6, branching=2, expand=2, depth=3)),

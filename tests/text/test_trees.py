@@ -77,9 +77,8 @@ def test_tree_shape_refuses_bad_settings():
 
 def test_stand_memory_returns_the_stored_laws_of_the_matching_context():
     drafter = StandDrafter(TreeShape(4, 2, 1, 2), max_ngram=2, top=2, backoff=1e-6)
-    drafter.start(rows_of(torch.tensor([[1, 2, 3, 1, 2]]), torch.tensor([5])), vocab_size=6, capacity=8)
-    tokens = torch.tensor([[1, 2, 3, 1, 2, 0, 0, 0]])
-    drafter._store_unseen(tokens, torch.tensor([5]))  # the prompt: one-hot entries
+    drafter.start(rows_of(torch.tensor([[1, 2, 3, 1, 2]]), torch.tensor([5])), vocab_size=6, capacity=8)  # the
+    tokens = torch.tensor([[1, 2, 3, 1, 2, 0, 0, 0]])  # prompt stored as one-hot entries
     law = drafter.law(torch.tensor([[[1, 2]]]), 6)[0, 0]  # "1 2" was followed by 3
     assert law.argmax() == 3 and law[3] > 0.99
     laws = torch.zeros(1, 1, 6)

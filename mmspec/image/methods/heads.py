@@ -57,9 +57,6 @@ class DraftHeads(DraftedTree, ImageDecoding):
         if self.head.config.vocab_size != model.vocab_size:
             raise ValueError(f"the head was trained for {self.head.config.vocab_size} image tokens; the target has "
                              f"{model.vocab_size}")
-        if getattr(model, "graphs", None) is not None:
-            raise ValueError("decoding='heads' reads the target's features from eager forwards: run it with the "
-                             "CUDA graphs off (pipe.disable_cuda_graphs())")
         super().check_model(model)
         bind_head(self.head, model)  # before the prefill, whose features the head starts from
 

@@ -11,9 +11,11 @@ outside the graph.
 
 Its `steps` (`mmspec.core.runtime.capture.StepGraphs`) hold the decoding steps captured whole on this cache: the window
 forward, verification, redraft, commit and rollback of K iterations in one graph (the decode loop replays them; inside
-a step capture the window forward runs eagerly, so the step's graph holds it). capture=False runs everything through
-the same static buffers without CUDA: the window forwards eagerly, the steps through `TapeGraph`s, which replay with a
-CUDA graph's semantics (what the CPU tests check).
+a step capture the window forward runs eagerly, so the step's graph holds it). A transformer whose modules a draft
+head taps (`mmspec.adapters.features.FeatureTap`: hooks on its output head or blocks) runs its window forwards outside
+a step capture eagerly too: a replayed window graph runs no hook, and the head would read a stale feature.
+capture=False runs everything through the same static buffers without CUDA: the window forwards eagerly, the steps
+through `TapeGraph`s, which replay with a CUDA graph's semantics (what the CPU tests check).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class WindowGraphs:
                              f"{tuple(tokens.shape)}")
         W = tokens.shape[1]
         check_window_fits(cache, W)
-        if self.capture and torch.cuda.is_current_stream_capturing():  # a step capture records this forward
+        if self.tapped() or self.capture and torch.cuda.is_current_stream_capturing():  # a step capture records it
             cache.max_length += W
             return self._window(tokens)
         if W not in self.windows:
@@ -90,6 +92,11 @@ class WindowGraphs:
             logits = static_logits.clone()  # the next replay overwrites the graph's output
         cache.max_length += W
         return logits
+
+    def tapped(self) -> bool:
+        """Whether hooks watch the transformer's output head or blocks (a draft head's feature tap)."""
+        model = self.transformer
+        return bool(model.output._forward_pre_hooks or any(layer._forward_hooks for layer in model.layers))
 
     def _window(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.transformer.append_window(self.transformer.tok_embeddings(tokens), self.kept)
