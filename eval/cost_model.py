@@ -17,8 +17,8 @@ path's drafter at a real size is the target's width with `real_shapes.DRAFT_LAYE
 LANTERN drafter's size), its head an EAGLE head of one decoder layer at the target's width (`RealShape.head`). A
 step has fixed shapes, so an iteration costs the same whatever it accepts: the iteration is the unit of the price,
 with the forward and the work around it measured together, as they run. The cost curve cost(W, B) / cost(1, B) of
-one eager W-token forward and its logits processing (`mmspec.image.policy.measure_cost_curve`) is reported beside it,
-and `outside_share`, the part of an iteration spent outside that forward.
+one eager W-token forward and its logits processing with half the image cached (`mmspec.image.policy.measure_cost_curve`)
+is reported beside it.
 
 Acceptance comes from the embedded text-to-image model (`mmspec/zoo/shapes`), decoded on the same device with the
 same held-out prompts and seeds: for each method of `METHODS` and each window W (draft length W - 1 for the draft
@@ -151,14 +151,13 @@ def measure_real_shape(name: str, shape: RealShape, device: torch.device, dtype:
 def measure_iterations(name: str, adapters: Adapters, condition_of, batch_sizes, windows, repeats: int) -> dict:
     """Per batch size B: seconds of opening a decoding (`prefill_seconds`) and of one iteration of AR's step and of
     every method's at each window (`time_iterations`), the target's eager cost curve (`forward_seconds`: W -> seconds
-    of a W-token forward with its CFG rows and logits processing; `cost_curve`: the same relative to W = 1) and each
-    iteration's `outside_share`, 1 - its forward's seconds / its seconds. condition_of(B): a condition for B
-    samples."""
+    of a W-token forward with its CFG rows and logits processing; `cost_curve`: the same relative to W = 1).
+    condition_of(B): a condition for B samples."""
     wanted = settings(windows)
     widths = sorted({1, *(W for _, W in wanted)})
     grid = adapters.target.grid
     entry = {"image_tokens": grid[0] * grid[1], "prefill_seconds": {}, "iteration_seconds": {}, "forward_seconds": {},
-             "cost_curve": {}, "outside_share": {}}
+             "cost_curve": {}}
     for B in batch_sizes:
         condition = condition_of(B)
         entry["prefill_seconds"][B] = measure_prefill(adapters.target, condition, SAMPLING, repeats)
@@ -171,9 +170,6 @@ def measure_iterations(name: str, adapters: Adapters, condition_of, batch_sizes,
             seconds.setdefault(method, {})[W] = s
         entry["iteration_seconds"][B], entry["forward_seconds"][B], entry["cost_curve"][B] = (
             seconds, curve, relative(curve))
-        entry["outside_share"][B] = {"ar": round(1 - curve[1] / seconds["ar"], 3)} | {
-            method: {W: round(1 - curve[W] / s, 3) for W, s in by_window.items()}
-            for method, by_window in seconds.items() if method != "ar"}
         print(describe_iterations(name, B, seconds), flush=True)
     return entry
 

@@ -107,7 +107,6 @@ def test_every_method_s_step_is_timed_on_the_family_s_adapters(family, captured,
         "sjd": {2, 4}, "mc_sjd": {2, 4}, "lantern": {2, 4}, "draft": {2, 3, 5}, "heads": {2, 3, 5}}
     assert all(s > 0 for by_window in list(seconds.values())[1:] for s in by_window.values())
     assert set(entry["cost_curve"][2]) == {1, 2, 3, 4, 5} and entry["cost_curve"][2][1] == 1.0
-    assert set(entry["outside_share"][2]) == set(seconds)
     assert entry["prefill_seconds"][2] > 0 and entry["image_tokens"] == tiny.image_tokens
     assert entry["parameters"] == tiny.parameters() > tiny.parameters(1)
 
