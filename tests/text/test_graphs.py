@@ -89,6 +89,9 @@ DRAFTERS = {
     "eagle_tree": lambda target, draft: HeadTreeDrafter(target, head("eagle", target), HEAD_TREE),
     "hydra_tree": lambda target, draft: HeadTreeDrafter(target, head("hydra", target), HEAD_TREE),
 }
+# the variants of a mechanism the default tier covers once (a stop rule, a cascade, a head): the slow tier
+SLOW_KINDS = {"confidence", "heuristic", "cascade_lookup_after", "cascade_forwards", "eagle3", "hydra", "hydra_tree"}
+KINDS = [pytest.param(kind, marks=pytest.mark.slow) if kind in SLOW_KINDS else kind for kind in DRAFTERS]
 SAMPLINGS = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0, top_k=8)}
 SCHEDULES = {"heuristic": DraftLengthSchedule(2, kind="heuristic", max_length=5)}  # a drafter's draft_length
 
@@ -124,7 +127,7 @@ def replays_match_eager(models, kind, sampling, cuda=False) -> None:
 
 
 @pytest.mark.parametrize("sampling", list(SAMPLINGS))
-@pytest.mark.parametrize("kind", list(DRAFTERS))
+@pytest.mark.parametrize("kind", KINDS)
 def test_replayed_steps_decode_what_the_eager_steps_decode(models, kind, sampling):
     replays_match_eager(models, kind, sampling)
 
@@ -169,7 +172,7 @@ def test_a_step_that_reassigns_its_state_is_caught(models, monkeypatch):
     assert not torch.equal(replayed, eager)
 
 
-@pytest.mark.parametrize("kind", list(DRAFTERS))
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_step_reads_no_host_and_traces_whole(models, kind):
     """Host reads: the prefill's and the output's, and one per block of iterations; the step traces with
     `torch.compile(fullgraph=True)`."""
