@@ -17,8 +17,8 @@ path's drafter at a real size is the target's width with `real_shapes.DRAFT_LAYE
 LANTERN drafter's size), its head an EAGLE head of one decoder layer at the target's width (`RealShape.head`). A
 step has fixed shapes, so an iteration costs the same whatever it accepts: the iteration is the unit of the price,
 with the forward and the work around it measured together, as they run. The cost curve cost(W, B) / cost(1, B) of
-one eager W-token forward and its logits processing with half the image cached (`mmspec.image.policy.measure_cost_curve`)
-is reported beside it.
+one eager W-token forward and its logits processing with half the image cached
+(`mmspec.image.policy.measure_cost_curve`) is reported beside it.
 
 Acceptance comes from the embedded text-to-image model (`mmspec/zoo/shapes`), decoded on the same device with the
 same held-out prompts and seeds: for each method of `METHODS` and each window W (draft length W - 1 for the draft

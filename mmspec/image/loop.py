@@ -22,7 +22,7 @@ from mmspec.core.probs import SamplingConfig, one_hot, process_logits
 from mmspec.core.progress import Halt, Progress
 from mmspec.core.rng import Generators, check_generators, sample
 from mmspec.core.rules.base import TokenTest
-from mmspec.core.runtime.capture import StepRunner, block_size, iterations_left
+from mmspec.core.runtime.capture import StepRunner, block_size, iterations_left, weights_of
 from mmspec.core.settings import runtime_fields
 from mmspec.core.speculation import Round
 from mmspec.core.stats import PhaseTimer, SpecStats
@@ -106,16 +106,6 @@ def step_key(decoding, sampling: SamplingConfig, opening: Opening) -> tuple:
     models = tuple(weights_of(getattr(decoding, name)) for name in runtime_fields(decoding))
     return (type(decoding), decoding.describe(), models, sampling, opening.first_token.shape[0], opening.dtype,
             opening.N, slots)
-
-
-def weights_of(value: Any) -> int | None:
-    """Where the weights of a module (or of an adapter's first module attribute) start: a model's identity across
-    the adapters made for it; None for anything else."""
-    if not isinstance(value, torch.nn.Module):
-        value = next((item for item in getattr(value, "__dict__", {}).values() if isinstance(item, torch.nn.Module)),
-                     None)
-    first = None if value is None else next(value.parameters(), None)
-    return None if first is None else first.data_ptr()
 
 
 def image_span(model: DiscreteImageModel) -> tuple[int, int, torch.Tensor | None]:

@@ -33,6 +33,7 @@ from torch import nn
 
 from mmspec.adapters.causal_lm import CFGRows
 from mmspec.core.model import Logits
+from mmspec.core.runtime.capture import kept_in_place
 from mmspec.models.llamagen.gpt import TransformerBlock, rope_table_2d
 
 
@@ -240,7 +241,7 @@ class EagleSession(HeadSession):
         allowed[:, :, :T] = causal & valid[:, None, :]
         hidden = self._run(tokens, self.head.fuse(features), positions, slots, allowed)
         self.valid[:, :T] = valid
-        self.root_hidden = hidden[:, -1].clone()
+        self.root_hidden = kept_in_place(self.root_hidden, hidden[:, -1])
         return self.split(self.head.logits(hidden[:, -1:]))
 
     def catch_up(self, tokens, features, start, committed) -> Logits:
@@ -258,7 +259,8 @@ class EagleSession(HeadSession):
         # in place, as every state a round leaves to the next: a captured step's next iteration reads these tensors
         self.valid.copy_(kept | ((keys >= (self.base + start)[:, None]) & (keys < (self.base + committed)[:, None])))
         last = (committed - 1 - start).clamp(0, W - 1)  # a row that committed nothing keeps junk it never commits
-        self.root_hidden.copy_(hidden.gather(1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
+        self.root_hidden = kept_in_place(self.root_hidden,
+                                         hidden.gather(1, last[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0])
         return self.split(self.head.logits(self.root_hidden[:, None]))
 
     def begin_round(self, committed: torch.Tensor, view_width: int) -> None:
@@ -310,11 +312,7 @@ class HydraSession(HeadSession):
         self.last: torch.Tensor | None = None  # [R] the last committed token
 
     def _root(self, feature: torch.Tensor, token: torch.Tensor) -> Logits:
-        if self.root_feature is None:
-            self.root_feature, self.last = feature.clone(), token.clone()
-        else:  # in place: a captured step's next iteration reads them
-            self.root_feature.copy_(feature)
-            self.last.copy_(token)
+        self.root_feature, self.last = kept_in_place(self.root_feature, feature), kept_in_place(self.last, token)
         return self.split(self.head.logits(self.head(feature, token[:, None])[:, None]))
 
     def prefill(self, tokens, features, positions, valid) -> Logits:

@@ -26,6 +26,7 @@ from mmspec.core.model import Logits, require
 from mmspec.core.probs import SamplingConfig, one_hot, process_logits
 from mmspec.core.rng import Generators
 from mmspec.core.rules.base import AcceptanceRule, rule_from
+from mmspec.core.runtime.capture import weights_of
 from mmspec.core.speculation import Chain
 from mmspec.text.kinds import check_lookup_after, check_max_ngram
 from mmspec.text.rows import TextRows
@@ -360,9 +361,8 @@ def key_of(name: str, value):
     if type(value) is CausalLMAdapter:
         value = value.model
     if isinstance(value, torch.nn.Module):
-        first = next(value.parameters(), None)
         layers = getattr(getattr(value, "config", None), "num_hidden_layers", None)
-        return name, type(value), layers, None if first is None else first.data_ptr()
+        return name, type(value), layers, weights_of(value)
     if dataclasses.is_dataclass(value):
         return name, repr(value)
     return name, type(value), id(value)

@@ -15,6 +15,7 @@ from mmspec.adapters.causal_lm import as_causal_model
 from mmspec.adapters.features import bind_head
 from mmspec.adapters.views import module_view, trimmed_readout
 from mmspec.core.drafting.heads import HeadProposer, check_draft_depth
+from mmspec.core.runtime.capture import weights_of
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
 from mmspec.text.drafters import ChainDrafter, draft_lookup, looked_up_tail, text_law
@@ -42,8 +43,7 @@ class WithHead:
 
     def capture_key(self) -> tuple:
         trimmed = None if self.vocabulary is None else tuple(self.vocabulary.tolist())
-        weights = next(self.head.parameters()).data_ptr()
-        return type(self), type(self.head), weights, getattr(self, "shape", None), trimmed
+        return type(self), type(self.head), weights_of(self.head), getattr(self, "shape", None), trimmed
 
     def start(self, rows: TextRows, vocab_size: int, capacity: int) -> None:
         B, device = rows.batch_size, rows.tokens.device

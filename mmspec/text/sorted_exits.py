@@ -31,6 +31,10 @@ class SortedExitDrafter(ChainDrafter):
     each row reading its own exit's output: one shape whatever the rows choose (no host read; a captured step holds
     it)."""
 
+    # slots each level re-reads before a row's end: a step feeds every draft but the last through every level, so of
+    # what it commits only the last draft and the closing token lack their states
+    catch_up_width = 2
+
     def __init__(self, target, adapter, exit_threshold: float = 0.3, confidence_threshold: float = 0.0):
         if not 0 < exit_threshold <= 1:
             raise ValueError(f"exit_threshold must be in (0, 1], got {exit_threshold}")
@@ -52,9 +56,6 @@ class SortedExitDrafter(ChainDrafter):
 
     def start(self, rows, vocab_size, capacity) -> None:
         self.state = self.nested.prefill(rows.prompt, capacity)
-        # a step feeds every draft but the last through every level: of what it commits, only the last draft and
-        # the closing token lack their states
-        self.catch_up_width = 2
         self.exits_taken = self.exits_taken.to(rows.tokens.device)
 
     def select(self, index: torch.Tensor) -> None:

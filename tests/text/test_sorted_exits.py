@@ -64,9 +64,7 @@ class ShortCatchUp(Recording):
     """Mutation: a catch-up window of one slot, so each level re-reads only a row's closing token: after a step that
     accepted its last draft (never fed through the levels), that draft's slot keeps no state of it."""
 
-    def start(self, rows, vocab_size, capacity):
-        super().start(rows, vocab_size, capacity)
-        self.catch_up_width = 1
+    catch_up_width = 1
 
 
 @torch.no_grad()

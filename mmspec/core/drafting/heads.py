@@ -30,6 +30,7 @@ from mmspec.core.drafts import Draft
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
 from mmspec.core.rng import Generators, inverse_cdf, uniform
+from mmspec.core.runtime.capture import kept_in_place
 from mmspec.core.speculation import DraftLaw
 from mmspec.core.tree_shape import TreeShape
 from mmspec.core.trees import DraftTree
@@ -82,11 +83,7 @@ class HeadProposer:
         """The target's forward of this round just ran: keep the features its tap caught, in place (a captured
         step's next iteration reads this tensor; the tap's own are the forward's outputs, which the next forward
         replaces)."""
-        features = self.tap.features
-        if self.caught is None or self.caught.shape != features.shape:
-            self.caught = features.clone()
-        else:
-            self.caught.copy_(features)
+        self.caught = kept_in_place(self.caught, self.tap.features)
 
     def _root(self, seq: torch.Tensor, committed: torch.Tensor) -> Logits:
         """Catch up with the tokens committed since the last round; the law after each row's last one [B, 1, V]."""
@@ -174,10 +171,7 @@ class HeadProposer:
         root_law = law(root, torch.zeros(B, 1, dtype=torch.long, device=seq.device), law_sampling)[:, 0]
         tree = grow_tree(root_law, expand, shape_for(shape, sampling), generator, lookup)
         self.session.end_round()
-        last = (tree.tokens, tree.parent, tree.real)
-        if self.last_tree is None:
-            self.last_tree, self.tree_depth = tuple(x.clone() for x in last), shape.depth
-        else:  # in place: the next round reads them (a captured step's next iteration too)
-            for kept, new in zip(self.last_tree, last, strict=True):
-                kept.copy_(new)
+        kept = self.last_tree or (None, None, None)  # the next round reads them (a captured step's next iteration too)
+        self.last_tree = tuple(map(kept_in_place, kept, (tree.tokens, tree.parent, tree.real)))
+        self.tree_depth = shape.depth
         return tree

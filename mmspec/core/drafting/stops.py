@@ -16,6 +16,7 @@ import torch
 
 from mmspec.core.model import Logits
 from mmspec.core.probs import SamplingConfig
+from mmspec.core.runtime.capture import weights_of
 
 
 class DraftStop:
@@ -66,7 +67,7 @@ class LearnedStop(DraftStop):
         self.kept: torch.Tensor | None = None  # [B] predicted probability that every draft so far is accepted
 
     def capture_key(self) -> tuple:
-        return type(self), next(self.head.parameters()).data_ptr(), self.threshold
+        return type(self), weights_of(self.head), self.threshold
 
     def start(self, batch_size, device):
         self.kept = torch.ones(batch_size, device=device)

@@ -208,6 +208,24 @@ def transfer(source: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -
             into.copy_(tensor)
 
 
+def kept_in_place(kept: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    """`value` written into `kept` (a step's state that the next iteration reads: a captured step writes the tensor
+    it read), or a copy of it where there is no such tensor yet (None, or another shape: a first, eager round)."""
+    if kept is None or kept.shape != value.shape:
+        return value.clone()
+    return kept.copy_(value)
+
+
+def weights_of(value: Any) -> int | None:
+    """Where the weights of a module (or of an adapter's first module attribute) start: a model's identity across
+    the adapters made for it, in the keys of captured steps (which read those weights); None for anything else."""
+    if not isinstance(value, torch.nn.Module):
+        value = next((item for item in getattr(value, "__dict__", {}).values() if isinstance(item, torch.nn.Module)),
+                     None)
+    first = None if value is None else next(value.parameters(), None)
+    return None if first is None else first.data_ptr()
+
+
 def _generators(generator) -> list[torch.Generator]:
     if generator is None:
         return []
