@@ -5,6 +5,8 @@
     mmspec generate "..." --decoding sjd --window 8 --acceptance lantern --lantern-delta 0.2
     mmspec video --actions 'right*6' 'down*4' 'stay*2' --frames 4 --out rollout.gif [--adaptive --context pipelined]
     mmspec demo [--port 7860 --only image|text|world ...]
+    mmspec generate --prompts prompts.txt --out-dir images/ [--n 4 --workers 2 --address auto ...]  # resumable
+    mmspec serve [--model shapes --model pycode/target --replicas 2 --max-batch-size 8 --port 8000 ...]
 
 A thin front end: argument parsing and checking, then calls into the library (`mmspec.pipelines`, `mmspec.apps`). It
 answers `--help` and refuses bad arguments before anything heavy is imported: torch, the models and Gradio load only
@@ -23,15 +25,19 @@ import os
 import re
 import sys
 import tempfile
+import time
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
 from mmspec.core.component import DecodingComponent, component_from, rule_settings
+from mmspec.core.files import write_atomically
 from mmspec.core.registry import decodings, load_plugins, rules
 from mmspec.core.runtime.devices import add_device_arguments, parse_device  # no torch until a device is asked
 from mmspec.core.settings import Spec, defaults, specs
 from mmspec.image import methods as image_methods  # noqa: F401  the image decodings (no torch)
 from mmspec.pipelines.auto import add_image_model_arguments  # argparse only: the pipelines load on first use
+from mmspec.serving.models import DEFAULT_MODELS  # no torch
 from mmspec.text.methods import auto_settings, described, method_names, uses_draft_model
 from mmspec.video.methods import FrameSpeculation
 from mmspec.zoo import TEXT_DRAFT, TEXT_TARGET, VIDEO_WORLD, resolve_model
@@ -41,6 +47,7 @@ VIDEO_EXTENSIONS = (".gif", ".mp4")  # what `mmspec video --out` writes; mp4 nee
 DEMO_TABS = ("image", "text", "world")  # mmspec.apps.tabs.TABS, which imports Gradio (a test keeps them equal)
 VIDEO_EXTRA = 'pip install "mmspec[video]" (from a clone: pip install -e ".[video]")'
 APP_EXTRA = 'pip install "mmspec[app]" (from a clone: pip install -e ".[app]")'
+SERVE_EXTRA = 'pip install "mmspec[serve]" (from a clone: pip install -e ".[serve]")'
 MAX_QUOTE = 60  # characters of a user's input quoted in an error
 MAX_STEPS = 1000  # Euler steps per frame `mmspec video` takes (the zoo world is trained for 4; 1,000 is already slow)
 # pipeline arguments whose names reach an error message, as the flags users typed
@@ -289,17 +296,83 @@ def check_text_lengths(prompts: list[str], max_new_tokens: int, target) -> None:
 
 
 def check_generate(args) -> None:
-    check_prompts(args.prompt)
+    if args.prompts is None:
+        check_prompts(args.prompt)
+        for name in ("--out-dir", "--workers", "--address", "--batch-size"):
+            if getattr(args, name.lstrip("-").replace("-", "_")) is not None:
+                raise UsageError(f"{name} applies to a run from a prompt file (--prompts FILE --out-dir DIR) only")
+    else:
+        check_prompt_file(args)
     for flag_name, low in (("--n", 1), ("--seed", 0), ("--guidance-scale", 0), ("--temperature", 0), ("--top-k", 0),
                            ("--height", 1), ("--width", 1), ("--upscale", 1), ("--cfg-interval", -1)):
         check_number(args, flag_name, low)
     check_number(args, "--top-p", 0, 1, low_open=True)
     args.component = check_image_decoding(args)
-    check_output(args.out, IMAGE_EXTENSIONS)
+    if args.prompts is None:
+        check_output(args.out, IMAGE_EXTENSIONS)
     check_model(args.model, "--model")
     if args.vqgan is not None and not Path(args.vqgan).is_file():
         raise UsageError(f"--vqgan {quoted(args.vqgan)}: no such file")
-    check_batch_fits(len(args.prompt) * args.n, resolve_model(args.model, argument="--model"))
+    at_once = len(args.prompt) * args.n if args.prompts is None else args.batch_size
+    check_batch_fits(at_once, resolve_model(args.model, argument="--model"))
+
+
+def check_prompt_file(args) -> None:
+    """`--prompts FILE --out-dir DIR`: a file of prompts, a folder that can be written, the run's settings."""
+    from mmspec.serving.offline import read_prompts  # no torch
+
+    if args.prompt:
+        raise UsageError("give prompts as arguments or as --prompts FILE, not both")
+    if args.out_dir is None:
+        raise UsageError("--prompts FILE writes one image per prompt and seed into --out-dir DIR: name the folder")
+    if not Path(args.prompts).is_file():
+        raise UsageError(f"--prompts {quoted(args.prompts)}: no such file")
+    try:
+        args.prompt = read_prompts(args.prompts)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise UsageError(f"--prompts {quoted(args.prompts)}: {error}") from None
+    for name in ("--upscale",):
+        if getattr(args, name.lstrip("-")) != 1:
+            raise UsageError(f"{name} applies to --out only")
+    args.workers = 1 if args.workers is None else args.workers
+    args.batch_size = 8 if args.batch_size is None else args.batch_size
+    check_number(args, "--workers", 1)
+    check_number(args, "--batch-size", 1)
+    if args.workers > 1 or args.address is not None:
+        check_ray("--workers / --address")
+    check_folder(args.out_dir, "--out-dir")
+
+
+def check_folder(path: str, flag: str) -> None:
+    """`path` is a folder that can be written, or one that can be made (its parent exists and can be written)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {quoted(path)} is a file; name a folder")
+    parent = folder if folder.is_dir() else folder.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {quoted(path)}: the folder {quoted(str(parent))} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{flag} {quoted(path)}: no permission to write there")
+
+
+def check_serve(args) -> None:
+    from mmspec.serving.models import served_model  # no torch
+
+    check_address(args)
+    for flag_name, low in (("--replicas", 1), ("--max-batch-size", 1), ("--batch-wait-ms", 0),
+                           ("--request-timeout-s", 0.001)):
+        check_number(args, flag_name, low)
+    models = args.model or list(DEFAULT_MODELS)
+    args.served = []
+    for name in models:
+        try:
+            args.served.append(served_model(name, args.draft if name == models[-1] else None))
+        except ValueError as error:
+            raise UsageError(str(error).replace(repr(name), quoted(name))) from None
+    ids = [model.id for model in args.served]
+    if len(set(ids)) < len(ids):
+        raise UsageError(f"--model: two models would be served as one id ({ids})")
+    check_ray("mmspec serve")
 
 
 def check_batch_fits(images: int, model) -> None:
@@ -359,11 +432,21 @@ def check_video(args) -> None:
     check_model(args.model, "--model")
 
 
-def check_demo(args) -> None:
+def check_address(args) -> None:
+    """--port a port, --host an address or a host name."""
     check_number(args, "--port", 1, 65535)
-    if not re.fullmatch(r"[\w.:-]+", args.host):  # an address or a host name
+    if not re.fullmatch(r"[\w.:-]+", args.host):
         raise UsageError(f"--host {quoted(args.host)}: not an address (127.0.0.1, 0.0.0.0 = every interface, ::1) "
                          "or a host name")
+
+
+def check_ray(needed: str) -> None:
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError(f"{needed} needs Ray: {SERVE_EXTRA}")
+
+
+def check_demo(args) -> None:
+    check_address(args)
     for flag in ("--image-model", "--text-target", "--text-draft", "--video-model"):
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
@@ -443,16 +526,15 @@ def run_text(args) -> int:
 
 
 def run_generate(args) -> int:
+    if args.prompts is not None:
+        return run_prompt_file(args)
     import torch
     from diffusers.utils import make_image_grid
 
     from mmspec.pipelines.auto import image_pipeline_from_arguments
 
     pipe = image_pipeline_from_arguments(args).to(args.device)
-    call = {"num_images_per_prompt": args.n, "guidance_scale": args.guidance_scale, "cfg_interval": args.cfg_interval,
-            "temperature": args.temperature,
-            "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
-            "negative_prompt": args.negative_prompt}
+    call = {"num_images_per_prompt": args.n, **image_sampling(args)}
     decoding = args.component or args.decoding  # the component the flags built, or "auto"
     if args.remeasure:
         pipe.decoding_policy.remeasure()
@@ -480,15 +562,77 @@ def run_generate(args) -> int:
     return 0
 
 
-def write_atomically(save, path: str) -> None:
-    """`save(file)` into a temporary file beside `path`, then renamed to it: a failed write leaves nothing behind."""
-    target = Path(path)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.partial{target.suffix}")
+def image_sampling(args) -> dict:
+    """The sampling arguments of an image pipeline call, from `mmspec generate`'s flags."""
+    return {"guidance_scale": args.guidance_scale, "cfg_interval": args.cfg_interval, "temperature": args.temperature,
+            "top_k": args.top_k, "top_p": args.top_p, "height": args.height, "width": args.width,
+            "negative_prompt": args.negative_prompt}
+
+
+def run_prompt_file(args) -> int:
+    """`mmspec generate --prompts FILE --out-dir DIR`: every prompt's images written there (`mmspec.serving.offline`),
+    resumable; with --workers > 1 or --address, by Ray Data workers."""
+    from tqdm.auto import tqdm
+
+    from mmspec.serving import offline
+    from mmspec.serving.calls import auto_decoding
+    from mmspec.serving.models import served_model
+    from mmspec.serving.requests import GenerationRequest
+
+    sampling = {key: value for key, value in image_sampling(args).items() if value is not None}
+    decoding = args.component.to_config() if args.component is not None else args.decoding
+    request = GenerationRequest("image", (), 1, 0, decoding, {}, sampling)
+    model = served_model(args.model, device=str(args.device), dtype=args.dtype)
+    out_dir, work = Path(args.out_dir), offline.jobs(args.prompt, args.n, args.seed)
+    pipe, recorded = None, offline.recorded_run(out_dir)
+    if decoding == "auto" and recorded is not None:  # a resumed run keeps what "auto" chose at its start
+        request = replace(request, decoding=recorded["decoding"])
+    elif decoding == "auto":
+        print(f"choosing the decoding for calls of {args.batch_size} images (once for the whole run)", file=sys.stderr)
+        pipe = model.load()
+        request = replace(request, decoding=auto_decoding(pipe, request, args.batch_size))
+    offline.start_run(out_dir, offline.run_record(args.model, args.prompt, args.n, args.seed, request))
+    todo = offline.pending(out_dir, work)
+    print(f"{len(work) - len(todo)} of {len(work)} images already in {out_dir}; {len(todo)} to generate",
+          file=sys.stderr)
+    with tqdm(total=len(todo), unit="image", desc="generating") as bar:
+        if args.workers > 1 or args.address is not None:
+            import ray
+
+            ray.init(address=args.address, log_to_driver=False)
+            gpus = 1.0 if args.device.type == "cuda" else 0.0
+            offline.run_on_ray(model, request, out_dir, todo, args.batch_size, args.workers, gpus, bar.update)
+        else:
+            writer = offline.Writer(pipe or model, request, str(out_dir))
+            offline.run_locally(writer, todo, args.batch_size, bar.update)
+    offline.gather_stats(out_dir, work)
+    print(f"wrote {out_dir}: {len(work)} images and their stats ({offline.STATS_FILE})")
+    return 0
+
+
+def run_serve(args) -> int:
+    """`mmspec serve`: the Ray Serve application of `mmspec.serving.service` until interrupted."""
+    from mmspec.serving.service import Limits, build_app, start, warm_up
+
+    threads = max(1, (os.cpu_count() or 1) // (args.replicas * len(args.served)))
+    models = [replace(model, device=str(args.device), dtype=args.dtype, threads=threads) for model in args.served]
+    limits = Limits(args.max_batch_size, args.batch_wait_ms, args.request_timeout_s)
+    gpus = 1.0 if args.device.type == "cuda" else 0.0
+    start(build_app(models, args.replicas, limits, gpus), args.host, args.port, args.address)
+    print("choosing what decoding=\"auto\" stands for, once per model (its cost curve is measured on first use and "
+          "cached)", file=sys.stderr, flush=True)
+    warm_up()
+    served = ", ".join(f"{model.id} ({model.modality})" for model in models)
+    print(f"serving {served} on http://{args.host}:{args.port}/v1 ({args.replicas} replica(s) each); Ctrl-C stops",
+          flush=True)
     try:
-        save(str(partial))
-        os.replace(partial, target)
-    finally:
-        partial.unlink(missing_ok=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        from ray import serve
+
+        serve.shutdown()
+    return 0
 
 
 def run_video(args) -> int:
@@ -591,7 +735,21 @@ def build_parser() -> Parser:
     add_device_arguments(text, default="auto")
 
     image = commands.add_parser("generate", help="text-to-image generation (default: the embedded shapes model)")
-    image.add_argument("prompt", nargs="+", help="one or more prompts (decoded as one batch)")
+    image.add_argument("prompt", nargs="*", help="one or more prompts (decoded as one batch)")
+    image.add_argument("--prompts", default=None, metavar="FILE",
+                       help="a file of prompts, one per line: each prompt's --n images written into --out-dir, "
+                            "resumable (a restarted run does what is not written yet)")
+    image.add_argument("--out-dir", default=None, metavar="DIR",
+                       help="with --prompts: where each image (NNNNNN-I.png) and its stats (NNNNNN-I.json, all in "
+                            "stats.jsonl at the end) go")
+    image.add_argument("--batch-size", type=int, default=None,
+                       help="with --prompts: images per pipeline call (default 8)")
+    image.add_argument("--workers", type=int, default=None,
+                       help=f"with --prompts: Ray Data workers, one per GPU or CPU slot (default 1: this process); "
+                            f"needs the [serve] extra: {SERVE_EXTRA}")
+    image.add_argument("--address", default=None,
+                       help="with --prompts: the Ray cluster to run the workers on ('auto': the one this machine "
+                            "joined)")
     image.add_argument("--out", default="out.png", help=f"image to write ({', '.join(IMAGE_EXTENSIONS)}): one row "
                                                         "per prompt, --n images per row")
     image.add_argument("--n", type=int, default=1, help="images per prompt")
@@ -656,6 +814,26 @@ def build_parser() -> Parser:
                       help="serve without warming up: each method initialises on its first request (auto times its "
                            "candidates then, for minutes on a CPU)")
     add_device_arguments(demo, default="auto")
+    serve = commands.add_parser("serve", help="an HTTP service (OpenAI's Images / Completions API shape) on Ray Serve",
+                                description=f"Serve models over HTTP with Ray Serve; it needs the [serve] extra: "
+                                            f"{SERVE_EXTRA}")
+    serve.add_argument("--model", action="append", default=None,
+                       help="zoo name or folder of an image pipeline or a text target; repeat it to serve several "
+                            f"(default: {' and '.join(DEFAULT_MODELS)})")
+    serve.add_argument("--draft", default=None, help="the draft of the last --model, a text target (default: the "
+                                                     "embedded draft for the embedded target)")
+    serve.add_argument("--replicas", type=int, default=1, help="replicas of each model (one GPU each on GPUs)")
+    serve.add_argument("--max-batch-size", type=int, default=8,
+                       help="rows (images, completions) one pipeline call serves at most, and a request's most")
+    serve.add_argument("--batch-wait-ms", type=float, default=20.0,
+                       help="how long a replica waits for more requests to fill a batch")
+    serve.add_argument("--request-timeout-s", type=float, default=300.0,
+                       help="a request not answered by then is cancelled and answered 504")
+    serve.add_argument("--host", default="127.0.0.1", help="address to serve on (0.0.0.0 = every interface)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--address", default=None,
+                       help="the Ray cluster to serve on ('auto': the one this machine joined; default: a local one)")
+    add_device_arguments(serve, default="auto")
     commands.add_parser("models", help="list the embedded models", description="List the embedded (zoo) models: "
                                                                                "name, class, size, what uses it")
     return parser
@@ -667,7 +845,8 @@ def add_json_argument(parser: argparse.ArgumentParser) -> None:
 
 
 COMMANDS = {"text": (check_text, run_text), "generate": (check_generate, run_generate),
-            "video": (check_video, run_video), "demo": (check_demo, run_demo), "models": (None, run_models)}
+            "video": (check_video, run_video), "demo": (check_demo, run_demo), "serve": (check_serve, run_serve),
+            "models": (None, run_models)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,11 +29,13 @@ LAYERS = (
     ("mmspec.image", "mmspec.continuous", "mmspec.video", "mmspec.text", "mmspec.zoo"),
     ("mmspec.models",),
     ("mmspec.pipelines",),
+    ("mmspec.serving",),  # the pipelines behind an HTTP service and offline runs (Ray)
     ("mmspec.apps", "mmspec.eval", "mmspec.zoo.training"),
     ("mmspec.cli",),
 )
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
-ONLY_IMPORTED_BY = {"gradio": "mmspec.apps", "torchmetrics": "mmspec.eval"}
+ONLY_IMPORTED_BY = {"gradio": "mmspec.apps", "torchmetrics": "mmspec.eval", "ray": "mmspec.serving",
+                    "fastapi": "mmspec.serving"}
 CORE_THIRD_PARTY = {"torch"}  # what mmspec.core may import besides the standard library and itself
 REPOSITORY_FOLDERS = ("pipelines", "apps", "eval")  # importable only as mmspec.<name>
 

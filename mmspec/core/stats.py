@@ -45,6 +45,8 @@ class DecodingStats:
     method: the decoding that ran (e.g. "SJD(window=8, ...)"); chosen_by: why, when the default chose it;
         predicted_speedup: the speedup over AR the default predicted for its choice (compare with the measured one).
     law: "lossless" (the output law is the model's) or "lossy"; `describe` sets it with `method`.
+    decoding: the config of the decoding that ran (`to_config()`): given back as `decoding=`, it runs that decoding
+        again, so a seeded call that `decoding="auto"` chose for repeats bit for bit wherever it runs.
     """
 
     target_forwards: int = 0
@@ -58,12 +60,14 @@ class DecodingStats:
     chosen_by: str | None = None
     predicted_speedup: float | None = None
     law: str | None = None
+    decoding: dict | None = None
 
     def describe(self, decoding) -> None:
         """Name the decoding component that ran: `method` (the settings it read, `describe()`, unless the run named
         itself) and its `law`."""
         self.method = self.method or decoding.describe()
         self.law = decoding.law
+        self.decoding = decoding.to_config()
 
     @property
     def tokens_generated(self) -> int:

@@ -1,0 +1,19 @@
+"""Files written whole or not at all."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def write_atomically(save: Callable[[str], object], path: str | os.PathLike) -> None:
+    """`save(file)` into a temporary file beside `path`, then renamed to it: a reader never sees part of it, and a
+    failed write leaves nothing behind."""
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial{target.suffix}")
+    try:
+        save(str(partial))
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
