@@ -297,6 +297,8 @@ def check_text_lengths(prompts: list[str], max_new_tokens: int, target) -> None:
 
 def check_generate(args) -> None:
     if args.prompts is None:
+        if not args.prompt:
+            raise UsageError("say what to generate: one or more prompts, or --prompts FILE --out-dir DIR")
         check_prompts(args.prompt)
         for name in ("--out-dir", "--workers", "--address", "--batch-size"):
             if getattr(args, name.lstrip("-").replace("-", "_")) is not None:
@@ -597,11 +599,9 @@ def run_prompt_file(args) -> int:
           file=sys.stderr)
     with tqdm(total=len(todo), unit="image", desc="generating") as bar:
         if args.workers > 1 or args.address is not None:
-            import ray
-
-            ray.init(address=args.address, log_to_driver=False)
             gpus = 1.0 if args.device.type == "cuda" else 0.0
-            offline.run_on_ray(model, request, out_dir, todo, args.batch_size, args.workers, gpus, bar.update)
+            offline.run_on_ray(model, request, out_dir, todo, args.batch_size, args.workers, gpus, bar.update,
+                               args.address)
         else:
             writer = offline.Writer(pipe or model, request, str(out_dir))
             offline.run_locally(writer, todo, args.batch_size, bar.update)
@@ -612,7 +612,7 @@ def run_prompt_file(args) -> int:
 
 def run_serve(args) -> int:
     """`mmspec serve`: the Ray Serve application of `mmspec.serving.service` until interrupted."""
-    from mmspec.serving.service import Limits, build_app, start, warm_up
+    from mmspec.serving.service import Limits, build_app, start, stop, warm_up
 
     threads = max(1, (os.cpu_count() or 1) // (args.replicas * len(args.served)))
     models = [replace(model, device=str(args.device), dtype=args.dtype, threads=threads) for model in args.served]
@@ -629,9 +629,7 @@ def run_serve(args) -> int:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        from ray import serve
-
-        serve.shutdown()
+        stop()
     return 0
 
 

@@ -25,7 +25,7 @@ importlib.util.find_spec = lambda name, *args: None if name.split(".")[0] in hid
 from mmspec.cli import main
 sys.exit(main(sys.argv[1:]))
 """
-EXTRAS = {"[video]": ("imageio", "imageio_ffmpeg"), "[app]": ("gradio",)}
+EXTRAS = {"[video]": ("imageio", "imageio_ffmpeg"), "[app]": ("gradio",), "[serve]": ("ray",)}
 
 
 PLACEHOLDERS = {"<a 5,000-character path>": LONG, "<x = 1; written 300 times>": "x = 1; " * 300}
@@ -52,7 +52,7 @@ ROWS = table_rows()
 def test_the_table_covers_every_command_and_the_issue_s_cases():
     commands = [command for command, _, _ in ROWS]
     assert len(ROWS) >= 40
-    assert {shlex.split(c)[1] for c in commands} == {"generate", "text", "video", "demo"}
+    assert {shlex.split(c)[1] for c in commands} == {"generate", "text", "video", "demo", "serve"}
     for case in ('--out /nonexistent/dir/x.png', '--out x.txt', 'generate ""', '--frames 0', '--frames -5',
                  'text ""', '--n 0', "--out rollout.mp4", LONG):
         assert any(case in c for c in commands), case

@@ -1,12 +1,12 @@
 """The package graph (docs/architecture.md), with no exceptions:
 
     mmspec.core <- mmspec.adapters <- mmspec.{image, continuous, video, text, zoo} <- mmspec.models <- mmspec.pipelines
-        <- mmspec.{apps, eval, zoo training scripts} <- mmspec.cli
+        <- mmspec.serving <- mmspec.{apps, eval, zoo training scripts} <- mmspec.cli
 
 A module imports only its own unit or a unit of a lower layer: siblings never import each other (the decoders never
 import a model family, `eval` never imports a training script, `apps` never imports the CLI or `eval`), nothing in the
-package imports the `mmspec` facade (it exists for users), Gradio is imported by `mmspec.apps` alone and torchmetrics by
-`mmspec.eval` alone, `mmspec.core` imports torch and the standard library only (no transformers: the text engine
+package imports the `mmspec` facade (it exists for users), Gradio is imported by `mmspec.apps` alone, torchmetrics by
+`mmspec.eval` alone and Ray (and FastAPI) by `mmspec.serving` alone, `mmspec.core` imports torch and the standard library only (no transformers: the text engine
 with its transformers caches is `mmspec.adapters`), and no file anywhere imports the repository folders `pipelines`,
 `apps`, `eval` as top-level modules (they install as `mmspec.pipelines`, `mmspec.apps`, `mmspec.eval`). Every import
 counts, lazy ones inside functions and `TYPE_CHECKING` blocks included. No two modules import each other, directly

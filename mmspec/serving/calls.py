@@ -68,9 +68,9 @@ def answer_group(pipe, requests: list[GenerationRequest], stop: Callable[[], boo
     answers, row = [], 0
     for request in requests:
         rows = slice(row, row + request.rows)
-        stats = {"decoding": out.stats.decoding, "batch_requests": len(requests), "batch_rows": len(arguments["prompt"]),
-                 "new_tokens": out.stats.new_tokens[rows].tolist(), "verification_steps": out.stats.steps[rows].tolist(),
-                 "call": call}
+        stats = {"decoding": out.stats.decoding, "batch_requests": len(requests),
+                 "batch_rows": len(arguments["prompt"]), "new_tokens": out.stats.new_tokens[rows].tolist(),
+                 "verification_steps": out.stats.steps[rows].tolist(), "call": call}
         if request.modality == "image":
             outputs = out.images[rows]
         else:

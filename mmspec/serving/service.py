@@ -33,8 +33,14 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from mmspec.serving.calls import WARM_UP_PROMPTS, answer_group, auto_decoding, check_request, grouped
 from mmspec.serving.models import ServedModel
-from mmspec.serving.requests import (MAX_BODY_BYTES, GenerationRequest, RequestError, image_request, parse_body,
-                                     text_request)
+from mmspec.serving.requests import (
+    MAX_BODY_BYTES,
+    GenerationRequest,
+    RequestError,
+    image_request,
+    parse_body,
+    text_request,
+)
 
 RETRIES = 3  # sends of one request, where the replica serving it died
 
@@ -289,15 +295,27 @@ def build_app(models: list[ServedModel], replicas: int = 1, limits: Limits = Lim
 APP_NAME = "mmspec"
 
 
-def start(app, host: str = "127.0.0.1", port: int = 8000, address: str | None = None) -> None:
-    """Run `app` on Ray Serve at http://host:port/ (on the Ray cluster at `address`, or a new local one) and return
-    once its replicas are up."""
+def start(app, host: str = "127.0.0.1", port: int = 8000, address: str | None = None, name: str = APP_NAME,
+          route_prefix: str = "/") -> None:
+    """Run `app` on Ray Serve at http://host:port/route_prefix (on the Ray cluster at `address`, or a new local one;
+    the HTTP address is set by the first application) and return once its replicas are up."""
     import ray
 
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     serve.start(http_options={"host": host, "port": port})
-    serve.run(app, name=APP_NAME, route_prefix="/")
+    serve.run(app, name=name, route_prefix=route_prefix)
+
+
+def stop(name: str | None = None) -> None:
+    """Delete the application `name`; without one, shut Ray Serve and the Ray instance this process joined down."""
+    import ray
+
+    if name is not None:
+        serve.delete(name)
+        return
+    serve.shutdown()
+    ray.shutdown()
 
 
 def warm_up() -> dict:

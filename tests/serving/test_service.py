@@ -7,14 +7,13 @@ import concurrent.futures
 import io
 import json
 import time
-import urllib.error
-import urllib.request
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from mmspec.serving import client
 from tests.conftest import embedded_text_pipeline
 from tests.models.llamagen_tiny import tiny_pipeline
 from tests.serving.test_requests import BAD_IMAGE_BODIES
@@ -31,7 +30,7 @@ IMAGE_DECODING = {"decoding": "sjd", "window": 3}
 def service(tmp_path_factory):
     """The tiny image model and the embedded text pair, 2 replicas each, batches of up to 8 rows."""
     from mmspec.serving.models import served_model
-    from mmspec.serving.service import Limits, build_app, start
+    from mmspec.serving.service import Limits, build_app, start, stop
 
     folder = tmp_path_factory.mktemp("tiny_image")
     tiny_pipeline().save_pretrained(folder)
@@ -39,21 +38,12 @@ def service(tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     start(build_app(models, replicas=2, limits=Limits(max_batch_size=8, batch_wait_ms=100)), port=PORT)
     yield {model.modality: model.id for model in models}
-    serve.shutdown()
-    ray.shutdown()
+    stop()
 
 
-def post(path: str, body, request_id: str | None = None, timeout: float = 120) -> tuple[int, dict, bytes]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    headers = {"content-type": "application/json", **({"x-request-id": request_id} if request_id else {})}
-    request = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-            return response.status, json.loads(raw), raw
-    except urllib.error.HTTPError as error:
-        raw = error.read()
-        return error.code, json.loads(raw), raw
+def post(path: str, body, request_id: str | None = None) -> tuple[int, dict, bytes]:
+    status, raw = client.post(f"http://127.0.0.1:{PORT}{path}", body, request_id)
+    return status, json.loads(raw), raw
 
 
 def concurrently(calls: list) -> list:
@@ -78,14 +68,9 @@ def assert_images_are_direct_calls(answers: list[dict], bodies: list[dict]) -> N
 
 
 def test_models_are_listed(service):
-    status, listed, _ = get("/v1/models")
+    status, raw = client.get(f"http://127.0.0.1:{PORT}/v1/models")
+    listed = json.loads(raw)
     assert status == 200 and {m["id"]: m["modality"] for m in listed["data"]} == {v: k for k, v in service.items()}
-
-
-def get(path: str) -> tuple[int, dict, bytes]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=30) as response:
-        raw = response.read()
-        return response.status, json.loads(raw), raw
 
 
 def test_16_concurrent_image_requests_are_batched_and_each_equals_its_direct_call(service):
@@ -128,10 +113,10 @@ def test_bad_requests_get_one_json_line_and_the_service_keeps_serving(service):
 
 def test_a_request_past_its_timeout_is_given_up_and_answered_504(service):
     from mmspec.serving.models import served_model
-    from mmspec.serving.service import Limits, build_app
+    from mmspec.serving.service import Limits, build_app, start, stop
 
     quick = build_app([served_model("pycode/target")], limits=Limits(request_timeout_s=0.5))
-    serve.run(quick, name="quick", route_prefix="/quick")
+    start(quick, port=PORT, name="quick", route_prefix="/quick")
     try:
         status, answer, _ = post("/quick/v1/completions", {"prompt": "def f(", "max_tokens": 200, "method": "ar",
                                                            "temperature": 0.0})
@@ -139,7 +124,7 @@ def test_a_request_past_its_timeout_is_given_up_and_answered_504(service):
         status, _, _ = post("/quick/v1/completions", {"prompt": "def f(", "max_tokens": 2, "method": "ar"})
         assert status == 200  # the slot was freed: a short request is served after it
     finally:
-        serve.delete("quick")
+        stop("quick")
 
 
 def test_a_replica_killed_under_load_is_restarted_and_every_request_is_answered_once(service):
