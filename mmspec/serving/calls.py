@@ -22,8 +22,8 @@ WARM_UP_PROMPTS = {"image": "a red circle", "text": "def add(a, b):"}  # what "a
 
 def generators(requests: list[GenerationRequest], device) -> list[torch.Generator] | torch.Generator:
     """Row b's generator, seeded with its request's `seed + i`; one generator for a text AR call (its request's seed
-    when it samples, any when it is greedy)."""
-    if requests[0].one_generator:
+    when it samples, any when it is greedy) and for a call of "auto" (a warm-up, which may choose text AR)."""
+    if requests[0].one_generator or requests[0].decoding == "auto":
         return torch.Generator(device).manual_seed(requests[0].seed)
     return [torch.Generator(device).manual_seed(seed) for request in requests for seed in request.row_seeds()]
 
