@@ -43,6 +43,7 @@ import subprocess
 
 packages = ("torch", "diffusers", "transformers", "tokenizers", "huggingface_hub", "safetensors", "numpy", "pillow",
             "gradio", "gradio_client", "torchmetrics", "accelerate", "scipy", "matplotlib", "imageio", "playwright", "ftfy",
+            "ray", "fastapi", "openai",
             "pytest", "setuptools", "pip")
 versions = [f"python {platform.python_version()}"] + [f"{name} {metadata.version(name)}" for name in packages]
 chromium = shutil.which("chromium")
