@@ -233,7 +233,8 @@ class ARImagePipeline(MMSpecPipeline):
                 for a given decoding: `decoding="auto"` keeps its choice for a batch size on every call of this
                 pipeline, but may choose another window at another batch size, on another machine or after
                 `decoding_policy.reconsider()`, which samples the same law with other numbers. Name the decoding
-                (`decoding=SJD(window=16)`, `window=16`) for images that reproduce bit for bit everywhere.
+                (`decoding=SJD(window=16)`, `window=16`, or the config `out.stats.decoding` of a call `"auto"` chose
+                for) for images that reproduce bit for bit everywhere.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (NHWC in [0, 1]), `"pt"` (NCHW in [0, 1]) or
                 `"latent"` (the image-span token ids [B, N], the adapter's local ids).
             return_dict (`bool`, defaults to `True`): return an [`ARImagePipelineOutput`] instead of a tuple

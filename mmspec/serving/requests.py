@@ -28,15 +28,22 @@ AUTO = "auto"
 
 
 class RequestError(ValueError):
-    """A request the service refuses, with its HTTP `status` and the request field (`param`) at fault."""
+    """A request the service refuses, with its HTTP `status`, the request field (`param`) at fault and, where one
+    applies, OpenAI's error `code` ("model_not_found")."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
-        self.param, self.status = param, status
+        self.param, self.status, self.code = param, status, code
 
     def body(self) -> dict:
         """The answer's body, in the shape of OpenAI's errors."""
-        return {"error": {"message": str(self), "type": "invalid_request_error", "param": self.param}}
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": kind, "param": self.param,
+                          **({"code": self.code} if self.code else {})}}
+
+    def refusal(self) -> dict:
+        """What a replica answers in its place (plain data: it crosses processes)."""
+        return {"error": str(self), "status": self.status, "param": self.param}
 
 
 def parse_body(raw: bytes) -> dict:

@@ -15,7 +15,6 @@ request was given up stops at its next step. A replica that dies under a request
 gateway sends the request again (up to `RETRIES` times): it is answered once, and alike, since it carries its seed.
 """
 
-
 import asyncio
 import base64
 import io
@@ -77,27 +76,23 @@ class ModelServer:
         self.lock = threading.Lock()  # one pipeline call at a time: the batches' and `choose`'s
         self.batched.set_max_batch_size(limits.max_batch_size)
         self.batched.set_batch_wait_timeout_s(limits.batch_wait_ms / 1000)
-        self.served = {"calls": 0, "requests": 0, "largest_call_requests": 0}
-
-    def locked(self, work, *args):
-        with self.lock:
-            return work(*args)
 
     async def choose(self, request: GenerationRequest) -> dict:
         """The config of the decoding `"auto"` chooses for `request`'s sampling at this replica's largest batch, or
-        {"error", "status", "param"} for a request this model cannot serve."""
+        the refusal of a request this model cannot serve."""
         try:
             check_request(self.pipe, request)
         except RequestError as error:
-            return {"error": str(error), "status": error.status, "param": error.param}
-        return await asyncio.to_thread(self.locked, auto_decoding, self.pipe, request, self.limits.max_batch_size)
+            return error.refusal()
+        return await asyncio.to_thread(self.run_locked, auto_decoding, self.pipe, request, self.limits.max_batch_size)
 
     async def generate(self, request: GenerationRequest, deadline: float) -> dict:
-        """`request`'s answer (`answer_group`), or {"error", "status", "param"} for one this model cannot serve."""
+        """`request`'s answer (`answer_group`, its images as base64 PNG), or the refusal of one this model cannot
+        serve."""
         try:
             check_request(self.pipe, request)
         except RequestError as error:
-            return {"error": str(error), "status": error.status, "param": error.param}
+            return error.refusal()
         return await self.batched(Queued(request, deadline))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.02,
@@ -106,33 +101,39 @@ class ModelServer:
         answers: list[dict] = [{}] * len(queued)
         for group in grouped([item.request for item in queued]):
             last = max(queued[i].deadline for i in group)
-            requests = [queued[i].request for i in group]
-            try:
-                found = await asyncio.to_thread(self.locked, answer_group, self.pipe, requests,
-                                                lambda last=last: time.time() > last)
-            except (TypeError, ValueError) as error:  # what the model refuses of these settings (a negative prompt)
-                found = [{"error": str(error), "status": 400, "param": None}] * len(group)
+            found = await asyncio.to_thread(self.run_locked, self.call, [queued[i].request for i in group],
+                                            lambda last=last: time.time() > last)
             for i, answer in zip(group, found, strict=True):
-                if requests[0].modality == "image" and "outputs" in answer:
-                    answer["outputs"] = [png_base64(image) for image in answer["outputs"]]
                 answers[i] = answer
-            self.served["calls"] += 1
-            self.served["requests"] += len(group)
-            self.served["largest_call_requests"] = max(self.served["largest_call_requests"], len(group))
         return answers
 
-    def counts(self) -> dict:
-        """Calls run, requests served and the most requests one call served, by this replica."""
-        return dict(self.served)
+    def run_locked(self, work, *args):
+        with self.lock:
+            return work(*args)
+
+    def call(self, requests: list[GenerationRequest], stop) -> list[dict]:
+        """`answer_group`'s answers, images as base64 PNG; what the model refuses of the shared settings (a negative
+        prompt to a family without one) as each request's refusal."""
+        try:
+            answers = answer_group(self.pipe, requests, stop)
+        except (TypeError, ValueError) as error:
+            return [RequestError(str(error)).refusal() for _ in requests]
+        for answer in answers:
+            if requests[0].modality == "image" and "outputs" in answer:
+                answer["outputs"] = [png_base64(image) for image in answer["outputs"]]
+        return answers
 
 
 api = FastAPI(title="mmspec", description="Speculative decoding for AR image and text generation, served by Ray.")
 
 
-def error_response(message: str, status: int, param: str | None = None, code: str | None = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": param, **({"code": code} if code else {})}}
-    return JSONResponse(body, status_code=status)
+def refused(error: RequestError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def awaited(response) -> dict:
+    """A deployment's response as a coroutine (what `asyncio.wait_for` takes)."""
+    return await response
 
 
 async def read_body(request: Request) -> bytes:
@@ -199,9 +200,7 @@ class Gateway:
             request = parse(body, self.limits.max_batch_size, secrets.randbelow(2**31))
             model = self.model_for(request, modality)
         except RequestError as error:
-            return JSONResponse(error.body(), status_code=error.status)
-        except LookupError as error:
-            return error_response(str(error), 404, "model", "model_not_found")
+            return refused(error)
         request = replace(request, model=model.id)
         deadline = started + self.limits.request_timeout_s
         try:
@@ -212,16 +211,16 @@ class Gateway:
             if "error" not in answer:
                 answer = await self.send(request, deadline)
         except TimeoutError:
-            return error_response(f"not answered within {self.limits.request_timeout_s:g} s (the service's "
-                                  "--request-timeout-s); the request was cancelled", 504)
+            return refused(RequestError(f"not answered within {self.limits.request_timeout_s:g} s (the service's "
+                                        "--request-timeout-s); the request was cancelled", status=504))
         if "error" in answer:
-            return error_response(answer["error"], answer["status"], answer.get("param"))
+            return refused(RequestError(answer["error"], answer.get("param"), answer["status"]))
         shaped = images_answer if modality == "image" else completions_answer
         return JSONResponse({"id": request_id, "created": int(started), "model": model.id, "seed": request.seed,
                              **shaped(answer, request), "stats": answer["stats"]})
 
     def model_for(self, request: GenerationRequest, modality: str) -> ServedModel:
-        """The served model `request` names, or the one model of `modality`; LookupError / RequestError otherwise."""
+        """The served model `request` names, or the one model of `modality`; RequestError otherwise."""
         ids = [model.id for model in self.models.values() if model.modality == modality]
         if request.model is None:
             if len(ids) != 1:
@@ -229,8 +228,8 @@ class Gateway:
                                    "model")
             return self.models[ids[0]]
         if request.model not in self.models:
-            raise LookupError(f"model {request.model!r} is not served here; the served models are "
-                              f"{sorted(self.models)}")
+            raise RequestError(f"model {request.model!r} is not served here; the served models are "
+                               f"{sorted(self.models)}", "model", 404, "model_not_found")
         model = self.models[request.model]
         if model.modality != modality:
             raise RequestError(f"model {model.id!r} is a {model.modality} model; this endpoint serves {ids}", "model")
@@ -250,26 +249,21 @@ class Gateway:
             return chosen
 
     async def send(self, request: GenerationRequest, deadline: float) -> dict:
-        """The answer of `request`'s model, sent again where the replica serving it died; TimeoutError past
-        `deadline`, with the request cancelled."""
-        for attempt in range(RETRIES):
+        """The answer of `request`'s model, sent again where the replica serving it died (`stats.sends` counts the
+        sends); TimeoutError past `deadline`, with the request cancelled."""
+        for sends in range(1, RETRIES + 1):
             response = self.servers[request.model].generate.remote(request, deadline)
-
-            async def answered(response=response) -> dict:
-                return await response
-
             try:
-                answer = await asyncio.wait_for(answered(), max(0.0, deadline - time.time()))
-                if "stats" in answer:
-                    answer["stats"]["sends"] = attempt + 1
-                return answer
+                answer = await asyncio.wait_for(awaited(response), max(0.0, deadline - time.time()))
             except TimeoutError:
                 response.cancel()
                 raise
             except (RayActorError, ActorUnavailableError):
-                if attempt == RETRIES - 1:
-                    return {"error": f"the replica serving this request died {RETRIES} times", "status": 503}
-        raise AssertionError("unreachable")
+                continue
+            if "stats" in answer:
+                answer["stats"]["sends"] = sends
+            return answer
+        return {"error": f"the replicas serving this request died {RETRIES} times under it", "status": 503}
 
     async def warm_up(self) -> dict:
         """Resolve "auto" for each model at the API's default sampling (what `mmspec serve` waits for before it says
