@@ -317,6 +317,27 @@ def check_generate(args) -> None:
         raise UsageError(f"--vqgan {quoted(args.vqgan)}: no such file")
     at_once = len(args.prompt) * args.n if args.prompts is None else args.batch_size
     check_batch_fits(at_once, resolve_model(args.model, argument="--model"))
+    if args.prompts is not None:
+        check_resumed_run(args)
+
+
+def check_resumed_run(args) -> None:
+    """`args.run`: the offline run's request, with the decoding a resumed run recorded when "auto" names none; a
+    folder holding a run of other settings refused."""
+    from mmspec.serving import offline
+    from mmspec.serving.requests import GenerationRequest
+
+    sampling = {key: value for key, value in image_sampling(args).items() if value is not None}
+    decoding = args.component.to_config() if args.component is not None else args.decoding
+    recorded = offline.recorded_run(Path(args.out_dir))
+    if decoding == "auto" and recorded is not None:  # a resumed run keeps what "auto" chose at its start
+        decoding = recorded["decoding"]
+    args.run = GenerationRequest("image", (), 1, 0, decoding, {}, sampling)
+    if recorded is not None:
+        try:
+            offline.check_run(recorded, offline.run_record(args.model, args.prompt, args.n, args.seed, args.run))
+        except ValueError as error:
+            raise UsageError(f"--out-dir {quoted(args.out_dir)}: {error}") from None
 
 
 def check_prompt_file(args) -> None:
@@ -579,17 +600,11 @@ def run_prompt_file(args) -> int:
     from mmspec.serving import offline
     from mmspec.serving.calls import auto_decoding
     from mmspec.serving.models import served_model
-    from mmspec.serving.requests import GenerationRequest
 
-    sampling = {key: value for key, value in image_sampling(args).items() if value is not None}
-    decoding = args.component.to_config() if args.component is not None else args.decoding
-    request = GenerationRequest("image", (), 1, 0, decoding, {}, sampling)
-    model = served_model(args.model, device=str(args.device), dtype=args.dtype)
+    request, model = args.run, served_model(args.model, device=str(args.device), dtype=args.dtype)
     out_dir, work = Path(args.out_dir), offline.jobs(args.prompt, args.n, args.seed)
-    pipe, recorded = None, offline.recorded_run(out_dir)
-    if decoding == "auto" and recorded is not None:  # a resumed run keeps what "auto" chose at its start
-        request = replace(request, decoding=recorded["decoding"])
-    elif decoding == "auto":
+    pipe = None
+    if request.decoding == "auto":
         print(f"choosing the decoding for calls of {args.batch_size} images (once for the whole run)", file=sys.stderr)
         pipe = model.load()
         request = replace(request, decoding=auto_decoding(pipe, request, args.batch_size))
@@ -597,14 +612,15 @@ def run_prompt_file(args) -> int:
     todo = offline.pending(out_dir, work)
     print(f"{len(work) - len(todo)} of {len(work)} images already in {out_dir}; {len(todo)} to generate",
           file=sys.stderr)
-    with tqdm(total=len(todo), unit="image", desc="generating") as bar:
-        if args.workers > 1 or args.address is not None:
-            gpus = 1.0 if args.device.type == "cuda" else 0.0
-            offline.run_on_ray(model, request, out_dir, todo, args.batch_size, args.workers, gpus, bar.update,
-                               args.address)
-        else:
-            writer = offline.Writer(pipe or model, request, str(out_dir))
-            offline.run_locally(writer, todo, args.batch_size, bar.update)
+    if todo:
+        with tqdm(total=len(todo), unit="image", desc="generating") as bar:
+            if args.workers > 1 or args.address is not None:
+                gpus = 1.0 if args.device.type == "cuda" else 0.0
+                offline.run_on_ray(model, request, out_dir, todo, args.batch_size, args.workers, gpus, bar.update,
+                                   args.address)
+            else:
+                offline.run_locally(offline.Writer(pipe or model, request, str(out_dir)), todo, args.batch_size,
+                                    bar.update)
     offline.gather_stats(out_dir, work)
     print(f"wrote {out_dir}: {len(work)} images and their stats ({offline.STATS_FILE})")
     return 0

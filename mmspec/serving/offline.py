@@ -68,15 +68,20 @@ def recorded_run(out_dir: Path) -> dict | None:
     return json.loads(recorded.read_text()) if recorded.is_file() else None
 
 
+def check_run(recorded: dict, record: dict) -> None:
+    """ValueError naming what differs where `record` is not the run `recorded`."""
+    changed = sorted(key for key in {*recorded, *record} if recorded.get(key) != record.get(key))
+    if changed:
+        raise ValueError(f"it holds a run with other {', '.join(changed)}; resume it with the same arguments, or "
+                         "write to another folder")
+
+
 def start_run(out_dir: Path, record: dict) -> None:
     """Record the run in `out_dir` (made if missing), or check it matches the run already recorded there."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    before = recorded_run(out_dir)
-    if before is not None:
-        changed = sorted(key for key in {*before, *record} if before.get(key) != record.get(key))
-        if changed:
-            raise ValueError(f"--out-dir {str(out_dir)!r} holds a run with other {', '.join(changed)}; resume it with "
-                             "the same arguments, or write to another folder")
+    recorded = recorded_run(out_dir)
+    if recorded is not None:
+        check_run(recorded, record)
         return
     write_atomically(lambda file: Path(file).write_text(json.dumps(record, indent=1) + "\n"), out_dir / RUN_FILE)
 

@@ -55,7 +55,7 @@ def test_a_restart_with_other_settings_is_refused(tmp_path):
     request = GenerationRequest("image", (), 1, 0, SJD, {}, {"temperature": 1.0})
     offline.start_run(tmp_path, offline.run_record("m", ["a"], 1, 0, request))
     offline.start_run(tmp_path, offline.run_record("m", ["a"], 1, 0, request))  # the same run: resumed
-    with pytest.raises(ValueError, match="other prompts_sha256, seed"):
+    with pytest.raises(ValueError, match="a run with other prompts_sha256, seed"):
         offline.start_run(tmp_path, offline.run_record("m", ["b"], 1, 5, request))
 
 
