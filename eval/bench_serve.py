@@ -20,6 +20,7 @@ import os
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from mmspec.core.runtime.devices import add_device_arguments, resolve_device
 from mmspec.serving import client
@@ -123,13 +124,14 @@ def main(argv: list[str] | None = None) -> dict:
     for figures in runs:
         figures["vs_one_replica"] = round(figures["images_per_s"] / runs[0]["images_per_s"], 3)
         figures["vs_direct_calls"] = round(figures["images_per_s"] / direct["images_per_s"], 3)
-    report = {"model": args.model, "device": str(device), "cpu_count": os.cpu_count(), "decoding": chosen,
+    report = {"date": time.strftime("%Y-%m-%d"), "model": args.model, "device": str(device),
+              "cpu_count": os.cpu_count(), "decoding": chosen,
               "requests": args.requests, "rounds": args.rounds, "max_batch_size": args.max_batch_size,
               "batch_wait_ms": args.batch_wait_ms, "service": runs, "direct": direct}
     if args.json:
         from mmspec.core.files import write_atomically
 
-        write_atomically(lambda file: open(file, "w").write(json.dumps(report, indent=1) + "\n"), args.json)
+        write_atomically(lambda file: Path(file).write_text(json.dumps(report, indent=1) + "\n"), args.json)
     return report
 
 
