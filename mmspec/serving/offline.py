@@ -18,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from mmspec.core.files import write_atomically
+from mmspec.core.files import remove_partial_files, write_atomically
 from mmspec.serving.requests import GenerationRequest
 
 RUN_FILE, STATS_FILE = "run.json", "stats.jsonl"
@@ -77,11 +77,13 @@ def check_run(recorded: dict, record: dict) -> None:
 
 
 def start_run(out_dir: Path, record: dict) -> None:
-    """Record the run in `out_dir` (made if missing), or check it matches the run already recorded there."""
+    """Record the run in `out_dir` (made if missing), or check it matches the run already recorded there and remove
+    the temporary files of writes a kill cut short."""
     out_dir.mkdir(parents=True, exist_ok=True)
     recorded = recorded_run(out_dir)
     if recorded is not None:
         check_run(recorded, record)
+        remove_partial_files(out_dir)
         return
     write_atomically(lambda file: Path(file).write_text(json.dumps(record, indent=1) + "\n"), out_dir / RUN_FILE)
 

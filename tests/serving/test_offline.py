@@ -66,6 +66,25 @@ def generate(prompt_file: Path, out_dir: Path, model: str, *extra: str) -> subpr
                             start_new_session=True)
 
 
+def settled(folder: Path, quiet_s: float = 2.0, limit_s: float = 60.0) -> None:
+    """Wait until no file in `folder` has changed for `quiet_s` (the killed run's Ray workers have died)."""
+    def snapshot() -> list:
+        found = []
+        for path in folder.iterdir():
+            try:
+                found.append((path.name, path.stat().st_mtime_ns))
+            except FileNotFoundError:  # renamed meanwhile
+                continue
+        return sorted(found)
+
+    last, since, deadline = snapshot(), time.monotonic(), time.monotonic() + limit_s
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = snapshot()
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_run_killed_half_way_and_restarted_writes_each_image_once_whole(tmp_path, tiny_model_dir, workers):
@@ -77,14 +96,16 @@ def test_a_run_killed_half_way_and_restarted_writes_each_image_once_whole(tmp_pa
     deadline = time.monotonic() + 240
     while len(list(out_dir.glob("0*.json"))) < 16 and run.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(run.pid, signal.SIGKILL)  # the run and its Ray workers, mid-write
+    os.killpg(run.pid, signal.SIGKILL)  # mid-write; Ray's workers are not in the group and die moments later
     run.wait()
-    done_before = {p.name for p in out_dir.glob("0*.json")}  # the images' stats files, not run.json
-    assert 0 < len(done_before) < 32, "killed half way"
+    settled(out_dir)
+    done_before = len(list(out_dir.glob("0*.json")))  # the images' stats files, not run.json
+    assert 0 < done_before < 32, "killed half way"
+    (out_dir / ".000031-0.png.12345.partial.png").write_bytes(b"half an image")  # a write the kill cut short
     restarted = generate(prompt_file, out_dir, tiny_model_dir, *extra)
     _, stderr = restarted.communicate(timeout=300)
     assert restarted.returncode == 0, stderr[-2000:]
-    assert f"{len(done_before)} of 32 images already" in stderr
+    assert f"{done_before} of 32 images already" in stderr
     names = sorted(p.name for p in out_dir.iterdir())
     assert names == sorted([f"{i:06d}-0.{ext}" for i in range(32) for ext in ("png", "json")]
                            + [offline.RUN_FILE, offline.STATS_FILE])  # no partial file left, none twice
