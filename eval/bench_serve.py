@@ -59,11 +59,13 @@ def served_round(url: str, count: int, offset: int) -> tuple[float, list[float]]
 
 def measure_service(model, replicas: int, args, port: int) -> tuple[dict, dict]:
     """The service's figures at `replicas` replicas, and the decoding "auto" chose."""
-    from mmspec.serving.service import APP_NAME, Limits, build_app, start, stop, warm_up
+    from mmspec.serving.models import gpu_share
+    from mmspec.serving.service import APP_NAME, Limits, build_app, connect, start, stop, warm_up
 
     threads = max(1, (os.cpu_count() or 1) // replicas)
     limits = Limits(max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
-    start(build_app([replace(model, threads=threads)], replicas, limits), port=port)
+    gpus = gpu_share(replicas, connect()) if "cuda" in model.device else 0.0
+    start(build_app([replace(model, threads=threads)], replicas, limits, gpus), port=port)
     chosen = next(iter(warm_up().values()))
     url = f"http://127.0.0.1:{port}/v1/images/generations"
     served_round(url, replicas, offset=10_000)  # each replica's first call, untimed

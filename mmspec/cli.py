@@ -601,7 +601,9 @@ def run_prompt_file(args) -> int:
     from mmspec.serving.calls import auto_decoding
     from mmspec.serving.models import served_model
 
-    request, model = args.run, served_model(args.model, device=str(args.device), dtype=args.dtype)
+    on_ray = args.workers > 1 or args.address is not None  # a worker's GPU is its only one: "cuda"
+    device = args.device.type if on_ray else str(args.device)
+    request, model = args.run, served_model(args.model, device=device, dtype=args.dtype)
     out_dir, work = Path(args.out_dir), offline.jobs(args.prompt, args.n, args.seed)
     pipe = None
     if request.decoding == "auto":
@@ -614,9 +616,8 @@ def run_prompt_file(args) -> int:
           file=sys.stderr)
     if todo:
         with tqdm(total=len(todo), unit="image", desc="generating") as bar:
-            if args.workers > 1 or args.address is not None:
-                gpus = 1.0 if args.device.type == "cuda" else 0.0
-                offline.run_on_ray(model, request, out_dir, todo, args.batch_size, args.workers, gpus, bar.update,
+            if on_ray:
+                offline.run_on_ray(model, request, out_dir, todo, args.batch_size, args.workers, bar.update,
                                    args.address)
             else:
                 offline.run_locally(offline.Writer(pipe or model, request, str(out_dir)), todo, args.batch_size,
@@ -628,12 +629,15 @@ def run_prompt_file(args) -> int:
 
 def run_serve(args) -> int:
     """`mmspec serve`: the Ray Serve application of `mmspec.serving.service` until interrupted."""
-    from mmspec.serving.service import Limits, build_app, start, stop, warm_up
+    from mmspec.serving.models import gpu_share
+    from mmspec.serving.service import Limits, build_app, connect, start, stop, warm_up
 
-    threads = max(1, (os.cpu_count() or 1) // (args.replicas * len(args.served)))
-    models = [replace(model, device=str(args.device), dtype=args.dtype, threads=threads) for model in args.served]
+    replicas = args.replicas * len(args.served)
+    threads = max(1, (os.cpu_count() or 1) // replicas)
+    # a replica sees the GPU Ray gives it as its only one: "cuda", whatever index this machine would call it
+    models = [replace(model, device=args.device.type, dtype=args.dtype, threads=threads) for model in args.served]
     limits = Limits(args.max_batch_size, args.batch_wait_ms, args.request_timeout_s)
-    gpus = 1.0 if args.device.type == "cuda" else 0.0
+    gpus = gpu_share(replicas, connect(args.address)) if args.device.type == "cuda" else 0.0
     start(build_app(models, args.replicas, limits, gpus), args.host, args.port, args.address)
     print("choosing what decoding=\"auto\" stands for, once per model (its cost curve is measured on first use and "
           "cached)", file=sys.stderr, flush=True)
@@ -836,7 +840,9 @@ def build_parser() -> Parser:
                             f"(default: {' and '.join(DEFAULT_MODELS)})")
     serve.add_argument("--draft", default=None, help="the draft of the last --model, a text target (default: the "
                                                      "embedded draft for the embedded target)")
-    serve.add_argument("--replicas", type=int, default=1, help="replicas of each model (one GPU each on GPUs)")
+    serve.add_argument("--replicas", type=int, default=1,
+                       help="replicas of each model (on CUDA one GPU each, or an equal share where the cluster has "
+                            "fewer GPUs than replicas)")
     serve.add_argument("--max-batch-size", type=int, default=8,
                        help="rows (images, completions) one pipeline call serves at most, and a request's most")
     serve.add_argument("--batch-wait-ms", type=float, default=20.0,

@@ -76,3 +76,11 @@ def served_model(name: str, draft: str | None = None, **placement) -> ServedMode
         draft = str(resolve_model(draft, argument="--draft"))
     model_id = re.sub(r"[^\w.-]+", "-", name if not Path(name).is_dir() else Path(name).resolve().name).strip("-")
     return ServedModel(model_id, modality, str(path), draft, **placement)
+
+
+def gpu_share(replicas: int, gpus: float) -> float:
+    """The GPUs each of `replicas` replicas (or workers) holds where the cluster has `gpus`: one each where there are
+    enough, else an equal share of what there is (two replicas on one GPU hold half each), 0 without GPUs."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    return min(1.0, gpus / replicas)

@@ -124,16 +124,18 @@ def run_locally(writer: Writer, todo: list[Job], batch_size: int, progress) -> N
 
 
 def run_on_ray(model, request: GenerationRequest, out_dir: Path, todo: list[Job], batch_size: int, workers: int,
-               gpus_per_worker: float, progress, address: str | None = None) -> None:
-    """The jobs through Ray Data on the cluster at `address` (None: a new local one): `workers` actors (each holding
-    `gpus_per_worker` GPUs), a call of `batch_size` images at a time each; `progress(k)` as each call's files are
-    written."""
+               progress, address: str | None = None) -> None:
+    """The jobs through Ray Data on the cluster at `address` (None: a new local one): `workers` actors, each holding
+    a GPU (or an equal share where the cluster has fewer) when `model` is on CUDA, a call of `batch_size` images at a
+    time each; `progress(k)` as each call's files are written."""
     import ray
+
+    from mmspec.serving.models import gpu_share
 
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False  # the command's own bar counts the images
-
+    gpus_per_worker = gpu_share(workers, ray.cluster_resources().get("GPU", 0.0)) if "cuda" in model.device else 0.0
     data = ray.data.from_items([asdict(job) for job in todo], override_num_blocks=max(1, len(todo) // batch_size))
     written = data.map_batches(Writer, fn_constructor_args=(model, request, str(out_dir)), batch_size=batch_size,
                                compute=ray.data.ActorPoolStrategy(size=workers), num_gpus=gpus_per_worker,

@@ -289,14 +289,20 @@ def build_app(models: list[ServedModel], replicas: int = 1, limits: Limits = Lim
 APP_NAME = "mmspec"
 
 
-def start(app, host: str = "127.0.0.1", port: int = 8000, address: str | None = None, name: str = APP_NAME,
-          route_prefix: str = "/") -> None:
-    """Run `app` on Ray Serve at http://host:port/route_prefix (on the Ray cluster at `address`, or a new local one;
-    the HTTP address is set by the first application) and return once its replicas are up."""
+def connect(address: str | None = None) -> float:
+    """Join the Ray cluster at `address` (None: start a local one) unless this process has; the GPUs it has."""
     import ray
 
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
+    return ray.cluster_resources().get("GPU", 0.0)
+
+
+def start(app, host: str = "127.0.0.1", port: int = 8000, address: str | None = None, name: str = APP_NAME,
+          route_prefix: str = "/") -> None:
+    """Run `app` on Ray Serve at http://host:port/route_prefix (on the Ray cluster at `address`, or a new local one;
+    the HTTP address is set by the first application) and return once its replicas are up."""
+    connect(address)
     serve.start(http_options={"host": host, "port": port})
     serve.run(app, name=name, route_prefix=route_prefix)
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmspec.serving.calls import answer_group, auto_decoding, check_request, grouped
+from mmspec.serving.models import gpu_share, served_model
 from mmspec.serving.requests import MAX_BODY_BYTES, RequestError, image_request, parse_body, text_request
 from tests.conftest import embedded_text_pipeline
 from tests.models.llamagen_tiny import tiny_pipeline
@@ -152,3 +153,13 @@ def test_completions_in_a_shared_call_equal_their_direct_calls():
     with pytest.raises(RequestError, match="context") as caught:
         check_request(pipe, text_request({"prompt": "def f(", "max_tokens": 100_000}, 8, 0))
     assert caught.value.param == "max_tokens"
+
+
+def test_served_models_are_told_from_their_folders_and_replicas_share_the_gpus_there_are():
+    image, text = served_model("shapes"), served_model("pycode/target")
+    assert (image.id, image.modality, image.draft) == ("shapes", "image", None)
+    assert (text.id, text.modality) == ("pycode-target", "text") and text.draft.endswith("pycode/draft")
+    with pytest.raises(ValueError, match="--draft applies to a text model"):
+        served_model("shapes", draft="pycode/draft")
+    assert [gpu_share(replicas, 8.0) for replicas in (1, 8, 16)] == [1.0, 1.0, 0.5]
+    assert gpu_share(2, 1.0) == 0.5 and gpu_share(3, 0.0) == 0.0
