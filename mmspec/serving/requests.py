@@ -86,30 +86,37 @@ def checked_prompt(value, name: str = "prompt") -> str:
     return value
 
 
-def decoding_settings(body: dict, modality: str, name: str, known: set[str], argument: str) -> dict:
-    """The decoding `name`'s settings given in `body` (its own and the rules' flat spellings), checked by building the
-    component as the pipeline will; a field that is neither in `known` nor such a setting is refused."""
+def decoding_settings(body: dict, modality: str, name: str | dict, known: set[str], argument: str) -> dict:
+    """The settings of the decoding `name` given flat in `body` (its own and the rules' flat spellings; none for
+    "auto" or a config dict); a field that is neither in `known` nor such a setting is refused."""
     registry = decodings(modality)
-    own = set() if name == AUTO else {*registry[name].settings(), *rule_settings(modality)}
+    own = set() if isinstance(name, dict) or name == AUTO else {*registry[name].settings(), *rule_settings(modality)}
     unknown = sorted(set(body) - known - own)
     if unknown:
         settings_of = {key for cls in registry.values() for key in cls.settings()} | set(rule_settings(modality))
         if unknown[0] in settings_of:
             takers = [n for n, cls in registry.items() if unknown[0] in cls.settings()]
-            raise RequestError(f"{unknown[0]} is a setting of {argument} {' / '.join(takers) or 'rules'}, not of "
-                               f"{name!r}" + (" (auto chooses the settings)" if name == AUTO else ""), unknown[0])
+            of = ("a config, which holds its settings" if isinstance(name, dict) else
+                  f"{name!r}" + (" (auto chooses the settings)" if name == AUTO else ""))
+            raise RequestError(f"{unknown[0]} is a setting of {argument} {' / '.join(takers) or 'rules'}, not of {of}",
+                               unknown[0])
         raise RequestError(f"unknown field {unknown[0]!r}; the fields are {sorted(known)} and the settings of the "
-                           f"named {argument}", unknown[0])
+                           f"{argument} named", unknown[0])
     return {key: body[key] for key in own if key in body}
 
 
 def checked_decoding(body: dict, modality: str, argument: str, known: set[str], temperature: float,
-                     names: tuple[str, ...]) -> tuple[str, dict]:
-    """(the decoding's name, its settings) that `body[argument]` names ("auto" by default), built once to check them."""
+                     names: tuple[str, ...]) -> tuple[str | dict, dict]:
+    """(the decoding `body[argument]` names, "auto" by default, or the config dict it gives (an answer's
+    `stats.decoding`); its settings given flat), built once to check them."""
     name = body.get(argument, AUTO)
-    if name != AUTO and (not isinstance(name, str) or name not in decodings(modality)):
-        raise RequestError(f"{argument} must be one of {(AUTO, *names)}, got {name!r}", argument)
-    settings = decoding_settings(body, modality, name, known, argument)
+    if isinstance(name, dict):
+        settings = decoding_settings(body, modality, name, known, argument)
+    elif not isinstance(name, str) or (name != AUTO and name not in decodings(modality)):
+        raise RequestError(f"{argument} must be one of {(AUTO, *names)} or a decoding config (an answer's "
+                           f"stats.decoding), got {str(name)[:60]!r}", argument)
+    else:
+        settings = decoding_settings(body, modality, name, known, argument)
     if name != AUTO:
         try:
             component_from(name, modality, argument=argument, **settings).check_sampling(temperature)

@@ -115,8 +115,17 @@ def test_the_decoding_auto_chose_repeats_the_call_bit_for_bit(image_pipe):
     request = image_request({"prompt": "a red circle", "seed": 3}, 8, 0)
     chosen = auto_decoding(image_pipe, request, rows=4)
     assert chosen["name"] in ("ar", "sjd", "heads") and json.loads(json.dumps(chosen)) == chosen
-    first, again = (answer_group(image_pipe, [replace(request, decoding=chosen)]) for _ in range(2))
-    assert all(a == b for a, b in zip(first[0]["outputs"], again[0]["outputs"], strict=True))
+    [first] = answer_group(image_pipe, [replace(request, decoding=chosen)])
+    # an answer's stats.decoding, sent back as the request's decoding, repeats it
+    again = image_request({"prompt": "a red circle", "seed": 3, "decoding": first["stats"]["decoding"]}, 8, 0)
+    assert again.decoding == chosen and again.settings == {}
+    [second] = answer_group(image_pipe, [again])
+    assert all(a == b for a, b in zip(first["outputs"], second["outputs"], strict=True))
+    with pytest.raises(RequestError, match="window must be >= 1") as caught:
+        image_request({"prompt": "a red circle", "decoding": {"name": "sjd", "window": 0}}, 8, 0)
+    assert caught.value.param == "decoding"
+    with pytest.raises(RequestError, match="window is a setting of") as caught:  # settings go inside the config
+        image_request({"prompt": "a red circle", "decoding": {"name": "sjd"}, "window": 8}, 8, 0)
 
 
 def test_a_call_given_up_stops_and_answers_each_request_with_504(image_pipe):
