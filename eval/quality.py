@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import t, ttest_ind
 
+from mmspec.core.files import read_prompts
 from mmspec.core.runtime.devices import add_device_arguments, resolve_device
 from mmspec.eval.devices import write_json
 from mmspec.eval.metrics import (
@@ -56,7 +57,7 @@ from mmspec.eval.metrics import (
     load_inception,
     paired_mmd_test,
 )
-from mmspec.eval.samples import Method, SampleStore, generate, read_prompts, speed_summary
+from mmspec.eval.samples import Method, SampleStore, generate, speed_summary
 from mmspec.pipelines.auto import add_image_model_arguments, image_pipeline_from_arguments
 from mmspec.zoo import IMAGE_CLIP
 

@@ -8,7 +8,6 @@ skipped) and speed can be summarised from what is on disk. `<root>/<label>/metho
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -88,32 +87,6 @@ class Method:
     @property
     def lossless(self) -> bool:
         return get_decoding(**self.options).lossless
-
-
-def read_prompts(path: str | Path) -> list[str]:
-    """Prompts from a plain-text file (one per line), a TSV file (its `caption` column if the header has one, else
-    the last column) or a JSON file (a list of strings, a list of {"caption": ...}, or COCO caption annotations
-    {"annotations": [{"caption": ...}, ...]})."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"prompts: no file at {str(path)!r}")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        data = json.loads(text)
-        items = data["annotations"] if isinstance(data, dict) and "annotations" in data else data
-        if not isinstance(items, list):
-            raise ValueError(f"prompts: {str(path)!r} holds neither a list nor COCO caption annotations")
-        prompts = [item["caption"] if isinstance(item, dict) else item for item in items]
-    elif path.suffix == ".tsv":
-        rows = [row for row in csv.reader(text.splitlines(), delimiter="\t") if row]
-        column = rows[0].index("caption") if rows and "caption" in rows[0] else -1
-        prompts = [row[column] for row in (rows[1:] if column >= 0 else rows)]
-    else:
-        prompts = text.splitlines()
-    prompts = [p.strip() for p in prompts if isinstance(p, str) and p.strip()]
-    if not prompts:
-        raise ValueError(f"prompts: {str(path)!r} has no prompts")
-    return prompts
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 
 from mmspec.core.component import DecodingComponent, component_from, rule_settings
-from mmspec.core.files import write_atomically
+from mmspec.core.files import read_prompts, write_atomically
 from mmspec.core.registry import decodings, load_plugins, rules
 from mmspec.core.runtime.devices import add_device_arguments, parse_device  # no torch until a device is asked
 from mmspec.core.settings import Spec, defaults, specs
@@ -342,8 +342,6 @@ def check_resumed_run(args) -> None:
 
 def check_prompt_file(args) -> None:
     """`--prompts FILE --out-dir DIR`: a file of prompts, a folder that can be written, the run's settings."""
-    from mmspec.serving.offline import read_prompts  # no torch
-
     if args.prompt:
         raise UsageError("give prompts as arguments or as --prompts FILE, not both")
     if args.out_dir is None:
@@ -351,12 +349,13 @@ def check_prompt_file(args) -> None:
     if not Path(args.prompts).is_file():
         raise UsageError(f"--prompts {quoted(args.prompts)}: no such file")
     try:
-        args.prompt = read_prompts(args.prompts)
-    except (UnicodeDecodeError, ValueError) as error:
+        args.prompt = read_prompts(args.prompts, "--prompts")
+    except UnicodeDecodeError as error:
+        raise UsageError(f"--prompts {quoted(args.prompts)}: not a UTF-8 text file ({error.reason})") from None
+    except (KeyError, ValueError) as error:  # JSON that is not a prompt list: a JSONDecodeError is a ValueError
         raise UsageError(f"--prompts {quoted(args.prompts)}: {error}") from None
-    for name in ("--upscale",):
-        if getattr(args, name.lstrip("-")) != 1:
-            raise UsageError(f"{name} applies to --out only")
+    if args.upscale != 1:
+        raise UsageError("--upscale applies to --out only")
     args.workers = 1 if args.workers is None else args.workers
     args.batch_size = 8 if args.batch_size is None else args.batch_size
     check_number(args, "--workers", 1)
@@ -755,8 +754,9 @@ def build_parser() -> Parser:
     image = commands.add_parser("generate", help="text-to-image generation (default: the embedded shapes model)")
     image.add_argument("prompt", nargs="*", help="one or more prompts (decoded as one batch)")
     image.add_argument("--prompts", default=None, metavar="FILE",
-                       help="a file of prompts, one per line: each prompt's --n images written into --out-dir, "
-                            "resumable (a restarted run does what is not written yet)")
+                       help="a file of prompts (text: one per line; TSV: its caption column; JSON: a list or COCO "
+                            "captions): each prompt's --n images written into --out-dir, resumable (a restarted run "
+                            "does what is not written yet)")
     image.add_argument("--out-dir", default=None, metavar="DIR",
                        help="with --prompts: where each image (NNNNNN-I.png) and its stats (NNNNNN-I.json, all in "
                             "stats.jsonl at the end) go")

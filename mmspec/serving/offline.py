@@ -24,14 +24,6 @@ from mmspec.serving.requests import GenerationRequest
 RUN_FILE, STATS_FILE = "run.json", "stats.jsonl"
 
 
-def read_prompts(path: str | Path) -> list[str]:
-    """The prompts of a text file, one per non-blank line; ValueError for a file without any."""
-    prompts = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not prompts:
-        raise ValueError(f"--prompts {str(path)!r} holds no prompt (one per line)")
-    return prompts
-
-
 @dataclass(frozen=True)
 class Job:
     """Image `image` of prompt `index`: its prompt, its seed and its file's name (without extension)."""

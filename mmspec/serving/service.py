@@ -72,7 +72,7 @@ class ModelServer:
     """A replica of one served model: its pipeline, and a batch queue that runs compatible requests together."""
 
     def __init__(self, model: ServedModel, limits: Limits):
-        self.model, self.limits, self.pipe = model, limits, model.load()
+        self.limits, self.pipe = limits, model.load()
         self.lock = threading.Lock()  # one pipeline call at a time: the batches' and `choose`'s
         self.batched.set_max_batch_size(limits.max_batch_size)
         self.batched.set_batch_wait_timeout_s(limits.batch_wait_ms / 1000)

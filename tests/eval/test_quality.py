@@ -14,8 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
+from mmspec.core.files import read_prompts
 from mmspec.eval.quality import main
-from mmspec.eval.samples import Method, SampleStore, generate, presets, read_prompts
+from mmspec.eval.samples import Method, SampleStore, generate, presets
 from mmspec.zoo.shapes import scenes
 
 TINY = ["--methods", "ar", "sjd", "--num-prompts", "3", "--ar-seed-sets", "2", "--batch-size", "2"]
