@@ -37,10 +37,24 @@ def reconstruct(vq, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def encode_tokens(vae, images: torch.Tensor) -> torch.Tensor:
-    """uint8 scenes [N, H, W, 3] -> MAR tokens [N, h*w, C] through a `KLAutoencoder`: scaled mean latents, raster
-    order (patch size 1), on the CPU; the encoder runs on the vae's device."""
+def mean_latents(vae, images: torch.Tensor) -> torch.Tensor:
+    """uint8 images [N, H, W, 3] -> a `KLAutoencoder`'s posterior means [N, C, h, w] on the CPU (the encoder runs on
+    the vae's device)."""
     vae.eval()
     device = next(vae.parameters()).device
-    latents = torch.cat([vae.encode(to_model_range(chunk.to(device)))[0].cpu() for chunk in images.split(128)])
-    return (latents * vae.config.scaling_factor).flatten(2).transpose(1, 2)
+    return torch.cat([vae.encode(to_model_range(chunk.to(device)))[0].cpu() for chunk in images.split(128)])
+
+
+@torch.no_grad()
+def round_trip(vae, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images [N, H, W, 3] -> (`mean_latents` [N, C, h, w], uint8 reconstructions [N, H, W, 3] decoded from
+    them, as MAR's tokens are)."""
+    latents = mean_latents(vae, images)
+    device = next(vae.parameters()).device
+    return latents, torch.cat([to_uint8(vae.decode(chunk.to(device))).cpu() for chunk in latents.split(128)])
+
+
+def encode_tokens(vae, images: torch.Tensor) -> torch.Tensor:
+    """uint8 scenes [N, H, W, 3] -> MAR tokens [N, h*w, C] through a `KLAutoencoder`: scaled `mean_latents`, raster
+    order (patch size 1), on the CPU."""
+    return (mean_latents(vae, images) * vae.config.scaling_factor).flatten(2).transpose(1, 2)

@@ -30,7 +30,7 @@ from mmspec.continuous.diffusion import DiffusionSchedule, training_loss
 from mmspec.core.runtime.devices import add_device_arguments, resolve_device
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo import ZOO_DIR
-from mmspec.zoo.pixels import encode_tokens, psnr, to_model_range, to_uint8
+from mmspec.zoo.pixels import encode_tokens, psnr, round_trip, to_model_range
 from mmspec.zoo.shapes import class_label
 from mmspec.zoo.train_image import add_pool_arguments, load_pools
 from mmspec.zoo.training import (
@@ -51,10 +51,10 @@ VAE_CONFIG = dict(embed_dim=8, ch=32, ch_mult=(1, 2, 2, 4), num_res_blocks=1, en
 KL_WEIGHT = 1e-6  # on the summed KL per image, as LDM's KL autoencoders (reconstruction dominates)
 X0_CLIP = 6.0  # sampling clamp of x_0 (scaled tokens: |x| < 5.5 for 99.99 % of them); see DiffusionSchedule.x0_clip
 MAR_CONFIGS = {
-    "target": dict(seq_len=64, token_dim=8, num_classes=30, buffer_size=8, encoder_embed_dim=192, encoder_depth=4,
+    "target": dict(seq_len=64, num_classes=30, buffer_size=8, encoder_embed_dim=192, encoder_depth=4,
                    encoder_num_heads=6, decoder_embed_dim=192, decoder_depth=4, decoder_num_heads=6, diffloss_d=3,
                    diffloss_w=192, x0_clip=X0_CLIP),
-    "draft": dict(seq_len=64, token_dim=8, num_classes=30, buffer_size=8, encoder_embed_dim=96, encoder_depth=2,
+    "draft": dict(seq_len=64, num_classes=30, buffer_size=8, encoder_embed_dim=96, encoder_depth=2,
                   encoder_num_heads=4, decoder_embed_dim=96, decoder_depth=2, decoder_num_heads=4, diffloss_d=2,
                   diffloss_w=128, x0_clip=X0_CLIP),
 }
@@ -68,18 +68,10 @@ def kl_divergence(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     return 0.5 * (mean.square() + logvar.exp() - 1 - logvar).flatten(1).sum(1)
 
 
-@torch.no_grad()
 def vae_metrics(vae: KLAutoencoder, images: torch.Tensor) -> dict:
     """Held-out PSNR of mean-latent reconstructions and the latents' std (MAR scales latents by 1 / std)."""
-    vae.eval()
-    device = next(vae.parameters()).device
-    recon, latents = [], []
-    for chunk in images.split(128):
-        mean, _ = vae.encode(to_model_range(chunk.to(device)))
-        latents.append(mean.cpu())
-        recon.append(to_uint8(vae.decode(mean)).cpu())
-    latents = torch.cat(latents)
-    return {"held_out_psnr_db": round(psnr(torch.cat(recon), images).mean().item(), 2),
+    latents, recon = round_trip(vae, images)
+    return {"held_out_psnr_db": round(psnr(recon, images).mean().item(), 2),
             "latent_std": round(latents.std().item(), 4)}
 
 
@@ -145,12 +137,13 @@ def mar_loss(model: MARModel, tokens: torch.Tensor, labels: torch.Tensor, genera
 
 
 def train_mar(work: Path, role: str, args) -> MARModel:
-    """Train MAR_CONFIGS[role] on the cached tokens; saves `<work>/mar_<role>` with its held-out loss."""
-    torch.manual_seed(args.seed + STAGE_SEEDS[role])
-    model = MARModel(**MAR_CONFIGS[role])
+    """Train MAR_CONFIGS[role] on the cached tokens (their channels are its token_dim); saves `<work>/mar_<role>`
+    with its held-out loss."""
     data = {split: (torch.from_numpy(np.load(work / f"mar-{split}-tokens.npy")).float(),
                     torch.from_numpy(np.load(work / f"mar-{split}-labels.npy")).long())
             for split in ("train", "heldout")}
+    torch.manual_seed(args.seed + STAGE_SEEDS[role])
+    model = MARModel(**MAR_CONFIGS[role], token_dim=data["train"][0].shape[-1])
     schedule = DiffusionSchedule.cosine(1000)
     steps, batch_size = getattr(args, f"{role}_steps"), getattr(args, f"{role}_batch_size")
 
@@ -212,18 +205,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
                         help="take this saved MAR pipeline's autoencoder (and its metrics) instead of training one, "
                              "so that retrained MAR models keep the shipped latents")
+    parser.add_argument("--latent-channels", type=int, default=None,
+                        help=f"channels of the autoencoder trained here: the MAR token size (default "
+                             f"{VAE_CONFIG['embed_dim']}, the shipped one's)")
     add_device_arguments(parser, dtype=False)  # on CUDA the forwards run under bfloat16 autocast
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.device = resolve_device(parser, args.device)
     check_minutes(parser, args, tuple(MAR_CONFIGS))
+    if args.latent_channels is not None and (args.vae_from is not None or args.latent_channels < 1):
+        parser.error("--latent-channels must be >= 1 and applies to an autoencoder trained here, not to --vae-from's")
+    vae_config = {**VAE_CONFIG, "embed_dim": args.latent_channels or VAE_CONFIG["embed_dim"]}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
     if args.vae_from is not None:
         copy_stage(Path(args.vae_from), "vae", KLAutoencoder, "vae", work / "mar_vae")
     elif args.only in (None, "vae"):
-        train_kl_autoencoder(work, VAE_CONFIG, "vae", "mar_vae", pool, held_out, args, args.seed + STAGE_SEEDS["vae"])
+        train_kl_autoencoder(work, vae_config, "vae", "mar_vae", pool, held_out, args, args.seed + STAGE_SEEDS["vae"])
     if args.only in (None, "tokens"):
         vae = KLAutoencoder.from_pretrained(work / "mar_vae").to(args.device)
         for split, images, captions in (("train", pool, train_captions), ("heldout", held_out, held_out_captions)):

@@ -7,7 +7,7 @@ import torch
 
 from mmspec.eval.mar_zoo_card import class_of, targets_of
 from mmspec.eval.text_zoo_card import distinct, loops
-from mmspec.eval.video_zoo_card import estimator_error, measure, scene_without_player
+from mmspec.eval.video_zoo_card import estimator_error, measure, scene_without_player, summary
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, class_label
 from mmspec.zoo.video_world import State, episode, render_frame, rollout
 
@@ -46,6 +46,15 @@ def test_the_player_is_found_where_it_is_and_missed_where_it_is_not():
     assert np.abs(stayed["error_px"] - walked).max() < 0.6 and stayed["error_px"][-1] > 3
     moved = State(world.start.x + 2, world.start.y)
     assert measure(render_frame(world, moved)[None], frames[:1], world)["error_px"][0] == pytest.approx(2, abs=0.5)
+
+
+def test_the_video_card_sums_up_one_frame_or_every_frame_of_its_rollouts():
+    first = {"error_px": np.array([1.0, 5.0]), "visible": np.array([True, True]), "psnr_db": np.array([20.0, 10.0])}
+    lost = {"error_px": np.array([np.inf, 2.0]), "visible": np.array([False, True]), "psnr_db": np.array([12.0, 16.0])}
+    assert summary([first, lost], 0) == {"player_visible_share": 0.5, "visible_and_within_3px_share": 0.5,
+                                         "median_error_px": np.inf, "psnr_db": 16.0}
+    assert summary([first, lost], slice(None)) == {"player_visible_share": 0.75, "visible_and_within_3px_share": 0.5,
+                                                   "median_error_px": 3.5, "psnr_db": 14.5}
 
 
 def test_a_mar_class_is_the_first_group_s_shape_and_the_background():

@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from mmspec.models.mar import KLAutoencoder, MARModel
 from mmspec.zoo import ZOO_DIR
-from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, class_label
+from mmspec.zoo.pixels import encode_tokens, round_trip, to_uint8
+from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, class_label, scenes
 from mmspec.zoo.train_mar import main
 from tests.zoo.exports import check_autoencoder_kept
 
@@ -21,6 +22,18 @@ def test_class_labels_cover_shape_times_background():
         SHAPES.index("cross") * len(BACKGROUNDS))
     with pytest.raises(ValueError, match="scene grammar"):
         class_label("a dog on a sofa")
+
+
+def test_a_round_trip_decodes_the_latents_that_become_the_tokens():
+    torch.manual_seed(0)
+    vae = KLAutoencoder(embed_dim=4, ch=32, ch_mult=(1, 2), num_res_blocks=1, encoder_attn_resolutions=(),
+                        resolution=64, scaling_factor=0.5)
+    images = torch.from_numpy(scenes(0, 3)[0])
+    latents, recon = round_trip(vae, images)
+    assert latents.shape == (3, 4, 32, 32) and recon.shape == images.shape and recon.dtype == torch.uint8
+    with torch.no_grad():
+        assert torch.equal(recon, to_uint8(vae.decode(latents)))
+    assert torch.equal(encode_tokens(vae, images), (latents * 0.5).flatten(2).transpose(1, 2))
 
 
 def test_every_stage_trains_resumes_and_reloads(tmp_path):
@@ -56,6 +69,18 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     assert image.size == (64, 64)
     metrics = json.loads((tmp_path / "pipeline" / "training_metrics.json").read_text())
     assert set(metrics) == {"vae", "target", "draft"} and metrics["target"]["steps"] == 1
+
+
+def test_the_latent_channels_set_the_mar_token_size(tmp_path):
+    work = tmp_path / "work"
+    args = ["--work-dir", str(work), "--train-scenes", "8", "--held-out-scenes", "4", "--vae-batch-size", "2",
+            "--vae-steps", "1", "--target-batch-size", "2", "--target-steps", "1", "--latent-channels", "4"]
+    for stage in ("vae", "tokens", "target"):
+        main(args + ["--only", stage])
+    assert np.load(work / "mar-train-tokens.npy").shape == (8, 64, 4)
+    assert MARModel.from_pretrained(work / "mar_target").config.token_dim == 4
+    with pytest.raises(SystemExit):  # the shipped autoencoder has its own channels
+        main(args + ["--vae-from", str(ZOO_DIR / "mar_shapes")])
 
 
 def test_a_retrain_keeps_the_shipped_autoencoder(tmp_path):
