@@ -77,8 +77,8 @@ def vae_metrics(vae: KLAutoencoder, images: torch.Tensor) -> dict:
 
 def train_kl_autoencoder(work: Path, config: dict, name: str, folder: str, pool: torch.Tensor, held_out: torch.Tensor,
                          args, seed: int) -> KLAutoencoder:
-    """Train `KLAutoencoder(**config)` on uint8 images pool [N, H, W, 3] (--vae-steps / --vae-batch-size / --vae-lr,
-    checkpoint `ckpt-<name>.pt`), set its scaling factor to 1 / the held-out latents' std and save it in
+    """Train `KLAutoencoder(**config)` on uint8 images pool [N, H, W, 3] (--vae-steps or --vae-minutes,
+    --vae-batch-size, --vae-lr; checkpoint `ckpt-<name>.pt`), set its scaling factor to 1 / the held-out latents' std and save it in
     `<work>/<folder>` with its held-out metrics. Shared by the MAR and the video world."""
     torch.manual_seed(args.seed)
     vae = KLAutoencoder(**config)
@@ -92,11 +92,12 @@ def train_kl_autoencoder(work: Path, config: dict, name: str, folder: str, pool:
         mse = F.mse_loss(model.decode(latents), x)
         return mse + KL_WEIGHT * kl_divergence(mean, logvar).mean(), mse
 
-    seconds = train_loop(name, vae, steps=args.vae_steps, lr=args.vae_lr, loss_fn=loss_fn, batch_fn=batch_fn,
-                         work_dir=work, seed=seed, ckpt_every=args.ckpt_every, weight_decay=0.0, device=args.device)
+    steps = budgeted_steps(name, args.vae_minutes, args.vae_steps, vae, loss_fn, batch_fn, work, args.device)
+    seconds = train_loop(name, vae, steps=steps, lr=args.vae_lr, loss_fn=loss_fn, batch_fn=batch_fn, work_dir=work,
+                         seed=seed, ckpt_every=args.ckpt_every, weight_decay=0.0, device=args.device)
     metrics = vae_metrics(vae, held_out)
     vae.register_to_config(scaling_factor=round(1 / metrics["latent_std"], 4))
-    save_stage(vae, work / folder, metrics, args.vae_steps, args.vae_batch_size, seconds)
+    save_stage(vae, work / folder, metrics, steps, args.vae_batch_size, seconds)
     return vae
 
 
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", default=str(ZOO_DIR / "mar_shapes"))
     for stage, steps, lr in (("vae", 2000, 1e-3), ("target", 3000, 1e-3), ("draft", 3000, 1.5e-3)):
         add_stage_arguments(parser, stage, steps, 32, lr)
-    for stage in MAR_CONFIGS:
+    for stage in ("vae", *MAR_CONFIGS):
         add_minutes_argument(parser, stage)
     parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
                         help="take this saved MAR pipeline's autoencoder (and its metrics) instead of training one, "
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.device = resolve_device(parser, args.device)
-    check_minutes(parser, args, tuple(MAR_CONFIGS))
+    check_minutes(parser, args, ("vae", *MAR_CONFIGS))
     if args.latent_channels is not None and (args.vae_from is not None or args.latent_channels < 1):
         parser.error("--latent-channels must be >= 1 and applies to an autoencoder trained here, not to --vae-from's")
     vae_config = {**VAE_CONFIG, "embed_dim": args.latent_channels or VAE_CONFIG["embed_dim"]}

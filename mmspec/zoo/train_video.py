@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--held-out-episodes", type=int, default=256)
     add_stage_arguments(parser, "vae", 1500, 32, 1e-3)
     add_stage_arguments(parser, "model", 3500, 32, 6e-4)
-    add_minutes_argument(parser, "model")
+    for stage in ("vae", "model"):
+        add_minutes_argument(parser, stage)
     parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
                         help="take this saved next-frame pipeline's autoencoder (and its metrics) instead of training "
                              "one, so that a retrained model keeps the shipped latents")
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.device = resolve_device(parser, args.device)
-    check_minutes(parser, args, ("model",))
+    check_minutes(parser, args, ("vae", "model"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)

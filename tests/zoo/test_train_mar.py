@@ -71,12 +71,14 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     assert set(metrics) == {"vae", "target", "draft"} and metrics["target"]["steps"] == 1
 
 
-def test_the_latent_channels_set_the_mar_token_size(tmp_path):
+def test_the_autoencoder_takes_a_time_budget_and_its_channels_set_the_mar_token_size(tmp_path):
     work = tmp_path / "work"
     args = ["--work-dir", str(work), "--train-scenes", "8", "--held-out-scenes", "4", "--vae-batch-size", "2",
-            "--vae-steps", "1", "--target-batch-size", "2", "--target-steps", "1", "--latent-channels", "4"]
+            "--vae-minutes", "0.003", "--target-batch-size", "2", "--target-steps", "1", "--latent-channels", "4"]
     for stage in ("vae", "tokens", "target"):
         main(args + ["--only", stage])
+    planned = torch.load(work / "ckpt-vae.pt", weights_only=False)["steps"]  # the steps that fit in the budget
+    assert json.loads((work / "mar_vae" / "training_metrics.json").read_text())["steps"] == planned >= 1
     assert np.load(work / "mar-train-tokens.npy").shape == (8, 64, 4)
     assert MARModel.from_pretrained(work / "mar_target").config.token_dim == 4
     with pytest.raises(SystemExit):  # the shipped autoencoder has its own channels
