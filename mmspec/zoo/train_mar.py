@@ -78,8 +78,8 @@ def vae_metrics(vae: KLAutoencoder, images: torch.Tensor) -> dict:
 def train_kl_autoencoder(work: Path, config: dict, name: str, folder: str, pool: torch.Tensor, held_out: torch.Tensor,
                          args, seed: int) -> KLAutoencoder:
     """Train `KLAutoencoder(**config)` on uint8 images pool [N, H, W, 3] (--vae-steps or --vae-minutes,
-    --vae-batch-size, --vae-lr; checkpoint `ckpt-<name>.pt`), set its scaling factor to 1 / the held-out latents' std and save it in
-    `<work>/<folder>` with its held-out metrics. Shared by the MAR and the video world."""
+    --vae-batch-size, --vae-lr; checkpoint `ckpt-<name>.pt`), set its scaling factor to 1 / the held-out latents' std
+    and save it in `<work>/<folder>` with its held-out metrics. Shared by the MAR and the video world."""
     torch.manual_seed(args.seed)
     vae = KLAutoencoder(**config)
 
