@@ -2,7 +2,8 @@
 frame by frame under persistent actions (the true rollout's actions, 10 % change rate), the player's position error
 against the true rollout and whether it is still visible, and the frames' PSNR, at frames 8, 16, 32 and 64; the same
 figures for the true frames after a round trip through the pipeline's autoencoder (the ceiling of any model that
-generates its latents); and a strip of rollouts for docs/images.
+generates its latents); how far the player goes in 8 frames of one action held from rest, in the world and in the
+model; and a strip of rollouts for docs/images.
 
     python -m mmspec.eval.video_zoo_card            # 32 episodes, 64 frames (a few minutes on 2 CPU cores)
     python -m mmspec.eval.video_zoo_card --quick    # 8 episodes
@@ -26,7 +27,16 @@ from mmspec.eval.devices import write_json
 from mmspec.pipelines.video import NextFramePipeline
 from mmspec.zoo import VIDEO_WORLD
 from mmspec.zoo.pixels import round_trip
-from mmspec.zoo.video_world import Episode, State, episode, persistent_actions, render_frame, rollout
+from mmspec.zoo.video_world import (
+    ACTIONS,
+    DIRECTIONS,
+    Episode,
+    State,
+    episode,
+    persistent_actions,
+    render_frame,
+    rollout,
+)
 
 RESULTS = Path("eval") / "results" / "video_zoo_card.json"
 STRIP_PATH = Path("docs") / "images" / "nextframe_rollouts.png"
@@ -35,6 +45,7 @@ CHANGED = 60.0  # summed |RGB| difference from the scene without the player that
 NEAR_COLOR = 120.0  # RGB distance from the player's colour within which a changed pixel counts as the player
 VISIBLE = 0.3  # share of the true frame's player pixels a frame must show for the player to count as visible
 WITHIN_PX = 3.0  # the card's position tolerance
+HELD_FRAMES = 8  # frames of one action held from rest, for how far the model moves the player
 
 
 def player_pixels(frame: np.ndarray, scene: np.ndarray, color) -> np.ndarray:
@@ -94,6 +105,25 @@ def summary(measured: list[dict[str, np.ndarray]], frames: int | slice) -> dict[
     }
 
 
+def held_action_moves(generate, worlds: list[Episode], frames: int = HELD_FRAMES) -> dict[str, dict[str, float]]:
+    """Per moving action, held for `frames` frames from the start (at rest): how far the player goes along the
+    action's direction, in the world and in `generate(starts [E, H, W, 3] uint8, actions [frames]) -> E rollouts
+    [frames, H, W, 3] uint8`, mean px over `worlds` (a player a rollout lost has not moved)."""
+    moves = {}
+    for action in range(1, len(ACTIONS)):
+        truths = [rollout(world, [action] * frames)[0] for world in worlds]
+        made = generate(np.stack([t[0] for t in truths]), [action] * frames)
+        direction, went = np.array(DIRECTIONS[action]), {"world_px": [], "model_px": []}
+        for world, truth, rolled in zip(worlds, truths, made, strict=True):
+            scene, color = scene_without_player(world), world.player.color
+            start = centroid(player_pixels(truth[0], scene, color))
+            for key, last in (("world_px", truth[-1]), ("model_px", rolled[-1])):
+                end = centroid(player_pixels(last, scene, color))
+                went[key].append(0.0 if end is None else float((end - start) @ direction))
+        moves[ACTIONS[action]] = {key: round(float(np.mean(values)), 2) for key, values in went.items()}
+    return moves
+
+
 def strip(truths: list[np.ndarray], generated: list[np.ndarray], rows: int, upscale: int = 3) -> Image.Image:
     """Per episode a true row over a generated row, at FRAMES_SHOWN (frame 0: the start, the same in both)."""
     lines = []
@@ -122,17 +152,23 @@ def main(argv: list[str] | None = None) -> dict:
     actions = [persistent_actions(10**6 + i, args.frames, 0.1) for i in range(count)]
     truths, states = zip(*(rollout(w, a) for w, a in zip(worlds, actions, strict=True)), strict=True)
     pipe = NextFramePipeline.from_pretrained(VIDEO_WORLD, dtype=torch.float32)
-    out = pipe(np.stack([t[0] for t in truths]), torch.tensor(actions), num_inference_steps=args.steps,
-               generator=[torch.Generator().manual_seed(args.seed + i) for i in range(count)], output_type="np")
-    generated = [np.round(np.asarray(v) * 255).clip(0, 255).astype(np.uint8) for v in out.frames]
+
+    def generate(starts: np.ndarray, taken) -> list[np.ndarray]:
+        out = pipe(starts, torch.as_tensor(taken), num_inference_steps=args.steps, output_type="np",
+                   generator=[torch.Generator().manual_seed(args.seed + i) for i in range(len(starts))])
+        return [np.round(np.asarray(v) * 255).clip(0, 255).astype(np.uint8) for v in out.frames]
+
+    generated = generate(np.stack([t[0] for t in truths]), actions)
     measured = [measure(g, t[1:], w) for g, t, w in zip(generated, truths, worlds, strict=True)]
     # the true frames through the autoencoder: what a model that generates their latents perfectly would show
     round_trips = [measure(round_trip(pipe.vae, torch.from_numpy(t[1:]))[1].numpy(), t[1:], w)
                    for t, w in zip(truths, worlds, strict=True)]
     report = {"model": VIDEO_WORLD, "episodes": count, "frames": args.frames, "steps": args.steps,
               "estimator_error_px": round(estimator_error(worlds, list(states)), 3),
-              "autoencoder_round_trip": summary(round_trips, slice(None)), "at_frame": {}}
+              "autoencoder_round_trip": summary(round_trips, slice(None)),
+              "held_action_moves_px": held_action_moves(generate, worlds), "at_frame": {}}
     print(f"autoencoder round trip, every frame: {report['autoencoder_round_trip']}")
+    print(f"moved in {HELD_FRAMES} frames of one action from rest: {report['held_action_moves_px']}")
     for t in (8, 16, 32, 64):
         if t <= args.frames:
             report["at_frame"][t] = summary(measured, t - 1)

@@ -7,7 +7,13 @@ import torch
 
 from mmspec.eval.mar_zoo_card import class_of, targets_of
 from mmspec.eval.text_zoo_card import distinct, loops
-from mmspec.eval.video_zoo_card import estimator_error, measure, scene_without_player, summary
+from mmspec.eval.video_zoo_card import (
+    estimator_error,
+    held_action_moves,
+    measure,
+    scene_without_player,
+    summary,
+)
 from mmspec.zoo.shapes import BACKGROUNDS, SHAPES, class_label
 from mmspec.zoo.video_world import State, episode, render_frame, rollout
 
@@ -55,6 +61,21 @@ def test_the_video_card_sums_up_one_frame_or_every_frame_of_its_rollouts():
                                          "median_error_px": np.inf, "psnr_db": 16.0}
     assert summary([first, lost], slice(None)) == {"player_visible_share": 0.75, "visible_and_within_3px_share": 0.5,
                                                    "median_error_px": 3.5, "psnr_db": 14.5}
+
+
+def test_a_held_action_moves_the_player_as_far_as_the_world_does_only_in_a_rollout_that_follows_it():
+    worlds = [episode(i, "heldout") for i in range(2)]
+
+    def follows(starts, actions):
+        return [rollout(world, actions)[0][1:] for world in worlds]
+
+    def stays(starts, actions):
+        return [np.stack([start] * len(actions)) for start in starts]
+
+    moves = held_action_moves(follows, worlds, frames=6)
+    assert set(moves) == {"up", "down", "left", "right"}
+    assert all(move["model_px"] == move["world_px"] > 2 for move in moves.values())
+    assert all(move["model_px"] == 0 < move["world_px"] for move in held_action_moves(stays, worlds, 6).values())
 
 
 def test_a_mar_class_is_the_first_group_s_shape_and_the_background():
