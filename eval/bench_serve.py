@@ -59,8 +59,8 @@ def served_round(url: str, count: int, offset: int) -> tuple[float, list[float]]
 
 def measure_service(model, replicas: int, args, port: int) -> tuple[dict, dict]:
     """The service's figures at `replicas` replicas, and the decoding "auto" chose."""
-    from mmspec.serving.models import gpu_share
-    from mmspec.serving.service import APP_NAME, Limits, build_app, connect, start, stop, warm_up
+    from mmspec.serving.models import connect, gpu_share
+    from mmspec.serving.service import APP_NAME, Limits, build_app, start, stop, warm_up
 
     threads = max(1, (os.cpu_count() or 1) // replicas)
     limits = Limits(max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)

@@ -628,8 +628,8 @@ def run_prompt_file(args) -> int:
 
 def run_serve(args) -> int:
     """`mmspec serve`: the Ray Serve application of `mmspec.serving.service` until interrupted."""
-    from mmspec.serving.models import gpu_share
-    from mmspec.serving.service import Limits, build_app, connect, start, stop, warm_up
+    from mmspec.serving.models import connect, gpu_share
+    from mmspec.serving.service import Limits, build_app, start, stop, warm_up
 
     replicas = args.replicas * len(args.served)
     threads = max(1, (os.cpu_count() or 1) // replicas)

@@ -1,9 +1,11 @@
 """What a service serves: each model's id, modality ("image" or "text") and folder, told from the folder alone (no
-torch, no Ray: `mmspec serve` checks its flags with it before anything loads), and how a replica loads it."""
+torch, no Ray: `mmspec serve` checks its flags with it before anything loads), and how a replica loads it; and where
+replicas and workers run: the Ray cluster joined, each one's share of its GPUs."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,3 +86,20 @@ def gpu_share(replicas: int, gpus: float) -> float:
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     return min(1.0, gpus / replicas)
+
+
+# Ray Serve kills an HTTP proxy that is not ready within 5 s, and serve.start then fails on the killed proxy rather
+# than waiting for its restart: on a busy machine a new local instance would not start.
+PROXY_READY_TIMEOUT = ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+
+
+def connect(address: str | None = None) -> float:
+    """Join the Ray cluster at `address` (None: start a local one, whose proxies get PROXY_READY_TIMEOUT unless the
+    environment sets it) unless this process has; the GPUs it has."""
+    import ray
+
+    if not ray.is_initialized():
+        if address is None:
+            os.environ.setdefault(*PROXY_READY_TIMEOUT)  # a local instance's processes inherit this environment
+        ray.init(address=address, log_to_driver=False)
+    return ray.cluster_resources().get("GPU", 0.0)

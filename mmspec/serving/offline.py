@@ -122,12 +122,11 @@ def run_on_ray(model, request: GenerationRequest, out_dir: Path, todo: list[Job]
     time each; `progress(k)` as each call's files are written."""
     import ray
 
-    from mmspec.serving.models import gpu_share
+    from mmspec.serving.models import connect, gpu_share
 
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False)
+    gpus = connect(address)
     ray.data.DataContext.get_current().enable_progress_bars = False  # the command's own bar counts the images
-    gpus_per_worker = gpu_share(workers, ray.cluster_resources().get("GPU", 0.0)) if "cuda" in model.device else 0.0
+    gpus_per_worker = gpu_share(workers, gpus) if "cuda" in model.device else 0.0
     data = ray.data.from_items([asdict(job) for job in todo], override_num_blocks=max(1, len(todo) // batch_size))
     written = data.map_batches(Writer, fn_constructor_args=(model, request, str(out_dir)), batch_size=batch_size,
                                compute=ray.data.ActorPoolStrategy(size=workers), num_gpus=gpus_per_worker,

@@ -19,7 +19,6 @@ import asyncio
 import base64
 import io
 import json
-import os
 import secrets
 import threading
 import time
@@ -32,7 +31,7 @@ from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from mmspec.serving.calls import WARM_UP_PROMPTS, answer_group, auto_decoding, check_request, grouped
-from mmspec.serving.models import ServedModel
+from mmspec.serving.models import ServedModel, connect
 from mmspec.serving.requests import (
     MAX_BODY_BYTES,
     GenerationRequest,
@@ -288,23 +287,6 @@ def build_app(models: list[ServedModel], replicas: int = 1, limits: Limits = Lim
 
 
 APP_NAME = "mmspec"
-
-
-# Ray Serve kills an HTTP proxy that is not ready within 5 s, and serve.start then fails on the killed proxy rather
-# than waiting for its restart: on a busy machine a new local instance would not start.
-PROXY_READY_TIMEOUT = ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-
-
-def connect(address: str | None = None) -> float:
-    """Join the Ray cluster at `address` (None: start a local one, whose proxies get PROXY_READY_TIMEOUT unless the
-    environment sets it) unless this process has; the GPUs it has."""
-    import ray
-
-    if not ray.is_initialized():
-        if address is None:
-            os.environ.setdefault(*PROXY_READY_TIMEOUT)  # a local instance's processes inherit this environment
-        ray.init(address=address, log_to_driver=False)
-    return ray.cluster_resources().get("GPU", 0.0)
 
 
 def start(app, host: str = "127.0.0.1", port: int = 8000, address: str | None = None, name: str = APP_NAME,
