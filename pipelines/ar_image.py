@@ -85,8 +85,9 @@ class ARImagePipeline(MMSpecPipeline):
     def decoding_policy(self) -> DecodingPolicy:
         """What `decoding="auto"` asks: the window cost curves of this pipeline's model on its device (measured once,
         cached on disk) and the acceptance its runs reached. A choice holds for its batch size for the life of the
-        pipeline; `pipe.decoding_policy.reconsider()` chooses again with what the runs reached, `remeasure()` also
-        measures the cost curves again."""
+        pipeline until a run far off its prediction; calls with a generator keep the choice the first of them was
+        given even then. `pipe.decoding_policy.reconsider()` chooses again with what the runs reached, `remeasure()`
+        also measures the cost curves again."""
         if getattr(self, "_decoding_policy", None) is None:
             self._decoding_policy = DecodingPolicy(progress=self.status_bar)
         return self._decoding_policy
@@ -231,10 +232,10 @@ class ARImagePipeline(MMSpecPipeline):
             generator (`torch.Generator` or `list[torch.Generator]`, *optional*): one generator for the batch, or one
                 per image (prompts x num_images_per_prompt), which makes each image depend on its own seed only —
                 for a given decoding: `decoding="auto"` keeps its choice for a batch size on every call of this
-                pipeline, but may choose another window at another batch size, on another machine or after
-                `decoding_policy.reconsider()`, which samples the same law with other numbers. Name the decoding
-                (`decoding=SJD(window=16)`, `window=16`, or the config `out.stats.decoding` of a call `"auto"` chose
-                for) for images that reproduce bit for bit everywhere.
+                pipeline with a generator, but may choose another window at another batch size, on another machine
+                or after `decoding_policy.reconsider()`, which samples the same law with other numbers. Name the
+                decoding (`decoding=SJD(window=16)`, `window=16`, or the config `out.stats.decoding` of a call
+                `"auto"` chose for) for images that reproduce bit for bit everywhere.
             output_type (`str`, defaults to `"pil"`): `"pil"`, `"np"` (NHWC in [0, 1]), `"pt"` (NCHW in [0, 1]) or
                 `"latent"` (the image-span token ids [B, N], the adapter's local ids).
             return_dict (`bool`, defaults to `True`): return an [`ARImagePipelineOutput`] instead of a tuple
@@ -284,7 +285,7 @@ class ARImagePipeline(MMSpecPipeline):
         choice = None
         if isinstance(decoding, str):  # "auto": the policy chooses now that the condition is encoded
             choice = self.decoding_policy.choose(adapter, condition, batch_size, sampling,
-                                                 getattr(self, "eagle_head", None))
+                                                 getattr(self, "eagle_head", None), seeded=generator is not None)
             decoding = choice.decoding
         decoder = self.supplied(decoding)
 

@@ -32,9 +32,11 @@ acceptance per depth (`head_compression`), scaled by what this pipeline's head r
 cost holds the head's drafting, measured on their own step like the rest (replayed from its graph on a model with
 captured steps, as the others).
 It picks the candidate of least T and runs it when that is predicted at least `MARGIN` times faster than AR, else AR.
-A choice, once made, holds for that batch size and CFG setting for the life of the policy (one per pipeline), so a
-seed gives the same image on every call; what later runs reach changes the choices made after `reconsider()` (or
-`remeasure()`), and those of batch sizes not yet seen.
+A choice, once made, holds for that batch size and CFG setting for the life of the policy (one per pipeline) until a
+run far off its prediction (`DecodingPolicy`) or `reconsider()` / `remeasure()`; calls with a generator keep the
+choice the first of them was given, whatever the machine's load does in between, until `reconsider()`, so a seed
+gives the same image on every call. What later runs reach changes the choices made after that, and those of batch
+sizes not yet seen.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from mmspec.core.runtime.measured import (
     GAP,
     PROBE_TOLERANCE,
     Clock,
+    HeldChoices,
     MeasurementCache,
     Renewals,
     device_fingerprint,
@@ -405,7 +408,8 @@ class DecodingPolicy:
     and a cheap probe (AR's forward and the widest window's, now) agrees with it within `PROBE_TOLERANCE`; no
     candidate's iteration is priced below AR's; and a run whose iterations take more than `GAP` times the predicted
     time (or less than 1 / `GAP`) has its cost curve measured again on the next call, which chooses again (`record`
-    returns the note its stats carry). `check_cached=False` trusts the cache: a cached curve is read as it is (if
+    returns the note its stats carry) — except a call with a generator, which keeps the choice seeded calls were
+    given, so that a seed repeats its image. `check_cached=False` trusts the cache: a cached curve is read as it is (if
     possible) and a run's gap is reported but refreshes nothing. `clock` reads the seconds (a test passes a
     simulated machine's).
     """
@@ -424,12 +428,12 @@ class DecodingPolicy:
         self.history: deque[float] = deque(maxlen=HISTORY)
         self.head_history: deque[float] = deque(maxlen=HISTORY)
         self.renewals = Renewals()  # which cached measurements to take again (remeasure(), a run's gap)
-        self._choices: dict[str, Choice] = {}  # (model, batch size, CFG) -> the choice that holds for them
+        self.choices: HeldChoices[Choice] = HeldChoices()  # per (model, batch size, CFG)
 
     def reconsider(self) -> None:
-        """Forget the choices made so far: the next call of each batch size chooses again from its cost curve and
-        what this policy's runs reached."""
-        self._choices = {}
+        """Forget the choices made so far: the next call of each batch size, seeded or not, chooses again from its
+        cost curve and what this policy's runs reached."""
+        self.choices.forget()
 
     def remeasure(self) -> None:
         """Measure the cost curves again (and overwrite the cached ones) on the next call of each batch size, and
@@ -592,14 +596,14 @@ class DecodingPolicy:
         return sorted(prior_row(self.tree_prior, batch_size)) if self.tree_prior else []
 
     def choose(self, model: DiscreteImageModel, condition, batch_size: int, sampling: SamplingConfig,
-               head: torch.nn.Module | None = None) -> Choice:
+               head: torch.nn.Module | None = None, seeded: bool = False) -> Choice:
         """The choice for this model, batch size and CFG setting (and the pipeline's EAGLE `head`, if any): made by
-        `predict` on first call, the same one after."""
+        `predict` on first call, the same one after; a run far off its prediction has the next call choose again,
+        except a `seeded` call (one with a generator), which keeps the choice the first seeded call was given, so
+        that its seed repeats its image (`HeldChoices`)."""
         key = json.dumps([model_fingerprint(model), self.curve_key(batch_size, sampling),
                           head and head_digest(head)], sort_keys=True)
-        if key not in self._choices:
-            self._choices[key] = self.predict(model, condition, batch_size, sampling, head)
-        return self._choices[key]
+        return self.choices.get(key, seeded, lambda: self.predict(model, condition, batch_size, sampling, head))
 
     def head_chains(self, model: DiscreteImageModel, head: torch.nn.Module | None,
                     sampling: SamplingConfig) -> list[HeadChain]:
@@ -669,7 +673,7 @@ class DecodingPolicy:
         if self.check_cached:
             key = self.curve_key(batch_size, sampling)
             self.renewals.mark_stale(key, f"{key} overhead", f"{key} replayed")
-            self.reconsider()
+            self.choices.refresh()
             note += f": the cost curve for batch {batch_size} is measured again on the next call"
         logger.warning("auto: %s", note)
         return note

@@ -10,14 +10,16 @@ size, greedy or sampled decoding and settings, keeps the tokens per second on di
 (`mmspec.core.runtime.measured.MeasurementCache`) and picks the fastest; a speculative method must beat AR by `MARGIN`,
 else AR runs. The tokens per second of each run it chose then join that method's figure (the mean of the calibration and
 the last runs), so a method that stops paying on the caller's text loses its place once the choice is reconsidered: a
-choice holds for its batch size and sampling mode for the life of the policy (one per pipeline), so a seed gives the
-same completion on every call, until `reconsider()` or `remeasure()`.
+choice holds for its batch size and sampling mode for the life of the policy (one per pipeline) until a run far off
+its figure (below) or `reconsider()` / `remeasure()`; calls with a generator keep the choice the first of them was
+given, whatever the machine's load does in between, until `reconsider()`, so a seed gives the same completion on
+every call.
 
 A busy machine cannot mislead it for long: the methods are timed in `ROUNDS` interleaved rounds, each keeping its
 `settled` (lower quartile) seconds; no method is credited more than AR's rate times its tokens per target forward (a
 forward costs at least AR's step); cached figures are used after a probe (AR and the cached best, one round) agrees
 with their ratio within `PROBE_TOLERANCE`; and a chosen run `GAP` times off its figure has the methods timed again
-on the next call.
+on the next call without a generator, which chooses again.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from mmspec.core.component import DecodingComponent
 from mmspec.core.runtime.measured import (
     GAP,
     PROBE_TOLERANCE,
+    HeldChoices,
     MeasurementCache,
     Renewals,
     device_fingerprint,
@@ -63,11 +66,12 @@ class TextDecodingPolicy:
         self.margin, self.calibration_tokens, self.check_cached = margin, calibration_tokens, check_cached
         self.history: dict[str, dict[str, deque]] = defaultdict(lambda: defaultdict(lambda: deque(maxlen=HISTORY)))
         self.renewals = Renewals()  # which cached timings to take again (remeasure(), a run's gap)
-        self._choices: dict[str, tuple[str, str, float]] = {}  # key -> the (method, reason, its figure) that holds
+        self.choices: HeldChoices[tuple[str, str, float]] = HeldChoices()  # (method, reason, its figure) per key
 
     def reconsider(self) -> None:
-        """Forget the choices made so far: the next call of each key chooses again with the runs' figures."""
-        self._choices = {}
+        """Forget the choices made so far: the next call of each key, seeded or not, chooses again with the runs'
+        figures."""
+        self.choices.forget()
 
     def remeasure(self) -> None:
         """Time every method again on the next choice (and overwrite the cached figures)."""
@@ -147,12 +151,13 @@ class TextDecodingPolicy:
         return per_forward | {name: tokens[name] / settled(times) for name, times in seconds.items()}
 
     def choose(self, pipe, prompts: list[str], candidates: dict[str, DecodingComponent],
-               sampling: dict) -> tuple[str, str]:
-        """(the name of the candidate to run, the reason for the stats table) for a call of `pipe` on `prompts`."""
+               sampling: dict, seeded: bool = False) -> tuple[str, str]:
+        """(the name of the candidate to run, the reason for the stats table) for a call of `pipe` on `prompts`: the
+        same on every call of its key, until a run far off its figure has the next call choose again — except a
+        `seeded` call (one with a generator), which keeps the choice the first seeded call was given, so that its
+        seed repeats its text (`HeldChoices`)."""
         key = self.key(len(prompts), sampling["temperature"], candidates)
-        if key not in self._choices:
-            self._choices[key] = self.predict(pipe, prompts, candidates, sampling)
-        name, reason, _ = self._choices[key]
+        name, reason, _ = self.choices.get(key, seeded, lambda: self.predict(pipe, prompts, candidates, sampling))
         return name, reason
 
     def predict(self, pipe, prompts: list[str], candidates: dict[str, DecodingComponent],
@@ -178,8 +183,8 @@ class TextDecodingPolicy:
         returns the note for the run's stats then."""
         rate = new_tokens / seconds
         self.history[key][name].append(rate)
-        chosen = self._choices.get(key)
-        if chosen is None or chosen[0] != name or new_tokens / rows < self.calibration_tokens:
+        chosen = next((held for held in self.choices.held(key) if held[0] == name), None)
+        if chosen is None or new_tokens / rows < self.calibration_tokens:
             return None
         ratio = rate / chosen[2]
         if within(ratio, GAP):
@@ -187,7 +192,7 @@ class TextDecodingPolicy:
         note = f"it ran at {ratio:.3g}x the tokens/s measured for {name}"
         if self.check_cached:
             self.renewals.mark_stale(key)
-            self.reconsider()
+            self.choices.refresh()
             note += ": the methods are timed again on the next call"
         logger.warning("auto: %s", note)
         return note

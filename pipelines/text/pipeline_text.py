@@ -237,7 +237,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
     @property
     def decoding_policy(self) -> TextDecodingPolicy:
         """What `decoding="auto"` asks: every method's tokens per second here, measured once, cached on disk. A choice
-        holds for its batch size and sampling mode for the life of the pipeline (`reconsider()`, `remeasure()`)."""
+        holds for its batch size and sampling mode for the life of the pipeline until a run far off its figure; calls
+        with a generator keep the choice the first of them was given even then (`reconsider()`, `remeasure()`)."""
         if getattr(self, "_decoding_policy", None) is None:
             self._decoding_policy = TextDecodingPolicy()
         return self._decoding_policy
@@ -382,7 +383,8 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             self.check_keywords(decoding_settings)
             candidates = self.auto_candidates(decoding_settings)
             key = self.decoding_policy.key(len(prompts), temperature, candidates)
-            name, chosen_by = self.decoding_policy.choose(self, prompts, candidates, sampling)
+            name, chosen_by = self.decoding_policy.choose(self, prompts, candidates, sampling,
+                                                          seeded=generator is not None)
             decoding = candidates[name]
         else:
             decoding = self.decoding_for_call(decoding, decoding_settings)

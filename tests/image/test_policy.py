@@ -186,13 +186,14 @@ def test_the_runs_own_acceptance_moves_the_choice(tmp_path, adapter, pipe):
 
 
 def test_a_seed_gives_the_same_image_on_every_auto_call(pipe):
-    """The runs in between move the acceptance estimate; the choice for a batch size holds, so the tokens repeat."""
+    """The unseeded runs in between move the acceptance estimate, and on a busy machine may have the policy choose
+    again; seeded calls keep the choice the first of them was given, so the tokens repeat."""
     seeded = lambda: [torch.Generator().manual_seed(i) for i in range(2)]  # noqa: E731
     first = pipe(["a red circle"] * 2, generator=seeded(), output_type="latent")
     for _ in range(3):
         pipe(["a red circle"] * 2, output_type="latent")
     again = pipe(["a red circle"] * 2, generator=seeded(), output_type="latent")
-    assert again.stats.chosen_by == first.stats.chosen_by and torch.equal(again.images, first.images)
+    assert again.stats.decoding == first.stats.decoding and torch.equal(again.images, first.images)
 
 
 def test_a_named_decoding_wins_and_settings_without_a_name_are_refused(pipe):

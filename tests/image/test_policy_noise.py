@@ -206,3 +206,20 @@ def test_a_run_far_slower_than_predicted_refreshes_the_curve_for_the_next_call(p
                     "for batch 1 is measured again on the next call")
     again = policy.choose(adapter, condition, 1, CFG)
     assert again is not choice and "measured now" in again.reason
+
+
+def test_a_seeded_call_keeps_its_choice_through_a_run_far_off_until_reconsidered(pipe, condition, tmp_path):
+    """A run far off its prediction has calls without a generator choose again, but calls with one keep the choice
+    the first of them was given (a seed repeats its image however busy the machine got); `reconsider()` drops it."""
+    choice, policy, adapter = choose(pipe, condition, Machine(), tmp_path)
+    assert policy.choose(adapter, condition, 1, CFG, seeded=True) is choice
+    iterations = round(N / PRIOR[1][4])
+    slow = SpecStats(target_forwards=1 + iterations, prefill_forwards=1, new_tokens=torch.tensor([N]),
+                     timings={"total": choice.prefill_seconds + 3 * iterations * choice.iteration_seconds})
+    assert policy.record(choice, 1, CFG, slow) is not None
+    assert policy.choose(adapter, condition, 1, CFG, seeded=True) is choice
+    unseeded = policy.choose(adapter, condition, 1, CFG)
+    assert unseeded is not choice and "measured now" in unseeded.reason
+    assert policy.choose(adapter, condition, 1, CFG, seeded=True) is choice
+    policy.reconsider()
+    assert policy.choose(adapter, condition, 1, CFG, seeded=True) is not choice

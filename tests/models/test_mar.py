@@ -109,7 +109,10 @@ def test_mar_head_conditions_each_row_and_guides_eps_only():
     full = sample_trajectory(head, schedule, x_T, noise)
     subset = torch.tensor([4, 1])
     part = sample_trajectory(head, schedule, x_T[subset], noise[:, subset], rows=subset)
-    assert torch.allclose(part.x, full.x[:, subset], atol=1e-5)
+    # relative: these random weights throw the chains to 1e5, where another batch size's float32 rounding shows
+    assert torch.allclose(part.x, full.x[:, subset], rtol=1e-4, atol=1e-4)
+    crossed = sample_trajectory(head, schedule, x_T[subset], noise[:, subset], rows=subset.flip(0))
+    assert not torch.allclose(crossed.x, full.x[:, subset], rtol=1e-4, atol=1e-4)  # each row's own condition
 
 
 def test_official_checkpoint_file_loads_its_ema_weights(tmp_path):

@@ -166,13 +166,33 @@ def test_a_chosen_run_far_off_its_figure_has_the_methods_timed_again(tmp_path, p
     policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
     name, reason = policy.choose(pipe, PROMPTS, two, SAMPLING)
     assert "measured now" in reason
-    key, figure = policy.key(1, 0.0, two), policy._choices[policy.key(1, 0.0, two)][2]
+    key = policy.key(1, 0.0, two)
+    figure = policy.choices.latest[key][2]
     assert policy.record(key, name, new_tokens=8, seconds=8 / (figure / 1.5)) is None  # within GAP
     assert policy.record(key, name, new_tokens=4, seconds=4 / (figure / 3)) is None  # shorter than the calibration
     assert policy.choose(pipe, PROMPTS, two, SAMPLING) == (name, reason)
     note = policy.record(key, name, new_tokens=8, seconds=8 / (figure / 3))
     assert note == f"it ran at 0.333x the tokens/s measured for {name}: the methods are timed again on the next call"
     assert "measured now" in policy.choose(pipe, PROMPTS, two, SAMPLING)[1]
+
+
+def test_a_seeded_call_keeps_its_choice_through_a_run_far_off_until_reconsidered(tmp_path, pipe):
+    """After a run far off its figure, calls without a generator time the methods again and choose anew; calls with
+    one keep the choice the first of them was given (a seed repeats its text however busy the machine got), and a
+    seeded run of it is still checked against its figure; `reconsider()` drops it."""
+    two = {name: c for name, c in pipe.auto_candidates({}).items() if name in ("ar", "ngram")}
+    policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
+    first = policy.choose(pipe, PROMPTS, two, SAMPLING, seeded=True)
+    key = policy.key(1, 0.0, two)
+    figure = policy.choices.seeded[key][2]
+    assert policy.record(key, first[0], new_tokens=8, seconds=8 / (figure / 3)) is not None
+    assert policy.choose(pipe, PROMPTS, two, SAMPLING, seeded=True) == first
+    assert "measured now" in policy.choose(pipe, PROMPTS, two, SAMPLING)[1]
+    assert policy.choose(pipe, PROMPTS, two, SAMPLING, seeded=True) == first
+    policy.choices.latest[key] = ("ar" if first[0] != "ar" else "ngram", "other", 1.0)  # the newest choice differs
+    assert policy.record(key, first[0], new_tokens=8, seconds=8 / (figure / 3)) is not None  # the seeded run, checked
+    policy.reconsider()
+    assert "measured now" in policy.choose(pipe, PROMPTS, two, SAMPLING, seeded=True)[1]
 
 
 def test_a_pipeline_takes_another_policy(pipe):

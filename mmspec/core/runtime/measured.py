@@ -15,6 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 
@@ -23,6 +24,8 @@ from mmspec.core.stats import synchronize
 
 PROBE_TOLERANCE = 0.3  # how far a probe's cost ratio to AR may stray from the cached one's before it is measured again
 GAP = 2.0  # how many times slower (or faster) than predicted a run may go before its measurements are taken again
+
+Choice = TypeVar("Choice")
 
 # config entries that say where a model was loaded from, not what it computes: the same model read from another
 # folder reuses its measurements
@@ -126,6 +129,38 @@ class Renewals:
     def measured(self, key: str) -> None:
         self.fresh.add(key)
         self.stale.discard(key)
+
+
+class HeldChoices(Generic[Choice]):
+    """The choices an automatic policy holds, per key (model, batch size, sampling): the newest (`latest`), made
+    again after `refresh()` (a run far off its prediction), and the one seeded calls keep (the first a call with a
+    generator was given), so that a seed repeats its output on every call while calls without one follow the newest
+    measurements. `forget()` drops both: the next calls, seeded or not, choose again."""
+
+    def __init__(self):
+        self.latest: dict[str, Choice] = {}
+        self.seeded: dict[str, Choice] = {}
+
+    def get(self, key: str, seeded: bool, choose: Callable[[], Choice]) -> Choice:
+        """The choice for `key`: the one seeded calls keep (`seeded`), else the newest, made by `choose()` if none."""
+        if seeded and key in self.seeded:
+            return self.seeded[key]
+        if key not in self.latest:
+            self.latest[key] = choose()
+        if seeded:
+            self.seeded[key] = self.latest[key]
+        return self.latest[key]
+
+    def held(self, key: str) -> list[Choice]:
+        """The choices that calls of `key` may run now (the newest, then the seeded calls' one)."""
+        return [held[key] for held in (self.latest, self.seeded) if key in held]
+
+    def refresh(self) -> None:
+        """The next call without a generator (or the first with one) chooses again."""
+        self.latest = {}
+
+    def forget(self) -> None:
+        self.latest, self.seeded = {}, {}
 
 
 class MeasurementCache:
