@@ -2,11 +2,14 @@
 frame by frame under persistent actions (the true rollout's actions, 10 % change rate), the player's position error
 against the true rollout and whether it is still visible, and the frames' PSNR, at frames 8, 16, 32 and 64; the same
 figures for the true frames after a round trip through the pipeline's autoencoder (the ceiling of any model that
-generates its latents); how far the player goes in 8 frames of one action held from rest, in the world and in the
-model; and a strip of rollouts for docs/images.
+generates its latents) and for each frame made from the true frames before it (one step, before the model's own
+frames feed it: what a rollout loses beyond that is drift); how far the player goes in 8 frames of one action held
+from rest, in the world and in the model; and a strip of rollouts for docs/images.
 
     python -m mmspec.eval.video_zoo_card            # 32 episodes, 64 frames (a few minutes on 2 CPU cores)
     python -m mmspec.eval.video_zoo_card --quick    # 8 episodes
+    python -m mmspec.eval.video_zoo_card --model /tmp/candidate --json /tmp/card.json --image /tmp/card.png
+                                                    # a candidate (`train_video --out-dir /tmp/candidate`)
 
 The player is found the same way in both frames: the pixels that differ from the episode's scene without the player
 (background and obstacles, which never move) by more than `CHANGED` and lie within `NEAR_COLOR` of the player's
@@ -124,6 +127,16 @@ def held_action_moves(generate, worlds: list[Episode], frames: int = HELD_FRAMES
     return moves
 
 
+def from_true_frames(predict, truths: list[np.ndarray], actions: list[list[int]], window: int) -> list[np.ndarray]:
+    """Per rollout (true frames [T + 1, H, W, 3] uint8 under `actions`, T ints), its frames window .. T each
+    predicted from the `window` true frames before it: what the model makes of one step before its own frames feed
+    it. `predict(context [E, window, H, W, 3] uint8, context_actions [E, window], actions [E]) -> [E, H, W, 3]
+    uint8`; frame f's action is the one that led to it (frame 0's: stay)."""
+    truth, led = np.stack(truths), np.array([[0, *taken] for taken in actions])
+    made = [predict(truth[:, t - window : t], led[:, t - window : t], led[:, t]) for t in range(window, len(led[0]))]
+    return list(np.stack(made, axis=1))
+
+
 def strip(truths: list[np.ndarray], generated: list[np.ndarray], rows: int, upscale: int = 3) -> Image.Image:
     """Per episode a true row over a generated row, at FRAMES_SHOWN (frame 0: the start, the same in both)."""
     lines = []
@@ -137,6 +150,8 @@ def strip(truths: list[np.ndarray], generated: list[np.ndarray], rows: int, upsc
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=VIDEO_WORLD, help="a zoo name or a saved NextFramePipeline folder (a "
+                        "retrained candidate, carded before it replaces the zoo's)")
     parser.add_argument("--episodes", type=int, default=32, help="held-out episodes")
     parser.add_argument("--frames", type=int, default=64)
     parser.add_argument("--steps", type=int, default=4, help="Euler steps per frame")
@@ -151,23 +166,34 @@ def main(argv: list[str] | None = None) -> dict:
     worlds = [episode(i, "heldout") for i in range(count)]
     actions = [persistent_actions(10**6 + i, args.frames, 0.1) for i in range(count)]
     truths, states = zip(*(rollout(w, a) for w, a in zip(worlds, actions, strict=True)), strict=True)
-    pipe = NextFramePipeline.from_pretrained(VIDEO_WORLD, dtype=torch.float32)
+    pipe = NextFramePipeline.from_pretrained(args.model, dtype=torch.float32)
 
     def generate(starts: np.ndarray, taken) -> list[np.ndarray]:
         out = pipe(starts, torch.as_tensor(taken), num_inference_steps=args.steps, output_type="np",
                    generator=[torch.Generator().manual_seed(args.seed + i) for i in range(len(starts))])
         return [np.round(np.asarray(v) * 255).clip(0, 255).astype(np.uint8) for v in out.frames]
 
+    def predict(context: np.ndarray, context_actions: np.ndarray, taken: np.ndarray) -> np.ndarray:
+        out = pipe(context, torch.as_tensor(taken)[:, None], context_actions=torch.as_tensor(context_actions),
+                   num_inference_steps=args.steps, output_type="np",
+                   generator=[torch.Generator().manual_seed(args.seed + i) for i in range(len(context))])
+        return np.round(np.asarray(out.frames)[:, 0] * 255).clip(0, 255).astype(np.uint8)
+
     generated = generate(np.stack([t[0] for t in truths]), actions)
     measured = [measure(g, t[1:], w) for g, t, w in zip(generated, truths, worlds, strict=True)]
     # the true frames through the autoencoder: what a model that generates their latents perfectly would show
     round_trips = [measure(round_trip(pipe.vae, torch.from_numpy(t[1:]))[1].numpy(), t[1:], w)
                    for t, w in zip(truths, worlds, strict=True)]
-    report = {"model": VIDEO_WORLD, "episodes": count, "frames": args.frames, "steps": args.steps,
+    window = pipe.transformer.config.attention_window
+    one_step = [measure(made, t[window:], w) for made, t, w in
+                zip(from_true_frames(predict, list(truths), actions, window), truths, worlds, strict=True)]
+    report = {"model": args.model, "episodes": count, "frames": args.frames, "steps": args.steps,
               "estimator_error_px": round(estimator_error(worlds, list(states)), 3),
               "autoencoder_round_trip": summary(round_trips, slice(None)),
+              "next_frame_from_true_frames": summary(one_step, slice(None)),
               "held_action_moves_px": held_action_moves(generate, worlds), "at_frame": {}}
     print(f"autoencoder round trip, every frame: {report['autoencoder_round_trip']}")
+    print(f"one frame from the {window} true frames before it, every frame: {report['next_frame_from_true_frames']}")
     print(f"moved in {HELD_FRAMES} frames of one action from rest: {report['held_action_moves_px']}")
     for t in (8, 16, 32, 64):
         if t <= args.frames:

@@ -34,8 +34,10 @@ from mmspec.zoo.pixels import encode_tokens, psnr, round_trip, to_model_range
 from mmspec.zoo.shapes import class_label
 from mmspec.zoo.train_image import add_pool_arguments, load_pools
 from mmspec.zoo.training import (
+    add_autoencoder_arguments,
     add_minutes_argument,
     add_stage_arguments,
+    autoencoder_config,
     budgeted_steps,
     check_minutes,
     copy_stage,
@@ -203,21 +205,14 @@ def main(argv: list[str] | None = None) -> None:
         add_stage_arguments(parser, stage, steps, 32, lr)
     for stage in ("vae", *MAR_CONFIGS):
         add_minutes_argument(parser, stage)
-    parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
-                        help="take this saved MAR pipeline's autoencoder (and its metrics) instead of training one, "
-                             "so that retrained MAR models keep the shipped latents")
-    parser.add_argument("--latent-channels", type=int, default=None,
-                        help=f"channels of the autoencoder trained here: the MAR token size (default "
-                             f"{VAE_CONFIG['embed_dim']}, the shipped one's)")
+    add_autoencoder_arguments(parser, "MAR", VAE_CONFIG)
     add_device_arguments(parser, dtype=False)  # on CUDA the forwards run under bfloat16 autocast
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.device = resolve_device(parser, args.device)
     check_minutes(parser, args, ("vae", *MAR_CONFIGS))
-    if args.latent_channels is not None and (args.vae_from is not None or args.latent_channels < 1):
-        parser.error("--latent-channels must be >= 1 and applies to an autoencoder trained here, not to --vae-from's")
-    vae_config = {**VAE_CONFIG, "embed_dim": args.latent_channels or VAE_CONFIG["embed_dim"]}
+    vae_config = autoencoder_config(parser, args, VAE_CONFIG)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work, (pool, train_captions), (held_out, held_out_captions) = load_pools(args)
     if args.vae_from is not None:

@@ -5,6 +5,7 @@ matching over its latents, saved together as the zoo's `nextframe_shapes` pipeli
     python -m mmspec.zoo.train_video                 # every stage below, in order (resumable)
     python -m mmspec.zoo.train_video --only data     # rollouts of random persistent actions (uint8 frames, actions)
     python -m mmspec.zoo.train_video --only vae      # KL autoencoder: 32 px -> 8 x 8 x 4 latents per frame
+                                                     # (--latent-channels N: 8 x 8 x N)
     python -m mmspec.zoo.train_video --only latents  # encode every frame (scaled mean latents)
     python -m mmspec.zoo.train_video --only model    # the next-frame transformer (2 x 2 patches: 16 tokens / frame)
     python -m mmspec.zoo.train_video --only export   # write mmspec/zoo/nextframe_shapes (NextFramePipeline, fp16)
@@ -40,8 +41,10 @@ from mmspec.zoo import ZOO_DIR
 from mmspec.zoo.pixels import encode_tokens
 from mmspec.zoo.train_mar import train_kl_autoencoder
 from mmspec.zoo.training import (
+    add_autoencoder_arguments,
     add_minutes_argument,
     add_stage_arguments,
+    autoencoder_config,
     budgeted_steps,
     check_minutes,
     copy_stage,
@@ -122,10 +125,11 @@ def load_latents(work: Path, split: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train_model(work: Path, args) -> NextFrameTransformer:
-    """Train the next-frame transformer on random clips; saves `<work>/video_model` with its held-out loss."""
+    """Train the next-frame transformer on random clips of the cached latents (their channels are its
+    latent_channels); saves `<work>/video_model` with its held-out loss."""
     torch.manual_seed(args.seed + STAGE_SEEDS["model"])
-    model = NextFrameTransformer(**MODEL_CONFIG)
     latents, actions = load_latents(work, "train")
+    model = NextFrameTransformer(**{**MODEL_CONFIG, "latent_channels": latents.shape[-1]})
     E, T = actions.shape
 
     def batch_fn(generator):
@@ -183,15 +187,14 @@ def main(argv: list[str] | None = None) -> None:
     add_stage_arguments(parser, "model", 3500, 32, 6e-4)
     for stage in ("vae", "model"):
         add_minutes_argument(parser, stage)
-    parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
-                        help="take this saved next-frame pipeline's autoencoder (and its metrics) instead of training "
-                             "one, so that a retrained model keeps the shipped latents")
+    add_autoencoder_arguments(parser, "next-frame", VAE_CONFIG)
     add_device_arguments(parser, dtype=False)  # on CUDA the forwards run under bfloat16 autocast
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     args.device = resolve_device(parser, args.device)
     check_minutes(parser, args, ("vae", "model"))
+    vae_config = autoencoder_config(parser, args, VAE_CONFIG)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         pool = torch.from_numpy(frames["train"].reshape(-1, *frames["train"].shape[2:]))
         held_out = torch.from_numpy(frames["heldout"][:, :: math.ceil(ROLLOUT_ACTIONS / 4)].reshape(
             -1, *frames["heldout"].shape[2:]))
-        train_kl_autoencoder(work, VAE_CONFIG, "video-vae", "video_vae", pool, held_out, args,
+        train_kl_autoencoder(work, vae_config, "video-vae", "video_vae", pool, held_out, args,
                              args.seed + STAGE_SEEDS["vae"])
     if args.only in (None, "latents"):
         vae = KLAutoencoder.from_pretrained(work / "video_vae").to(args.device)

@@ -43,6 +43,24 @@ def check_minutes(parser: argparse.ArgumentParser, args: argparse.Namespace, sta
             parser.error(f"--{stage}-minutes must be > 0, got {minutes}")
 
 
+def add_autoencoder_arguments(parser, model: str, config: dict) -> None:
+    """--vae-from (a saved pipeline whose autoencoder to keep) and --latent-channels (of one trained here; `config`:
+    the shipped one's); `autoencoder_config` reads them back."""
+    parser.add_argument("--vae-from", default=None, metavar="PIPELINE_DIR",
+                        help=f"take this saved {model} pipeline's autoencoder (and its metrics) instead of training "
+                             "one, so that a retrained model keeps the shipped latents")
+    parser.add_argument("--latent-channels", type=int, default=None,
+                        help=f"channels of the autoencoder trained here, the size of the latents the model "
+                             f"generates (default {config['embed_dim']}, the shipped one's)")
+
+
+def autoencoder_config(parser: argparse.ArgumentParser, args: argparse.Namespace, config: dict) -> dict:
+    """`config` with --latent-channels as its embed_dim (the parser exits 2 for one below 1 or beside --vae-from)."""
+    if args.latent_channels is not None and (args.vae_from is not None or args.latent_channels < 1):
+        parser.error("--latent-channels must be >= 1 and applies to an autoencoder trained here, not to --vae-from's")
+    return {**config, "embed_dim": args.latent_channels or config["embed_dim"]}
+
+
 PROBE_STEPS = 20  # timed throwaway steps behind a step count for a time budget (after 3 untimed ones)
 
 

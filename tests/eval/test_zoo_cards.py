@@ -9,6 +9,7 @@ from mmspec.eval.mar_zoo_card import class_of, targets_of
 from mmspec.eval.text_zoo_card import distinct, loops
 from mmspec.eval.video_zoo_card import (
     estimator_error,
+    from_true_frames,
     held_action_moves,
     measure,
     scene_without_player,
@@ -98,3 +99,27 @@ def test_the_mar_card_s_classifier_is_trained_once_per_machine(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values(), strict=True))
     card.cached_probe(64, 3, seed=3)  # other settings: another probe
     assert trained == [(64, 2, 3), (64, 3, 3)]
+
+
+def test_one_step_predictions_read_the_true_frames_before_each_and_the_action_that_led_to_it():
+    worlds = [episode(i, "heldout") for i in range(2)]
+    actions = [[4, 4, 4, 2, 2, 0, 1, 1], [3, 3, 1, 1, 1, 4, 4, 4]]
+    truths = [rollout(world, taken)[0] for world, taken in zip(worlds, actions, strict=True)]
+    window, seen = 3, []
+
+    def world_step(context, context_actions, taken):  # the world's own next frame, checked against what it is given
+        seen.append(taken)
+        t = window + len(seen) - 1
+        for truth, led, frames, before, now in zip(truths, actions, context, context_actions, taken, strict=True):
+            assert (frames == truth[t - window : t]).all() and list(before) == [0, *led][t - window : t]
+            assert now == led[t - 1]
+        return np.stack([truth[t] for truth in truths])
+
+    made = from_true_frames(world_step, truths, actions, window)
+    assert [m.shape for m in made] == [truths[0][window:].shape] * 2
+    one_step = [measure(m, t[window:], w) for m, t, w in zip(made, truths, worlds, strict=True)]
+    assert summary(one_step, slice(None))["visible_and_within_3px_share"] == 1.0
+    # companion: a model that copies the last frame it is given is off by the player's walk
+    copied = from_true_frames(lambda context, *_: context[:, -1], truths, actions, window)
+    errors = np.concatenate([measure(m, t[window:], w)["error_px"] for m, t, w in zip(copied, truths, worlds)])
+    assert errors.max() > 1

@@ -4,6 +4,7 @@ is a loadable NextFramePipeline; the training clips' flow times mix diffusion fo
 import json
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -33,16 +34,18 @@ def test_clip_timesteps_mix_independent_times_and_context_prefixes():
 def test_every_stage_trains_resumes_and_reloads(tmp_path):
     work = tmp_path / "work"
     args = ["--work-dir", str(work), "--train-episodes", "3", "--held-out-episodes", "2", "--vae-batch-size", "2",
-            "--ckpt-every", "1", "--model-batch-size", "2", "--out-dir", str(tmp_path / "pipeline")]
+            "--ckpt-every", "1", "--model-batch-size", "2", "--out-dir", str(tmp_path / "pipeline"),
+            "--latent-channels", "2"]  # the shipped autoencoder has 4: the model takes the latents' channels
     main(args + ["--vae-steps", "1", "--model-steps", "1", "--only", "data"])
     main(args + ["--vae-steps", "1", "--only", "vae"])
     main(args + ["--vae-steps", "2", "--model-steps", "2"])  # resumes the autoencoder at step 1, then the rest
     assert torch.load(work / "ckpt-video-vae.pt", weights_only=False)["step"] == 2
     latents = np.load(work / "video-train-latents.npy")
-    assert latents.shape == (3, 25, 64, 4)
+    assert latents.shape == (3, 25, 64, 2)
     metrics = json.loads((work / "video_model" / "training_metrics.json").read_text())
     assert metrics["steps"] == 2 and metrics["held_out_loss"] > 0
-    assert NextFrameTransformer.from_pretrained(work / "video_model").config.attention_window == 4
+    config = NextFrameTransformer.from_pretrained(work / "video_model").config
+    assert config.attention_window == 4 and config.latent_channels == 2
 
     from mmspec.pipelines.video import NextFramePipeline
 
@@ -65,3 +68,5 @@ def test_a_retrain_keeps_the_shipped_autoencoder(tmp_path):
     assert not (tmp_path / "work" / "ckpt-video-vae.pt").exists()  # no autoencoder was trained
     metrics = check_autoencoder_kept(shipped, tmp_path / "pipeline", "video_vae", "NextFrameTransformer")
     assert metrics["video_model"]["steps"] >= 1  # as many as fit in the budget
+    with pytest.raises(SystemExit):  # the shipped autoencoder has its own channels
+        main(["--work-dir", str(tmp_path / "work"), "--vae-from", str(shipped), "--latent-channels", "8"])
