@@ -12,8 +12,8 @@ if "MMSPEC_CACHE_DIR" not in os.environ or WORKER:  # a worker gets its own, not
     os.environ["MMSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="mmspec-test-cache-")
     atexit.register(shutil.rmtree, os.environ["MMSPEC_CACHE_DIR"], ignore_errors=True)
 
-import pytest
-import torch
+import pytest  # noqa: E402  (imported once the cache folder is set)
+import torch  # noqa: E402
 
 MEASURED = "measured"  # the user property that carries a figure a test measured, printed at the end of the run
 

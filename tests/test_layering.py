@@ -6,11 +6,11 @@
 A module imports only its own unit or a unit of a lower layer: siblings never import each other (the decoders never
 import a model family, `eval` never imports a training script, `apps` never imports the CLI or `eval`), nothing in the
 package imports the `mmspec` facade (it exists for users), Gradio is imported by `mmspec.apps` alone, torchmetrics by
-`mmspec.eval` alone and Ray (and FastAPI) by `mmspec.serving` alone, `mmspec.core` imports torch and the standard library only (no transformers: the text engine
-with its transformers caches is `mmspec.adapters`), and no file anywhere imports the repository folders `pipelines`,
-`apps`, `eval` as top-level modules (they install as `mmspec.pipelines`, `mmspec.apps`, `mmspec.eval`). Every import
-counts, lazy ones inside functions and `TYPE_CHECKING` blocks included. No two modules import each other, directly
-or through others (`circles`).
+`mmspec.eval` alone and Ray (and FastAPI) by `mmspec.serving` alone, `mmspec.core` imports torch and the standard
+library only (no transformers: the text engine with its transformers caches is `mmspec.adapters`), and no file anywhere
+imports the repository folders `pipelines`, `apps`, `eval` as top-level modules (they install as `mmspec.pipelines`,
+`mmspec.apps`, `mmspec.eval`). Every import counts, lazy ones inside functions and `TYPE_CHECKING` blocks included. No
+two modules import each other, directly or through others (`circles`).
 """
 
 from __future__ import annotations

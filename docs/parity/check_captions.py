@@ -1,7 +1,8 @@
 """Parity of mmspec's caption cleaning (`mmspec.models.llamagen.captions.clean_caption`) with LlamaGen's own
 `T5Embedder.text_preprocessing`, on prompts that exercise each of its rules. Writes the results as JSON.
 
-    python docs/parity/check_captions.py --upstream path/to/LlamaGen --deps path/to/deps --json eval/results/parity_captions.json
+    python docs/parity/check_captions.py --upstream path/to/LlamaGen --deps path/to/deps \
+        --json eval/results/parity_captions.json
 
 --deps: a folder with beautifulsoup4, soupsieve and ftfy (`pip install --target`), which LlamaGen's cleaning imports.
 """

@@ -13,13 +13,13 @@ from common import arguments, greedy_and_guided, parity_row, randomised, score_r
 
 args = arguments(work=False)
 import torch
+from emu3.mllm.utils_emu3 import Emu3PrefixConstrainedLogitsHelper
 from transformers import LogitsProcessorList, PrefixConstrainedLogitsProcessor
 from transformers.generation import UnbatchedClassifierFreeGuidanceLogitsProcessor
 
-from emu3.mllm.utils_emu3 import Emu3PrefixConstrainedLogitsHelper
 from mmspec.models.emu3 import Emu3Adapter
 from mmspec.models.hf_image import PromptCondition
-from tests.models.test_emu3 import BOI, BOS, EOF, EOI, EOL, EOS, H, PAD, W, WRAPPER, tiny_emu3
+from tests.models.test_emu3 import BOI, BOS, EOF, EOI, EOL, EOS, PAD, WRAPPER, H, W, tiny_emu3
 
 torch.set_grad_enabled(False)
 model = randomised(tiny_emu3())

@@ -15,18 +15,17 @@ import argparse
 from common import arguments, upstream_commit, write
 
 args = arguments()
-import torch
-
 import autoregressive.models.generate as up_generate
+import torch
 from autoregressive.models.gpt import ModelArgs, Transformer
 from language.t5 import T5Embedder
-from tokenizer.tokenizer_image.vq_model import ModelArgs as VQArgs, VQModel
+from tokenizer.tokenizer_image.vq_model import ModelArgs as VQArgs
+from tokenizer.tokenizer_image.vq_model import VQModel
 
-from mmspec import SJD, AR
+from mmspec import AR, SJD
 from mmspec.models.llamagen.gpt import LlamaGenTransformer
 from mmspec.models.llamagen.vq import LlamaGenVQModel
 from mmspec.pipelines.llamagen import LlamaGenPipeline
-
 from tests.models.llamagen_tiny import WORDS, tiny_tokenizer
 
 torch.set_grad_enabled(False)
@@ -122,8 +121,8 @@ def ours_guided_logits(prompts, tokens, cfg, cfg_interval=-1):
     return uncond + (cond - uncond) * cfg
 
 
-results = {"upstream": "FoundationVision/LlamaGen", "commit": upstream_commit(args), "prompt_words": [len(p.split()) for p in PROMPTS],
-           "text_slots": T, "rows": []}
+results = {"upstream": "FoundationVision/LlamaGen", "commit": upstream_commit(args),
+           "prompt_words": [len(p.split()) for p in PROMPTS], "text_slots": T, "rows": []}
 for cfg in (1.0, 4.0, 7.5):
     for cfg_interval in ((-1, 3) if cfg != 1.0 else (-1,)):
         up_tokens, up_logits = upstream_generate(PROMPTS, cfg, cfg_interval)

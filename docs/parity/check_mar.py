@@ -19,9 +19,8 @@ from common import arguments, upstream_commit, write
 args = arguments()
 import stub_torchvision  # noqa: F401  (before timm)
 import torch
-from torch import nn
-
 from models.mar import MAR
+from torch import nn
 
 from mmspec.continuous.diffusion import DiffusionSchedule
 from mmspec.continuous.mar_decoding import _noise, cosine_plan, sample_orders

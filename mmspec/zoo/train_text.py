@@ -45,7 +45,8 @@ class TextModelSpec:
 
 
 # Deep and thin (MobileLLM, arXiv 2402.14905): at this size depth buys more quality per parameter than width.
-TARGET_SPEC = TextModelSpec(hidden_size=192, num_hidden_layers=12, intermediate_size=512, num_attention_heads=6, exit_layer=3)
+TARGET_SPEC = TextModelSpec(hidden_size=192, num_hidden_layers=12, intermediate_size=512, num_attention_heads=6,
+                            exit_layer=3)
 DRAFT_SPEC = TextModelSpec(hidden_size=128, num_hidden_layers=2, intermediate_size=384, num_attention_heads=4)
 
 
@@ -64,7 +65,8 @@ def train_tokenizer(texts: list[str]):
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token=SPECIAL_TOKENS[0], bos_token=SPECIAL_TOKENS[0], pad_token=SPECIAL_TOKENS[1]
+        tokenizer_object=tokenizer, eos_token=SPECIAL_TOKENS[0], bos_token=SPECIAL_TOKENS[0],
+        pad_token=SPECIAL_TOKENS[1]
     )
 
 
@@ -104,7 +106,8 @@ def sample_windows(stream: torch.Tensor, batch_size: int, seq_len: int, generato
 
 
 def lm_losses(model, tokens: torch.Tensor, exit_layer: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Next-token cross-entropy of the final head and, if `exit_layer` is set, of the early exit through the same head."""
+    """Next-token cross-entropy of the final head and, if `exit_layer` is set, of the early exit through the same
+    head."""
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     out = model.model(input_ids=inputs, output_hidden_states=exit_layer is not None)
     logits = model.lm_head(out.last_hidden_state)
@@ -224,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--ckpt-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--corpus-root", default=None, help="train on .py files under this folder (default: the stdlib)")
+    parser.add_argument("--corpus-root", default=None,
+                        help="train on .py files under this folder (default: the stdlib)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 

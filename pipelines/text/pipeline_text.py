@@ -344,9 +344,10 @@ class SpeculativeTextPipeline(MMSpecPipeline):
             return_dict (`bool`, defaults to `True`): return a [`TextPipelineOutput`] instead of `(texts, stats)`.
             callback_on_step_end (`Callable`, *optional*): called after every target forward as
                 `callback_on_step_end(pipe, step, n_generated, callback_kwargs)` (n_generated: the fewest new tokens of
-                a row still generating); `callback_kwargs` holds the tensors named in `callback_on_step_end_tensor_inputs`
-                (`"generated_ids"`: [B, max_new_tokens], each row's new tokens so far then padding; `"new_tokens"`:
-                [B]). Read-only (they sit in the KV cache). Set `pipe._interrupt = True` to end every row there.
+                a row still generating); `callback_kwargs` holds the tensors named in
+                `callback_on_step_end_tensor_inputs` (`"generated_ids"`: [B, max_new_tokens], each row's new tokens so
+                far then padding; `"new_tokens"`: [B]). Read-only (they sit in the KV cache). Set
+                `pipe._interrupt = True` to end every row there.
             callback_on_step_end_tensor_inputs (`list[str]`, *optional*): see above; defaults to `["generated_ids"]`.
             decoding (component, name or config dict, *optional*): defaults to the pipeline's `decoding` (`"auto"`
                 unless set or saved otherwise). A registered text decoding (`mmspec.core.registry.decodings("text")`:

@@ -30,7 +30,8 @@ def law_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     disjoint_q = torch.tensor([0, 0, 0, 0.1, 0.6, 0.3], dtype=torch.float64)
     shared = rand()
     cases = [("random", rand(), rand()), ("zeros", rand(2), rand(3)), ("p_one_hot", one_hot, rand()),
-             ("q_one_hot", rand(1), one_hot), ("p_equals_q", shared, shared.clone()), ("disjoint", disjoint_p, disjoint_q)]
+             ("q_one_hot", rand(1), one_hot), ("p_equals_q", shared, shared.clone()),
+             ("disjoint", disjoint_p, disjoint_q)]
     cases += [(f"random{i}", rand(i % 3), rand((i + 1) % 3)) for i in range(6)]
     return cases
 
@@ -94,7 +95,8 @@ def test_verify_exact_first_token_follows_p(deterministic):
     N = 200_000
     g = torch.Generator().manual_seed(3)
     tokens = torch.full((N, 1), 3) if deterministic else torch.multinomial(q, N, replacement=True, generator=g)[:, None]
-    draft = Draft(tokens=tokens, lengths=torch.ones(N, dtype=torch.long), q=None if deterministic else q.expand(N, 1, V))
+    draft = Draft(tokens=tokens, lengths=torch.ones(N, dtype=torch.long),
+                  q=None if deterministic else q.expand(N, 1, V))
     result = verify_exact(torch.stack([p, q]).expand(N, 2, V), draft, g)
     first = torch.where(result.n_accepted > 0, tokens[:, 0], result.next_token)
     counts = torch.bincount(first, minlength=V).double()
@@ -154,7 +156,8 @@ def test_spectr_output_law_and_acceptance(name, p, q, k):
     torch.testing.assert_close(out, p, rtol=0, atol=1e-12)
     rho = spectr_rho(p[None], q[None], k)
     beta = spectr_beta(p[None], q[None], rho)[0]
-    torch.testing.assert_close(torch.as_tensor(acceptance, dtype=torch.float64), 1 - (1 - beta) ** k, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.as_tensor(acceptance, dtype=torch.float64), 1 - (1 - beta) ** k, rtol=0,
+                               atol=1e-12)
     assert 1 <= rho.item() <= k
     # Multi-draft never accepts less often than a single draft: 1 - (1 - beta)^k >= sum min(p, q) (rho = 1).
     assert acceptance >= torch.minimum(p, q).sum() - 1e-12
@@ -181,7 +184,8 @@ def test_multi_draft_samplers_follow_their_plans():
     _, p, q = CASES[1]
     N = 200_000
     g = torch.Generator().manual_seed(1)
-    for draw, verify_fn in ((multidraft.gumbel_top_k, multidraft.verify_rsd), (multidraft.sample_iid, multidraft.verify_spectr)):
+    for draw, verify_fn in ((multidraft.gumbel_top_k, multidraft.verify_rsd),
+                            (multidraft.sample_iid, multidraft.verify_spectr)):
         P, Q = p.expand(N, V), q.expand(N, V)
         candidates = draw(Q, 2, g)
         tokens = verify_fn(P, Q, candidates, g).token

@@ -315,7 +315,8 @@ def write_release(folder, reference=None, drop: str | None = None) -> None:
                                   cls_token_num=TEXT_CONTEXT, grid_size=4).half()
         vq, encoder, tokenizer = tiny_vq(dtype=torch.float32), tiny_text_encoder(dtype=torch.float32), tiny_tokenizer()
     else:
-        gpt, vq, encoder, tokenizer = reference.transformer, reference.vqvae, reference.text_encoder, reference.tokenizer
+        gpt, vq = reference.transformer, reference.vqvae
+        encoder, tokenizer = reference.text_encoder, reference.tokenizer
     weights = {k: v for k, v in gpt.state_dict().items() if k != drop}
     cache = {f"layers.{i}.attention.kv_cache.{name}": torch.zeros(2, 1, 8, 4) for i in range(gpt.config.n_layer)
              for name in ("k_cache", "v_cache")}
@@ -345,7 +346,8 @@ def test_official_t2i_release_loads_into_the_pipeline_with_a_pluggable_t5(tmp_pa
         pipe = LlamaGenPipeline.from_llamagen_checkpoints(gpt, vq, release / "flan-t5-xl", image_size=64,
                                                           gpt_config=RELEASE_GPT, vq_config=RELEASE_VQ)
     assert "ignored 4 entries that are not LlamaGenTransformer weights: layers.0.attention.kv_cache.k_cache" \
-        in caplog.text and "ignored 1 entries that are not LlamaGenVQModel weights: quantize.codebook_used" in caplog.text
+        in caplog.text
+    assert "ignored 1 entries that are not LlamaGenVQModel weights: quantize.codebook_used" in caplog.text
     # the release as a folder (names as published): one from_pretrained, through the auto registry too
     from_folder = AutoARImagePipeline.from_pretrained(release, gpt_config=RELEASE_GPT, vq_config=RELEASE_VQ)
     assert isinstance(from_folder, LlamaGenPipeline) and from_folder.native_size == 8

@@ -23,7 +23,8 @@ def test_drafter_tokens_follow_the_q_it_returns(drafter_kind, sampling):
     """HF #47932: a drafter must return the law it actually sampled from. Chi-square of 20,000 first and second draft
     tokens (same context in every row) against the q rows returned; false-failure rate < 1e-5 per position."""
     target = tiny_llama(vocab_size=16, num_layers=2)
-    drafter = ModelDrafter(tiny_llama(vocab_size=16, num_layers=1, seed=3)) if drafter_kind == "model" else LayerSkipDrafter(target, 1)
+    drafter = (ModelDrafter(tiny_llama(vocab_size=16, num_layers=1, seed=3)) if drafter_kind == "model"
+               else LayerSkipDrafter(target, 1))
     N = 20_000
     tokens = torch.tensor([[3, 4, 5, 6]]).repeat(N, 1)
     rows = rows_of(tokens, torch.full((N,), 4))
@@ -51,7 +52,8 @@ def test_ngram_drafter_is_deterministic_and_copies_latest_match():
     lengths = torch.tensor([10, 3])
     draft = drafter.propose(rows_of(tokens, lengths), torch.tensor([3, 3]), 3, SamplingConfig(), None)
     assert draft.q is None
-    assert draft.tokens[0].tolist() == [5, 6, 1] and draft.lengths.tolist() == [3, 0]  # latest "1 2" is followed by 5 6 1
+    # the latest "1 2" is followed by 5 6 1
+    assert draft.tokens[0].tolist() == [5, 6, 1] and draft.lengths.tolist() == [3, 0]
 
 
 def test_ngram_draft_is_cut_at_the_sequence_end():

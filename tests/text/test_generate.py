@@ -39,7 +39,8 @@ def prompts(batch_size: int):
 @pytest.mark.parametrize("schedule", ["constant", "heuristic"])
 def test_greedy_equals_target_generate(tiny_target, tiny_draft, drafter_name, batch_size, schedule):
     ids, mask = prompts(batch_size)
-    expected = tiny_target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24, pad_token_id=0)
+    expected = tiny_target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
+                                    pad_token_id=0)
     out, stats = speculative_generate(
         tiny_target, ids, mask, drafter=DRAFTERS[drafter_name](tiny_target, tiny_draft), max_new_tokens=24,
         temperature=0, eos_token_id=tiny_target.config.eos_token_id, pad_token_id=0,
@@ -98,11 +99,14 @@ def test_per_row_generators_make_rows_independent_of_the_batch():
     mask = torch.tensor([[1, 1, 1], [0, 0, 1], [1, 1, 1]])
     seeds = [11, 12, 13]
     kwargs = dict(drafter=ModelDrafter(draft), max_new_tokens=12, draft_length=3, temperature=1.0)
-    batch, _ = speculative_generate(target, ids, mask, generator=[torch.Generator().manual_seed(s) for s in seeds], **kwargs)
+    batch, _ = speculative_generate(target, ids, mask, generator=[torch.Generator().manual_seed(s) for s in seeds],
+                                    **kwargs)
     for b in range(3):
-        alone, _ = speculative_generate(target, ids[b : b + 1], mask[b : b + 1], generator=torch.Generator().manual_seed(seeds[b]), **kwargs)
+        alone, _ = speculative_generate(target, ids[b : b + 1], mask[b : b + 1],
+                                        generator=torch.Generator().manual_seed(seeds[b]), **kwargs)
         assert torch.equal(alone[0], batch[b])
-    again, _ = speculative_generate(target, ids, mask, generator=[torch.Generator().manual_seed(s) for s in seeds], **kwargs)
+    again, _ = speculative_generate(target, ids, mask, generator=[torch.Generator().manual_seed(s) for s in seeds],
+                                    **kwargs)
     assert torch.equal(again, batch)
 
 
@@ -110,7 +114,8 @@ def test_ragged_acceptance_rows_do_not_wait():
     """Rows accept different numbers of tokens per step; the step count is set by the slowest row only."""
     target = tiny_llama(num_layers=2)
     ids, mask = prompts(4)
-    _, stats = speculative_generate(target, ids, mask, drafter=LayerSkipDrafter(target, 1), max_new_tokens=30, temperature=0)
+    _, stats = speculative_generate(target, ids, mask, drafter=LayerSkipDrafter(target, 1), max_new_tokens=30,
+                                    temperature=0)
     per_row_tau = stats.new_tokens.double() / stats.steps
     assert stats.new_tokens.tolist() == [30] * 4
     assert per_row_tau.max() > per_row_tau.min()  # genuinely ragged

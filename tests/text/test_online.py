@@ -184,7 +184,8 @@ def test_the_head_loss_reads_the_pair_before_each_token():
     logits, _ = head_student_logits(drafting, [row], unroll=0)
     cache = tuple(torch.zeros(1, 1, 4, drafting.config.feature_size) for _ in range(2))
     causal = torch.ones(1, 1, 4, 4).tril().bool()
-    hidden = drafting(ids[None, 1:], features[None, :-1], torch.arange(1, 5)[None], causal, cache, torch.arange(4)[None])
+    hidden = drafting(ids[None, 1:], features[None, :-1], torch.arange(1, 5)[None], causal, cache,
+                      torch.arange(4)[None])
     torch.testing.assert_close(logits, drafting.logits(hidden[0, [1, 2]]))
 
 

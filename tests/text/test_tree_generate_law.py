@@ -90,7 +90,8 @@ def test_tree_mutations_are_rejected(mutation, monkeypatch):
 def test_greedy_tree_decoding_is_the_targets_greedy_output():
     """At temperature 0 the tree's children are the draft's top tokens and the output is the target's argmax path."""
     target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))
-    out, stats = speculative_generate(target, PROMPTS, PROMPT_MASK, drafter=ModelTreeDrafter(draft, TreeShape(6, 2, 2, 3)),
+    out, stats = speculative_generate(target, PROMPTS, PROMPT_MASK,
+                                      drafter=ModelTreeDrafter(draft, TreeShape(6, 2, 2, 3)),
                                       max_new_tokens=6, temperature=0.0, pad_token_id=EOS)
     for r in range(2):
         seq = PROMPTS[r][PROMPT_MASK[r].bool()].tolist()
