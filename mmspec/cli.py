@@ -629,7 +629,7 @@ def run_prompt_file(args) -> int:
 def run_serve(args) -> int:
     """`mmspec serve`: the Ray Serve application of `mmspec.serving.service` until interrupted."""
     from mmspec.serving.models import connect, gpu_share
-    from mmspec.serving.service import Limits, build_app, start, stop, warm_up
+    from mmspec.serving.service import APP_NAME, Limits, build_app, start, stop, warm_up
 
     replicas = args.replicas * len(args.served)
     threads = max(1, (os.cpu_count() or 1) // replicas)
@@ -648,7 +648,10 @@ def run_serve(args) -> int:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        stop()
+        if args.address is not None:
+            stop(APP_NAME)  # the cluster's other applications keep serving
+        else:
+            stop(drain=False)  # the local instance ends with this process
     return 0
 
 

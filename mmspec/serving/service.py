@@ -298,14 +298,17 @@ def start(app, host: str = "127.0.0.1", port: int = 8000, address: str | None = 
     serve.run(app, name=name, route_prefix=route_prefix)
 
 
-def stop(name: str | None = None) -> None:
-    """Delete the application `name`; without one, shut Ray Serve and the Ray instance this process joined down."""
+def stop(name: str | None = None, drain: bool = True) -> None:
+    """Delete the application `name` (other applications on the cluster keep serving); without one, shut Ray Serve
+    and the Ray instance this process joined down. drain=False skips Serve's graceful shutdown (up to 30 s waiting
+    for the replicas, longer on a busy machine) for a process that ends next and takes its local instance with it."""
     import ray
 
     if name is not None:
         serve.delete(name)
         return
-    serve.shutdown()
+    if drain:
+        serve.shutdown()
     ray.shutdown()
 
 
