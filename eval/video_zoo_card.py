@@ -180,16 +180,18 @@ def main(argv: list[str] | None = None) -> dict:
     truths, states = zip(*(rollout(w, a) for w, a in zip(worlds, actions, strict=True)), strict=True)
     pipe = NextFramePipeline.from_pretrained(args.model, dtype=torch.float32)
 
+    def roll(context: np.ndarray, taken, context_actions=None) -> np.ndarray:
+        """uint8 frames [E, T, H, W, 3] after context [E, (k,) H, W, 3] under actions `taken` (T, or [E, T])."""
+        seeds = [torch.Generator().manual_seed(args.seed + i) for i in range(len(context))]
+        out = pipe(context, torch.as_tensor(taken), context_actions=context_actions, num_inference_steps=args.steps,
+                   output_type="np", generator=seeds)
+        return np.round(np.asarray(out.frames) * 255).clip(0, 255).astype(np.uint8)
+
     def generate(starts: np.ndarray, taken) -> list[np.ndarray]:
-        out = pipe(starts, torch.as_tensor(taken), num_inference_steps=args.steps, output_type="np",
-                   generator=[torch.Generator().manual_seed(args.seed + i) for i in range(len(starts))])
-        return [np.round(np.asarray(v) * 255).clip(0, 255).astype(np.uint8) for v in out.frames]
+        return list(roll(starts, taken))
 
     def predict(context: np.ndarray, context_actions: np.ndarray, taken: np.ndarray) -> np.ndarray:
-        out = pipe(context, torch.as_tensor(taken)[:, None], context_actions=torch.as_tensor(context_actions),
-                   num_inference_steps=args.steps, output_type="np",
-                   generator=[torch.Generator().manual_seed(args.seed + i) for i in range(len(context))])
-        return np.round(np.asarray(out.frames)[:, 0] * 255).clip(0, 255).astype(np.uint8)
+        return roll(context, taken[:, None], torch.as_tensor(context_actions))[:, 0]
 
     generated = generate(np.stack([t[0] for t in truths]), actions)
     drawn = list(round_trip(pipe.vae, torch.from_numpy(np.stack([scene_without_player(w) for w in worlds])))[1].numpy())
