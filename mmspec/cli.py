@@ -395,6 +395,8 @@ def check_serve(args) -> None:
     if len(set(ids)) < len(ids):
         raise UsageError(f"--model: two models would be served as one id ({ids})")
     check_ray("mmspec serve")
+    if args.address is None:  # on a cluster the proxies listen on its nodes
+        check_port_free(args.host, args.port)
 
 
 def check_batch_fits(images: int, model) -> None:
@@ -462,6 +464,28 @@ def check_address(args) -> None:
                          "or a host name")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Bind host:port and let it go: a port in use fails before any model loads. For `mmspec serve` it would not fail
+    at all: Ray Serve's proxy binds with SO_REUSEPORT, so a second service would share the port with the first, which
+    would answer some of its requests."""
+    import errno
+    import socket
+
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror:
+        raise UsageError(f"--host {quoted(host)}: this machine cannot resolve it") from None
+    with socket.socket(family, kind, protocol) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port a stopped service left in TIME_WAIT
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise UsageError(f"--port {port}: something already serves on {host}:{port} (an earlier instance "
+                                 "still running?); stop it or choose another port") from None
+            raise UsageError(f"--host {quoted(host)}: cannot serve on it here ({error.strerror})") from None
+
+
 def check_ray(needed: str) -> None:
     if importlib.util.find_spec("ray") is None:
         raise UsageError(f"{needed} needs Ray: {SERVE_EXTRA}")
@@ -475,6 +499,7 @@ def check_demo(args) -> None:
             check_model(value, flag)
     if importlib.util.find_spec("gradio") is None:
         raise UsageError(f"the demo needs Gradio: {APP_EXTRA}")
+    check_port_free(args.host, args.port)
 
 
 # --- commands -----------------------------------------------------------------------------------------------------

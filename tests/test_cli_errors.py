@@ -5,6 +5,7 @@ errors only a loaded model can find, and the speed of `--help`."""
 
 import re
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mmspec.cli import main
+from mmspec.cli import UsageError, check_port_free, main
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = "a" * 5000
@@ -130,3 +131,24 @@ def test_a_batch_larger_than_memory_is_one_line_before_any_model_loads(tmp_path,
     assert exit_info.value.code == 2 and list(tmp_path.iterdir()) == []
     assert re.fullmatch(r"mmspec generate: error: --n: 100,000,000 images need about [\d,.]+ GiB of KV cache; this "
                         r"machine has [\d.]+ GiB free \(at most [\d,]+ images at once\)\n", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("command", ["demo", "serve"])
+def test_a_port_in_use_is_one_line_before_any_model_loads(command, tmp_path):
+    """A second `mmspec serve` on a port in use would share it with the first (Ray Serve binds with SO_REUSEPORT) and
+    the demo would fail after loading its models: both refuse at once. Its companion: a free port passes."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        run = subprocess.run([sys.executable, "-c", PRELUDE.format(hidden=()), command, "--port", str(port)],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stdout == "" and list(tmp_path.iterdir()) == []
+    assert run.stderr == (f"mmspec {command}: error: --port {port}: something already serves on 127.0.0.1:{port} (an "
+                          "earlier instance still running?); stop it or choose another port\n")
+    check_port_free("127.0.0.1", port)  # let go: free again
+
+
+def test_a_host_this_machine_cannot_serve_on_is_named():
+    with pytest.raises(UsageError, match=r"^--host '192\.0\.2\.77': cannot serve on it here \(Cannot assign"):
+        check_port_free("192.0.2.77", 8000)  # TEST-NET-1: no interface here has it
