@@ -134,10 +134,10 @@ DRAFTS = {
 
 
 @pytest.mark.parametrize("draft_name", list(DRAFTS))
-@pytest.mark.parametrize("num_steps,n", [(10, 40_000), (100, 20_000)])
+@pytest.mark.parametrize("num_steps,n", [(10, 40_000), pytest.param(100, 20_000, marks=pytest.mark.slow)])
 def test_trajectory_exact_mode_samples_the_target_head(num_steps, n, draft_name):
-    """10 steps carry the power (40,000 tokens, both mutations); 100 steps check the many-step regime with 20,000
-    tokens, where no verification is still 40+ standard errors off in the mean."""
+    """10 steps carry the power (40,000 tokens, both mutations); 100 steps (the slow tier) check the many-step regime
+    with 20,000 tokens, where no verification is still 40+ standard errors off in the mean."""
     schedule = DiffusionSchedule.cosine(num_steps)
     target, draft_head = GaussianDataHead(**TARGET), GaussianDataHead(**DRAFTS[draft_name])
     temperature = 0.9

@@ -27,17 +27,20 @@ def head(kind: str, width: int = V, vocab: int = V, seed: int = 0, **options):
     return HydraHead(feature_size=width, vocab_size=vocab, num_heads=3, hidden=8).double().eval()
 
 
-@pytest.mark.parametrize("kind,draft_length,options", [("eagle", 2, {}), ("eagle", 5, {}), ("hydra", 3, {}),
-                                                       ("eagle", 3, {"feature_layers": (0,)})])
+@pytest.mark.parametrize("kind,draft_length,options", [
+    ("eagle", 2, {}), pytest.param("eagle", 5, {}, marks=pytest.mark.slow), ("hydra", 3, {}),
+    ("eagle", 3, {"feature_layers": (0,)})])
 def test_head_chains_match_the_exact_law(kind, draft_length, options):
     tokens, stats, model = decode_rows(DraftHeads(kind, draft_length, head=head(kind, **options)))
     assert_exact(tokens, model)
     assert 0 < stats.accepted < stats.drafted
 
 
-@pytest.mark.parametrize("kind,trees", [("eagle", dict(draft_length=2, tree_width=2)),
-                                        ("hydra", dict(draft_length=2, tree_width=2)),
-                                        ("eagle", dict(tree_size=5, tree_rates=(0.6, 0.3)))])
+# the default tier: one full tree; the slow tier: EAGLE's, and a positional one
+@pytest.mark.parametrize("kind,trees", [
+    pytest.param("eagle", dict(draft_length=2, tree_width=2), marks=pytest.mark.slow),
+    ("hydra", dict(draft_length=2, tree_width=2)),
+    pytest.param("eagle", dict(tree_size=5, tree_rates=(0.6, 0.3)), marks=pytest.mark.slow)])
 def test_head_trees_match_the_exact_law(kind, trees):
     """Full trees, and a positional one (EAGLE-2's dynamic tree takes the same image path: test_draft_model.py tests
     it with the draft model)."""

@@ -51,7 +51,9 @@ def test_draft_model_decoding_matches_the_exact_law_without_cfg():
 TREE_GROUPS = 66_667  # 200,001 rows
 
 
-@pytest.mark.parametrize("depth,width", [(1, 2), (2, 3), (3, 2)])
+# deeper trees in the default tier: the dynamic tree (depth 3) and the tree without CFG (depth 2) below
+@pytest.mark.parametrize("depth,width", [(1, 2), pytest.param(2, 3, marks=pytest.mark.slow),
+                                         pytest.param(3, 2, marks=pytest.mark.slow)])
 def test_draft_trees_match_the_exact_law(depth, width, monkeypatch):
     """CFG, top-k 3 < V, a forced position (one child there) and the image's end (no children past the last
     position a draft may take) make the trees ragged across the batch."""

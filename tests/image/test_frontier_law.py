@@ -20,8 +20,9 @@ from tests.image.test_jacobi_law import ALPHA, MUTATION_GROUPS, N, assert_exact,
 TREES = [SJD(2, "horizontal", "maximal", tree_width=3, tree_depth=1),
          SJD(3, "random", "none", tree_width=3, tree_depth=2),
          SJD(N, "horizontal", "maximal", tree_width=2, tree_depth=2),
-         SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2),
-         SJD(N + 3, "random", "gumbel", tree_width=2, tree_depth=3)]
+         # the slow tier: the mutation companions' tree, and a window past the image with depth 3 and Gumbel coupling
+         pytest.param(SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2), marks=pytest.mark.slow),
+         pytest.param(SJD(N + 3, "random", "gumbel", tree_width=2, tree_depth=3), marks=pytest.mark.slow)]
 CHAIN_GROUPS = 4_167  # the chains' acceptance rates on 12,501 rows are within 0.002 of theirs on 100,002 (measured)
 
 

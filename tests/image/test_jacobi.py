@@ -91,7 +91,8 @@ def sequence_law(model, states, sampling):
     return p.gather(-1, sequences[..., None]).squeeze(-1).prod(-1)
 
 
-@pytest.mark.parametrize("decoding", [SJD(3, "vertical", "maximal"), SJD(6, "random", "gumbel"),
+@pytest.mark.parametrize("decoding", [SJD(3, "vertical", "maximal"),
+                                      pytest.param(SJD(6, "random", "gumbel"), marks=pytest.mark.slow),
                                       SJD(2, "horizontal", "none"), SJD(4, "random", "maximal", tree_width=2)],
                          ids=repr)
 def test_sjd_through_the_real_transformer_matches_the_exact_law(decoding):

@@ -86,7 +86,9 @@ def test_ar_baseline_matches_the_exact_law():
 
 @pytest.mark.parametrize("coupling", COUPLINGS)
 @pytest.mark.parametrize("init", INITS)
-@pytest.mark.parametrize("window", [2, 3, N, N + 3])
+# every initialisation and coupling at the smallest window and one past the image; the slow tier: the two between
+@pytest.mark.parametrize("window", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(N, marks=pytest.mark.slow),
+                                    N + 3])
 def test_sjd_matches_the_exact_law(window, init, coupling):
     tokens, stats, model = decode_rows(SJD(window, init, coupling))
     assert_exact(tokens, model)

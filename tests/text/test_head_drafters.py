@@ -63,8 +63,14 @@ def run_and_test(name, seed=0, rows=None, captured=False):
     return law_test(target, make(target), temperature, top_k, seed, rows, graphs=graphs, **options)
 
 
-@pytest.mark.parametrize("name,captured", [(name, False) for name in CONFIGS] + [(CAPTURED[0], True)] + [
-    pytest.param(name, True, marks=pytest.mark.slow) for name in CAPTURED[1:]])
+# tree variants the default tier covers once (a tree, top-k, EAGLE-3's fusion, a horizontal cascade; Hydra's tree on
+# the captured steps' code): the slow tier
+SLOW_CONFIGS = {"eagle_positional_tree", "eagle3_tree_topk", "eagle_tree_lookup_after", "hydra_tree_topk"}
+
+
+@pytest.mark.parametrize("name,captured", [
+    pytest.param(name, False, marks=pytest.mark.slow) if name in SLOW_CONFIGS else (name, False) for name in CONFIGS]
+    + [(CAPTURED[0], True)] + [pytest.param(name, True, marks=pytest.mark.slow) for name in CAPTURED[1:]])
 def test_head_drafting_matches_exact_joint_law(name, captured):
     p_value, stats = run_and_test(name, captured=captured)
     assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"

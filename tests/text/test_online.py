@@ -189,7 +189,8 @@ def test_the_head_loss_reads_the_pair_before_each_token():
     torch.testing.assert_close(logits, drafting.logits(hidden[0, [1, 2]]))
 
 
-@pytest.mark.parametrize("draft_length,temperature,top_k", [(3, 1.0, 0), (2, 0.8, 3)])
+@pytest.mark.parametrize("draft_length,temperature,top_k", [pytest.param(3, 1.0, 0, marks=pytest.mark.slow),
+                                                             (2, 0.8, 3)])
 def test_a_draft_learned_online_keeps_the_targets_law(draft_length, temperature, top_k):
     target, draft = TableLM(random_table(V, 0)), tiny_llama(vocab_size=V, hidden_size=16, num_layers=1, seed=1)
     start = [w.clone() for w in draft.parameters()]

@@ -144,7 +144,8 @@ EXIT_DRAFTERS = {"kangaroo": (exit_drafter, drafting, 100_000), "s2d": (sorted_d
 
 
 @pytest.mark.parametrize("kind", EXIT_DRAFTERS)
-@pytest.mark.parametrize("draft_length,temperature,top_k,threshold", [(3, 1.0, 0, 0.3), (2, 0.8, 3, 0.6)])
+@pytest.mark.parametrize("draft_length,temperature,top_k,threshold", [
+    pytest.param(3, 1.0, 0, 0.3, marks=pytest.mark.slow), (2, 0.8, 3, 0.6)])
 def test_self_drafting_exits_keep_the_targets_law(kind, draft_length, temperature, top_k, threshold):
     """Kangaroo (one exit) and S2D (both exits drafting), each with the double early exit cutting drafts short."""
     drafter = EXIT_DRAFTERS[kind][0](threshold)

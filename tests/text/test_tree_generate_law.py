@@ -44,7 +44,12 @@ def run_and_test(name, seed=0, rows=None):
     return law_test(target, make(draft), temperature, top_k, seed, rows, tree_rule=rule, measure_ceiling=True)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
+# variants of a tree the default tier covers once (top-k, a positional tree, a cascade): the slow tier
+SLOW_CONFIGS = {"rsd_k3_topk", "positional_rsd_topk", "cascade_positional_iid_topk"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CONFIGS else name
+                                  for name in CONFIGS])
 def test_tree_speculation_matches_exact_joint_law(name):
     p_value, stats = run_and_test(name)
     assert p_value > ALPHA, f"output law differs from the target's (p = {p_value:.2e})"
