@@ -111,10 +111,29 @@ def test_the_mar_card_s_classifier_is_trained_once_per_machine(monkeypatch):
     train = card.train_probe
     monkeypatch.setattr(card, "train_probe", lambda *args: trained.append(args) or train(*args))
     first, again = card.cached_probe(64, 2, seed=3), card.cached_probe(64, 2, seed=3)
-    assert trained == [(64, 2, 3)]
+    assert trained == [(64, 2, 3, None)]
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values(), strict=True))
     card.cached_probe(64, 3, seed=3)  # other settings: another probe
-    assert trained == [(64, 2, 3), (64, 3, 3)]
+    assert len(trained) == 2
+
+
+def test_a_probe_of_round_trips_is_kept_per_autoencoder_and_trained_on_what_it_draws(monkeypatch):
+    import mmspec.eval.mar_zoo_card as card
+
+    def tiny_autoencoder(seed: int) -> KLAutoencoder:
+        torch.manual_seed(seed)
+        return KLAutoencoder(embed_dim=3, ch=32, ch_mult=(1, 1), num_res_blocks=1, encoder_attn_resolutions=(),
+                             resolution=64).eval()
+
+    drawn = []
+    monkeypatch.setattr(card, "round_trip", lambda vae, images: drawn.append(vae) or round_trip(vae, images))
+    vae = tiny_autoencoder(0)
+    card.cached_probe(16, 1, autoencoder=vae)
+    card.cached_probe(16, 1, autoencoder=tiny_autoencoder(0))  # the same weights: the kept probe
+    assert drawn == [vae]
+    card.cached_probe(16, 1, autoencoder=tiny_autoencoder(1))  # another autoencoder: another probe
+    card.cached_probe(16, 1)  # the rendered scenes themselves: another again, with no round trip
+    assert len(drawn) == 2 and drawn[1] is not vae
 
 
 def test_one_step_predictions_read_the_true_frames_before_each_and_the_action_that_led_to_it():
