@@ -93,7 +93,8 @@ def sequence_law(model, states, sampling):
 
 @pytest.mark.parametrize("decoding", [SJD(3, "vertical", "maximal"),
                                       pytest.param(SJD(6, "random", "gumbel"), marks=pytest.mark.slow),
-                                      SJD(2, "horizontal", "none"), SJD(4, "random", "maximal", tree_width=2)],
+                                      SJD(2, "horizontal", "none"),
+                                      pytest.param(SJD(4, "random", "maximal", tree_width=2), marks=pytest.mark.slow)],
                          ids=repr)
 def test_sjd_through_the_real_transformer_matches_the_exact_law(decoding):
     """V = 3, a 2 x 2 grid: 81 outcomes per prompt; two prompts, CFG 2, top-k 2, 16,000 rows in one batch."""
