@@ -114,7 +114,7 @@ def test_the_mar_card_s_classifier_is_trained_once_per_machine(monkeypatch):
     assert trained == [(64, 2, 3, None)]
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), again.state_dict().values(), strict=True))
     card.cached_probe(64, 3, seed=3)  # other settings: another probe
-    assert len(trained) == 2
+    assert trained == [(64, 2, 3, None), (64, 3, 3, None)]
 
 
 def test_a_probe_of_round_trips_is_kept_per_autoencoder_and_trained_on_what_it_draws(monkeypatch):
