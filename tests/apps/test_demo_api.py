@@ -2,6 +2,7 @@
 stats, LANTERN, the text tab, bad input and concurrent requests."""
 
 import re
+import threading
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ def client(demo_url):
     # downloads each streamed file through a new TLS context, which starves the demo's compute thread here.
     client = Client(demo_url, verbose=False, download_files=False)
     yield client
-    client.close()
+    threading.Thread(target=client.close).start()  # close() waits a second for the heartbeat thread: not the tests
 
 
 def generate_image(client, prompt=PROMPT, **overrides):

@@ -16,7 +16,9 @@ from tests.apps.conftest import free_port
 from tests.apps.test_demo_api import generate_image
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SERVE_WITHIN_S = 60  # start to first page; loading the three pipelines takes a few seconds, the warm-up much longer
+SERVE_WITHIN_S = 120  # start to first page: loading the three pipelines (24 s on a busy 2-core CI machine)
+STALLED_S = 900  # the warm-up has hung if no step of it ends for this long (its longest, timing text auto's
+#               ten candidates, took 200 s on that machine while another test filled both cores)
 TEXT = ("def fibonacci(n):\n", "model", 0.0, 16, 0)  # prompt, method, temperature, tokens, seed
 LIGHT = dict(method="auto", guidance=1.0)  # image requests without CFG rows: half the compute of the default
 
@@ -37,7 +39,7 @@ def complete_text(client, seed: int = 0, tokens: int = TEXT[3]):
 @pytest.fixture(scope="module")
 def served_demo(tmp_path_factory, small_image_model):
     """`mmspec demo --image-model <small_image_model>` on a free loopback port; yields (url, pid, seconds to serve,
-    log path)."""
+    log path, the log when the page was first served)."""
     port = free_port()
     log = tmp_path_factory.mktemp("demo") / "server.log"
     env = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
@@ -58,21 +60,28 @@ def served_demo(tmp_path_factory, small_image_model):
             server.kill()
             pytest.fail(f"the demo did not serve within 180 s:\n{log.read_text()[-3000:]}")
         time.sleep(0.2)
-    yield url, server.pid, time.perf_counter() - started, log
+    yield url, server.pid, time.perf_counter() - started, log, log.read_text()
     server.terminate()
     server.wait(timeout=30)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
 def test_the_page_is_served_before_the_warm_up_ends(served_demo, report):
-    url, _, seconds, log = served_demo
+    """The page answers while the warm-up runs (its log then says neither "done" nor "failed"), and the warm-up then
+    goes on to its end, step by step. How long it takes is the machine's affair: only a warm-up that stops moving
+    fails."""
+    url, _, seconds, log, log_when_served = served_demo
     report(f"demo served its page {seconds:.1f} s after start")
     assert seconds < SERVE_WITHIN_S
-    deadline = time.time() + 300
-    while "warm-up done" not in log.read_text():
-        assert time.time() < deadline, log.read_text()[-3000:]
+    assert "warm-up 1/" in log_when_served and "the image tab's ar" in log_when_served
+    assert "warm-up done" not in log_when_served and "warm-up failed" not in log_when_served
+    steps, moved = log_when_served.count("warm-up "), time.time()
+    while "warm-up done" not in (text := log.read_text()):
+        assert "warm-up failed" not in text, text[-3000:]
+        if text.count("warm-up ") > steps:
+            steps, moved = text.count("warm-up "), time.time()
+        assert time.time() - moved < STALLED_S, text[-3000:]
         time.sleep(0.5)
-    assert "warm-up 1/" in log.read_text() and "the image tab's ar" in log.read_text()
 
 
 def test_8_image_and_8_text_requests_at_once_all_complete(served_demo, report):

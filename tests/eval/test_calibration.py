@@ -34,9 +34,10 @@ def sampled(pipe, temperature: float = 1.0, **options) -> torch.Tensor:
                 **options).images
 
 
-@pytest.mark.parametrize("options", [{"decoding": "ar"}, {"decoding": "sjd", "window": 16},
-                                     {"decoding": "sjd", "window": 16, "tree_width": 2, "tree_depth": 2}],
-                         ids=["ar", "sjd", "sjd-tree"])
+@pytest.mark.parametrize("options", [  # the tree, whose law the frontier law tests check: the slow tier
+    pytest.param({"decoding": "ar"}, id="ar"), pytest.param({"decoding": "sjd", "window": 16}, id="sjd"),
+    pytest.param({"decoding": "sjd", "window": 16, "tree_width": 2, "tree_depth": 2}, id="sjd-tree",
+                 marks=pytest.mark.slow)])
 def test_exact_samples_are_calibrated(pipe, options):
     u = pit_values(pipe, PROMPTS, sampled(pipe, **options), SAMPLING, torch.Generator().manual_seed(0))
     assert u.shape == (8, 256) and ((0 <= u) & (u <= 1)).all()

@@ -33,7 +33,7 @@ def drafter(scale=1.0):
     return TableImageModel(GRID, V, forced_tokens=FORCED, seed=1, scale=scale)
 
 
-@pytest.mark.parametrize("draft_length", [1, 2, N - 1, N + 2])
+@pytest.mark.parametrize("draft_length", [1, 2, N - 1, pytest.param(N + 2, marks=pytest.mark.slow)])  # past the image
 def test_draft_model_decoding_matches_the_exact_law(draft_length):
     tokens, stats, model = decode_rows(DraftModel(draft_length, drafter=drafter()))
     assert_exact(tokens, model)
@@ -80,6 +80,7 @@ def test_a_dynamic_draft_tree_matches_the_exact_law():
     assert 0 < stats.accepted < stats.drafted and len(stats.child_acceptance) == 2
 
 
+@pytest.mark.slow  # trees under another sampler: the default tier tests trees with CFG and top-k, chains without CFG
 def test_draft_trees_match_the_exact_law_without_cfg():
     sampling = SamplingConfig(temperature=1.2, top_p=0.9)
     tokens, _, model = decode_rows(DraftModel(2, tree_width=2, drafter=drafter(scale=3.0)), sampling,

@@ -19,8 +19,9 @@ from tests.image.test_jacobi_law import ALPHA, MUTATION_GROUPS, N, assert_exact,
 
 TREES = [SJD(2, "horizontal", "maximal", tree_width=3, tree_depth=1),
          SJD(3, "random", "none", tree_width=3, tree_depth=2),
-         SJD(N, "horizontal", "maximal", tree_width=2, tree_depth=2),
-         # the slow tier: the mutation companions' tree, and a window past the image with depth 3 and Gumbel coupling
+         # the slow tier: a window of the whole image, the mutation companions' tree, and a window past the image with
+         # depth 3 and Gumbel coupling
+         pytest.param(SJD(N, "horizontal", "maximal", tree_width=2, tree_depth=2), marks=pytest.mark.slow),
          pytest.param(SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2), marks=pytest.mark.slow),
          pytest.param(SJD(N + 3, "random", "gumbel", tree_width=2, tree_depth=3), marks=pytest.mark.slow)]
 CHAIN_GROUPS = 4_167  # the chains' acceptance rates on 12,501 rows are within 0.002 of theirs on 100,002 (measured)
@@ -37,6 +38,7 @@ def test_sjd_with_a_frontier_tree_matches_the_exact_law(decoding):
     assert stats.acceptance_rate > chain_stats.acceptance_rate + 0.005
 
 
+@pytest.mark.slow  # other samplers: the default tier tests CFG with top-k
 def test_a_frontier_tree_matches_the_exact_law_without_cfg_and_with_top_p():
     for sampling in (SamplingConfig(temperature=1.0), SamplingConfig(temperature=1.3, top_p=0.8, guidance_scale=3.0)):
         tokens, _, model = decode_rows(SJD(N, "vertical", "maximal", tree_width=3, tree_depth=2), sampling)

@@ -96,8 +96,10 @@ def laws(emu3):
     return exact_laws(Emu3Adapter(emu3, H, W))
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "frontier" else name
-                                  for name in DECODINGS])  # the frontier tree: its mutation companion stays
+# the default tier: MC-SJD, with both companions; the slow tier: AR, SJD and the frontier tree (the slot cache decodes
+# what the eager cache decodes for each: tests/models/test_family_slot_cache.py)
+@pytest.mark.parametrize("name", [name if name == "mc_sjd" else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in DECODINGS])
 def test_the_slot_cache_path_samples_the_exact_law(emu3, laws, name):
     tokens, stats = decode(emu3, DECODINGS[name])
     checks = p_values(tokens, laws)

@@ -115,7 +115,9 @@ def test_a_tree_node_scores_what_a_window_of_its_path_scores(families, family):
     assert not torch.allclose(tree_logits(adapter, condition, tree, tokens, causal), reference, atol=1e-3)
 
 
-@pytest.mark.parametrize("family", ["janus", "emu3", "lumina_mgpt"])
+# the default tier: Lumina-mGPT (the cheapest); the slow tier: Janus and Emu3, whose slot caches the tests above check
+@pytest.mark.parametrize("family", [pytest.param("janus", marks=pytest.mark.slow),
+                                    pytest.param("emu3", marks=pytest.mark.slow), "lumina_mgpt"])
 def test_a_draft_model_of_the_family_decodes_on_the_slot_cache_what_it_decodes_eagerly(families, drafters, family):
     """Another model of the family drafts chains and full trees: with target and drafter on slot caches, the steps
     through the tape decode what the eager caches decode; a chain's step reads nothing on the host and traces
@@ -143,7 +145,8 @@ def test_a_slot_cache_that_keeps_rejected_drafts_is_caught(families, monkeypatch
     assert not torch.equal(tokens, decode(DECODINGS["mc-sjd"], make(), condition, 0)[0])
 
 
-@pytest.mark.parametrize("name", list(DECODINGS))
+@pytest.mark.parametrize("name", [  # the default tier: AR, a Jacobi window and a frontier tree
+    pytest.param(name, marks=pytest.mark.slow) if name in ("mc-sjd", "sjd-wide") else name for name in DECODINGS])
 def test_a_step_reads_nothing_on_the_host_and_traces_whole(families, name):
     make, condition = families["emu3"]  # forced end-of-line tokens inside the step
     reads, traced, reason = second_iteration(on_slot_cache(make(), SlotGraphs(cuda=False)), condition,

@@ -81,6 +81,8 @@ def test_its_own_runs_move_the_choice(tmp_path, pipe, candidates):
 
 
 def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(tmp_path, pipe, candidates):
+    names = ("ar", "model", "ngram")  # three of the candidates: caching does not depend on which
+    candidates = {name: candidates[name] for name in names}
     policy = TextDecodingPolicy(cache=MeasurementCache("text_methods", tmp_path), calibration_tokens=8)
     rates, measured = policy.rates(pipe, PROMPTS, candidates, SAMPLING)
     assert measured and set(rates) == set(candidates) and all(r > 0 for r in rates.values())
@@ -88,7 +90,7 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
                                check_cached=False)
     assert again.rates(pipe, PROMPTS, candidates, SAMPLING) == (rates, False)
     assert again.rates(pipe, PROMPTS * 2, candidates, SAMPLING)[1] is True  # another batch size: timed for it
-    longer = pipe.auto_candidates({"draft_length": 6})  # other settings: timed for them
+    longer = {name: pipe.auto_candidates({"draft_length": 6})[name] for name in names}  # other settings: timed anew
     assert again.key(1, 0.0, longer) != again.key(1, 0.0, candidates)
     again.remeasure()
     assert again.rates(pipe, PROMPTS, candidates, SAMPLING)[1] is True
@@ -101,16 +103,22 @@ def test_decodings_are_timed_once_then_read_from_disk_and_not_reused_elsewhere(t
 
 
 def test_auto_is_the_default_and_an_explicit_decoding_wins(pipe):
-    out = pipe("def f(x):\n", max_new_tokens=8)
-    assert out.stats.chosen_by.startswith("auto: ")
-    candidates = {c.describe() for c in pipe.auto_candidates({}).values()}
-    assert out.stats.method in candidates | {"AR(): transformers' generate"}
-    out = pipe("def f(x):\n", decoding="ngram", max_new_tokens=8)
-    assert out.stats.chosen_by is None and out.stats.method == TextSpeculation(drafter="ngram").describe()
-    with pytest.raises(ValueError, match="name the decoding to use acceptance='typical'"):
-        pipe("def f(x):\n", acceptance="typical")
-    # greedy: whichever decoding auto runs, the completion is the target's own
-    assert pipe("def f(x):\n", max_new_tokens=12).texts == pipe("def f(x):\n", decoding=AR(), max_new_tokens=12).texts
+    default = pipe.decoding_policy
+    pipe.decoding_policy = TextDecodingPolicy(calibration_tokens=8)  # short timing calls: which wins is not at stake
+    try:
+        out = pipe("def f(x):\n", max_new_tokens=8)
+        assert out.stats.chosen_by.startswith("auto: ")
+        candidates = {c.describe() for c in pipe.auto_candidates({}).values()}
+        assert out.stats.method in candidates | {"AR(): transformers' generate"}
+        out = pipe("def f(x):\n", decoding="ngram", max_new_tokens=8)
+        assert out.stats.chosen_by is None and out.stats.method == TextSpeculation(drafter="ngram").describe()
+        with pytest.raises(ValueError, match="name the decoding to use acceptance='typical'"):
+            pipe("def f(x):\n", acceptance="typical")
+        # greedy: whichever decoding auto runs, the completion is the target's own
+        auto, ar = (pipe("def f(x):\n", max_new_tokens=12, **options).texts for options in ({}, {"decoding": AR()}))
+        assert auto == ar
+    finally:
+        pipe.decoding_policy = default
 
 
 def test_measuring_shows_a_bar_that_names_what_it_times(tmp_path, pipe, candidates, capsys):

@@ -72,9 +72,12 @@ def test_a_trees_lookup_must_start_within_it(tiny_draft):
         ModelTreeDrafter(tiny_draft, TreeShape(6, 2, 2, 3), lookup_after=3)
 
 
+# the default tier: the vertical cascade, a horizontal one, and both with fewer forwards a round (rows' drafts of
+# different lengths) under top-k; the slow tier: other lengths and samplers of each
 @pytest.mark.parametrize("lookup_after,forwards,draft_length,temperature,top_k", [
-    (None, None, 3, 1.0, 0), (None, None, 2, 0.7, 3), (1, None, 3, 1.0, 0), (2, None, 4, 1.3, 2),
-    (None, 2, 4, 1.0, 0), (2, 1, 4, 0.8, 3),  # fewer forwards a round: rows' drafts of different lengths
+    pytest.param(None, None, 3, 1.0, 0, marks=pytest.mark.slow), (None, None, 2, 0.7, 3), (1, None, 3, 1.0, 0),
+    pytest.param(2, None, 4, 1.3, 2, marks=pytest.mark.slow), pytest.param(None, 2, 4, 1.0, 0, marks=pytest.mark.slow),
+    (2, 1, 4, 0.8, 3),
 ])
 def test_cascade_keeps_the_targets_law(lookup_after, forwards, draft_length, temperature, top_k):
     target, draft = TableLM(random_table(V, 0)), TableLM(random_table(V, 1))

@@ -65,8 +65,8 @@ def run_and_test(name, seed=0, rows=None, captured=False):
     return law_test(target, make(target), temperature, top_k, seed, rows, graphs=graphs, **options)
 
 
-# tree variants the default tier covers once (a tree, top-k, EAGLE-3's fusion, a horizontal cascade): the slow tier
-SLOW_CONFIGS = {"eagle_positional_tree", "eagle3_tree_topk", "eagle_tree_lookup_after"}
+# variants the default tier covers once (a tree, top-k, EAGLE-3's fusion, a horizontal cascade): the slow tier
+SLOW_CONFIGS = {"eagle_chain_topk", "eagle_positional_tree", "eagle3_tree_topk", "eagle_tree_lookup_after"}
 
 
 @pytest.mark.parametrize("name,captured", [
