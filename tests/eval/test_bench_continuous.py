@@ -3,11 +3,13 @@
 import json
 import math
 
+import pytest
 from PIL import Image
 
 from mmspec.eval.bench_continuous import main
 
 
+@pytest.mark.slow  # a benchmark's smoke run
 def test_bench_continuous_reports_passes_acceptance_speed_and_fd(tmp_path, capsys):
     out, grid = tmp_path / "bench.json", tmp_path / "grid.png"
     result = main(["--images-bs1", "1", "--images-bs8", "3", "--num-iter", "5", "--diffusion-steps", "4",

@@ -3,11 +3,13 @@
 import json
 import math
 
+import pytest
 from PIL import Image
 
 from mmspec.eval.bench_video import main
 
 
+@pytest.mark.slow  # a benchmark's smoke run
 def test_bench_video_reports_fps_accounting_and_quality(tmp_path, capsys):
     out, plot, strip = tmp_path / "bench.json", tmp_path / "plot.png", tmp_path / "strip.png"
     frames, steps = 6, 2

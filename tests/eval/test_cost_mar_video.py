@@ -49,6 +49,7 @@ def test_the_call_log_counts_encoder_decoder_passes_and_head_rows():
     assert log.calls["head_rows"] == [6, 3]  # removed: no longer counting
 
 
+@pytest.mark.slow  # end to end; the projection's arithmetic: above
 def test_the_mar_section_end_to_end_with_tiny_real_shapes():
     from mmspec.zoo.shapes import class_label, scenes
 
@@ -74,6 +75,7 @@ def test_the_video_projection_on_numbers_worked_by_hand():
                                                                         "spec4": round(1.5 / 0.95, 3)}
 
 
+@pytest.mark.slow  # end to end; the projection's arithmetic: above
 def test_the_video_section_end_to_end_with_a_tiny_real_shape():
     tiny = {"latent_channels": 4, "latent_size": 4, "num_actions": 5, "dim": 32, "depth": 1, "num_heads": 2,
             "attention_window": 3}

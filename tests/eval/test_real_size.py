@@ -10,6 +10,7 @@ import torch
 from mmspec.eval import real_size
 
 
+@pytest.mark.slow  # a benchmark's smoke run
 def test_the_quick_report_derives_each_figure_from_its_measurements(tmp_path):
     path = tmp_path / "real_size.json"
     returned = real_size.main(["--device", "cpu", "--quick", "--batch-sizes", "1", "--iterations", "8", "--prompts",

@@ -155,7 +155,7 @@ def test_a_step_reads_nothing_on_the_host_and_traces_whole(families, name):
     assert traced, reason
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])
 def test_half_precision_slot_steps_score_what_the_eager_cache_scores_and_capture_whole(dtype):
     """The families' weights in bfloat16 / float16: a frontier tree's logits on the slot cache agree with the eager
     cache's to the precision's rounding (far below the logits' spread), and a frontier step on the slot cache runs

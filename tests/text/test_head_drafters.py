@@ -65,8 +65,10 @@ def run_and_test(name, seed=0, rows=None, captured=False):
     return law_test(target, make(target), temperature, top_k, seed, rows, graphs=graphs, **options)
 
 
-# variants the default tier covers once (a tree, top-k, EAGLE-3's fusion, a horizontal cascade): the slow tier
-SLOW_CONFIGS = {"eagle_chain_topk", "eagle_positional_tree", "eagle3_tree_topk", "eagle_tree_lookup_after"}
+# the default tier: an EAGLE chain (with feature sampling, EAGLE-3's fusion and a horizontal cascade) and a Hydra tree
+# under top-k; the slow tier: the other chains and trees of each head
+SLOW_CONFIGS = {"eagle_chain_topk", "hydra_chain", "eagle_tree", "eagle_positional_tree", "eagle3_tree_topk",
+                "eagle_tree_lookup_after"}
 
 
 @pytest.mark.parametrize("name,captured", [

@@ -70,6 +70,7 @@ def test_training_steps_give_the_drafting_laws(tiny_llama, kind, monkeypatch):  
     assert len(rounds) > 3 and checked_second > 0
 
 
+@pytest.mark.slow  # the command end to end
 def test_the_command_trains_and_saves_both_heads(tmp_path):
     train_heads.main(["--target", "pycode/target", "--samples", "6", "--held-out", "2", "--new-tokens", "8",
                       "--sample-batch", "3", "--steps", "1", "--batch-size", "2", "--out-dir", str(tmp_path / "out"),

@@ -40,6 +40,7 @@ def test_train_save_resume_and_reload(tmp_path):
     assert drafted.images.shape == (1, 256) and drafted.stats.draft_forwards > 0
 
 
+@pytest.mark.slow  # a retrain end to end
 def test_a_retrain_from_a_saved_pipeline_keeps_its_vq_tokenizer(tmp_path):
     """--vq-from: the GPT is retrained on the codes of the given pipeline's VQ, which is saved unchanged."""
     first, second = tmp_path / "first", tmp_path / "second"

@@ -71,6 +71,7 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
     assert set(metrics) == {"vae", "target", "draft"} and metrics["target"]["steps"] == 1
 
 
+@pytest.mark.slow  # every stage end to end
 def test_the_autoencoder_takes_a_time_budget_and_its_channels_set_the_mar_token_size(tmp_path):
     work = tmp_path / "work"
     args = ["--work-dir", str(work), "--train-scenes", "8", "--held-out-scenes", "4", "--vae-batch-size", "2",

@@ -59,6 +59,7 @@ def test_every_stage_trains_resumes_and_reloads(tmp_path):
                                                                                                 "video_model"}
 
 
+@pytest.mark.slow  # a retrain end to end
 def test_a_retrain_keeps_the_shipped_autoencoder(tmp_path):
     """--vae-from: the model is trained on the latents of the given pipeline's autoencoder, exported unchanged with
     its metrics."""

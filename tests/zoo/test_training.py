@@ -66,6 +66,7 @@ def test_a_time_budget_sets_the_step_count_from_throwaway_steps(tmp_path, monkey
     assert budgeted_steps("run", 1.0, 50, model, loss, batch_fn, tmp_path) == 123  # a resumed run keeps its count
 
 
+@pytest.mark.slow  # a budgeted run end to end
 def test_the_mar_trainer_takes_a_time_budget_and_refuses_a_bad_one(tmp_path, capsys):
     from mmspec.zoo.train_mar import main
 
